@@ -1,0 +1,503 @@
+//! Model architecture from a Hugging Face `config.json`, and decoding defaults from
+//! `generation_config.json`.
+//!
+//! Parsing is strict about what changes the math: an architecture, activation, rope scaling type or
+//! feature flag strata does not implement is an error naming the field, never silently ignored.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// One line naming the file and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {problem}", path.display())]
+pub struct ConfigError {
+    pub path: PathBuf,
+    pub problem: String,
+}
+
+impl ConfigError {
+    pub fn new(path: &Path, problem: impl Into<String>) -> Self {
+        Self { path: path.to_path_buf(), problem: problem.into() }
+    }
+}
+
+/// The decoder families strata implements. Mistral is Llama with an optional sliding window;
+/// Qwen2 adds biases to q/k/v; Qwen3 adds per-head RMSNorm on q and k.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+    Qwen3,
+    Mistral,
+}
+
+impl Architecture {
+    pub const ALL: [Architecture; 4] = [Self::Llama, Self::Qwen2, Self::Qwen3, Self::Mistral];
+
+    /// The `architectures[0]` string of config.json.
+    pub fn hf_class(self) -> &'static str {
+        match self {
+            Self::Llama => "LlamaForCausalLM",
+            Self::Qwen2 => "Qwen2ForCausalLM",
+            Self::Qwen3 => "Qwen3ForCausalLM",
+            Self::Mistral => "MistralForCausalLM",
+        }
+    }
+
+    /// The `model_type` string of config.json.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Mistral => "mistral",
+        }
+    }
+
+    pub fn from_hf_class(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.hf_class() == name)
+    }
+
+    pub fn from_model_type(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.model_type() == name)
+    }
+}
+
+impl std::fmt::Display for Architecture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.hf_class())
+    }
+}
+
+/// Rotary embedding frequency scaling.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Llama 3.1 / 3.2: low frequencies divided by `factor`, high ones kept, a smooth ramp between.
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position: f64 },
+    /// Position interpolation: every frequency divided by `factor`.
+    Linear { factor: f64 },
+}
+
+/// Everything the forward pass needs to know about a checkpoint's architecture.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub max_position_embeddings: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<RopeScaling>,
+    pub tie_word_embeddings: bool,
+    /// Biases on the q, k and v projections (Qwen2 always; Llama/Qwen3 with `attention_bias`).
+    pub qkv_bias: bool,
+    /// Bias on the output projection (`attention_bias` on Llama/Mistral/Qwen3).
+    pub o_bias: bool,
+    /// Per-head RMSNorm of q and k before rotary embedding (Qwen3).
+    pub qk_norm: bool,
+    /// Each query attends to at most this many most recent positions (itself included).
+    pub sliding_window: Option<usize>,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    /// The checkpoint's declared dtype (`torch_dtype` or `dtype`), informational.
+    pub declared_dtype: Option<String>,
+}
+
+/// The raw fields of config.json that strata reads. Unknown fields are allowed (checkpoints carry
+/// many training-only fields); the ones that would change the math are checked in `validate`.
+#[derive(Debug, Deserialize)]
+struct RawConfig {
+    architectures: Option<Vec<String>>,
+    model_type: Option<String>,
+    vocab_size: Option<usize>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    max_position_embeddings: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<Value>,
+    rope_parameters: Option<Value>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    hidden_act: Option<String>,
+    sliding_window: Option<Value>,
+    use_sliding_window: Option<bool>,
+    bos_token_id: Option<Value>,
+    eos_token_id: Option<Value>,
+    torch_dtype: Option<String>,
+    dtype: Option<String>,
+    quantization_config: Option<Value>,
+}
+
+impl ModelConfig {
+    /// Reads `dir/config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
+        Self::from_file(&dir.join("config.json"))
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(path, format!("cannot read: {e}")))?;
+        Self::from_json(&text).map_err(|problem| ConfigError::new(path, problem))
+    }
+
+    /// Parses config.json text; the error is the problem alone (the caller adds the file).
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let raw: RawConfig =
+            serde_json::from_str(text).map_err(|e| format!("malformed JSON: {e}"))?;
+        raw.into_config()
+    }
+
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Bytes of K and V for one token across all layers at `bytes_per_element`.
+    pub fn kv_bytes_per_token(&self, bytes_per_element: f64) -> f64 {
+        (2 * self.num_layers * self.kv_dim()) as f64 * bytes_per_element
+    }
+}
+
+impl RawConfig {
+    fn into_config(self) -> Result<ModelConfig, String> {
+        let architecture = self.architecture()?;
+        if let Some(q) = &self.quantization_config {
+            let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
+            return Err(format!(
+                "quantization_config (quant_method \"{method}\") is not supported by this build"
+            ));
+        }
+        if let Some(act) = &self.hidden_act
+            && act != "silu"
+        {
+            return Err(format!("hidden_act \"{act}\" is not supported (only \"silu\")"));
+        }
+        if self.mlp_bias == Some(true) {
+            return Err("mlp_bias = true is not supported".into());
+        }
+        let need = |v: Option<usize>, name: &str| -> Result<usize, String> {
+            match v {
+                Some(0) => Err(format!("{name} must be > 0")),
+                Some(n) => Ok(n),
+                None => Err(format!("missing required field {name}")),
+            }
+        };
+        let hidden_size = need(self.hidden_size, "hidden_size")?;
+        let num_heads = need(self.num_attention_heads, "num_attention_heads")?;
+        let num_kv_heads = need(self.num_key_value_heads.or(Some(num_heads)), "num_key_value_heads")?;
+        if num_heads % num_kv_heads != 0 {
+            return Err(format!(
+                "num_attention_heads ({num_heads}) is not a multiple of num_key_value_heads ({num_kv_heads})"
+            ));
+        }
+        let head_dim = match self.head_dim {
+            Some(d) => need(Some(d), "head_dim")?,
+            None if hidden_size % num_heads == 0 => hidden_size / num_heads,
+            None => {
+                return Err(format!(
+                    "hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({num_heads}) and head_dim is not given"
+                ));
+            }
+        };
+        if head_dim % 2 != 0 {
+            return Err(format!("head_dim ({head_dim}) must be even for rotary embeddings"));
+        }
+        let (rope_theta, rope_scaling) = self.rope()?;
+        let attention_bias = self.attention_bias.unwrap_or(false);
+        Ok(ModelConfig {
+            architecture,
+            vocab_size: need(self.vocab_size, "vocab_size")?,
+            hidden_size,
+            intermediate_size: need(self.intermediate_size, "intermediate_size")?,
+            num_layers: need(self.num_hidden_layers, "num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            max_position_embeddings: need(self.max_position_embeddings, "max_position_embeddings")?,
+            rms_norm_eps: self.rms_norm_eps.unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
+            qkv_bias: attention_bias || architecture == Architecture::Qwen2,
+            o_bias: attention_bias && architecture != Architecture::Qwen2,
+            qk_norm: architecture == Architecture::Qwen3,
+            sliding_window: self.sliding_window(architecture)?,
+            bos_token_id: token_ids(&self.bos_token_id, "bos_token_id")?.first().copied(),
+            eos_token_ids: token_ids(&self.eos_token_id, "eos_token_id")?,
+            declared_dtype: self.torch_dtype.or(self.dtype),
+        })
+    }
+
+    fn architecture(&self) -> Result<Architecture, String> {
+        match (&self.architectures, &self.model_type) {
+            (Some(list), _) if !list.is_empty() => {
+                let name = &list[0];
+                Architecture::from_hf_class(name).ok_or_else(|| {
+                    format!(
+                        "architecture \"{name}\" is not supported (supported: {})",
+                        supported_list()
+                    )
+                })
+            }
+            (_, Some(t)) => Architecture::from_model_type(t).ok_or_else(|| {
+                format!("model_type \"{t}\" is not supported (supported: {})", supported_list())
+            }),
+            _ => Err("neither architectures nor model_type is given".into()),
+        }
+    }
+
+    /// Rotary base and scaling, from the classic `rope_theta` + `rope_scaling` fields or the
+    /// newer combined `rope_parameters`.
+    fn rope(&self) -> Result<(f64, Option<RopeScaling>), String> {
+        let params = self.rope_parameters.as_ref().filter(|v| !v.is_null());
+        let scaling = self.rope_scaling.as_ref().filter(|v| !v.is_null()).or(params);
+        let theta = self
+            .rope_theta
+            .or_else(|| params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64))
+            .unwrap_or(10_000.0);
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(format!("rope_theta ({theta}) must be a positive number"));
+        }
+        let Some(scaling) = scaling else { return Ok((theta, None)) };
+        let kind = scaling
+            .get("rope_type")
+            .or_else(|| scaling.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let num = |key: &str| -> Result<f64, String> {
+            scaling
+                .get(key)
+                .and_then(Value::as_f64)
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .ok_or_else(|| format!("rope_scaling type \"{kind}\" needs a positive number {key}"))
+        };
+        let parsed = match kind {
+            "default" => None,
+            "linear" => Some(RopeScaling::Linear { factor: num("factor")? }),
+            "llama3" => {
+                let s = RopeScaling::Llama3 {
+                    factor: num("factor")?,
+                    low_freq_factor: num("low_freq_factor")?,
+                    high_freq_factor: num("high_freq_factor")?,
+                    original_max_position: num("original_max_position_embeddings")?,
+                };
+                if let RopeScaling::Llama3 { low_freq_factor, high_freq_factor, .. } = s
+                    && high_freq_factor <= low_freq_factor
+                {
+                    return Err(format!(
+                        "rope_scaling high_freq_factor ({high_freq_factor}) must exceed low_freq_factor ({low_freq_factor})"
+                    ));
+                }
+                Some(s)
+            }
+            other => {
+                return Err(format!(
+                    "rope_scaling type \"{other}\" is not supported (supported: default, linear, llama3)"
+                ));
+            }
+        };
+        Ok((theta, parsed))
+    }
+
+    fn sliding_window(&self, arch: Architecture) -> Result<Option<usize>, String> {
+        let window = match &self.sliding_window {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                v.as_u64()
+                    .filter(|w| *w > 0)
+                    .ok_or_else(|| format!("sliding_window must be a positive integer or null, got {v}"))?
+                    as usize,
+            ),
+        };
+        match arch {
+            Architecture::Mistral => Ok(window),
+            // Qwen configs carry a sliding_window value that only applies with use_sliding_window.
+            Architecture::Qwen2 | Architecture::Qwen3 if self.use_sliding_window == Some(true) => {
+                Err("use_sliding_window = true is not supported for Qwen models".into())
+            }
+            Architecture::Llama if window.is_some() => {
+                Err("sliding_window is not supported for LlamaForCausalLM".into())
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+fn supported_list() -> String {
+    Architecture::ALL.map(|a| a.hf_class()).join(", ")
+}
+
+/// A token id field that may be absent, null, an integer or a list of integers.
+fn token_ids(v: &Option<Value>, name: &str) -> Result<Vec<u32>, String> {
+    let bad = || format!("{name} must be an integer or a list of integers");
+    let one = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(bad);
+    match v {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items.iter().map(one).collect(),
+        Some(v) => Ok(vec![one(v)?]),
+    }
+}
+
+/// Decoding defaults a checkpoint ships in generation_config.json.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GenerationConfig {
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    pub do_sample: Option<bool>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawGenerationConfig {
+    bos_token_id: Option<Value>,
+    eos_token_id: Option<Value>,
+    do_sample: Option<bool>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<u32>,
+    min_p: Option<f32>,
+    repetition_penalty: Option<f32>,
+}
+
+impl GenerationConfig {
+    /// Reads `dir/generation_config.json`; a checkpoint without one gets the empty default.
+    pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
+        let path = dir.join("generation_config.json");
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(e) => return Err(ConfigError::new(&path, format!("cannot read: {e}"))),
+        };
+        let raw: RawGenerationConfig = serde_json::from_str(&text)
+            .map_err(|e| ConfigError::new(&path, format!("malformed JSON: {e}")))?;
+        let bos = token_ids(&raw.bos_token_id, "bos_token_id").map_err(|p| ConfigError::new(&path, p))?;
+        Ok(Self {
+            bos_token_id: bos.first().copied(),
+            eos_token_ids: token_ids(&raw.eos_token_id, "eos_token_id")
+                .map_err(|p| ConfigError::new(&path, p))?,
+            do_sample: raw.do_sample,
+            temperature: raw.temperature,
+            top_p: raw.top_p,
+            top_k: raw.top_k,
+            min_p: raw.min_p,
+            repetition_penalty: raw.repetition_penalty,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> serde_json::Map<String, Value> {
+        serde_json::from_str(
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":320,"hidden_size":64,
+            "intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,
+            "num_key_value_heads":2,"max_position_embeddings":256,"rms_norm_eps":1e-5,
+            "rope_theta":500000.0,"eos_token_id":[1,2],"bos_token_id":0}"#,
+        )
+        .unwrap()
+    }
+
+    fn parse(map: serde_json::Map<String, Value>) -> Result<ModelConfig, String> {
+        ModelConfig::from_json(&Value::Object(map).to_string())
+    }
+
+    #[test]
+    fn parses_llama_with_defaults() {
+        let c = parse(base()).unwrap();
+        assert_eq!(c.architecture, Architecture::Llama);
+        assert_eq!(c.head_dim, 16);
+        assert_eq!(c.eos_token_ids, vec![1, 2]);
+        assert_eq!(c.bos_token_id, Some(0));
+        assert!(!c.qkv_bias && !c.qk_norm && !c.tie_word_embeddings);
+        assert_eq!(c.kv_bytes_per_token(2.0), (2 * 2 * 32 * 2) as f64);
+    }
+
+    #[test]
+    fn parses_llama3_rope_scaling_in_both_spellings() {
+        let scaling: Value = serde_json::from_str(
+            r#"{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+            "original_max_position_embeddings":8192}"#,
+        )
+        .unwrap();
+        let mut classic = base();
+        classic.insert("rope_scaling".into(), scaling.clone());
+        let mut v5 = base();
+        v5.remove("rope_theta");
+        let mut params = scaling.as_object().unwrap().clone();
+        params.insert("rope_theta".into(), 500000.0.into());
+        v5.insert("rope_parameters".into(), Value::Object(params));
+        let a = parse(classic).unwrap();
+        let b = parse(v5).unwrap();
+        assert_eq!(a.rope_scaling, b.rope_scaling);
+        assert_eq!(a.rope_theta, b.rope_theta);
+        assert!(matches!(a.rope_scaling, Some(RopeScaling::Llama3 { factor: 8.0, .. })));
+    }
+
+    #[test]
+    fn qwen_features_follow_the_architecture() {
+        let mut m = base();
+        m.insert("architectures".into(), serde_json::json!(["Qwen2ForCausalLM"]));
+        m.insert("sliding_window".into(), 4096.into());
+        m.insert("use_sliding_window".into(), false.into());
+        let q2 = parse(m.clone()).unwrap();
+        assert!(q2.qkv_bias && !q2.o_bias && !q2.qk_norm && q2.sliding_window.is_none());
+        m.insert("architectures".into(), serde_json::json!(["Qwen3ForCausalLM"]));
+        m.insert("head_dim".into(), 32.into());
+        let q3 = parse(m).unwrap();
+        assert!(!q3.qkv_bias && q3.qk_norm && q3.head_dim == 32);
+    }
+
+    #[test]
+    fn rejects_what_would_change_the_math_with_the_field_named() {
+        let cases: Vec<(&str, Value, &str)> = vec![
+            ("architectures", serde_json::json!(["GPT2LMHeadModel"]), "GPT2LMHeadModel"),
+            ("hidden_act", "gelu".into(), "hidden_act"),
+            ("rope_scaling", serde_json::json!({"type":"yarn","factor":4.0}), "yarn"),
+            ("mlp_bias", true.into(), "mlp_bias"),
+            ("num_key_value_heads", 3.into(), "num_key_value_heads"),
+            ("hidden_size", 0.into(), "hidden_size"),
+            ("quantization_config", serde_json::json!({"quant_method":"awq"}), "awq"),
+            ("eos_token_id", "two".into(), "eos_token_id"),
+        ];
+        for (field, value, needle) in cases {
+            let mut m = base();
+            m.insert(field.into(), value);
+            let err = parse(m).unwrap_err();
+            assert!(err.contains(needle), "{field}: {err}");
+        }
+        let mut m = base();
+        m.remove("vocab_size");
+        assert!(parse(m).unwrap_err().contains("vocab_size"));
+        assert!(ModelConfig::from_json("{not json").unwrap_err().contains("malformed JSON"));
+    }
+
+    #[test]
+    fn error_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.json"), "{\"architectures\": [").unwrap();
+        let err = ModelConfig::from_dir(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("config.json") && err.contains("malformed JSON"), "{err}");
+    }
+}
