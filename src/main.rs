@@ -1,1 +1,33 @@
-fn main() {}
+//! The `strata` binary: command-line wiring only; the work lives in the crates.
+
+mod commands;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "strata", version, about = "strata: an LLM serving cluster in one binary")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Work with checkpoints: synthesize, inspect.
+    #[command(subcommand)]
+    Model(commands::model::ModelCommand),
+    /// Generate text from a prompt with the CPU reference engine.
+    Generate(commands::generate::GenerateArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Model(cmd) => commands::model::run(cmd),
+        Command::Generate(args) => commands::generate::run(args),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}

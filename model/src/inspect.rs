@@ -1,1 +1,107 @@
-//! (being written)
+//! A checkpoint summary: architecture, size, dtypes, memory at each weight format, KV cost.
+
+use std::fmt;
+use std::path::Path;
+
+use crate::config::ModelConfig;
+use crate::cpu::LoadError;
+use crate::weights::{Checkpoint, parameter_count};
+
+/// Bytes per weight for the formats strata serves. NVFP4 stores 4-bit values plus one FP8 scale
+/// per 16 values (4.5 bits); FP8 adds a per-channel scale, negligible at this precision.
+pub const FORMATS: [(&str, f64); 3] = [("bf16", 2.0), ("fp8", 1.0), ("nvfp4", 0.5625)];
+
+#[derive(Debug, Clone)]
+pub struct Inspection {
+    pub config: ModelConfig,
+    pub parameters: usize,
+    pub checkpoint_bytes: usize,
+    pub dtypes: Vec<(String, usize)>,
+}
+
+impl Inspection {
+    /// Reads config.json and the safetensors headers (no tensor data) and validates the layout.
+    pub fn of(dir: &Path) -> Result<Self, LoadError> {
+        let config = ModelConfig::from_dir(dir)?;
+        let ckpt = Checkpoint::open(dir)?;
+        ckpt.validate(&config)?;
+        Ok(Self {
+            parameters: parameter_count(&config),
+            checkpoint_bytes: ckpt.data_bytes(),
+            dtypes: ckpt.dtype_histogram(),
+            config,
+        })
+    }
+}
+
+fn human_bytes(b: f64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    format!("{v:.2} {}", UNITS[u])
+}
+
+fn human_count(n: usize) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.2}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.1}M", n as f64 / 1e6),
+        n if n >= 1_000 => format!("{:.1}K", n as f64 / 1e3),
+        n => n.to_string(),
+    }
+}
+
+impl fmt::Display for Inspection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        writeln!(f, "architecture     {}", c.architecture)?;
+        writeln!(
+            f,
+            "shape            {} layers, hidden {}, intermediate {}, heads {} (kv {}), head_dim {}",
+            c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
+        )?;
+        writeln!(f, "vocabulary       {}", c.vocab_size)?;
+        writeln!(f, "context window   {}", c.max_position_embeddings)?;
+        let scaling = match &c.rope_scaling {
+            None => String::new(),
+            Some(s) => format!(", scaling {s:?}"),
+        };
+        writeln!(f, "rope             theta {}{scaling}", c.rope_theta)?;
+        let mut features = Vec::new();
+        if c.tie_word_embeddings {
+            features.push("tied embeddings".to_string());
+        }
+        if c.qkv_bias {
+            features.push("qkv bias".into());
+        }
+        if c.qk_norm {
+            features.push("q/k norm".into());
+        }
+        if let Some(w) = c.sliding_window {
+            features.push(format!("sliding window {w}"));
+        }
+        if !features.is_empty() {
+            writeln!(f, "features         {}", features.join(", "))?;
+        }
+        writeln!(f, "parameters       {} ({})", human_count(self.parameters), self.parameters)?;
+        let dtypes: Vec<String> = self.dtypes.iter().map(|(d, n)| format!("{d} ×{n}")).collect();
+        writeln!(
+            f,
+            "checkpoint       {} in {}",
+            human_bytes(self.checkpoint_bytes as f64),
+            dtypes.join(", ")
+        )?;
+        for (name, bytes) in FORMATS {
+            writeln!(f, "weights @ {name:<6} {}", human_bytes(self.parameters as f64 * bytes))?;
+        }
+        writeln!(
+            f,
+            "KV per token     {} @ bf16, {} @ fp8",
+            human_bytes(c.kv_bytes_per_token(2.0)),
+            human_bytes(c.kv_bytes_per_token(1.0))
+        )
+    }
+}

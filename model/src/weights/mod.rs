@@ -1,0 +1,299 @@
+//! Checkpoint weights: safetensors files mapped into memory (one file or a sharded set with
+//! `model.safetensors.index.json`), indexed by tensor name, checked against the architecture.
+//!
+//! Nothing is copied at open time; a tensor's bytes are read from the mapping when a backend asks.
+
+mod layout;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use serde::Deserialize;
+
+pub use layout::{
+    EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorSpec, expected_tensors, is_ignorable,
+    parameter_count,
+};
+
+use crate::config::ModelConfig;
+
+pub const SINGLE_FILE: &str = "model.safetensors";
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum WeightError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{}: {problem}", path.display())]
+    Malformed { path: PathBuf, problem: String },
+    #[error("{}: no {SINGLE_FILE} or {INDEX_FILE}", dir.display())]
+    NoWeights { dir: PathBuf },
+    #[error("{}: tensor {name} is missing", dir.display())]
+    Missing { dir: PathBuf, name: String },
+    #[error("{}: tensor {name} has shape {found:?}, the architecture expects {expected:?}", path.display())]
+    Shape { path: PathBuf, name: String, expected: Vec<usize>, found: Vec<usize> },
+    #[error("{}: tensor {name} has dtype {dtype:?}; supported: BF16, F16, F32", path.display())]
+    Dtype { path: PathBuf, name: String, dtype: Dtype },
+    #[error("{}: tensor {name} is not part of the architecture ({arch})", path.display())]
+    Unexpected { path: PathBuf, name: String, arch: String },
+}
+
+/// The element types a checkpoint's weights may be stored in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightDtype {
+    F32,
+    F16,
+    BF16,
+}
+
+impl WeightDtype {
+    fn from_safetensors(dtype: Dtype) -> Option<Self> {
+        match dtype {
+            Dtype::F32 => Some(Self::F32),
+            Dtype::F16 => Some(Self::F16),
+            Dtype::BF16 => Some(Self::BF16),
+            _ => None,
+        }
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 | Self::BF16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::BF16 => "bf16",
+        }
+    }
+}
+
+struct ShardFile {
+    path: PathBuf,
+    mmap: Mmap,
+    /// Offset of the data section (after the 8-byte length and the JSON header).
+    data_start: usize,
+}
+
+struct TensorEntry {
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    offsets: (usize, usize),
+}
+
+/// An opened checkpoint: every tensor of every shard, by name.
+pub struct Checkpoint {
+    dir: PathBuf,
+    files: Vec<ShardFile>,
+    tensors: HashMap<String, TensorEntry>,
+}
+
+/// A borrowed view of one tensor's bytes in the mapping.
+#[derive(Clone, Copy)]
+pub struct TensorRef<'a> {
+    pub name: &'a str,
+    pub path: &'a Path,
+    pub dtype: WeightDtype,
+    pub shape: &'a [usize],
+    pub bytes: &'a [u8],
+}
+
+#[derive(Deserialize)]
+struct ShardIndex {
+    weight_map: HashMap<String, String>,
+}
+
+impl Checkpoint {
+    /// Opens `dir/model.safetensors`, or every shard named by `dir/model.safetensors.index.json`.
+    pub fn open(dir: &Path) -> Result<Self, WeightError> {
+        let index_path = dir.join(INDEX_FILE);
+        let single = dir.join(SINGLE_FILE);
+        let mut checkpoint = Self { dir: dir.to_path_buf(), files: Vec::new(), tensors: HashMap::new() };
+        if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path)
+                .map_err(|source| WeightError::Io { path: index_path.clone(), source })?;
+            let index: ShardIndex = serde_json::from_str(&text).map_err(|e| WeightError::Malformed {
+                path: index_path.clone(),
+                problem: format!("malformed shard index: {e}"),
+            })?;
+            let mut shards: Vec<&String> = index.weight_map.values().collect();
+            shards.sort();
+            shards.dedup();
+            for shard in shards {
+                if shard.contains('/') || shard.contains("..") {
+                    return Err(WeightError::Malformed {
+                        path: index_path,
+                        problem: format!("shard name {shard:?} must be a file name in the checkpoint directory"),
+                    });
+                }
+                checkpoint.add_file(&dir.join(shard))?;
+            }
+            for (name, shard) in &index.weight_map {
+                let entry = checkpoint.tensors.get(name).ok_or_else(|| WeightError::Malformed {
+                    path: index_path.clone(),
+                    problem: format!("names tensor {name} in {shard}, which does not contain it"),
+                })?;
+                if !checkpoint.files[entry.file].path.ends_with(shard) {
+                    return Err(WeightError::Malformed {
+                        path: index_path,
+                        problem: format!("names tensor {name} in {shard}, but it is in another shard"),
+                    });
+                }
+            }
+        } else if single.exists() {
+            checkpoint.add_file(&single)?;
+        } else {
+            return Err(WeightError::NoWeights { dir: dir.to_path_buf() });
+        }
+        Ok(checkpoint)
+    }
+
+    fn add_file(&mut self, path: &Path) -> Result<(), WeightError> {
+        let io = |source| WeightError::Io { path: path.to_path_buf(), source };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: the mapping is read-only; a checkpoint modified while strata runs is outside the
+        // contract (as it is for every mmap-based loader).
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| {
+            WeightError::Malformed { path: path.to_path_buf(), problem: format!("not a valid safetensors file (truncated or corrupt): {e}") }
+        })?;
+        let file_index = self.files.len();
+        for (name, info) in metadata.tensors() {
+            if self.tensors.contains_key(&name) {
+                return Err(WeightError::Malformed {
+                    path: path.to_path_buf(),
+                    problem: format!("tensor {name} appears in more than one shard"),
+                });
+            }
+            let entry = TensorEntry {
+                file: file_index,
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                offsets: info.data_offsets,
+            };
+            self.tensors.insert(name, entry);
+        }
+        self.files.push(ShardFile { path: path.to_path_buf(), mmap, data_start: 8 + header_len });
+        Ok(())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// Total bytes of tensor data across shards.
+    pub fn data_bytes(&self) -> usize {
+        self.tensors.values().map(|t| t.offsets.1 - t.offsets.0).sum()
+    }
+
+    /// The tensor called `name`, if present and of a supported dtype.
+    pub fn get(&self, name: &str) -> Result<TensorRef<'_>, WeightError> {
+        let (key, entry) = self.tensors.get_key_value(name).ok_or_else(|| WeightError::Missing {
+            dir: self.dir.clone(),
+            name: name.to_string(),
+        })?;
+        let file = &self.files[entry.file];
+        let dtype = WeightDtype::from_safetensors(entry.dtype).ok_or_else(|| WeightError::Dtype {
+            path: file.path.clone(),
+            name: name.to_string(),
+            dtype: entry.dtype,
+        })?;
+        let bytes = &file.mmap[file.data_start + entry.offsets.0..file.data_start + entry.offsets.1];
+        Ok(TensorRef { name: key, path: &file.path, dtype, shape: &entry.shape, bytes })
+    }
+
+    /// The tensor called `name`, checked to have `shape`.
+    pub fn get_shaped(&self, name: &str, shape: &[usize]) -> Result<TensorRef<'_>, WeightError> {
+        let t = self.get(name)?;
+        if t.shape != shape {
+            return Err(WeightError::Shape {
+                path: t.path.to_path_buf(),
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                found: t.shape.to_vec(),
+            });
+        }
+        Ok(t)
+    }
+
+    /// Checks every expected tensor (presence, shape, dtype) and that nothing unexpected is there.
+    pub fn validate(&self, config: &ModelConfig) -> Result<(), WeightError> {
+        let expected = expected_tensors(config);
+        for spec in &expected {
+            self.get_shaped(&spec.name, &spec.shape)?;
+        }
+        let known: std::collections::HashSet<&str> =
+            expected.iter().map(|s| s.name.as_str()).collect();
+        let mut names: Vec<&str> = self.names().collect();
+        names.sort_unstable();
+        if let Some(extra) =
+            names.into_iter().find(|n| !known.contains(n) && !is_ignorable(n, config))
+        {
+            let entry = &self.tensors[extra];
+            return Err(WeightError::Unexpected {
+                path: self.files[entry.file].path.clone(),
+                name: extra.to_string(),
+                arch: config.architecture.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The dtypes present, with the number of tensors of each.
+    pub fn dtype_histogram(&self) -> Vec<(String, usize)> {
+        let mut counts: HashMap<String, usize> = HashMap::new();
+        for t in self.tensors.values() {
+            *counts.entry(format!("{:?}", t.dtype)).or_default() += 1;
+        }
+        let mut out: Vec<_> = counts.into_iter().collect();
+        out.sort();
+        out
+    }
+}
+
+impl TensorRef<'_> {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Widens the tensor to f32 (exact for every supported dtype).
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0.0; self.numel()];
+        self.read_f32_into(&mut out);
+        out
+    }
+
+    /// Widens the tensor into `out`, which must hold exactly `numel()` values.
+    pub fn read_f32_into(&self, out: &mut [f32]) {
+        assert_eq!(out.len(), self.numel(), "destination size for tensor {}", self.name);
+        match self.dtype {
+            WeightDtype::F32 => {
+                for (o, b) in out.iter_mut().zip(self.bytes.chunks_exact(4)) {
+                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            WeightDtype::BF16 => {
+                for (o, b) in out.iter_mut().zip(self.bytes.chunks_exact(2)) {
+                    *o = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+            WeightDtype::F16 => {
+                for (o, b) in out.iter_mut().zip(self.bytes.chunks_exact(2)) {
+                    *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+                }
+            }
+        }
+    }
+}

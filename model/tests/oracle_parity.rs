@@ -1,0 +1,182 @@
+//! Logit parity of the CPU reference against HF transformers.
+//!
+//! The fixtures under tests/oracle/fixtures were written by tests/oracle/make_fixtures.py (HF
+//! transformers, float32, eager attention) from checkpoints synthesized from tests/oracle/cases.json.
+//! Here the same checkpoints are synthesized again (a fixture names the sha256 of the weights it
+//! was made from) and the CPU reference must reproduce every fixture row within the bound, both in
+//! one prefill pass and through prefill + one-token decodes over its KV cache. A canary with a
+//! perturbed rope_theta must break the bound, proving the comparison can fail.
+
+use std::path::{Path, PathBuf};
+
+use safetensors::SafeTensors;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use strata_model::ModelConfig;
+use strata_model::cpu::{CpuModel, LogitRows};
+use strata_model::synth::{SynthSpec, synthesize};
+use strata_model::weights::Checkpoint;
+
+/// Max |ours − HF| over a row, relative to max |HF| of that row.
+const BOUND: f32 = 1e-4;
+
+#[derive(Deserialize)]
+struct CaseFile {
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    spec: SynthSpec,
+    prompts: Vec<Vec<u32>>,
+}
+
+struct FixtureRow {
+    prompt: usize,
+    position: usize,
+    logits: Vec<f32>,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn cases() -> Vec<Case> {
+    let text = std::fs::read_to_string(repo().join("tests/oracle/cases.json")).unwrap();
+    serde_json::from_str::<CaseFile>(&text).unwrap().cases
+}
+
+fn fixture(name: &str) -> (String, Vec<FixtureRow>) {
+    let path = repo().join(format!("tests/oracle/fixtures/{name}.safetensors"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let sha = meta.metadata().as_ref().and_then(|m| m.get("weights_sha256")).cloned().unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut rows = Vec::new();
+    for prompt in 0.. {
+        let Ok(pos) = st.tensor(&format!("prompt{prompt}.positions")) else { break };
+        let logits = st.tensor(&format!("prompt{prompt}.logits")).unwrap();
+        let vocab = logits.shape()[1];
+        let positions: Vec<usize> = pos
+            .data()
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as usize)
+            .collect();
+        let values: Vec<f32> = logits
+            .data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        for (i, position) in positions.into_iter().enumerate() {
+            rows.push(FixtureRow { prompt, position, logits: values[i * vocab..(i + 1) * vocab].to_vec() });
+        }
+    }
+    (sha, rows)
+}
+
+fn relative_error(ours: &[f32], reference: &[f32]) -> f32 {
+    assert_eq!(ours.len(), reference.len(), "vocabulary sizes differ");
+    let scale = reference.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let diff = ours.iter().zip(reference).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    diff / scale
+}
+
+/// Logits of every position of `prompt`, in one pass.
+fn prefill_logits(model: &CpuModel, prompt: &[u32]) -> Vec<Vec<f32>> {
+    let mut cache = model.new_cache();
+    let all = model.forward(prompt, &mut cache, LogitRows::All).unwrap();
+    all.chunks_exact(model.config().vocab_size).map(<[f32]>::to_vec).collect()
+}
+
+/// Logits of every position of `prompt`: a 3-token prefill, then one-token decodes.
+fn decode_logits(model: &CpuModel, prompt: &[u32]) -> Vec<Vec<f32>> {
+    let vocab = model.config().vocab_size;
+    let mut cache = model.new_cache();
+    let head = prompt.len().min(3);
+    let mut rows: Vec<Vec<f32>> = model
+        .forward(&prompt[..head], &mut cache, LogitRows::All)
+        .unwrap()
+        .chunks_exact(vocab)
+        .map(<[f32]>::to_vec)
+        .collect();
+    for &t in &prompt[head..] {
+        rows.push(model.forward(&[t], &mut cache, LogitRows::Last).unwrap());
+    }
+    rows
+}
+
+fn synthesized(case: &Case, dir: &Path) -> PathBuf {
+    let out = dir.join(&case.name);
+    synthesize(&case.spec, &out, None).unwrap();
+    out
+}
+
+fn weights_sha256(dir: &Path) -> String {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn cpu_reference_matches_transformers_logits() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut archs = std::collections::BTreeSet::new();
+    for case in cases() {
+        let dir = synthesized(&case, tmp.path());
+        let (sha, rows) = fixture(&case.name);
+        assert_eq!(
+            weights_sha256(&dir),
+            sha,
+            "{}: synthesized weights differ from those the fixture was made from; \
+             regenerate the fixtures (scripts/device/oracle.sh)",
+            case.name
+        );
+        let model = CpuModel::load(&dir).unwrap();
+        archs.insert(model.config().architecture.to_string());
+        let mut worst = 0.0f32;
+        for (prompt_index, prompt) in case.prompts.iter().enumerate() {
+            let paths = [prefill_logits(&model, prompt), decode_logits(&model, prompt)];
+            for row in rows.iter().filter(|r| r.prompt == prompt_index) {
+                for (path, logits) in ["prefill", "decode"].iter().zip(&paths) {
+                    let err = relative_error(&logits[row.position], &row.logits);
+                    assert!(
+                        err <= BOUND,
+                        "{} prompt {} position {} ({path}): relative error {err:e} > {BOUND:e}",
+                        case.name,
+                        row.prompt,
+                        row.position
+                    );
+                    worst = worst.max(err);
+                }
+            }
+        }
+        eprintln!("{:<22} worst relative error {worst:.2e} (bound {BOUND:e})", case.name);
+    }
+    assert_eq!(archs.len(), 4, "every architecture is covered: {archs:?}");
+}
+
+#[test]
+fn canary_perturbed_rope_theta_breaks_the_bound() {
+    let tmp = tempfile::tempdir().unwrap();
+    for case in cases() {
+        let dir = synthesized(&case, tmp.path());
+        let (_, rows) = fixture(&case.name);
+        let mut config = ModelConfig::from_dir(&dir).unwrap();
+        config.rope_theta *= 1.01;
+        let model = CpuModel::from_checkpoint(config, &Checkpoint::open(&dir).unwrap()).unwrap();
+        let worst = case
+            .prompts
+            .iter()
+            .enumerate()
+            .flat_map(|(i, prompt)| {
+                let logits = prefill_logits(&model, prompt);
+                rows.iter()
+                    .filter(move |r| r.prompt == i)
+                    .map(move |r| relative_error(&logits[r.position], &r.logits))
+                    .collect::<Vec<_>>()
+            })
+            .fold(0.0f32, f32::max);
+        eprintln!("{:<22} canary worst relative error {worst:.2e}", case.name);
+        assert!(worst > BOUND, "{}: the canary passed the bound ({worst:e})", case.name);
+    }
+}

@@ -1,0 +1,2 @@
+pub mod generate;
+pub mod model;
