@@ -14,7 +14,7 @@ mod weights;
 use std::path::Path;
 
 pub use attention::{AttentionShape, causal_attention};
-pub use ops::{dot, linear, rms_norm};
+pub use ops::{Matrix, dot, dot_bf16, linear, rms_norm};
 pub use weights::{CpuWeights, LayerWeights};
 
 use crate::config::{ConfigError, ModelConfig};
@@ -140,9 +140,9 @@ impl CpuModel {
             return Err(ForwardError::TokenOutOfRange { token, vocab_size: c.vocab_size });
         }
         let h = c.hidden_size;
-        let mut x = Vec::with_capacity(n * h);
-        for &t in tokens {
-            x.extend_from_slice(&self.weights.embed[t as usize * h..(t as usize + 1) * h]);
+        let mut x = vec![0.0; n * h];
+        for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(h)) {
+            self.weights.embed.row_into(t as usize, h, row);
         }
         let (cos, sin) = self.rope_tables(cache.len, n);
         for (i, layer) in self.weights.layers.iter().enumerate() {

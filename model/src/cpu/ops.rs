@@ -2,31 +2,33 @@
 //!
 //! Invariant kept here: every output element is reduced in an order that depends only on its own
 //! inputs — never on how many rows are computed together, how work is split across threads, or
-//! which CPU features are present. The dot product uses 16 independent f32 lanes summed by a fixed
+//! which CPU features are present. The dot product uses 32 independent f32 lanes summed by a fixed
 //! tree; the AVX variant executes the same operations (Rust never fuses mul+add on its own), so
 //! results are bit-identical with and without it. That is what lets greedy outputs stay
 //! byte-identical across batching, chunked prefill and restore.
 
 use rayon::prelude::*;
 
-const LANES: usize = 16;
+const LANES: usize = 32;
 
+/// The portable definition: `LANES` running sums (lane `l` takes elements `l, l + LANES, …`), then
+/// a fixed pairwise tree, then the tail.
 #[inline(always)]
-fn dot_body(a: &[f32], b: &[f32]) -> f32 {
+fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0.0f32; LANES];
-    let mut ca = a.chunks_exact(LANES);
-    let mut cb = b.chunks_exact(LANES);
-    for (x, y) in (&mut ca).zip(&mut cb) {
+    let chunks = n / LANES;
+    for c in 0..chunks {
+        let (x, y) = (&a[c * LANES..(c + 1) * LANES], &b[c * LANES..(c + 1) * LANES]);
         for l in 0..LANES {
             acc[l] += x[l] * y[l];
         }
     }
-    let mut tail = 0.0f32;
-    for (x, y) in ca.remainder().iter().zip(cb.remainder()) {
-        tail += x * y;
-    }
+    finish_dot(acc, &a[chunks * LANES..n], &b[chunks * LANES..n])
+}
+
+#[inline(always)]
+fn finish_dot(mut acc: [f32; LANES], a_tail: &[f32], b_tail: &[f32]) -> f32 {
     let mut width = LANES;
     while width > 1 {
         width /= 2;
@@ -34,16 +36,145 @@ fn dot_body(a: &[f32], b: &[f32]) -> f32 {
             acc[l] += acc[l + width];
         }
     }
+    let mut tail = 0.0f32;
+    for (x, y) in a_tail.iter().zip(b_tail) {
+        tail += x * y;
+    }
     acc[0] + tail
 }
 
+/// The same lanes held in four 8-wide AVX registers: separate multiply and add, no FMA, so each
+/// lane rounds exactly as in `dot_portable`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 fn dot_avx(a: &[f32], b: &[f32]) -> f32 {
-    dot_body(a, b)
+    use std::arch::x86_64::*;
+    let n = a.len().min(b.len());
+    let chunks = n / LANES;
+    let mut acc = [0.0f32; LANES];
+    // SAFETY: every load reads 8 floats at offsets below `chunks * LANES <= n` of both slices;
+    // the stores write the 32-float `acc`.
+    unsafe {
+        let (pa, pb) = (a.as_ptr(), b.as_ptr());
+        let mut s = [_mm256_setzero_ps(); 4];
+        for c in 0..chunks {
+            let base = c * LANES;
+            for (r, sr) in s.iter_mut().enumerate() {
+                let x = _mm256_loadu_ps(pa.add(base + 8 * r));
+                let y = _mm256_loadu_ps(pb.add(base + 8 * r));
+                *sr = _mm256_add_ps(*sr, _mm256_mul_ps(x, y));
+            }
+        }
+        for (r, sr) in s.iter().enumerate() {
+            _mm256_storeu_ps(acc.as_mut_ptr().add(8 * r), *sr);
+        }
+    }
+    finish_dot(acc, &a[chunks * LANES..n], &b[chunks * LANES..n])
 }
 
-/// `Σ a[i]·b[i]` over the common length, in the fixed order described above.
+/// `Σ a[i]·w[i]` with `w` in bf16 bits: the same lanes and order as `dot_portable` over the
+/// exactly widened weights, so results equal `dot(a, widened(w))` bit for bit.
+#[inline(always)]
+fn dot_bf16_portable(a: &[f32], w: &[u16]) -> f32 {
+    let n = a.len().min(w.len());
+    let mut acc = [0.0f32; LANES];
+    let chunks = n / LANES;
+    for c in 0..chunks {
+        let (x, y) = (&a[c * LANES..(c + 1) * LANES], &w[c * LANES..(c + 1) * LANES]);
+        for l in 0..LANES {
+            acc[l] += x[l] * bf16_to_f32(y[l]);
+        }
+    }
+    finish_dot_bf16(acc, &a[chunks * LANES..n], &w[chunks * LANES..n])
+}
+
+#[inline(always)]
+fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+#[inline(always)]
+fn finish_dot_bf16(acc: [f32; LANES], a_tail: &[f32], w_tail: &[u16]) -> f32 {
+    let mut tail = [0.0f32; LANES];
+    for (t, w) in tail.iter_mut().zip(w_tail) {
+        *t = bf16_to_f32(*w);
+    }
+    finish_dot(acc, a_tail, &tail[..w_tail.len()])
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn dot_bf16_avx2(a: &[f32], w: &[u16]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = a.len().min(w.len());
+    let chunks = n / LANES;
+    let mut acc = [0.0f32; LANES];
+    // SAFETY: loads read 8 floats / 8 u16 at offsets below `chunks * LANES <= n` of both slices;
+    // the stores write the 32-float `acc`.
+    unsafe {
+        let (pa, pw) = (a.as_ptr(), w.as_ptr());
+        let mut s = [_mm256_setzero_ps(); 4];
+        for c in 0..chunks {
+            let base = c * LANES;
+            for (r, sr) in s.iter_mut().enumerate() {
+                let x = _mm256_loadu_ps(pa.add(base + 8 * r));
+                let half = _mm_loadu_si128(pw.add(base + 8 * r) as *const __m128i);
+                let y = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+                *sr = _mm256_add_ps(*sr, _mm256_mul_ps(x, y));
+            }
+        }
+        for (r, sr) in s.iter().enumerate() {
+            _mm256_storeu_ps(acc.as_mut_ptr().add(8 * r), *sr);
+        }
+    }
+    finish_dot_bf16(acc, &a[chunks * LANES..n], &w[chunks * LANES..n])
+}
+
+/// [`dot`] with bf16 weights.
+#[inline]
+pub fn dot_bf16(a: &[f32], w: &[u16]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the feature was detected at run time just above.
+        return unsafe { dot_bf16_avx2(a, w) };
+    }
+    dot_bf16_portable(a, w)
+}
+
+/// A weight matrix in HF `[out, in]` layout, kept in the checkpoint's dtype where the reference
+/// can read it directly (bf16 halves the bytes each decode step streams); f16 and f32 are widened
+/// to f32 at load. Widening is exact, so the arithmetic is the same either way.
+pub enum Matrix {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+impl Matrix {
+    pub fn len(&self) -> usize {
+        match self {
+            Self::F32(v) => v.len(),
+            Self::Bf16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Row `r` of a matrix with `k` columns, widened into `out`.
+    pub fn row_into(&self, r: usize, k: usize, out: &mut [f32]) {
+        match self {
+            Self::F32(v) => out.copy_from_slice(&v[r * k..(r + 1) * k]),
+            Self::Bf16(v) => {
+                for (o, b) in out.iter_mut().zip(&v[r * k..(r + 1) * k]) {
+                    *o = bf16_to_f32(*b);
+                }
+            }
+        }
+    }
+}
+
+/// `Σ a[i]·b[i]` over the common length, in the fixed order of `dot_portable`.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
@@ -51,55 +182,54 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         // SAFETY: the feature was detected at run time just above.
         return unsafe { dot_avx(a, b) };
     }
-    dot_body(a, b)
+    dot_portable(a, b)
 }
 
-/// Output features computed per task when the batch has few rows.
+/// Output features computed per task: 64 rows of `w` (≤ 1 MiB at hidden 4096) stay in cache
+/// while every row of `x` passes over them, so `w` is read from memory once per call.
 const COLUMN_BLOCK: usize = 64;
-/// Rows of `x` computed per task when the batch has many.
-const ROW_BLOCK: usize = 4;
 
 /// `y[m][n] = Σ_k x[m][k] · w[n][k] (+ bias[n])` — `w` in HF `[out, in]` layout.
 ///
-/// Few rows (decode): parallel over blocks of output features. Many rows (prefill): parallel over
-/// blocks of rows, each walking `w` once per block. Every element is one `dot` either way.
-pub fn linear(x: &[f32], w: &[f32], bias: Option<&[f32]>, k: usize, y: &mut [f32]) {
+/// Parallel over blocks of output features; every element is one `dot`, whatever `m` is.
+pub fn linear(x: &[f32], w: &Matrix, bias: Option<&[f32]>, k: usize, y: &mut [f32]) {
+    match w {
+        Matrix::F32(w) => linear_with(x, w, bias, k, y, dot),
+        Matrix::Bf16(w) => linear_with(x, w, bias, k, y, dot_bf16),
+    }
+}
+
+fn linear_with<W: Sync>(
+    x: &[f32],
+    w: &[W],
+    bias: Option<&[f32]>,
+    k: usize,
+    y: &mut [f32],
+    dot: impl Fn(&[f32], &[W]) -> f32 + Sync,
+) {
     let m = x.len() / k;
     let n = w.len() / k;
     debug_assert_eq!(y.len(), m * n);
-    let finish = |v: f32, j: usize| bias.map_or(v, |b| v + b[j]);
-    if m < 2 * rayon::current_num_threads() {
-        let blocks: Vec<Vec<f32>> = w
-            .par_chunks(COLUMN_BLOCK * k)
-            .enumerate()
-            .map(|(bi, wb)| {
-                let cols = wb.len() / k;
-                let mut out = Vec::with_capacity(m * cols);
-                for xr in x.chunks_exact(k) {
-                    for (c, wr) in wb.chunks_exact(k).enumerate() {
-                        out.push(finish(dot(xr, wr), bi * COLUMN_BLOCK + c));
-                    }
+    let blocks: Vec<Vec<f32>> = w
+        .par_chunks(COLUMN_BLOCK * k)
+        .enumerate()
+        .map(|(bi, wb)| {
+            let mut out = Vec::with_capacity(m * wb.len() / k);
+            for xr in x.chunks_exact(k) {
+                for (c, wr) in wb.chunks_exact(k).enumerate() {
+                    let v = dot(xr, wr);
+                    out.push(bias.map_or(v, |b| v + b[bi * COLUMN_BLOCK + c]));
                 }
-                out
-            })
-            .collect();
-        for (bi, block) in blocks.iter().enumerate() {
-            let cols = block.len() / m.max(1);
-            for (r, vals) in block.chunks_exact(cols.max(1)).enumerate() {
-                let start = r * n + bi * COLUMN_BLOCK;
-                y[start..start + cols].copy_from_slice(vals);
             }
+            out
+        })
+        .collect();
+    for (bi, block) in blocks.iter().enumerate() {
+        let cols = block.len() / m.max(1);
+        for (r, vals) in block.chunks_exact(cols.max(1)).enumerate() {
+            let start = r * n + bi * COLUMN_BLOCK;
+            y[start..start + cols].copy_from_slice(vals);
         }
-    } else {
-        y.par_chunks_mut(ROW_BLOCK * n)
-            .zip(x.par_chunks(ROW_BLOCK * k))
-            .for_each(|(yb, xb)| {
-                for (j, wr) in w.chunks_exact(k).enumerate() {
-                    for (r, xr) in xb.chunks_exact(k).enumerate() {
-                        yb[r * n + j] = finish(dot(xr, wr), j);
-                    }
-                }
-            });
     }
 }
 
@@ -164,7 +294,13 @@ mod tests {
         for m in [1, 3, 9, 33] {
             let x = fill(m * k, 11);
             let mut y = vec![0.0; m * n];
-            linear(&x, &w, Some(&bias), k, &mut y);
+            linear(&x, &Matrix::F32(w.clone()), Some(&bias), k, &mut y);
+            let bf: Vec<u16> = w.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+            let widened: Vec<f32> = bf.iter().map(|b| bf16_to_f32(*b)).collect();
+            let (mut yb, mut yw) = (vec![0.0; m * n], vec![0.0; m * n]);
+            linear(&x, &Matrix::Bf16(bf), Some(&bias), k, &mut yb);
+            linear(&x, &Matrix::F32(widened), Some(&bias), k, &mut yw);
+            assert_eq!(yb, yw, "bf16 weights compute exactly like their f32 widening");
             let want = naive(&x, &w, k);
             for (i, (a, b)) in y.iter().zip(&want).enumerate() {
                 let b = b + bias[i % n] as f64;
@@ -173,7 +309,7 @@ mod tests {
             // Each row alone gives the very same bits as inside the batch.
             for (r, xr) in x.chunks_exact(k).enumerate() {
                 let mut one = vec![0.0; n];
-                linear(xr, &w, Some(&bias), k, &mut one);
+                linear(xr, &Matrix::F32(w.clone()), Some(&bias), k, &mut one);
                 assert_eq!(one.as_slice(), &y[r * n..(r + 1) * n], "row {r} of m={m}");
             }
         }
@@ -183,7 +319,11 @@ mod tests {
     fn dot_avx_and_portable_agree_bitwise() {
         let a = fill(1000, 1);
         let b = fill(1000, 2);
-        assert_eq!(dot(&a, &b).to_bits(), dot_body(&a, &b).to_bits());
+        for n in [0, 5, 31, 32, 33, 100, 1000] {
+            assert_eq!(dot(&a[..n], &b[..n]).to_bits(), dot_portable(&a[..n], &b[..n]).to_bits(), "n={n}");
+            let w: Vec<u16> = b[..n].iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+            assert_eq!(dot_bf16(&a[..n], &w).to_bits(), dot_bf16_portable(&a[..n], &w).to_bits(), "n={n}");
+        }
     }
 
     #[test]

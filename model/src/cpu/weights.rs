@@ -1,34 +1,36 @@
-//! The reference backend's copy of the weights: every tensor widened to f32 once at load.
-//!
-//! f32 costs 2× the memory of a bf16 checkpoint but makes every later read a plain slice and
-//! keeps the arithmetic exact with respect to the checkpoint (bf16/f16 → f32 is lossless).
+//! The reference backend's copy of the weights: projection matrices as [`Matrix`] (bf16 kept,
+//! f16/f32 widened), vectors (norms, biases) widened to f32. Every widening is exact, so the
+//! arithmetic is that of the checkpoint's values in f32.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
+use super::ops::Matrix;
 use crate::config::ModelConfig;
-use crate::weights::{Checkpoint, EMBED, FINAL_NORM, LM_HEAD, LayerNames, WeightError};
+use crate::weights::{
+    Checkpoint, EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorRef, WeightDtype, WeightError,
+};
 
 pub struct LayerWeights {
     pub input_norm: Vec<f32>,
-    pub q: Vec<f32>,
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
-    pub o: Vec<f32>,
+    pub q: Matrix,
+    pub k: Matrix,
+    pub v: Matrix,
+    pub o: Matrix,
     pub qkv_bias: Option<[Vec<f32>; 3]>,
     pub o_bias: Option<Vec<f32>>,
     pub qk_norm: Option<[Vec<f32>; 2]>,
     pub post_attention_norm: Vec<f32>,
-    pub gate: Vec<f32>,
-    pub up: Vec<f32>,
-    pub down: Vec<f32>,
+    pub gate: Matrix,
+    pub up: Matrix,
+    pub down: Matrix,
 }
 
 pub struct CpuWeights {
-    pub embed: Vec<f32>,
+    pub embed: Matrix,
     pub layers: Vec<LayerWeights>,
     pub final_norm: Vec<f32>,
     /// `None` when the LM head is tied to the embedding.
-    pub lm_head: Option<Vec<f32>>,
+    pub lm_head: Option<Matrix>,
 }
 
 impl CpuWeights {
@@ -51,7 +53,8 @@ impl CpuWeights {
             config.head_dim,
         );
         let get = |name: &str, shape: &[usize]| ckpt.get_shaped(name, shape).map(|t| t.to_f32());
-        let embed = get(EMBED, &[config.vocab_size, h])?;
+        let mat = |name: &str, shape: &[usize]| ckpt.get_shaped(name, shape).map(matrix);
+        let embed = mat(EMBED, &[config.vocab_size, h])?;
         bar.inc(1);
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
@@ -68,17 +71,17 @@ impl CpuWeights {
             };
             layers.push(LayerWeights {
                 input_norm: get(&n.input_norm, &[h])?,
-                q: get(&n.q, &[q, h])?,
-                k: get(&n.k, &[kv, h])?,
-                v: get(&n.v, &[kv, h])?,
-                o: get(&n.o, &[h, q])?,
+                q: mat(&n.q, &[q, h])?,
+                k: mat(&n.k, &[kv, h])?,
+                v: mat(&n.v, &[kv, h])?,
+                o: mat(&n.o, &[h, q])?,
                 qkv_bias,
                 o_bias: if config.o_bias { Some(get(&n.o_bias, &[h])?) } else { None },
                 qk_norm,
                 post_attention_norm: get(&n.post_attention_norm, &[h])?,
-                gate: get(&n.gate, &[inter, h])?,
-                up: get(&n.up, &[inter, h])?,
-                down: get(&n.down, &[h, inter])?,
+                gate: mat(&n.gate, &[inter, h])?,
+                up: mat(&n.up, &[inter, h])?,
+                down: mat(&n.down, &[h, inter])?,
             });
             bar.inc(1);
         }
@@ -86,14 +89,24 @@ impl CpuWeights {
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
-            Some(get(LM_HEAD, &[config.vocab_size, h])?)
+            Some(mat(LM_HEAD, &[config.vocab_size, h])?)
         };
         bar.inc(1);
         bar.finish_and_clear();
         Ok(Self { embed, layers, final_norm, lm_head })
     }
 
-    pub fn lm_head(&self) -> &[f32] {
-        self.lm_head.as_deref().unwrap_or(&self.embed)
+    pub fn lm_head(&self) -> &Matrix {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+}
+
+/// bf16 stays bf16 (read directly by the dot product); f16 and f32 become f32.
+fn matrix(t: TensorRef<'_>) -> Matrix {
+    match t.dtype {
+        WeightDtype::BF16 => Matrix::Bf16(
+            t.bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect(),
+        ),
+        WeightDtype::F16 | WeightDtype::F32 => Matrix::F32(t.to_f32()),
     }
 }

@@ -277,3 +277,30 @@ impl safetensors::View for &SynthTensor {
 
 #[cfg(test)]
 mod tests;
+
+/// Name of the embedded demo model: a ~100M-parameter Llama-shaped model with random weights.
+/// It produces gibberish by design; it exists so every command runs on a fresh machine.
+pub const DEMO_MODEL_NAME: &str = "strata-demo-llama-100m-random";
+const DEMO_SEED: u64 = 2026;
+
+/// The demo checkpoint under `cache_root`, synthesized on first use (written to a temporary
+/// directory, then renamed, so a half-written model is never picked up).
+pub fn ensure_demo_model(cache_root: &Path) -> Result<PathBuf, SynthError> {
+    let dir = cache_root.join("models").join(DEMO_MODEL_NAME);
+    if dir.join("config.json").exists() {
+        return Ok(dir);
+    }
+    let parent = cache_root.join("models");
+    std::fs::create_dir_all(&parent).map_err(|source| SynthError::Io { path: parent.clone(), source })?;
+    let tmp = parent.join(format!(".{DEMO_MODEL_NAME}.{}", std::process::id()));
+    synthesize(&SynthSpec::demo(Architecture::Llama, DEMO_SEED), &tmp, None)?;
+    match std::fs::rename(&tmp, &dir) {
+        Ok(()) => Ok(dir),
+        // Another process finished first: keep theirs.
+        Err(_) if dir.join("config.json").exists() => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Ok(dir)
+        }
+        Err(source) => Err(SynthError::Io { path: dir, source }),
+    }
+}
