@@ -5,7 +5,11 @@ mod commands;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "strata", version, about = "strata: an LLM serving cluster in one binary")]
+#[command(
+    name = "strata",
+    version,
+    about = "strata: an LLM serving cluster in one binary"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -19,7 +19,10 @@ pub struct ConfigError {
 
 impl ConfigError {
     pub fn new(path: &Path, problem: impl Into<String>) -> Self {
-        Self { path: path.to_path_buf(), problem: problem.into() }
+        Self {
+            path: path.to_path_buf(),
+            problem: problem.into(),
+        }
     }
 }
 
@@ -75,7 +78,12 @@ impl std::fmt::Display for Architecture {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
     /// Llama 3.1 / 3.2: low frequencies divided by `factor`, high ones kept, a smooth ramp between.
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position: f64 },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position: f64,
+    },
     /// Position interpolation: every frequency divided by `factor`.
     Linear { factor: f64 },
 }
@@ -178,7 +186,10 @@ impl RawConfig {
     fn into_config(self) -> Result<ModelConfig, String> {
         let architecture = self.architecture()?;
         if let Some(q) = &self.quantization_config {
-            let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("unknown");
+            let method = q
+                .get("quant_method")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown");
             return Err(format!(
                 "quantization_config (quant_method \"{method}\") is not supported by this build"
             ));
@@ -186,7 +197,9 @@ impl RawConfig {
         if let Some(act) = &self.hidden_act
             && act != "silu"
         {
-            return Err(format!("hidden_act \"{act}\" is not supported (only \"silu\")"));
+            return Err(format!(
+                "hidden_act \"{act}\" is not supported (only \"silu\")"
+            ));
         }
         if self.mlp_bias == Some(true) {
             return Err("mlp_bias = true is not supported".into());
@@ -200,7 +213,10 @@ impl RawConfig {
         };
         let hidden_size = need(self.hidden_size, "hidden_size")?;
         let num_heads = need(self.num_attention_heads, "num_attention_heads")?;
-        let num_kv_heads = need(self.num_key_value_heads.or(Some(num_heads)), "num_key_value_heads")?;
+        let num_kv_heads = need(
+            self.num_key_value_heads.or(Some(num_heads)),
+            "num_key_value_heads",
+        )?;
         if num_heads % num_kv_heads != 0 {
             return Err(format!(
                 "num_attention_heads ({num_heads}) is not a multiple of num_key_value_heads ({num_kv_heads})"
@@ -216,7 +232,9 @@ impl RawConfig {
             }
         };
         if head_dim % 2 != 0 {
-            return Err(format!("head_dim ({head_dim}) must be even for rotary embeddings"));
+            return Err(format!(
+                "head_dim ({head_dim}) must be even for rotary embeddings"
+            ));
         }
         let (rope_theta, rope_scaling) = self.rope()?;
         let attention_bias = self.attention_bias.unwrap_or(false);
@@ -238,7 +256,9 @@ impl RawConfig {
             o_bias: attention_bias && architecture != Architecture::Qwen2,
             qk_norm: architecture == Architecture::Qwen3,
             sliding_window: self.sliding_window(architecture)?,
-            bos_token_id: token_ids(&self.bos_token_id, "bos_token_id")?.first().copied(),
+            bos_token_id: token_ids(&self.bos_token_id, "bos_token_id")?
+                .first()
+                .copied(),
             eos_token_ids: token_ids(&self.eos_token_id, "eos_token_id")?,
             declared_dtype: self.torch_dtype.or(self.dtype),
         })
@@ -256,7 +276,10 @@ impl RawConfig {
                 })
             }
             (_, Some(t)) => Architecture::from_model_type(t).ok_or_else(|| {
-                format!("model_type \"{t}\" is not supported (supported: {})", supported_list())
+                format!(
+                    "model_type \"{t}\" is not supported (supported: {})",
+                    supported_list()
+                )
             }),
             _ => Err("neither architectures nor model_type is given".into()),
         }
@@ -266,15 +289,25 @@ impl RawConfig {
     /// newer combined `rope_parameters`.
     fn rope(&self) -> Result<(f64, Option<RopeScaling>), String> {
         let params = self.rope_parameters.as_ref().filter(|v| !v.is_null());
-        let scaling = self.rope_scaling.as_ref().filter(|v| !v.is_null()).or(params);
+        let scaling = self
+            .rope_scaling
+            .as_ref()
+            .filter(|v| !v.is_null())
+            .or(params);
         let theta = self
             .rope_theta
-            .or_else(|| params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64))
+            .or_else(|| {
+                params
+                    .and_then(|p| p.get("rope_theta"))
+                    .and_then(Value::as_f64)
+            })
             .unwrap_or(10_000.0);
         if !(theta.is_finite() && theta > 0.0) {
             return Err(format!("rope_theta ({theta}) must be a positive number"));
         }
-        let Some(scaling) = scaling else { return Ok((theta, None)) };
+        let Some(scaling) = scaling else {
+            return Ok((theta, None));
+        };
         let kind = scaling
             .get("rope_type")
             .or_else(|| scaling.get("type"))
@@ -285,11 +318,15 @@ impl RawConfig {
                 .get(key)
                 .and_then(Value::as_f64)
                 .filter(|v| v.is_finite() && *v > 0.0)
-                .ok_or_else(|| format!("rope_scaling type \"{kind}\" needs a positive number {key}"))
+                .ok_or_else(|| {
+                    format!("rope_scaling type \"{kind}\" needs a positive number {key}")
+                })
         };
         let parsed = match kind {
             "default" => None,
-            "linear" => Some(RopeScaling::Linear { factor: num("factor")? }),
+            "linear" => Some(RopeScaling::Linear {
+                factor: num("factor")?,
+            }),
             "llama3" => {
                 let s = RopeScaling::Llama3 {
                     factor: num("factor")?,
@@ -297,7 +334,11 @@ impl RawConfig {
                     high_freq_factor: num("high_freq_factor")?,
                     original_max_position: num("original_max_position_embeddings")?,
                 };
-                if let RopeScaling::Llama3 { low_freq_factor, high_freq_factor, .. } = s
+                if let RopeScaling::Llama3 {
+                    low_freq_factor,
+                    high_freq_factor,
+                    ..
+                } = s
                     && high_freq_factor <= low_freq_factor
                 {
                     return Err(format!(
@@ -318,12 +359,9 @@ impl RawConfig {
     fn sliding_window(&self, arch: Architecture) -> Result<Option<usize>, String> {
         let window = match &self.sliding_window {
             None | Some(Value::Null) => None,
-            Some(v) => Some(
-                v.as_u64()
-                    .filter(|w| *w > 0)
-                    .ok_or_else(|| format!("sliding_window must be a positive integer or null, got {v}"))?
-                    as usize,
-            ),
+            Some(v) => Some(v.as_u64().filter(|w| *w > 0).ok_or_else(|| {
+                format!("sliding_window must be a positive integer or null, got {v}")
+            })? as usize),
         };
         match arch {
             Architecture::Mistral => Ok(window),
@@ -346,7 +384,11 @@ fn supported_list() -> String {
 /// A token id field that may be absent, null, an integer or a list of integers.
 fn token_ids(v: &Option<Value>, name: &str) -> Result<Vec<u32>, String> {
     let bad = || format!("{name} must be an integer or a list of integers");
-    let one = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(bad);
+    let one = |v: &Value| {
+        v.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .ok_or_else(bad)
+    };
     match v {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(items)) => items.iter().map(one).collect(),
@@ -390,7 +432,8 @@ impl GenerationConfig {
         };
         let raw: RawGenerationConfig = serde_json::from_str(&text)
             .map_err(|e| ConfigError::new(&path, format!("malformed JSON: {e}")))?;
-        let bos = token_ids(&raw.bos_token_id, "bos_token_id").map_err(|p| ConfigError::new(&path, p))?;
+        let bos =
+            token_ids(&raw.bos_token_id, "bos_token_id").map_err(|p| ConfigError::new(&path, p))?;
         Ok(Self {
             bos_token_id: bos.first().copied(),
             eos_token_ids: token_ids(&raw.eos_token_id, "eos_token_id")
@@ -452,18 +495,27 @@ mod tests {
         let b = parse(v5).unwrap();
         assert_eq!(a.rope_scaling, b.rope_scaling);
         assert_eq!(a.rope_theta, b.rope_theta);
-        assert!(matches!(a.rope_scaling, Some(RopeScaling::Llama3 { factor: 8.0, .. })));
+        assert!(matches!(
+            a.rope_scaling,
+            Some(RopeScaling::Llama3 { factor: 8.0, .. })
+        ));
     }
 
     #[test]
     fn qwen_features_follow_the_architecture() {
         let mut m = base();
-        m.insert("architectures".into(), serde_json::json!(["Qwen2ForCausalLM"]));
+        m.insert(
+            "architectures".into(),
+            serde_json::json!(["Qwen2ForCausalLM"]),
+        );
         m.insert("sliding_window".into(), 4096.into());
         m.insert("use_sliding_window".into(), false.into());
         let q2 = parse(m.clone()).unwrap();
         assert!(q2.qkv_bias && !q2.o_bias && !q2.qk_norm && q2.sliding_window.is_none());
-        m.insert("architectures".into(), serde_json::json!(["Qwen3ForCausalLM"]));
+        m.insert(
+            "architectures".into(),
+            serde_json::json!(["Qwen3ForCausalLM"]),
+        );
         m.insert("head_dim".into(), 32.into());
         let q3 = parse(m).unwrap();
         assert!(!q3.qkv_bias && q3.qk_norm && q3.head_dim == 32);
@@ -472,13 +524,25 @@ mod tests {
     #[test]
     fn rejects_what_would_change_the_math_with_the_field_named() {
         let cases: Vec<(&str, Value, &str)> = vec![
-            ("architectures", serde_json::json!(["GPT2LMHeadModel"]), "GPT2LMHeadModel"),
+            (
+                "architectures",
+                serde_json::json!(["GPT2LMHeadModel"]),
+                "GPT2LMHeadModel",
+            ),
             ("hidden_act", "gelu".into(), "hidden_act"),
-            ("rope_scaling", serde_json::json!({"type":"yarn","factor":4.0}), "yarn"),
+            (
+                "rope_scaling",
+                serde_json::json!({"type":"yarn","factor":4.0}),
+                "yarn",
+            ),
             ("mlp_bias", true.into(), "mlp_bias"),
             ("num_key_value_heads", 3.into(), "num_key_value_heads"),
             ("hidden_size", 0.into(), "hidden_size"),
-            ("quantization_config", serde_json::json!({"quant_method":"awq"}), "awq"),
+            (
+                "quantization_config",
+                serde_json::json!({"quant_method":"awq"}),
+                "awq",
+            ),
             ("eos_token_id", "two".into(), "eos_token_id"),
         ];
         for (field, value, needle) in cases {
@@ -490,7 +554,11 @@ mod tests {
         let mut m = base();
         m.remove("vocab_size");
         assert!(parse(m).unwrap_err().contains("vocab_size"));
-        assert!(ModelConfig::from_json("{not json").unwrap_err().contains("malformed JSON"));
+        assert!(
+            ModelConfig::from_json("{not json")
+                .unwrap_err()
+                .contains("malformed JSON")
+        );
     }
 
     #[test]
@@ -498,6 +566,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("config.json"), "{\"architectures\": [").unwrap();
         let err = ModelConfig::from_dir(dir.path()).unwrap_err().to_string();
-        assert!(err.contains("config.json") && err.contains("malformed JSON"), "{err}");
+        assert!(
+            err.contains("config.json") && err.contains("malformed JSON"),
+            "{err}"
+        );
     }
 }

@@ -61,7 +61,12 @@ impl fmt::Display for Inspection {
         writeln!(
             f,
             "shape            {} layers, hidden {}, intermediate {}, heads {} (kv {}), head_dim {}",
-            c.num_layers, c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim
+            c.num_layers,
+            c.hidden_size,
+            c.intermediate_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim
         )?;
         writeln!(f, "vocabulary       {}", c.vocab_size)?;
         writeln!(f, "context window   {}", c.max_position_embeddings)?;
@@ -86,8 +91,17 @@ impl fmt::Display for Inspection {
         if !features.is_empty() {
             writeln!(f, "features         {}", features.join(", "))?;
         }
-        writeln!(f, "parameters       {} ({})", human_count(self.parameters), self.parameters)?;
-        let dtypes: Vec<String> = self.dtypes.iter().map(|(d, n)| format!("{d} ×{n}")).collect();
+        writeln!(
+            f,
+            "parameters       {} ({})",
+            human_count(self.parameters),
+            self.parameters
+        )?;
+        let dtypes: Vec<String> = self
+            .dtypes
+            .iter()
+            .map(|(d, n)| format!("{d} ×{n}"))
+            .collect();
         writeln!(
             f,
             "checkpoint       {} in {}",
@@ -95,7 +109,11 @@ impl fmt::Display for Inspection {
             dtypes.join(", ")
         )?;
         for (name, bytes) in FORMATS {
-            writeln!(f, "weights @ {name:<6} {}", human_bytes(self.parameters as f64 * bytes))?;
+            writeln!(
+                f,
+                "weights @ {name:<6} {}",
+                human_bytes(self.parameters as f64 * bytes)
+            )?;
         }
         writeln!(
             f,

@@ -13,7 +13,11 @@ pub struct Rope {
 
 impl Rope {
     pub fn new(config: &ModelConfig) -> Self {
-        Self::with_theta(config.head_dim, config.rope_theta, config.rope_scaling.as_ref())
+        Self::with_theta(
+            config.head_dim,
+            config.rope_theta,
+            config.rope_scaling.as_ref(),
+        )
     }
 
     pub fn with_theta(head_dim: usize, theta: f64, scaling: Option<&RopeScaling>) -> Self {

@@ -51,11 +51,18 @@ fn fixture(name: &str) -> (String, Vec<FixtureRow>) {
     let path = repo().join(format!("tests/oracle/fixtures/{name}.safetensors"));
     let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
-    let sha = meta.metadata().as_ref().and_then(|m| m.get("weights_sha256")).cloned().unwrap();
+    let sha = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("weights_sha256"))
+        .cloned()
+        .unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let mut rows = Vec::new();
     for prompt in 0.. {
-        let Ok(pos) = st.tensor(&format!("prompt{prompt}.positions")) else { break };
+        let Ok(pos) = st.tensor(&format!("prompt{prompt}.positions")) else {
+            break;
+        };
         let logits = st.tensor(&format!("prompt{prompt}.logits")).unwrap();
         let vocab = logits.shape()[1];
         let positions: Vec<usize> = pos
@@ -69,7 +76,11 @@ fn fixture(name: &str) -> (String, Vec<FixtureRow>) {
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
             .collect();
         for (i, position) in positions.into_iter().enumerate() {
-            rows.push(FixtureRow { prompt, position, logits: values[i * vocab..(i + 1) * vocab].to_vec() });
+            rows.push(FixtureRow {
+                prompt,
+                position,
+                logits: values[i * vocab..(i + 1) * vocab].to_vec(),
+            });
         }
     }
     (sha, rows)
@@ -78,7 +89,10 @@ fn fixture(name: &str) -> (String, Vec<FixtureRow>) {
 fn relative_error(ours: &[f32], reference: &[f32]) -> f32 {
     assert_eq!(ours.len(), reference.len(), "vocabulary sizes differ");
     let scale = reference.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    let diff = ours.iter().zip(reference).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    let diff = ours
+        .iter()
+        .zip(reference)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
     diff / scale
 }
 
@@ -86,7 +100,9 @@ fn relative_error(ours: &[f32], reference: &[f32]) -> f32 {
 fn prefill_logits(model: &CpuModel, prompt: &[u32]) -> Vec<Vec<f32>> {
     let mut cache = model.new_cache();
     let all = model.forward(prompt, &mut cache, LogitRows::All).unwrap();
-    all.chunks_exact(model.config().vocab_size).map(<[f32]>::to_vec).collect()
+    all.chunks_exact(model.config().vocab_size)
+        .map(<[f32]>::to_vec)
+        .collect()
 }
 
 /// Logits of every position of `prompt`: a 3-token prefill, then one-token decodes.
@@ -114,7 +130,10 @@ fn synthesized(case: &Case, dir: &Path) -> PathBuf {
 
 fn weights_sha256(dir: &Path) -> String {
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
-    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[test]
@@ -135,7 +154,10 @@ fn cpu_reference_matches_transformers_logits() {
         archs.insert(model.config().architecture.to_string());
         let mut worst = 0.0f32;
         for (prompt_index, prompt) in case.prompts.iter().enumerate() {
-            let paths = [prefill_logits(&model, prompt), decode_logits(&model, prompt)];
+            let paths = [
+                prefill_logits(&model, prompt),
+                decode_logits(&model, prompt),
+            ];
             for row in rows.iter().filter(|r| r.prompt == prompt_index) {
                 for (path, logits) in ["prefill", "decode"].iter().zip(&paths) {
                     let err = relative_error(&logits[row.position], &row.logits);
@@ -150,7 +172,10 @@ fn cpu_reference_matches_transformers_logits() {
                 }
             }
         }
-        eprintln!("{:<22} worst relative error {worst:.2e} (bound {BOUND:e})", case.name);
+        eprintln!(
+            "{:<22} worst relative error {worst:.2e} (bound {BOUND:e})",
+            case.name
+        );
     }
     assert_eq!(archs.len(), 4, "every architecture is covered: {archs:?}");
 }
@@ -177,6 +202,10 @@ fn canary_perturbed_rope_theta_breaks_the_bound() {
             })
             .fold(0.0f32, f32::max);
         eprintln!("{:<22} canary worst relative error {worst:.2e}", case.name);
-        assert!(worst > BOUND, "{}: the canary passed the bound ({worst:e})", case.name);
+        assert!(
+            worst > BOUND,
+            "{}: the canary passed the bound ({worst:e})",
+            case.name
+        );
     }
 }

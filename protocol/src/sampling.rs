@@ -60,7 +60,10 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     pub fn greedy() -> Self {
-        Self { temperature: 0.0, ..Self::default() }
+        Self {
+            temperature: 0.0,
+            ..Self::default()
+        }
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -70,11 +73,34 @@ impl SamplingParams {
     /// Rejects values no surface should let through; the message names the field and the range.
     pub fn validate(&self) -> Result<(), SamplingParamsError> {
         let check = |field: &'static str, value: f32, ok: bool, range: &'static str| {
-            if ok && value.is_finite() { Ok(()) } else { Err(SamplingParamsError { field, value, range }) }
+            if ok && value.is_finite() {
+                Ok(())
+            } else {
+                Err(SamplingParamsError {
+                    field,
+                    value,
+                    range,
+                })
+            }
         };
-        check("temperature", self.temperature, self.temperature >= 0.0, ">= 0")?;
-        check("top_p", self.top_p, self.top_p > 0.0 && self.top_p <= 1.0, "in (0, 1]")?;
-        check("min_p", self.min_p, (0.0..=1.0).contains(&self.min_p), "in [0, 1]")?;
+        check(
+            "temperature",
+            self.temperature,
+            self.temperature >= 0.0,
+            ">= 0",
+        )?;
+        check(
+            "top_p",
+            self.top_p,
+            self.top_p > 0.0 && self.top_p <= 1.0,
+            "in (0, 1]",
+        )?;
+        check(
+            "min_p",
+            self.min_p,
+            (0.0..=1.0).contains(&self.min_p),
+            "in [0, 1]",
+        )?;
         check(
             "repetition_penalty",
             self.repetition_penalty,

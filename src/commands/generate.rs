@@ -103,7 +103,12 @@ fn encode_prompt(args: &GenerateArgs, dir: &Path, tokenizer: &Tokenizer) -> Resu
         messages.push(serde_json::json!({"role": "system", "content": system}));
     }
     messages.push(serde_json::json!({"role": "user", "content": args.prompt}));
-    let request = ChatRequest { messages, tools: None, add_generation_prompt: true, extra: Default::default() };
+    let request = ChatRequest {
+        messages,
+        tools: None,
+        add_generation_prompt: true,
+        extra: Default::default(),
+    };
     let text = template.render(&request)?;
     Ok(tokenizer.encode(&text, false)?)
 }
@@ -111,13 +116,20 @@ fn encode_prompt(args: &GenerateArgs, dir: &Path, tokenizer: &Tokenizer) -> Resu
 /// Flags first, then the checkpoint's generation_config.json, then greedy.
 fn sampling_params(args: &GenerateArgs, g: &GenerationConfig) -> SamplingParams {
     let sampled_by_default = g.do_sample.unwrap_or(false);
-    let default_temperature = if sampled_by_default { g.temperature.unwrap_or(1.0) } else { 0.0 };
+    let default_temperature = if sampled_by_default {
+        g.temperature.unwrap_or(1.0)
+    } else {
+        0.0
+    };
     SamplingParams {
         temperature: args.temperature.unwrap_or(default_temperature),
         top_p: args.top_p.or(g.top_p).unwrap_or(1.0),
         top_k: args.top_k.or(g.top_k).unwrap_or(0),
         min_p: args.min_p.or(g.min_p).unwrap_or(0.0),
-        repetition_penalty: args.repetition_penalty.or(g.repetition_penalty).unwrap_or(1.0),
+        repetition_penalty: args
+            .repetition_penalty
+            .or(g.repetition_penalty)
+            .unwrap_or(1.0),
         seed: args.seed,
         max_tokens: args.max_tokens,
         stop: args.stop.clone(),
@@ -127,7 +139,12 @@ fn sampling_params(args: &GenerateArgs, g: &GenerationConfig) -> SamplingParams 
 
 /// Every id that ends a sequence: config.json, generation_config.json and the tokenizer's eos.
 fn eos_ids(config: &ModelConfig, g: &GenerationConfig, tokenizer: &Tokenizer) -> Vec<u32> {
-    let mut ids: Vec<u32> = config.eos_token_ids.iter().chain(&g.eos_token_ids).copied().collect();
+    let mut ids: Vec<u32> = config
+        .eos_token_ids
+        .iter()
+        .chain(&g.eos_token_ids)
+        .copied()
+        .collect();
     ids.extend(tokenizer.eos_token_id());
     ids.sort_unstable();
     ids.dedup();

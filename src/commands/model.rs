@@ -94,14 +94,18 @@ pub struct SynthArgs {
 fn parse_llama3_scaling(s: &str) -> Result<SynthLlama3Scaling, String> {
     let parts: Vec<&str> = s.split(':').collect();
     let [factor, low, high, original] = parts.as_slice() else {
-        return Err("expected FACTOR:LOW_FREQ_FACTOR:HIGH_FREQ_FACTOR:ORIGINAL_MAX_POSITION".into());
+        return Err(
+            "expected FACTOR:LOW_FREQ_FACTOR:HIGH_FREQ_FACTOR:ORIGINAL_MAX_POSITION".into(),
+        );
     };
     let num = |v: &str| v.parse::<f64>().map_err(|e| format!("{v:?}: {e}"));
     Ok(SynthLlama3Scaling {
         factor: num(factor)?,
         low_freq_factor: num(low)?,
         high_freq_factor: num(high)?,
-        original_max_position_embeddings: original.parse().map_err(|e| format!("{original:?}: {e}"))?,
+        original_max_position_embeddings: original
+            .parse()
+            .map_err(|e| format!("{original:?}: {e}"))?,
     })
 }
 
@@ -131,7 +135,9 @@ fn synth(args: SynthArgs) -> Result<()> {
     if let Some(cases) = &args.cases {
         return synth_cases(cases, &args.out);
     }
-    let Some(arch) = args.arch else { bail!("--arch is required") };
+    let Some(arch) = args.arch else {
+        bail!("--arch is required")
+    };
     let spec = SynthSpec {
         arch: Architecture::from(arch).model_type().to_string(),
         layers: args.layers,
@@ -159,9 +165,10 @@ fn synth(args: SynthArgs) -> Result<()> {
 }
 
 fn synth_cases(file: &Path, out: &Path) -> Result<()> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let cases: CaseFile =
-        serde_json::from_str(&text).with_context(|| format!("{}: malformed case file", file.display()))?;
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let cases: CaseFile = serde_json::from_str(&text)
+        .with_context(|| format!("{}: malformed case file", file.display()))?;
     for case in cases.cases {
         let dir = out.join(&case.name);
         synthesize(&case.spec, &dir, None).with_context(|| format!("case {}", case.name))?;

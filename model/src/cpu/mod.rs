@@ -33,10 +33,12 @@ pub enum LoadError {
 pub enum ForwardError {
     #[error("token id {token} is outside the vocabulary (size {vocab_size})")]
     TokenOutOfRange { token: u32, vocab_size: usize },
-    #[error(
-        "{cached} cached + {new} new tokens exceed the context window of {window} positions"
-    )]
-    ContextOverflow { cached: usize, new: usize, window: usize },
+    #[error("{cached} cached + {new} new tokens exceed the context window of {window} positions")]
+    ContextOverflow {
+        cached: usize,
+        new: usize,
+        window: usize,
+    },
     #[error("a forward pass needs at least one token")]
     Empty,
 }
@@ -105,7 +107,11 @@ impl CpuModel {
     pub fn from_checkpoint(config: ModelConfig, ckpt: &Checkpoint) -> Result<Self, WeightError> {
         let weights = CpuWeights::load(&config, ckpt)?;
         let rope = Rope::new(&config);
-        Ok(Self { config, weights, rope })
+        Ok(Self {
+            config,
+            weights,
+            rope,
+        })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -137,7 +143,10 @@ impl CpuModel {
             });
         }
         if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ForwardError::TokenOutOfRange { token, vocab_size: c.vocab_size });
+            return Err(ForwardError::TokenOutOfRange {
+                token,
+                vocab_size: c.vocab_size,
+            });
         }
         let h = c.hidden_size;
         let mut x = vec![0.0; n * h];
@@ -155,7 +164,12 @@ impl CpuModel {
             LogitRows::All => &x[..],
         };
         let mut normed = vec![0.0; keep.len()];
-        rms_norm(keep, &self.weights.final_norm, c.rms_norm_eps as f32, &mut normed);
+        rms_norm(
+            keep,
+            &self.weights.final_norm,
+            c.rms_norm_eps as f32,
+            &mut normed,
+        );
         let mut logits = vec![0.0; keep.len() / h * c.vocab_size];
         linear(&normed, self.weights.lm_head(), None, h, &mut logits);
         Ok(logits)
@@ -166,7 +180,11 @@ impl CpuModel {
         let half = self.config.head_dim / 2;
         let mut cos = vec![0.0; n * half];
         let mut sin = vec![0.0; n * half];
-        for (t, (c, s)) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)).enumerate() {
+        for (t, (c, s)) in cos
+            .chunks_exact_mut(half)
+            .zip(sin.chunks_exact_mut(half))
+            .enumerate()
+        {
             self.rope.cos_sin(first + t, c, s);
         }
         (cos, sin)
@@ -202,7 +220,10 @@ impl CpuModel {
         }
         let half = hd / 2;
         for t in 0..n {
-            let (ct, st) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
+            let (ct, st) = (
+                &cos[t * half..(t + 1) * half],
+                &sin[t * half..(t + 1) * half],
+            );
             Rope::apply(&mut q[t * qd..(t + 1) * qd], hd, ct, st);
             Rope::apply(&mut k[t * kvd..(t + 1) * kvd], hd, ct, st);
         }
@@ -216,7 +237,14 @@ impl CpuModel {
             sliding_window: c.sliding_window,
         };
         let mut attn = vec![0.0; n * qd];
-        causal_attention(shape, &q, &cache.k[index], &cache.v[index], cache.len, &mut attn);
+        causal_attention(
+            shape,
+            &q,
+            &cache.k[index],
+            &cache.v[index],
+            cache.len,
+            &mut attn,
+        );
         let mut o = vec![0.0; n * h];
         linear(&attn, &w.o, w.o_bias.as_deref(), qd, &mut o);
         ops::add_in_place(x, &o);

@@ -19,7 +19,10 @@ fn dot_portable(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; LANES];
     let chunks = n / LANES;
     for c in 0..chunks {
-        let (x, y) = (&a[c * LANES..(c + 1) * LANES], &b[c * LANES..(c + 1) * LANES]);
+        let (x, y) = (
+            &a[c * LANES..(c + 1) * LANES],
+            &b[c * LANES..(c + 1) * LANES],
+        );
         for l in 0..LANES {
             acc[l] += x[l] * y[l];
         }
@@ -80,7 +83,10 @@ fn dot_bf16_portable(a: &[f32], w: &[u16]) -> f32 {
     let mut acc = [0.0f32; LANES];
     let chunks = n / LANES;
     for c in 0..chunks {
-        let (x, y) = (&a[c * LANES..(c + 1) * LANES], &w[c * LANES..(c + 1) * LANES]);
+        let (x, y) = (
+            &a[c * LANES..(c + 1) * LANES],
+            &w[c * LANES..(c + 1) * LANES],
+        );
         for l in 0..LANES {
             acc[l] += x[l] * bf16_to_f32(y[l]);
         }
@@ -283,7 +289,9 @@ mod tests {
     }
 
     fn fill(n: usize, seed: u32) -> Vec<f32> {
-        (0..n as u32).map(|i| ((i.wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0).collect()
+        (0..n as u32)
+            .map(|i| ((i.wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0)
+            .collect()
     }
 
     #[test]
@@ -295,12 +303,18 @@ mod tests {
             let x = fill(m * k, 11);
             let mut y = vec![0.0; m * n];
             linear(&x, &Matrix::F32(w.clone()), Some(&bias), k, &mut y);
-            let bf: Vec<u16> = w.iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
+            let bf: Vec<u16> = w
+                .iter()
+                .map(|v| half::bf16::from_f32(*v).to_bits())
+                .collect();
             let widened: Vec<f32> = bf.iter().map(|b| bf16_to_f32(*b)).collect();
             let (mut yb, mut yw) = (vec![0.0; m * n], vec![0.0; m * n]);
             linear(&x, &Matrix::Bf16(bf), Some(&bias), k, &mut yb);
             linear(&x, &Matrix::F32(widened), Some(&bias), k, &mut yw);
-            assert_eq!(yb, yw, "bf16 weights compute exactly like their f32 widening");
+            assert_eq!(
+                yb, yw,
+                "bf16 weights compute exactly like their f32 widening"
+            );
             let want = naive(&x, &w, k);
             for (i, (a, b)) in y.iter().zip(&want).enumerate() {
                 let b = b + bias[i % n] as f64;
@@ -320,9 +334,20 @@ mod tests {
         let a = fill(1000, 1);
         let b = fill(1000, 2);
         for n in [0, 5, 31, 32, 33, 100, 1000] {
-            assert_eq!(dot(&a[..n], &b[..n]).to_bits(), dot_portable(&a[..n], &b[..n]).to_bits(), "n={n}");
-            let w: Vec<u16> = b[..n].iter().map(|v| half::bf16::from_f32(*v).to_bits()).collect();
-            assert_eq!(dot_bf16(&a[..n], &w).to_bits(), dot_bf16_portable(&a[..n], &w).to_bits(), "n={n}");
+            assert_eq!(
+                dot(&a[..n], &b[..n]).to_bits(),
+                dot_portable(&a[..n], &b[..n]).to_bits(),
+                "n={n}"
+            );
+            let w: Vec<u16> = b[..n]
+                .iter()
+                .map(|v| half::bf16::from_f32(*v).to_bits())
+                .collect();
+            assert_eq!(
+                dot_bf16(&a[..n], &w).to_bits(),
+                dot_bf16_portable(&a[..n], &w).to_bits(),
+                "n={n}"
+            );
         }
     }
 

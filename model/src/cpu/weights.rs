@@ -42,7 +42,9 @@ impl CpuWeights {
             Some(config.num_layers as u64 + 2),
             ProgressDrawTarget::stderr(),
         );
-        if let Ok(style) = ProgressStyle::with_template("loading weights {bar:30} {pos}/{len} {msg}") {
+        if let Ok(style) =
+            ProgressStyle::with_template("loading weights {bar:30} {pos}/{len} {msg}")
+        {
             bar.set_style(style);
         }
         let (h, q, kv, inter, hd) = (
@@ -60,7 +62,11 @@ impl CpuWeights {
         for i in 0..config.num_layers {
             let n = LayerNames::new(i);
             let qkv_bias = if config.qkv_bias {
-                Some([get(&n.q_bias, &[q])?, get(&n.k_bias, &[kv])?, get(&n.v_bias, &[kv])?])
+                Some([
+                    get(&n.q_bias, &[q])?,
+                    get(&n.k_bias, &[kv])?,
+                    get(&n.v_bias, &[kv])?,
+                ])
             } else {
                 None
             };
@@ -76,7 +82,11 @@ impl CpuWeights {
                 v: mat(&n.v, &[kv, h])?,
                 o: mat(&n.o, &[h, q])?,
                 qkv_bias,
-                o_bias: if config.o_bias { Some(get(&n.o_bias, &[h])?) } else { None },
+                o_bias: if config.o_bias {
+                    Some(get(&n.o_bias, &[h])?)
+                } else {
+                    None
+                },
                 qk_norm,
                 post_attention_norm: get(&n.post_attention_norm, &[h])?,
                 gate: mat(&n.gate, &[inter, h])?,
@@ -93,7 +103,12 @@ impl CpuWeights {
         };
         bar.inc(1);
         bar.finish_and_clear();
-        Ok(Self { embed, layers, final_norm, lm_head })
+        Ok(Self {
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+        })
     }
 
     pub fn lm_head(&self) -> &Matrix {
@@ -105,7 +120,10 @@ impl CpuWeights {
 fn matrix(t: TensorRef<'_>) -> Matrix {
     match t.dtype {
         WeightDtype::BF16 => Matrix::Bf16(
-            t.bytes.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect(),
+            t.bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect(),
         ),
         WeightDtype::F16 | WeightDtype::F32 => Matrix::F32(t.to_f32()),
     }

@@ -22,7 +22,10 @@ pub use tokenizer::{DEFAULT_CHAT_TEMPLATE, byte_level_tokenizer};
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
     #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{}: {problem}", path.display())]
     Tokenizer { path: PathBuf, problem: String },
     #[error("invalid synthesized architecture: {0}")]
@@ -106,12 +109,20 @@ impl SynthSpec {
 
     pub fn architecture(&self) -> Result<Architecture, SynthError> {
         Architecture::from_model_type(&self.arch).ok_or_else(|| {
-            SynthError::Spec(format!("unknown arch \"{}\" (llama, qwen2, qwen3, mistral)", self.arch))
+            SynthError::Spec(format!(
+                "unknown arch \"{}\" (llama, qwen2, qwen3, mistral)",
+                self.arch
+            ))
         })
     }
 
     /// The config.json this spec produces, for a vocabulary of `vocab_size`.
-    fn config_json(&self, vocab_size: usize, bos: Option<u32>, eos: &[u32]) -> Result<Value, SynthError> {
+    fn config_json(
+        &self,
+        vocab_size: usize,
+        bos: Option<u32>,
+        eos: &[u32],
+    ) -> Result<Value, SynthError> {
         let arch = self.architecture()?;
         let head_dim = self.head_dim.unwrap_or(self.hidden / self.heads.max(1));
         let mut c = json!({
@@ -157,7 +168,9 @@ impl SynthSpec {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
             }
             _ if self.sliding_window.is_some() => {
-                return Err(SynthError::Spec("sliding_window is only synthesized for mistral".into()));
+                return Err(SynthError::Spec(
+                    "sliding_window is only synthesized for mistral".into(),
+                ));
             }
             Architecture::Qwen2 | Architecture::Qwen3 => {
                 obj.insert("use_sliding_window".into(), json!(false));
@@ -173,7 +186,11 @@ impl SynthSpec {
 /// Writes a complete checkpoint directory for `spec` into `out` (created if needed). With
 /// `tokenizer`, that tokenizer.json (and the tokenizer_config.json beside it) is used and the
 /// vocabulary sized to it; otherwise a byte-level BPE tokenizer with a ChatML template is made.
-pub fn synthesize(spec: &SynthSpec, out: &Path, tokenizer: Option<&Path>) -> Result<ModelConfig, SynthError> {
+pub fn synthesize(
+    spec: &SynthSpec,
+    out: &Path,
+    tokenizer: Option<&Path>,
+) -> Result<ModelConfig, SynthError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| SynthError::Io { path, source }
@@ -199,9 +216,16 @@ pub fn synthesize(spec: &SynthSpec, out: &Path, tokenizer: Option<&Path>) -> Res
         .map(|spec_t| SynthTensor::generate(spec_t, spec, &config))
         .collect();
     let path = out.join(crate::weights::SINGLE_FILE);
-    let metadata = Some([("format".to_string(), "pt".to_string())].into_iter().collect());
+    let metadata = Some(
+        [("format".to_string(), "pt".to_string())]
+            .into_iter()
+            .collect(),
+    );
     safetensors::serialize_to_file(tensors.iter().map(|t| (t.name.clone(), t)), metadata, &path)
-        .map_err(|e| SynthError::Io { path: path.clone(), source: std::io::Error::other(e) })?;
+        .map_err(|e| SynthError::Io {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        })?;
     Ok(config)
 }
 
@@ -223,7 +247,11 @@ impl SynthTensor {
         let values: Vec<f32> = if is_norm {
             (0..t.numel()).map(|_| 1.0 + 0.25 * uniform()).collect()
         } else {
-            let fan_in = if t.shape.len() == 2 { t.shape[1] } else { config.hidden_size };
+            let fan_in = if t.shape.len() == 2 {
+                t.shape[1]
+            } else {
+                config.hidden_size
+            };
             let std = if t.name.contains("embed_tokens") || t.name.starts_with("lm_head") {
                 2.0 / (config.hidden_size as f32).sqrt()
             } else if t.shape.len() == 1 {
@@ -235,11 +263,22 @@ impl SynthTensor {
             (0..t.numel()).map(|_| amplitude * uniform()).collect()
         };
         let bytes = match spec.dtype {
-            SynthDtype::Bf16 => values.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
-            SynthDtype::F16 => values.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
+            SynthDtype::Bf16 => values
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+            SynthDtype::F16 => values
+                .iter()
+                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                .collect(),
             SynthDtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
         };
-        Self { name: t.name, shape: t.shape, dtype: spec.dtype, bytes }
+        Self {
+            name: t.name,
+            shape: t.shape,
+            dtype: spec.dtype,
+            bytes,
+        }
     }
 }
 
@@ -291,7 +330,10 @@ pub fn ensure_demo_model(cache_root: &Path) -> Result<PathBuf, SynthError> {
         return Ok(dir);
     }
     let parent = cache_root.join("models");
-    std::fs::create_dir_all(&parent).map_err(|source| SynthError::Io { path: parent.clone(), source })?;
+    std::fs::create_dir_all(&parent).map_err(|source| SynthError::Io {
+        path: parent.clone(),
+        source,
+    })?;
     let tmp = parent.join(format!(".{DEMO_MODEL_NAME}.{}", std::process::id()));
     synthesize(&SynthSpec::demo(Architecture::Llama, DEMO_SEED), &tmp, None)?;
     match std::fs::rename(&tmp, &dir) {

@@ -44,7 +44,9 @@ fn every_architecture_loads_and_runs() {
         assert_eq!(config.vocab_size, 320);
         let model = CpuModel::load(&out).unwrap();
         let mut cache = model.new_cache();
-        let logits = model.forward(&[256, 72, 105], &mut cache, LogitRows::All).unwrap();
+        let logits = model
+            .forward(&[256, 72, 105], &mut cache, LogitRows::All)
+            .unwrap();
         assert_eq!(logits.len(), 3 * 320);
         assert!(logits.iter().all(|v| v.is_finite()));
         let spread = logits.iter().cloned().fold(f32::MIN, f32::max)
@@ -57,10 +59,20 @@ fn every_architecture_loads_and_runs() {
 fn bad_specs_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut spec = tiny("gpt2", 1);
-    assert!(synthesize(&spec, dir.path(), None).unwrap_err().to_string().contains("gpt2"));
+    assert!(
+        synthesize(&spec, dir.path(), None)
+            .unwrap_err()
+            .to_string()
+            .contains("gpt2")
+    );
     spec = tiny("llama", 1);
     spec.kv_heads = 3;
-    assert!(synthesize(&spec, dir.path(), None).unwrap_err().to_string().contains("num_key_value_heads"));
+    assert!(
+        synthesize(&spec, dir.path(), None)
+            .unwrap_err()
+            .to_string()
+            .contains("num_key_value_heads")
+    );
     spec = tiny("qwen2", 1);
     spec.sliding_window = Some(8);
     assert!(synthesize(&spec, dir.path(), None).is_err());

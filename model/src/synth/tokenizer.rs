@@ -44,8 +44,9 @@ fn byte_char(b: u8) -> char {
 
 /// The byte-level BPE tokenizer.json of synthesized models.
 pub fn byte_level_tokenizer() -> Value {
-    let vocab: serde_json::Map<String, Value> =
-        (0..=255u8).map(|b| (byte_char(b).to_string(), json!(b))).collect();
+    let vocab: serde_json::Map<String, Value> = (0..=255u8)
+        .map(|b| (byte_char(b).to_string(), json!(b)))
+        .collect();
     let added: Vec<Value> = ADDED
         .iter()
         .enumerate()
@@ -93,14 +94,24 @@ pub(super) fn write_tokenizer(out: &Path, given: Option<&Path>) -> Result<VocabI
             "model_max_length": 4096, "chat_template": DEFAULT_CHAT_TEMPLATE,
             "tokenizer_class": "PreTrainedTokenizerFast",
         });
-        std::fs::write(&cfg_path, serde_json::to_string_pretty(&cfg).expect("json Value")).map_err(io(&cfg_path))?;
+        std::fs::write(
+            &cfg_path,
+            serde_json::to_string_pretty(&cfg).expect("json Value"),
+        )
+        .map_err(io(&cfg_path))?;
         let size = (256 + ADDED.len()).div_ceil(VOCAB_ALIGN) * VOCAB_ALIGN;
         // ids: 256 = BOS, 257 = EOS, 259 = <|im_end|>
-        return Ok(VocabInfo { size, bos: Some(256), eos: vec![259, 257] });
+        return Ok(VocabInfo {
+            size,
+            bos: Some(256),
+            eos: vec![259, 257],
+        });
     };
 
-    let tokenizer = tokenizers::Tokenizer::from_file(src)
-        .map_err(|e| SynthError::Tokenizer { path: src.to_path_buf(), problem: e.to_string() })?;
+    let tokenizer = tokenizers::Tokenizer::from_file(src).map_err(|e| SynthError::Tokenizer {
+        path: src.to_path_buf(),
+        problem: e.to_string(),
+    })?;
     if src != dest {
         std::fs::copy(src, &dest).map_err(io(&dest))?;
     }
@@ -129,6 +140,10 @@ pub(super) fn write_tokenizer(out: &Path, given: Option<&Path>) -> Result<VocabI
         }
     }
     // Ids may have gaps; the embedding must cover the largest.
-    let size = tokenizer.get_vocab(true).values().max().map_or(0, |m| *m as usize + 1);
+    let size = tokenizer
+        .get_vocab(true)
+        .values()
+        .max()
+        .map_or(0, |m| *m as usize + 1);
     Ok(VocabInfo { size, bos, eos })
 }

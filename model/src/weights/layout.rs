@@ -12,7 +12,10 @@ pub struct TensorSpec {
 
 impl TensorSpec {
     fn new(name: impl Into<String>, shape: &[usize]) -> Self {
-        Self { name: name.into(), shape: shape.to_vec() }
+        Self {
+            name: name.into(),
+            shape: shape.to_vec(),
+        }
     }
 
     pub fn numel(&self) -> usize {
@@ -69,8 +72,13 @@ pub const LM_HEAD: &str = "lm_head.weight";
 
 /// Every tensor the checkpoint of `config` must contain, in a stable order.
 pub fn expected_tensors(config: &ModelConfig) -> Vec<TensorSpec> {
-    let (h, q, kv, inter, hd) =
-        (config.hidden_size, config.q_dim(), config.kv_dim(), config.intermediate_size, config.head_dim);
+    let (h, q, kv, inter, hd) = (
+        config.hidden_size,
+        config.q_dim(),
+        config.kv_dim(),
+        config.intermediate_size,
+        config.head_dim,
+    );
     let mut out = vec![TensorSpec::new(EMBED, &[config.vocab_size, h])];
     for i in 0..config.num_layers {
         let n = LayerNames::new(i);

@@ -26,7 +26,10 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 #[derive(Debug, thiserror::Error)]
 pub enum WeightError {
     #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{}: {problem}", path.display())]
     Malformed { path: PathBuf, problem: String },
     #[error("{}: no {SINGLE_FILE} or {INDEX_FILE}", dir.display())]
@@ -34,11 +37,24 @@ pub enum WeightError {
     #[error("{}: tensor {name} is missing", dir.display())]
     Missing { dir: PathBuf, name: String },
     #[error("{}: tensor {name} has shape {found:?}, the architecture expects {expected:?}", path.display())]
-    Shape { path: PathBuf, name: String, expected: Vec<usize>, found: Vec<usize> },
+    Shape {
+        path: PathBuf,
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
     #[error("{}: tensor {name} has dtype {dtype:?}; supported: BF16, F16, F32", path.display())]
-    Dtype { path: PathBuf, name: String, dtype: Dtype },
+    Dtype {
+        path: PathBuf,
+        name: String,
+        dtype: Dtype,
+    },
     #[error("{}: tensor {name} is not part of the architecture ({arch})", path.display())]
-    Unexpected { path: PathBuf, name: String, arch: String },
+    Unexpected {
+        path: PathBuf,
+        name: String,
+        arch: String,
+    },
 }
 
 /// The element types a checkpoint's weights may be stored in.
@@ -116,14 +132,21 @@ impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Self, WeightError> {
         let index_path = dir.join(INDEX_FILE);
         let single = dir.join(SINGLE_FILE);
-        let mut checkpoint = Self { dir: dir.to_path_buf(), files: Vec::new(), tensors: HashMap::new() };
+        let mut checkpoint = Self {
+            dir: dir.to_path_buf(),
+            files: Vec::new(),
+            tensors: HashMap::new(),
+        };
         if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path)
-                .map_err(|source| WeightError::Io { path: index_path.clone(), source })?;
-            let index: ShardIndex = serde_json::from_str(&text).map_err(|e| WeightError::Malformed {
+            let text = std::fs::read_to_string(&index_path).map_err(|source| WeightError::Io {
                 path: index_path.clone(),
-                problem: format!("malformed shard index: {e}"),
+                source,
             })?;
+            let index: ShardIndex =
+                serde_json::from_str(&text).map_err(|e| WeightError::Malformed {
+                    path: index_path.clone(),
+                    problem: format!("malformed shard index: {e}"),
+                })?;
             let mut shards: Vec<&String> = index.weight_map.values().collect();
             shards.sort();
             shards.dedup();
@@ -131,40 +154,56 @@ impl Checkpoint {
                 if shard.contains('/') || shard.contains("..") {
                     return Err(WeightError::Malformed {
                         path: index_path,
-                        problem: format!("shard name {shard:?} must be a file name in the checkpoint directory"),
+                        problem: format!(
+                            "shard name {shard:?} must be a file name in the checkpoint directory"
+                        ),
                     });
                 }
                 checkpoint.add_file(&dir.join(shard))?;
             }
             for (name, shard) in &index.weight_map {
-                let entry = checkpoint.tensors.get(name).ok_or_else(|| WeightError::Malformed {
-                    path: index_path.clone(),
-                    problem: format!("names tensor {name} in {shard}, which does not contain it"),
-                })?;
+                let entry = checkpoint
+                    .tensors
+                    .get(name)
+                    .ok_or_else(|| WeightError::Malformed {
+                        path: index_path.clone(),
+                        problem: format!(
+                            "names tensor {name} in {shard}, which does not contain it"
+                        ),
+                    })?;
                 if !checkpoint.files[entry.file].path.ends_with(shard) {
                     return Err(WeightError::Malformed {
                         path: index_path,
-                        problem: format!("names tensor {name} in {shard}, but it is in another shard"),
+                        problem: format!(
+                            "names tensor {name} in {shard}, but it is in another shard"
+                        ),
                     });
                 }
             }
         } else if single.exists() {
             checkpoint.add_file(&single)?;
         } else {
-            return Err(WeightError::NoWeights { dir: dir.to_path_buf() });
+            return Err(WeightError::NoWeights {
+                dir: dir.to_path_buf(),
+            });
         }
         Ok(checkpoint)
     }
 
     fn add_file(&mut self, path: &Path) -> Result<(), WeightError> {
-        let io = |source| WeightError::Io { path: path.to_path_buf(), source };
+        let io = |source| WeightError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
         let file = File::open(path).map_err(io)?;
         // SAFETY: the mapping is read-only; a checkpoint modified while strata runs is outside the
         // contract (as it is for every mmap-based loader).
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| {
-            WeightError::Malformed { path: path.to_path_buf(), problem: format!("not a valid safetensors file (truncated or corrupt): {e}") }
-        })?;
+        let (header_len, metadata) =
+            SafeTensors::read_metadata(&mmap).map_err(|e| WeightError::Malformed {
+                path: path.to_path_buf(),
+                problem: format!("not a valid safetensors file (truncated or corrupt): {e}"),
+            })?;
         let file_index = self.files.len();
         for (name, info) in metadata.tensors() {
             if self.tensors.contains_key(&name) {
@@ -181,7 +220,11 @@ impl Checkpoint {
             };
             self.tensors.insert(name, entry);
         }
-        self.files.push(ShardFile { path: path.to_path_buf(), mmap, data_start: 8 + header_len });
+        self.files.push(ShardFile {
+            path: path.to_path_buf(),
+            mmap,
+            data_start: 8 + header_len,
+        });
         Ok(())
     }
 
@@ -195,23 +238,37 @@ impl Checkpoint {
 
     /// Total bytes of tensor data across shards.
     pub fn data_bytes(&self) -> usize {
-        self.tensors.values().map(|t| t.offsets.1 - t.offsets.0).sum()
+        self.tensors
+            .values()
+            .map(|t| t.offsets.1 - t.offsets.0)
+            .sum()
     }
 
     /// The tensor called `name`, if present and of a supported dtype.
     pub fn get(&self, name: &str) -> Result<TensorRef<'_>, WeightError> {
-        let (key, entry) = self.tensors.get_key_value(name).ok_or_else(|| WeightError::Missing {
-            dir: self.dir.clone(),
-            name: name.to_string(),
-        })?;
+        let (key, entry) =
+            self.tensors
+                .get_key_value(name)
+                .ok_or_else(|| WeightError::Missing {
+                    dir: self.dir.clone(),
+                    name: name.to_string(),
+                })?;
         let file = &self.files[entry.file];
-        let dtype = WeightDtype::from_safetensors(entry.dtype).ok_or_else(|| WeightError::Dtype {
-            path: file.path.clone(),
-            name: name.to_string(),
-            dtype: entry.dtype,
-        })?;
-        let bytes = &file.mmap[file.data_start + entry.offsets.0..file.data_start + entry.offsets.1];
-        Ok(TensorRef { name: key, path: &file.path, dtype, shape: &entry.shape, bytes })
+        let dtype =
+            WeightDtype::from_safetensors(entry.dtype).ok_or_else(|| WeightError::Dtype {
+                path: file.path.clone(),
+                name: name.to_string(),
+                dtype: entry.dtype,
+            })?;
+        let bytes =
+            &file.mmap[file.data_start + entry.offsets.0..file.data_start + entry.offsets.1];
+        Ok(TensorRef {
+            name: key,
+            path: &file.path,
+            dtype,
+            shape: &entry.shape,
+            bytes,
+        })
     }
 
     /// The tensor called `name`, checked to have `shape`.
@@ -238,8 +295,9 @@ impl Checkpoint {
             expected.iter().map(|s| s.name.as_str()).collect();
         let mut names: Vec<&str> = self.names().collect();
         names.sort_unstable();
-        if let Some(extra) =
-            names.into_iter().find(|n| !known.contains(n) && !is_ignorable(n, config))
+        if let Some(extra) = names
+            .into_iter()
+            .find(|n| !known.contains(n) && !is_ignorable(n, config))
         {
             let entry = &self.tensors[extra];
             return Err(WeightError::Unexpected {
@@ -277,7 +335,12 @@ impl TensorRef<'_> {
 
     /// Widens the tensor into `out`, which must hold exactly `numel()` values.
     pub fn read_f32_into(&self, out: &mut [f32]) {
-        assert_eq!(out.len(), self.numel(), "destination size for tensor {}", self.name);
+        assert_eq!(
+            out.len(),
+            self.numel(),
+            "destination size for tensor {}",
+            self.name
+        );
         match self.dtype {
             WeightDtype::F32 => {
                 for (o, b) in out.iter_mut().zip(self.bytes.chunks_exact(4)) {
