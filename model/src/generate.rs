@@ -106,3 +106,84 @@ pub fn generate(
         decode_time: decode_start.elapsed(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{SynthDtype, SynthSpec, synthesize};
+
+    fn fixture() -> (tempfile::TempDir, CpuModel, Tokenizer) {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = SynthSpec {
+            arch: "llama".into(),
+            layers: 2,
+            hidden: 64,
+            heads: 4,
+            kv_heads: 2,
+            intermediate: 96,
+            head_dim: None,
+            max_position: 64,
+            rope_theta: 10_000.0,
+            rope_scaling: None,
+            tie_embeddings: false,
+            sliding_window: None,
+            dtype: SynthDtype::Bf16,
+            seed: 9,
+        };
+        synthesize(&spec, dir.path(), None).unwrap();
+        let model = CpuModel::load(dir.path()).unwrap();
+        let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
+        (dir, model, tokenizer)
+    }
+
+    #[test]
+    fn stop_string_spanning_tokens_ends_the_text_before_it() {
+        let (_dir, model, tok) = fixture();
+        let prompt = tok.encode("stop here", true).unwrap();
+        let params = SamplingParams {
+            max_tokens: 24,
+            ignore_eos: true,
+            ..SamplingParams::greedy()
+        };
+        let mut streamed = String::new();
+        let free = generate(&model, &tok, &prompt, &params, &[], |t| {
+            streamed.push_str(t)
+        })
+        .unwrap();
+        assert_eq!(streamed, free.text);
+        assert_eq!(free.finish, FinishReason::Length);
+        assert_eq!(free.tokens.len(), 24);
+        // Every synthesized token is one byte, so a 3-char stop string spans at least 3 tokens.
+        let chars: Vec<char> = free.text.chars().collect();
+        let stop: String = chars[4..7].iter().collect();
+        let cut = free.text.find(&stop).unwrap();
+        let params = SamplingParams {
+            stop: vec![stop],
+            ..params
+        };
+        let stopped = generate(&model, &tok, &prompt, &params, &[], |_| {}).unwrap();
+        assert_eq!(stopped.finish, FinishReason::Stop);
+        assert_eq!(stopped.text, free.text[..cut]);
+    }
+
+    #[test]
+    fn context_window_ends_generation_with_length() {
+        let (_dir, model, tok) = fixture();
+        let prompt = vec![256; 60];
+        let params = SamplingParams {
+            max_tokens: 100,
+            ignore_eos: true,
+            ..SamplingParams::greedy()
+        };
+        let g = generate(&model, &tok, &prompt, &params, &[], |_| {}).unwrap();
+        assert_eq!(g.finish, FinishReason::Length);
+        assert_eq!(
+            g.tokens.len(),
+            5,
+            "60 prompt + 4 cached generated + 1 sampled = window of 64"
+        );
+        let too_long = vec![256; 65];
+        let err = generate(&model, &tok, &too_long, &params, &[], |_| {}).unwrap_err();
+        assert!(err.to_string().contains("context window of 64"), "{err}");
+    }
+}
