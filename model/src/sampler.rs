@@ -1,1 +1,785 @@
-//! (being written)
+//! Turning one row of logits into one token, deterministically from a seed.
+//!
+//! The chain, in order (each step sees the previous step's output):
+//!
+//! 1. `logit_bias`: added to the raw logit of each listed token.
+//! 2. Repetition penalty (HF): for every token seen in the prompt or the output, a positive logit
+//!    is divided by the penalty and a non-positive one multiplied by it.
+//! 3. Presence / frequency penalties (OpenAI), over *output* tokens only:
+//!    `logit -= presence * [count > 0] + frequency * count`.
+//! 4. Greedy (`temperature == 0`): argmax, lowest id on ties; done. The reported logprob is the
+//!    log-softmax of the shaped logits at temperature 1.
+//! 5. Temperature, then top-k, then top-p (the smallest most-likely set whose mass reaches `top_p`,
+//!    never empty), then min-p (drop tokens below `min_p` × the top probability).
+//! 6. Softmax over what is left and one draw from the ChaCha8 stream; the logprob reported is the
+//!    log-probability of the chosen token in exactly that distribution.
+//!
+//! Non-finite logits are made harmless before ranking: NaN counts as `-inf` (never chosen), `+inf`
+//! as `f32::MAX` (so several `+inf` tokens share the mass evenly instead of producing NaN).
+//!
+//! Determinism: ranking uses a total order (logit by `total_cmp`, then token id), so neither
+//! `select_nth_unstable` nor an unstable sort can make results depend on the sort's internals;
+//! sums run in f64 in a fixed order; every non-greedy step consumes exactly one `u64` of the RNG,
+//! which is what makes [`SamplerState`] a word position and nothing more.
+
+use std::collections::HashMap;
+
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use strata_protocol::{SamplingParams, SamplingParamsError};
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplerError {
+    #[error(transparent)]
+    InvalidParams(#[from] SamplingParamsError),
+    #[error("a vocabulary of {0} tokens does not fit u32 token ids")]
+    VocabTooLarge(usize),
+    #[error("logits row has {got} entries but the sampler's vocabulary has {expected}")]
+    LengthMismatch { expected: usize, got: usize },
+    #[error("no finite logit to sample from (every entry is NaN or -inf after shaping)")]
+    NoFiniteLogit,
+    #[error("sampler state was taken with seed {state} but the parameters carry seed {params}")]
+    SeedMismatch { state: u64, params: u64 },
+    #[error("sampler state holds token {token}, outside the vocabulary of {vocab_size}")]
+    TokenOutOfVocab { token: u32, vocab_size: usize },
+}
+
+/// One sampled token and its log-probability under the distribution it was drawn from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    pub logprob: f32,
+}
+
+/// Everything needed to continue a sequence's sampling elsewhere with identical results: the RNG
+/// position and the penalty histories. The parameters themselves travel with the request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplerState {
+    /// Checked on restore: a word position means nothing under another seed.
+    pub seed: u64,
+    /// Position in the ChaCha8 stream, in 32-bit words.
+    pub word_pos: u128,
+    /// Distinct prompt tokens (in-vocabulary ones only), sorted.
+    pub prompt_tokens: Vec<u32>,
+    /// Every sampled token, in order.
+    pub output_tokens: Vec<u32>,
+}
+
+/// A sequence's sampler: its [`SamplingParams`], its RNG and its penalty history.
+///
+/// Scratch buffers are kept between calls, so after the first token `sample` allocates nothing
+/// beyond the amortized growth of the output history.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    vocab_size: usize,
+    rng: ChaCha8Rng,
+    history: History,
+    candidates: Vec<Candidate>,
+}
+
+impl Sampler {
+    pub fn new(params: &SamplingParams, vocab_size: usize) -> Result<Self, SamplerError> {
+        params.validate()?;
+        if u32::try_from(vocab_size).is_err() {
+            return Err(SamplerError::VocabTooLarge(vocab_size));
+        }
+        Ok(Self {
+            params: params.clone(),
+            vocab_size,
+            rng: ChaCha8Rng::seed_from_u64(params.seed),
+            history: History::new(vocab_size),
+            candidates: Vec::new(),
+        })
+    }
+
+    /// Rebuilds a sampler from [`Sampler::state`]; the next token drawn is the one the original
+    /// would have drawn next for the same logits.
+    pub fn restore(
+        params: &SamplingParams,
+        vocab_size: usize,
+        state: &SamplerState,
+    ) -> Result<Self, SamplerError> {
+        let mut sampler = Self::new(params, vocab_size)?;
+        if state.seed != params.seed {
+            return Err(SamplerError::SeedMismatch {
+                state: state.seed,
+                params: params.seed,
+            });
+        }
+        let tokens = state.prompt_tokens.iter().chain(&state.output_tokens);
+        if let Some(&token) = tokens.into_iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(SamplerError::TokenOutOfVocab { token, vocab_size });
+        }
+        sampler.history.observe_prompt(&state.prompt_tokens);
+        for &token in &state.output_tokens {
+            sampler.history.observe_output(token);
+        }
+        sampler.rng.set_word_pos(state.word_pos);
+        Ok(sampler)
+    }
+
+    pub fn state(&self) -> SamplerState {
+        let mut prompt_tokens = self.history.prompt_tokens.clone();
+        prompt_tokens.sort_unstable();
+        SamplerState {
+            seed: self.params.seed,
+            word_pos: self.rng.get_word_pos(),
+            prompt_tokens,
+            output_tokens: self.history.output.clone(),
+        }
+    }
+
+    /// Records prompt tokens for the repetition penalty; may be called more than once (chunks).
+    /// Tokens outside the vocabulary are ignored: no logit exists for them to penalize.
+    pub fn observe_prompt(&mut self, prompt: &[u32]) {
+        self.history.observe_prompt(prompt);
+    }
+
+    /// The output tokens sampled so far, in order.
+    pub fn output(&self) -> &[u32] {
+        &self.history.output
+    }
+
+    /// Samples the next token and records it in the output history.
+    ///
+    /// `logits` is used as scratch: on return it holds the shaped logits (after bias and
+    /// penalties, before temperature), which is also what tests and debug dumps inspect.
+    pub fn sample(&mut self, logits: &mut [f32]) -> Result<Sampled, SamplerError> {
+        if logits.len() != self.vocab_size {
+            return Err(SamplerError::LengthMismatch {
+                expected: self.vocab_size,
+                got: logits.len(),
+            });
+        }
+        self.shape(logits);
+        let sampled = if self.params.temperature == 0.0 {
+            greedy(logits)?
+        } else {
+            self.draw(logits)?
+        };
+        self.history.observe_output(sampled.token);
+        Ok(sampled)
+    }
+
+    /// Steps 1–3 of the chain, in place.
+    fn shape(&self, logits: &mut [f32]) {
+        for (&token, &bias) in &self.params.logit_bias {
+            if let Some(logit) = logits.get_mut(token as usize) {
+                *logit += bias;
+            }
+        }
+        let penalty = self.params.repetition_penalty;
+        if penalty != 1.0 {
+            for &token in &self.history.seen_tokens {
+                if let Some(logit) = logits.get_mut(token as usize) {
+                    *logit = if *logit > 0.0 {
+                        *logit / penalty
+                    } else {
+                        *logit * penalty
+                    };
+                }
+            }
+        }
+        let (presence, frequency) = (self.params.presence_penalty, self.params.frequency_penalty);
+        if presence != 0.0 || frequency != 0.0 {
+            // Each entry touches a distinct logit, so the map's iteration order cannot matter.
+            for (&token, &count) in &self.history.output_counts {
+                if let Some(logit) = logits.get_mut(token as usize) {
+                    *logit -= presence + frequency * count as f32;
+                }
+            }
+        }
+    }
+
+    /// Steps 5–6: filter the candidates, then one draw.
+    fn draw(&mut self, logits: &[f32]) -> Result<Sampled, SamplerError> {
+        let (params, candidates) = (&self.params, &mut self.candidates);
+        let top_k = params.top_k as usize;
+        let max = collect_candidates(logits, candidates).ok_or(SamplerError::NoFiniteLogit)?;
+        let scale = Scale::new(max, params.temperature);
+
+        let mut sorted = false;
+        if top_k > 0 && top_k < candidates.len() {
+            candidates.select_nth_unstable_by(top_k - 1, Candidate::rank);
+            candidates.truncate(top_k);
+            candidates.sort_unstable_by(Candidate::rank);
+            sorted = true;
+        }
+        if params.top_p < 1.0 {
+            keep_nucleus(candidates, scale, f64::from(params.top_p), sorted);
+        }
+        if params.min_p > 0.0 {
+            // p / p_max >= min_p  <=>  log weight >= ln(min_p); the top token (0) always stays.
+            let floor = f64::from(params.min_p).ln();
+            candidates.retain(|c| scale.log_weight(c.score) >= floor);
+        }
+
+        // From here on `score` holds the unnormalized probability, so the walk needs no exp.
+        let mut total = 0.0;
+        for c in candidates.iter_mut() {
+            c.score = scale.weight(c.score);
+            total += f64::from(c.score);
+        }
+        let target = unit_f64(self.rng.next_u64()) * total;
+        let mut mass = 0.0;
+        let mut index = 0;
+        for (i, c) in candidates.iter().enumerate() {
+            // A zero weight never moves `mass`, so the walk can only stop on a positive one; if
+            // rounding keeps `target >= mass` to the end, the draw fell into the last positive one
+            // (the top token has weight 1, so one exists).
+            if c.score > 0.0 {
+                index = i;
+            }
+            mass += f64::from(c.score);
+            if target < mass {
+                break;
+            }
+        }
+        let token = candidates[index].id;
+        let log_weight = scale.log_weight(sanitize(logits[token as usize]));
+        Ok(Sampled {
+            token,
+            logprob: (log_weight - total.ln()) as f32,
+        })
+    }
+}
+
+/// Refills `candidates` with every token whose sanitized logit is finite, in id order; returns the
+/// top logit, or `None` when no token is left.
+fn collect_candidates(logits: &[f32], candidates: &mut Vec<Candidate>) -> Option<f32> {
+    candidates.clear();
+    let mut max = f32::NEG_INFINITY;
+    for (id, &raw) in (0u32..).zip(logits) {
+        let score = sanitize(raw);
+        if score > f32::NEG_INFINITY {
+            max = max.max(score);
+            candidates.push(Candidate { id, score });
+        }
+    }
+    (!candidates.is_empty()).then_some(max)
+}
+
+/// Top-p: truncates `candidates` (sorted by rank on return) to the smallest most-likely prefix
+/// whose mass reaches `top_p` of the whole.
+fn keep_nucleus(candidates: &mut Vec<Candidate>, scale: Scale, top_p: f64, sorted: bool) {
+    let total: f64 = candidates
+        .iter()
+        .map(|c| f64::from(scale.weight(c.score)))
+        .sum();
+    if !sorted {
+        // Every nucleus token outweighs (1 - top_p) * total / n: the tail from the cutoff token on
+        // holds more than 1 - top_p of the mass over at most n tokens, and the cutoff token is its
+        // heaviest. Dropping lighter tokens before sorting changes nothing but the sort's size
+        // (real logits put most of a 150k vocabulary far below it); half the bound absorbs
+        // rounding. The top token (weight 1 >= total / n) always passes.
+        let floor = 0.5 * (1.0 - top_p) * total / candidates.len() as f64;
+        candidates.retain(|c| f64::from(scale.weight(c.score)) > floor);
+        candidates.sort_unstable_by(Candidate::rank);
+    }
+    let target = top_p * total;
+    let mut mass = 0.0;
+    // Keeping everything is the answer when rounding never lets the mass reach the target.
+    let mut keep = candidates.len();
+    for (i, c) in candidates.iter().enumerate() {
+        mass += f64::from(scale.weight(c.score));
+        if mass >= target {
+            keep = i + 1;
+            break;
+        }
+    }
+    candidates.truncate(keep);
+}
+
+/// Temperature applied relative to the top logit: log-weights are <= 0 and the top token's weight
+/// is exactly 1, so nothing overflows however small the temperature.
+#[derive(Debug, Clone, Copy)]
+struct Scale {
+    max: f64,
+    inv_t: f64,
+}
+
+impl Scale {
+    fn new(max: f32, temperature: f32) -> Self {
+        Self {
+            max: f64::from(max),
+            inv_t: 1.0 / f64::from(temperature),
+        }
+    }
+
+    fn log_weight(self, logit: f32) -> f64 {
+        (f64::from(logit) - self.max) * self.inv_t
+    }
+
+    /// The exp runs in f32, cheaper than f64 over a whole vocabulary; a weight's ~1e-7 relative
+    /// error is far below anything sampling can observe, and sums stay in f64.
+    fn weight(self, logit: f32) -> f32 {
+        (self.log_weight(logit) as f32).exp()
+    }
+}
+
+/// The tokens the penalties look at. Distinct-token lists sit beside bitsets so applying the
+/// repetition penalty walks only the tokens seen, never the whole vocabulary.
+#[derive(Debug, Clone)]
+struct History {
+    prompt_bits: Vec<u64>,
+    /// Distinct in-vocabulary prompt tokens, in first-seen order.
+    prompt_tokens: Vec<u32>,
+    seen_bits: Vec<u64>,
+    /// Distinct in-vocabulary tokens of prompt and output, in first-seen order.
+    seen_tokens: Vec<u32>,
+    output: Vec<u32>,
+    output_counts: HashMap<u32, u32>,
+}
+
+impl History {
+    fn new(vocab_size: usize) -> Self {
+        let words = vocab_size.div_ceil(64);
+        Self {
+            prompt_bits: vec![0; words],
+            prompt_tokens: Vec::new(),
+            seen_bits: vec![0; words],
+            seen_tokens: Vec::new(),
+            output: Vec::new(),
+            output_counts: HashMap::new(),
+        }
+    }
+
+    fn observe_prompt(&mut self, prompt: &[u32]) {
+        for &token in prompt {
+            if insert_bit(&mut self.prompt_bits, token) {
+                self.prompt_tokens.push(token);
+            }
+            if insert_bit(&mut self.seen_bits, token) {
+                self.seen_tokens.push(token);
+            }
+        }
+    }
+
+    fn observe_output(&mut self, token: u32) {
+        self.output.push(token);
+        *self.output_counts.entry(token).or_insert(0) += 1;
+        if insert_bit(&mut self.seen_bits, token) {
+            self.seen_tokens.push(token);
+        }
+    }
+}
+
+/// Sets `token`'s bit; true when it was newly set. Out-of-range tokens are never set.
+fn insert_bit(bits: &mut [u64], token: u32) -> bool {
+    let (word, bit) = (token as usize / 64, token % 64);
+    match bits.get_mut(word) {
+        Some(w) if *w & (1 << bit) == 0 => {
+            *w |= 1 << bit;
+            true
+        }
+        _ => false,
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    id: u32,
+    /// The sanitized logit while filtering; the unnormalized probability while drawing.
+    score: f32,
+}
+
+impl Candidate {
+    /// Most likely first, lower id first among equals: a total order over distinct ids.
+    fn rank(a: &Self, b: &Self) -> std::cmp::Ordering {
+        b.score.total_cmp(&a.score).then(a.id.cmp(&b.id))
+    }
+}
+
+/// NaN → -inf (never chosen), +inf → `f32::MAX`, -0 → +0 (so `total_cmp` sees one zero).
+fn sanitize(logit: f32) -> f32 {
+    if logit.is_nan() {
+        f32::NEG_INFINITY
+    } else if logit == f32::INFINITY {
+        f32::MAX
+    } else if logit == 0.0 {
+        0.0
+    } else {
+        logit
+    }
+}
+
+/// Argmax of the shaped logits (lowest id on ties) and its log-softmax at temperature 1.
+fn greedy(logits: &[f32]) -> Result<Sampled, SamplerError> {
+    let mut best: Option<(u32, f32)> = None;
+    for (id, &raw) in (0u32..).zip(logits) {
+        let logit = sanitize(raw);
+        if logit > f32::NEG_INFINITY && best.is_none_or(|(_, top)| logit > top) {
+            best = Some((id, logit));
+        }
+    }
+    let (token, max) = best.ok_or(SamplerError::NoFiniteLogit)?;
+    let scale = Scale::new(max, 1.0);
+    let total: f64 = logits
+        .iter()
+        .map(|&l| f64::from(scale.weight(sanitize(l))))
+        .sum();
+    Ok(Sampled {
+        token,
+        logprob: -total.ln() as f32,
+    })
+}
+
+/// 53 random bits → uniform in [0, 1).
+fn unit_f64(bits: u64) -> f64 {
+    (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams::default();
+        f(&mut p);
+        p
+    }
+
+    /// Deterministic pseudo-random logits in [-4, 4).
+    fn random_rows(seed: u64, rows: usize, vocab: usize) -> Vec<Vec<f32>> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        (0..rows)
+            .map(|_| {
+                (0..vocab)
+                    .map(|_| (unit_f64(rng.next_u64()) * 8.0 - 4.0) as f32)
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn pick(sampler: &mut Sampler, logits: &[f32]) -> Sampled {
+        sampler.sample(&mut logits.to_vec()).unwrap()
+    }
+
+    fn run(sampler: &mut Sampler, rows: &[Vec<f32>]) -> Vec<u32> {
+        rows.iter()
+            .map(|r| sampler.sample(&mut r.clone()).unwrap().token)
+            .collect()
+    }
+
+    fn log_softmax(logits: &[f32], t: f64) -> Vec<f64> {
+        let max = logits.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
+        let total: f64 = logits.iter().map(|&l| ((l as f64 - max) / t).exp()).sum();
+        logits
+            .iter()
+            .map(|&l| (l as f64 - max) / t - total.ln())
+            .collect()
+    }
+
+    #[test]
+    fn greedy_takes_argmax_with_lowest_id_on_ties_and_never_nan() {
+        let mut s = Sampler::new(&SamplingParams::greedy(), 5).unwrap();
+        let out = pick(&mut s, &[f32::NAN, 1.0, 3.0, 3.0, -2.0]);
+        assert_eq!(out.token, 2);
+        let expected = log_softmax(&[1.0, 3.0, 3.0, -2.0], 1.0)[1];
+        assert!(
+            (out.logprob as f64 - expected).abs() < 1e-6,
+            "{out:?} vs {expected}"
+        );
+        let nan = f32::NAN;
+        assert_eq!(pick(&mut s, &[nan, nan, -1.0, nan, -1.0]).token, 2);
+        assert_eq!(
+            pick(&mut s, &[1.0, f32::INFINITY, 0.0, f32::INFINITY, 2.0]).token,
+            1
+        );
+        assert_eq!(s.sample(&mut [nan; 5]), Err(SamplerError::NoFiniteLogit));
+    }
+
+    #[test]
+    fn logit_bias_flips_the_argmax() {
+        let p = params(|p| {
+            p.temperature = 0.0;
+            p.logit_bias.insert(3, 5.0);
+            p.logit_bias.insert(99, 100.0); // outside the vocabulary: ignored
+        });
+        let mut s = Sampler::new(&p, 4).unwrap();
+        let mut logits = [2.0, 0.0, 1.0, -2.5];
+        assert_eq!(s.sample(&mut logits).unwrap().token, 3);
+        assert_eq!(logits, [2.0, 0.0, 1.0, 2.5]);
+    }
+
+    #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_negative_seen_logits() {
+        let p = params(|p| {
+            p.temperature = 0.0;
+            p.repetition_penalty = 2.0;
+        });
+        let mut s = Sampler::new(&p, 5).unwrap();
+        s.observe_prompt(&[0, 1, 1, 7_000]);
+        let mut logits = [3.0, -1.0, 2.0, 0.5, -4.0];
+        assert_eq!(s.sample(&mut logits).unwrap().token, 2);
+        assert_eq!(logits, [1.5, -2.0, 2.0, 0.5, -4.0]);
+        // Token 2 is now in the output, so it is penalized too; each seen token exactly once.
+        let mut logits = [3.0, -1.0, 2.0, 0.5, -4.0];
+        assert_eq!(s.sample(&mut logits).unwrap().token, 0);
+        assert_eq!(logits, [1.5, -2.0, 1.0, 0.5, -4.0]);
+    }
+
+    #[test]
+    fn presence_and_frequency_count_output_tokens_only() {
+        let p = params(|p| {
+            p.temperature = 0.0;
+            p.presence_penalty = 0.5;
+            p.frequency_penalty = 0.25;
+        });
+        let mut s = Sampler::new(&p, 4).unwrap();
+        s.observe_prompt(&[0, 1]);
+        assert_eq!(s.sample(&mut [0.0, 0.0, 10.0, 0.0]).unwrap().token, 2);
+        assert_eq!(s.sample(&mut [0.0, 0.0, 10.0, 0.0]).unwrap().token, 2);
+        assert_eq!(s.sample(&mut [0.0, 0.0, 0.0, 5.0]).unwrap().token, 3);
+        let mut logits = [0.0; 4];
+        s.sample(&mut logits).unwrap();
+        assert_eq!(logits, [0.0, 0.0, -1.0, -0.75]);
+        assert_eq!(s.output(), &[2, 2, 3, 0]);
+    }
+
+    #[test]
+    fn top_k_one_equals_greedy() {
+        let rows = random_rows(1, 50, 64);
+        let mut greedy = Sampler::new(&SamplingParams::greedy(), 64).unwrap();
+        let mut top1 = Sampler::new(&params(|p| p.top_k = 1), 64).unwrap();
+        assert_eq!(run(&mut greedy, &rows), run(&mut top1, &rows));
+        assert_eq!(pick(&mut top1, &rows[0]).logprob, 0.0);
+    }
+
+    #[test]
+    fn top_k_ties_at_the_boundary_keep_the_lowest_ids() {
+        let mut s = Sampler::new(&params(|p| p.top_k = 2), 6).unwrap();
+        for _ in 0..200 {
+            let out = pick(&mut s, &[1.0; 6]);
+            assert!(out.token < 2, "token {}", out.token);
+            assert!((out.logprob - 0.5f32.ln()).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn tiny_top_p_keeps_only_the_top_token() {
+        let rows = random_rows(2, 50, 64);
+        let mut greedy = Sampler::new(&SamplingParams::greedy(), 64).unwrap();
+        let mut nucleus = Sampler::new(&params(|p| p.top_p = 1e-6), 64).unwrap();
+        assert_eq!(run(&mut greedy, &rows), run(&mut nucleus, &rows));
+    }
+
+    #[test]
+    fn top_p_keeps_exactly_the_full_sort_nucleus() {
+        let (n, top_p, t) = (4000, 0.9f32, 0.7);
+        let peaked = random_rows(6, 20, n)
+            .into_iter()
+            .map(|r| r.iter().map(|l| l * 4.0).collect());
+        let flat = random_rows(7, 5, n)
+            .into_iter()
+            .map(|r| r.iter().map(|l| l * 0.02).collect());
+        // Tight case for the pre-sort floor: one token just short of `top_p`, the rest spread
+        // evenly, so the cutoff token weighs barely more than (1 - top_p) / n.
+        let mut edge = vec![0.0f32; n];
+        edge[7] = (t * (0.89999 * (n - 1) as f64 / 0.10001).ln()) as f32;
+        let mut s = Sampler::new(&params(|p| (p.top_p, p.temperature) = (top_p, t as f32)), n);
+        let s = s.as_mut().unwrap();
+        for row in peaked.chain(flat).chain([edge]).collect::<Vec<Vec<f32>>>() {
+            let logp = log_softmax(&row, t);
+            let mut order: Vec<usize> = (0..n).collect();
+            order.sort_by(|&a, &b| logp[b].total_cmp(&logp[a]).then(a.cmp(&b)));
+            let mut mass = 0.0;
+            let cut = order.iter().position(|&i| {
+                mass += logp[i].exp();
+                mass >= f64::from(top_p)
+            });
+            let nucleus = &order[..=cut.unwrap()];
+
+            let mut candidates = Vec::new();
+            let scale = Scale::new(collect_candidates(&row, &mut candidates).unwrap(), t as f32);
+            keep_nucleus(&mut candidates, scale, top_p.into(), false);
+            let kept: Vec<usize> = candidates.iter().map(|c| c.id as usize).collect();
+            assert_eq!(kept, nucleus);
+
+            let out = pick(s, &row);
+            assert!(nucleus.contains(&(out.token as usize)), "{out:?}");
+            let expected = logp[out.token as usize] - mass.ln();
+            assert!(
+                (f64::from(out.logprob) - expected).abs() < 1e-4,
+                "{out:?} vs {expected}"
+            );
+        }
+    }
+
+    #[test]
+    fn min_p_drops_tokens_below_the_fraction_of_the_top() {
+        let logits: Vec<f32> = [0.5f32, 0.3, 0.2].iter().map(|p| p.ln()).collect();
+        let mut s = Sampler::new(&params(|p| p.min_p = 0.5), 3).unwrap();
+        let mut counts = [0u32; 3];
+        for _ in 0..1000 {
+            let out = pick(&mut s, &logits);
+            counts[out.token as usize] += 1;
+            let expected = [0.5f32 / 0.8, 0.3 / 0.8][out.token as usize].ln();
+            assert!((out.logprob - expected).abs() < 1e-5);
+        }
+        assert_eq!(counts[2], 0);
+        assert!(counts[0] > counts[1] && counts[1] > 0, "{counts:?}");
+    }
+
+    #[test]
+    fn same_seed_same_tokens_different_seed_different_tokens() {
+        let rows = random_rows(3, 200, 32);
+        let sample_with = |seed| {
+            let p = params(|p| {
+                p.seed = seed;
+                p.top_k = 20;
+                p.top_p = 0.95;
+                p.min_p = 0.01;
+                p.temperature = 0.8;
+            });
+            run(&mut Sampler::new(&p, 32).unwrap(), &rows)
+        };
+        assert_eq!(sample_with(7), sample_with(7));
+        let (a, b) = (sample_with(7), sample_with(8));
+        let differing = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+        assert!(differing > 100, "only {differing} of 200 tokens differ");
+    }
+
+    #[test]
+    fn draws_follow_the_softmax_at_temperature_one() {
+        let logits = [0.0f32, 1.0, -1.0, 2.0, 0.5, -0.5, 1.5, -2.0];
+        let probs: Vec<f64> = log_softmax(&logits, 1.0).iter().map(|l| l.exp()).collect();
+        let mut s = Sampler::new(&params(|p| p.seed = 42), 8).unwrap();
+        let draws = 20_000;
+        let mut counts = [0u32; 8];
+        for _ in 0..draws {
+            let out = pick(&mut s, &logits);
+            let expected = probs[out.token as usize].ln();
+            assert!((out.logprob as f64 - expected).abs() < 1e-5);
+            counts[out.token as usize] += 1;
+        }
+        let chi2: f64 = counts
+            .iter()
+            .zip(&probs)
+            .map(|(&c, &p)| (c as f64 - p * draws as f64).powi(2) / (p * draws as f64))
+            .sum();
+        // 7 degrees of freedom: 24.3 is the 0.1% critical value. The seed is fixed, so this is
+        // not flaky; a wrong distribution (e.g. an off-by-one in the walk) lands far above it.
+        assert!(chi2 < 24.3, "chi-square {chi2}, counts {counts:?}");
+    }
+
+    #[test]
+    fn temperature_sharpens_and_reports_the_scaled_logprob() {
+        let logits = [1.0f32, 0.0, -1.0];
+        let mut s = Sampler::new(&params(|p| p.temperature = 0.5), 3).unwrap();
+        let expected = log_softmax(&logits, 0.5);
+        let mut zeros = 0;
+        for _ in 0..1000 {
+            let out = pick(&mut s, &logits);
+            assert!((out.logprob as f64 - expected[out.token as usize]).abs() < 1e-5);
+            zeros += u32::from(out.token == 0);
+        }
+        assert!(zeros > 800, "{zeros}"); // p(0) = 0.867 at T = 0.5 vs 0.665 at T = 1
+        // A vanishing temperature is effectively greedy, without overflow.
+        let mut cold = Sampler::new(&params(|p| p.temperature = 1e-30), 3).unwrap();
+        let out = pick(&mut cold, &[0.0, f32::MAX, -f32::MAX]);
+        assert_eq!((out.token, out.logprob), (1, 0.0));
+    }
+
+    #[test]
+    fn restored_state_continues_the_same_stream() {
+        let p = params(|p| {
+            p.seed = 11;
+            p.repetition_penalty = 1.3;
+            p.presence_penalty = 0.4;
+            p.frequency_penalty = 0.2;
+            p.top_k = 16;
+        });
+        let rows = random_rows(4, 100, 48);
+        let mut original = Sampler::new(&p, 48).unwrap();
+        original.observe_prompt(&[1, 5, 5, 9, 47]);
+        let head = run(&mut original, &rows[..37]);
+        let state = original.state();
+        let json = serde_json::to_string(&state).unwrap();
+        let state: SamplerState = serde_json::from_str(&json).unwrap();
+        assert_eq!(state.prompt_tokens, [1, 5, 9, 47]);
+        assert_eq!(state.output_tokens, head);
+
+        let mut restored = Sampler::restore(&p, 48, &state).unwrap();
+        assert_eq!(
+            run(&mut original, &rows[37..]),
+            run(&mut restored, &rows[37..])
+        );
+
+        // Without the penalty history or the RNG position the continuation differs: the test
+        // above could fail.
+        let mut fresh = Sampler::new(&p, 48).unwrap();
+        let mut original = Sampler::restore(&p, 48, &state).unwrap();
+        assert_ne!(
+            run(&mut original, &rows[37..]),
+            run(&mut fresh, &rows[37..])
+        );
+    }
+
+    #[test]
+    fn restore_rejects_foreign_state() {
+        let p = params(|p| p.seed = 1);
+        let state = Sampler::new(&p, 8).unwrap().state();
+        let other_seed = params(|p| p.seed = 2);
+        assert_eq!(
+            Sampler::restore(&other_seed, 8, &state).unwrap_err(),
+            SamplerError::SeedMismatch {
+                state: 1,
+                params: 2
+            }
+        );
+        let big = SamplerState {
+            output_tokens: vec![3, 8],
+            ..state
+        };
+        assert_eq!(
+            Sampler::restore(&p, 8, &big).unwrap_err(),
+            SamplerError::TokenOutOfVocab {
+                token: 8,
+                vocab_size: 8
+            }
+        );
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        let bad = params(|p| p.top_p = 0.0);
+        assert!(matches!(
+            Sampler::new(&bad, 4),
+            Err(SamplerError::InvalidParams(_))
+        ));
+        let mut s = Sampler::new(&SamplingParams::default(), 4).unwrap();
+        assert_eq!(
+            s.sample(&mut [0.0; 3]).unwrap_err(),
+            SamplerError::LengthMismatch {
+                expected: 4,
+                got: 3
+            }
+        );
+        let mut all_dead = [f32::NAN, f32::NEG_INFINITY, f32::NAN, f32::NEG_INFINITY];
+        assert_eq!(s.sample(&mut all_dead), Err(SamplerError::NoFiniteLogit));
+        // +inf tokens share the mass; NaN is never drawn.
+        for _ in 0..100 {
+            let out = pick(&mut s, &[f32::INFINITY, f32::NAN, 3.0, f32::INFINITY]);
+            assert!(out.token == 0 || out.token == 3);
+            assert!((out.logprob - 0.5f32.ln()).abs() < 1e-6);
+        }
+        assert!(s.output().iter().all(|&t| t == 0 || t == 3));
+    }
+
+    #[test]
+    fn scratch_is_reused_after_warm_up() {
+        let p = params(|p| {
+            p.top_p = 0.9;
+            p.repetition_penalty = 1.1;
+        });
+        let rows = random_rows(5, 20, 1000);
+        let mut s = Sampler::new(&p, 1000).unwrap();
+        s.sample(&mut rows[0].clone()).unwrap();
+        let (ptr, cap) = (s.candidates.as_ptr(), s.candidates.capacity());
+        run(&mut s, &rows[1..]);
+        assert_eq!((ptr, cap), (s.candidates.as_ptr(), s.candidates.capacity()));
+    }
+}
