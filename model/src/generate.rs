@@ -110,25 +110,14 @@ pub fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::synth::{SynthDtype, SynthSpec, synthesize};
+    use crate::config::Architecture;
+    use crate::synth::{SynthSpec, synthesize};
 
     fn fixture() -> (tempfile::TempDir, CpuModel, Tokenizer) {
         let dir = tempfile::tempdir().unwrap();
         let spec = SynthSpec {
-            arch: "llama".into(),
-            layers: 2,
-            hidden: 64,
-            heads: 4,
-            kv_heads: 2,
-            intermediate: 96,
-            head_dim: None,
             max_position: 64,
-            rope_theta: 10_000.0,
-            rope_scaling: None,
-            tie_embeddings: false,
-            sliding_window: None,
-            dtype: SynthDtype::Bf16,
-            seed: 9,
+            ..SynthSpec::tiny(Architecture::Llama, 9)
         };
         synthesize(&spec, dir.path(), None).unwrap();
         let model = CpuModel::load(dir.path()).unwrap();

@@ -5,25 +5,17 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use strata_model::Architecture;
 use strata_model::cpu::{CpuModel, LogitRows};
 use strata_model::synth::{SynthDtype, SynthSpec, synthesize};
 
 fn spec(arch: &str, dtype: SynthDtype) -> SynthSpec {
     SynthSpec {
         arch: arch.into(),
-        layers: 2,
-        hidden: 64,
-        heads: 4,
-        kv_heads: 2,
-        intermediate: 96,
-        head_dim: None,
-        max_position: 128,
-        rope_theta: 10_000.0,
-        rope_scaling: None,
-        tie_embeddings: false,
-        sliding_window: None,
         dtype,
         seed: 3,
+        max_position: 128,
+        ..SynthSpec::tiny(Architecture::Llama, 3)
     }
 }
 

@@ -107,6 +107,20 @@ impl SynthSpec {
         }
     }
 
+    /// A two-layer, hidden-64 model: big enough to exercise every code path, small enough that
+    /// tests run it thousands of times.
+    pub fn tiny(arch: Architecture, seed: u64) -> Self {
+        Self {
+            layers: 2,
+            hidden: 64,
+            heads: 4,
+            kv_heads: 2,
+            intermediate: 96,
+            max_position: 256,
+            ..Self::demo(arch, seed)
+        }
+    }
+
     pub fn architecture(&self) -> Result<Architecture, SynthError> {
         Architecture::from_model_type(&self.arch).ok_or_else(|| {
             SynthError::Spec(format!(

@@ -1,22 +1,10 @@
 use super::*;
 use crate::cpu::{CpuModel, LogitRows};
 
-pub(crate) fn tiny(arch: &str, seed: u64) -> SynthSpec {
+fn tiny(arch: &str, seed: u64) -> SynthSpec {
     SynthSpec {
         arch: arch.into(),
-        layers: 2,
-        hidden: 64,
-        heads: 4,
-        kv_heads: 2,
-        intermediate: 96,
-        head_dim: None,
-        max_position: 256,
-        rope_theta: 10_000.0,
-        rope_scaling: None,
-        tie_embeddings: false,
-        sliding_window: None,
-        dtype: SynthDtype::Bf16,
-        seed,
+        ..SynthSpec::tiny(Architecture::Llama, seed)
     }
 }
 
