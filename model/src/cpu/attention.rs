@@ -1,6 +1,7 @@
-//! Causal self-attention over a contiguous per-layer KV cache, with grouped-query heads and an
-//! optional sliding window. Each (token, head) output is computed alone, keys in ascending order,
-//! so it is the same whether its token came in a prefill chunk of 1 or of 4096.
+//! Causal self-attention with grouped-query heads and an optional sliding window, reading K/V
+//! through [`KvAccess`] so the same code serves a contiguous cache and a paged block pool.
+//! Each (token, head) output is computed alone, keys in ascending order, so it is the same whether
+//! its token came in a prefill chunk of 1 or of 4096, alone or in a batch of 64 sequences.
 
 use rayon::prelude::*;
 
@@ -15,14 +16,29 @@ pub struct AttentionShape {
     pub sliding_window: Option<usize>,
 }
 
-/// `q` holds `n` tokens × `num_heads · head_dim`, at positions `first_position..first_position+n`.
-/// `k_cache` / `v_cache` hold positions `0..first_position+n` × `num_kv_heads · head_dim`.
+/// Where the forward pass keeps K and V: per sequence of a batch (`seq` is the index of the
+/// sequence in the batch), per layer, per absolute position, `num_kv_heads · head_dim` values.
+pub trait KvAccess: Sync {
+    fn key(&self, seq: usize, layer: usize, position: usize) -> &[f32];
+    fn value(&self, seq: usize, layer: usize, position: usize) -> &[f32];
+    fn write(&mut self, seq: usize, layer: usize, position: usize, key: &[f32], value: &[f32]);
+}
+
+/// One query token: which sequence of the batch it belongs to and its absolute position.
+#[derive(Debug, Clone, Copy)]
+pub struct QueryPos {
+    pub seq: usize,
+    pub position: usize,
+}
+
+/// `q` holds one row of `num_heads · head_dim` per entry of `queries`; the K/V of every position
+/// up to each query's own must already be in `kv` for `layer`.
 pub fn causal_attention(
     shape: AttentionShape,
+    layer: usize,
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
-    first_position: usize,
+    queries: &[QueryPos],
+    kv: &dyn KvAccess,
     out: &mut [f32],
 ) {
     let AttentionShape {
@@ -31,21 +47,20 @@ pub fn causal_attention(
         head_dim,
         sliding_window,
     } = shape;
-    let kv_dim = num_kv_heads * head_dim;
     let group = num_heads / num_kv_heads;
     let scale = 1.0 / (head_dim as f32).sqrt();
     out.par_chunks_mut(head_dim)
         .enumerate()
         .for_each_init(Vec::new, |scores, (idx, o)| {
-            let (t, h) = (idx / num_heads, idx % num_heads);
-            let position = first_position + t;
+            let QueryPos { seq, position } = queries[idx / num_heads];
+            let h = idx % num_heads;
             let first_key = sliding_window.map_or(0, |w| (position + 1).saturating_sub(w));
             let qh = &q[idx * head_dim..(idx + 1) * head_dim];
             let kv_off = (h / group) * head_dim;
             scores.clear();
             let mut max = f32::NEG_INFINITY;
             for p in first_key..=position {
-                let k = &k_cache[p * kv_dim + kv_off..p * kv_dim + kv_off + head_dim];
+                let k = &kv.key(seq, layer, p)[kv_off..kv_off + head_dim];
                 let s = dot(qh, k) * scale;
                 max = max.max(s);
                 scores.push(s);
@@ -57,7 +72,7 @@ pub fn causal_attention(
             }
             o.fill(0.0);
             for (p, s) in (first_key..=position).zip(scores.iter()) {
-                let v = &v_cache[p * kv_dim + kv_off..p * kv_dim + kv_off + head_dim];
+                let v = &kv.value(seq, layer, p)[kv_off..kv_off + head_dim];
                 let w = s / sum;
                 for (oi, vi) in o.iter_mut().zip(v) {
                     *oi += w * vi;
@@ -70,6 +85,23 @@ pub fn causal_attention(
 mod tests {
     use super::*;
 
+    /// One sequence, one layer, contiguous rows.
+    struct Rows {
+        k: Vec<f32>,
+        v: Vec<f32>,
+        dim: usize,
+    }
+
+    impl KvAccess for Rows {
+        fn key(&self, _: usize, _: usize, p: usize) -> &[f32] {
+            &self.k[p * self.dim..(p + 1) * self.dim]
+        }
+        fn value(&self, _: usize, _: usize, p: usize) -> &[f32] {
+            &self.v[p * self.dim..(p + 1) * self.dim]
+        }
+        fn write(&mut self, _: usize, _: usize, _: usize, _: &[f32], _: &[f32]) {}
+    }
+
     #[test]
     fn single_key_returns_its_value_and_window_limits_keys() {
         let shape = AttentionShape {
@@ -78,19 +110,24 @@ mod tests {
             head_dim: 2,
             sliding_window: None,
         };
-        let k = [1.0, 0.0, 0.0, 1.0, 5.0, 5.0];
-        let v = [1.0, 2.0, 3.0, 4.0, 10.0, 20.0];
+        let kv = Rows {
+            k: vec![1.0, 0.0, 0.0, 1.0, 5.0, 5.0],
+            v: vec![1.0, 2.0, 3.0, 4.0, 10.0, 20.0],
+            dim: 2,
+        };
+        let q = [1.0, 0.0, 0.0, 1.0];
+        let at = |position| [QueryPos { seq: 0, position }];
         let mut out = [0.0; 4];
-        causal_attention(shape, &[1.0, 0.0, 0.0, 1.0], &k, &v, 0, &mut out);
+        causal_attention(shape, 0, &q, &at(0), &kv, &mut out);
         assert_eq!(out, [1.0, 2.0, 1.0, 2.0]);
         let windowed = AttentionShape {
             sliding_window: Some(1),
             ..shape
         };
-        causal_attention(windowed, &[1.0, 0.0, 0.0, 1.0], &k, &v, 2, &mut out);
+        causal_attention(windowed, 0, &q, &at(2), &kv, &mut out);
         assert_eq!(out, [10.0, 20.0, 10.0, 20.0]);
         // Without the window, position 2 mixes all three values.
-        causal_attention(shape, &[1.0, 0.0, 0.0, 1.0], &k, &v, 2, &mut out);
+        causal_attention(shape, 0, &q, &at(2), &kv, &mut out);
         assert!(out[0] > 3.0 && out[0] < 10.0);
     }
 }

@@ -13,7 +13,7 @@ mod weights;
 
 use std::path::Path;
 
-pub use attention::{AttentionShape, causal_attention};
+pub use attention::{AttentionShape, KvAccess, QueryPos, causal_attention};
 pub use ops::{Matrix, dot, dot_bf16, linear, rms_norm};
 pub use weights::{CpuWeights, LayerWeights};
 
@@ -46,13 +46,25 @@ pub enum ForwardError {
 /// Which positions of a forward pass get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogitRows {
+    /// None (a prefill chunk that does not end the prompt).
+    None,
     /// Only the last token (decode, or the end of a prefill).
     Last,
     /// Every token of the pass (parity tests).
     All,
 }
 
-/// K and V of every layer for the positions seen so far, contiguous per layer.
+/// One sequence's share of a batched forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct SeqChunk<'a> {
+    pub tokens: &'a [u32],
+    /// Absolute position of `tokens[0]`; K/V of every earlier position must already be in the
+    /// cache the pass reads.
+    pub first_position: usize,
+    pub logits: LogitRows,
+}
+
+/// K and V of one sequence, every layer, contiguous: the cache of single-sequence generation.
 pub struct KvCache {
     k: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
@@ -86,6 +98,26 @@ impl KvCache {
                 layer.truncate(len * self.kv_dim);
             }
             self.len = len;
+        }
+    }
+}
+
+impl KvAccess for KvCache {
+    fn key(&self, _seq: usize, layer: usize, position: usize) -> &[f32] {
+        &self.k[layer][position * self.kv_dim..(position + 1) * self.kv_dim]
+    }
+
+    fn value(&self, _seq: usize, layer: usize, position: usize) -> &[f32] {
+        &self.v[layer][position * self.kv_dim..(position + 1) * self.kv_dim]
+    }
+
+    fn write(&mut self, _seq: usize, layer: usize, position: usize, key: &[f32], value: &[f32]) {
+        let end = (position + 1) * self.kv_dim;
+        for (store, data) in [(&mut self.k[layer], key), (&mut self.v[layer], value)] {
+            if store.len() < end {
+                store.resize(end, 0.0);
+            }
+            store[end - self.kv_dim..end].copy_from_slice(data);
         }
     }
 }
@@ -130,42 +162,77 @@ impl CpuModel {
         cache: &mut KvCache,
         rows: LogitRows,
     ) -> Result<Vec<f32>, ForwardError> {
+        let chunk = SeqChunk {
+            tokens,
+            first_position: cache.len,
+            logits: rows,
+        };
+        let logits = self.forward_batch(&[chunk], cache)?;
+        cache.len += tokens.len();
+        Ok(logits)
+    }
+
+    /// One pass over several sequences' chunks: their tokens share every projection (row-wise, so
+    /// each token's result is what it would be alone), attention reads each sequence's own K/V
+    /// through `kv`. Returns the requested logit rows of all chunks, in order.
+    pub fn forward_batch(
+        &self,
+        chunks: &[SeqChunk<'_>],
+        kv: &mut dyn KvAccess,
+    ) -> Result<Vec<f32>, ForwardError> {
         let c = &self.config;
-        let n = tokens.len();
-        if n == 0 {
+        let mut queries = Vec::new();
+        let mut tokens = Vec::new();
+        for (seq, chunk) in chunks.iter().enumerate() {
+            if chunk.tokens.is_empty() {
+                return Err(ForwardError::Empty);
+            }
+            if chunk.first_position + chunk.tokens.len() > c.max_position_embeddings {
+                return Err(ForwardError::ContextOverflow {
+                    cached: chunk.first_position,
+                    new: chunk.tokens.len(),
+                    window: c.max_position_embeddings,
+                });
+            }
+            if let Some(&token) = chunk.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
+                return Err(ForwardError::TokenOutOfRange {
+                    token,
+                    vocab_size: c.vocab_size,
+                });
+            }
+            tokens.extend_from_slice(chunk.tokens);
+            queries.extend((0..chunk.tokens.len()).map(|i| QueryPos {
+                seq,
+                position: chunk.first_position + i,
+            }));
+        }
+        if tokens.is_empty() {
             return Err(ForwardError::Empty);
         }
-        if cache.len + n > c.max_position_embeddings {
-            return Err(ForwardError::ContextOverflow {
-                cached: cache.len,
-                new: n,
-                window: c.max_position_embeddings,
-            });
-        }
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ForwardError::TokenOutOfRange {
-                token,
-                vocab_size: c.vocab_size,
-            });
-        }
         let h = c.hidden_size;
-        let mut x = vec![0.0; n * h];
+        let mut x = vec![0.0; tokens.len() * h];
         for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(h)) {
             self.weights.embed.row_into(t as usize, h, row);
         }
-        let (cos, sin) = self.rope_tables(cache.len, n);
+        let (cos, sin) = self.rope_tables(&queries);
         for (i, layer) in self.weights.layers.iter().enumerate() {
-            self.layer(i, layer, &mut x, cache, &cos, &sin);
+            self.layer(i, layer, &mut x, &queries, kv, &cos, &sin);
         }
-        cache.len += n;
 
-        let keep = match rows {
-            LogitRows::Last => &x[(n - 1) * h..],
-            LogitRows::All => &x[..],
-        };
+        let mut keep = Vec::new();
+        let mut start = 0;
+        for chunk in chunks {
+            let n = chunk.tokens.len();
+            match chunk.logits {
+                LogitRows::None => {}
+                LogitRows::Last => keep.extend_from_slice(&x[(start + n - 1) * h..(start + n) * h]),
+                LogitRows::All => keep.extend_from_slice(&x[start * h..(start + n) * h]),
+            }
+            start += n;
+        }
         let mut normed = vec![0.0; keep.len()];
         rms_norm(
-            keep,
+            &keep,
             &self.weights.final_norm,
             c.rms_norm_eps as f32,
             &mut normed,
@@ -175,28 +242,30 @@ impl CpuModel {
         Ok(logits)
     }
 
-    /// cos/sin for `n` positions from `first`, `n × head_dim/2` each.
-    fn rope_tables(&self, first: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    /// cos/sin for each query's position, `head_dim/2` each.
+    fn rope_tables(&self, queries: &[QueryPos]) -> (Vec<f32>, Vec<f32>) {
         let half = self.config.head_dim / 2;
-        let mut cos = vec![0.0; n * half];
-        let mut sin = vec![0.0; n * half];
-        for (t, (c, s)) in cos
+        let mut cos = vec![0.0; queries.len() * half];
+        let mut sin = vec![0.0; queries.len() * half];
+        for ((c, s), q) in cos
             .chunks_exact_mut(half)
             .zip(sin.chunks_exact_mut(half))
-            .enumerate()
+            .zip(queries)
         {
-            self.rope.cos_sin(first + t, c, s);
+            self.rope.cos_sin(q.position, c, s);
         }
         (cos, sin)
     }
 
     /// One pre-norm decoder block, updating the residual stream `x` (`n × hidden`) in place.
+    #[allow(clippy::too_many_arguments)]
     fn layer(
         &self,
         index: usize,
         w: &LayerWeights,
         x: &mut [f32],
-        cache: &mut KvCache,
+        queries: &[QueryPos],
+        kv: &mut dyn KvAccess,
         cos: &[f32],
         sin: &[f32],
     ) {
@@ -219,16 +288,16 @@ impl CpuModel {
             ops::rms_norm_in_place(&mut k, kn, eps);
         }
         let half = hd / 2;
-        for t in 0..n {
+        for (t, query) in queries.iter().enumerate() {
             let (ct, st) = (
                 &cos[t * half..(t + 1) * half],
                 &sin[t * half..(t + 1) * half],
             );
             Rope::apply(&mut q[t * qd..(t + 1) * qd], hd, ct, st);
             Rope::apply(&mut k[t * kvd..(t + 1) * kvd], hd, ct, st);
+            let (kt, vt) = (&k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
+            kv.write(query.seq, index, query.position, kt, vt);
         }
-        cache.k[index].extend_from_slice(&k);
-        cache.v[index].extend_from_slice(&v);
 
         let shape = AttentionShape {
             num_heads: c.num_heads,
@@ -237,14 +306,7 @@ impl CpuModel {
             sliding_window: c.sliding_window,
         };
         let mut attn = vec![0.0; n * qd];
-        causal_attention(
-            shape,
-            &q,
-            &cache.k[index],
-            &cache.v[index],
-            cache.len,
-            &mut attn,
-        );
+        causal_attention(shape, index, &q, queries, kv, &mut attn);
         let mut o = vec![0.0; n * h];
         linear(&attn, &w.o, w.o_bias.as_deref(), qd, &mut o);
         ops::add_in_place(x, &o);
