@@ -133,4 +133,6 @@ pub enum FinishReason {
     /// `max_tokens` or the context window was reached.
     Length,
     Cancelled,
+    /// The request's deadline passed.
+    Timeout,
 }

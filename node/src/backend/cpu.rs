@@ -1,0 +1,150 @@
+//! The CPU backend: the reference forward pass over a paged KV pool.
+
+use strata_model::ModelConfig;
+use strata_model::cpu::{CpuModel, KvAccess, LogitRows, SeqChunk};
+
+use super::{Backend, BackendError, StepSeq};
+use crate::kv::{BlockId, KvBlockIo};
+
+/// Device memory of the CPU backend: `num_blocks` blocks, each holding every layer's K and V for
+/// `block_size` positions, laid out `[block][layer][k|v][slot][kv_dim]` so one block is one
+/// contiguous range (a tier copy is one memcpy).
+pub struct CpuBackend {
+    model: CpuModel,
+    pool: Vec<f32>,
+    block_size: usize,
+    num_blocks: usize,
+}
+
+impl CpuBackend {
+    /// A pool of as many blocks as `kv_budget_bytes` holds (at least one).
+    pub fn new(model: CpuModel, block_size: usize, kv_budget_bytes: usize) -> Self {
+        let per_block = Self::floats_per_block(model.config(), block_size) * 4;
+        let num_blocks = (kv_budget_bytes / per_block).max(1);
+        Self::with_blocks(model, block_size, num_blocks)
+    }
+
+    pub fn with_blocks(model: CpuModel, block_size: usize, num_blocks: usize) -> Self {
+        let floats = Self::floats_per_block(model.config(), block_size) * num_blocks;
+        Self {
+            model,
+            pool: vec![0.0; floats],
+            block_size,
+            num_blocks,
+        }
+    }
+
+    fn floats_per_block(config: &ModelConfig, block_size: usize) -> usize {
+        config.num_layers * 2 * block_size * config.kv_dim()
+    }
+
+    pub fn model(&self) -> &CpuModel {
+        &self.model
+    }
+}
+
+/// The pool seen through the block tables of one step's sequences.
+struct PagedView<'a> {
+    pool: &'a mut [f32],
+    tables: Vec<&'a [BlockId]>,
+    block_size: usize,
+    layers: usize,
+    kv_dim: usize,
+}
+
+impl PagedView<'_> {
+    fn offset(&self, seq: usize, layer: usize, kind: usize, position: usize) -> usize {
+        let block = self.tables[seq][position / self.block_size] as usize;
+        let slot = position % self.block_size;
+        (((block * self.layers + layer) * 2 + kind) * self.block_size + slot) * self.kv_dim
+    }
+}
+
+impl KvAccess for PagedView<'_> {
+    fn key(&self, seq: usize, layer: usize, position: usize) -> &[f32] {
+        let o = self.offset(seq, layer, 0, position);
+        &self.pool[o..o + self.kv_dim]
+    }
+
+    fn value(&self, seq: usize, layer: usize, position: usize) -> &[f32] {
+        let o = self.offset(seq, layer, 1, position);
+        &self.pool[o..o + self.kv_dim]
+    }
+
+    fn write(&mut self, seq: usize, layer: usize, position: usize, key: &[f32], value: &[f32]) {
+        let k = self.offset(seq, layer, 0, position);
+        self.pool[k..k + self.kv_dim].copy_from_slice(key);
+        let v = self.offset(seq, layer, 1, position);
+        self.pool[v..v + self.kv_dim].copy_from_slice(value);
+    }
+}
+
+impl KvBlockIo for CpuBackend {
+    fn block_bytes(&self) -> usize {
+        Self::floats_per_block(self.model.config(), self.block_size) * 4
+    }
+
+    fn export_block(&self, id: BlockId, out: &mut [u8]) {
+        let n = Self::floats_per_block(self.model.config(), self.block_size);
+        let src = &self.pool[id as usize * n..(id as usize + 1) * n];
+        for (o, v) in out.chunks_exact_mut(4).zip(src) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+
+    fn import_block(&mut self, id: BlockId, data: &[u8]) {
+        let n = Self::floats_per_block(self.model.config(), self.block_size);
+        let dst = &mut self.pool[id as usize * n..(id as usize + 1) * n];
+        for (d, b) in dst.iter_mut().zip(data.chunks_exact(4)) {
+            *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn model_config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError> {
+        for s in seqs {
+            let last = s.first_position + s.tokens.len().max(1) - 1;
+            if last / self.block_size >= s.block_table.len() {
+                return Err(BackendError::BlockTable {
+                    blocks: s.block_table.len(),
+                    position: last,
+                    block_size: self.block_size,
+                });
+            }
+        }
+        let chunks: Vec<SeqChunk<'_>> = seqs
+            .iter()
+            .map(|s| SeqChunk {
+                tokens: s.tokens,
+                first_position: s.first_position,
+                logits: if s.want_logits {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                },
+            })
+            .collect();
+        let config = self.model.config();
+        let mut view = PagedView {
+            pool: &mut self.pool,
+            tables: seqs.iter().map(|s| s.block_table).collect(),
+            block_size: self.block_size,
+            layers: config.num_layers,
+            kv_dim: config.kv_dim(),
+        };
+        Ok(self.model.forward_batch(&chunks, &mut view)?)
+    }
+}

@@ -1,0 +1,47 @@
+//! The step interface every backend implements (DESIGN.md §3): a batch of sequences — prefill
+//! chunks and decode tokens — with their KV block tables in, logits of the requested rows out.
+
+mod cpu;
+
+pub use cpu::CpuBackend;
+
+use strata_model::ModelConfig;
+
+use crate::kv::{BlockId, KvBlockIo};
+
+/// One sequence's part of a step.
+#[derive(Debug, Clone, Copy)]
+pub struct StepSeq<'a> {
+    /// Tokens to compute, at positions `first_position..first_position + tokens.len()`.
+    pub tokens: &'a [u32],
+    pub first_position: usize,
+    /// The sequence's blocks: position `p` lives in `block_table[p / block_size]`, which must
+    /// cover every position up to the last token of this step.
+    pub block_table: &'a [BlockId],
+    /// Whether the step returns logits for this sequence's last token.
+    pub want_logits: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error(transparent)]
+    Forward(#[from] strata_model::cpu::ForwardError),
+    #[error(
+        "block table of {blocks} blocks cannot hold position {position} (block size {block_size})"
+    )]
+    BlockTable {
+        blocks: usize,
+        position: usize,
+        block_size: usize,
+    },
+}
+
+pub trait Backend: KvBlockIo + Send {
+    fn model_config(&self) -> &ModelConfig;
+    /// Tokens per KV block.
+    fn block_size(&self) -> usize;
+    /// Blocks in the device pool.
+    fn num_blocks(&self) -> usize;
+    /// Computes one step. Returns `vocab_size` logits per sequence with `want_logits`, in order.
+    fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError>;
+}

@@ -1,0 +1,194 @@
+//! The in-process engine handle: a thread that owns the backend and the scheduler, fed by
+//! submit / cancel commands, streaming token events back per request.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use strata_model::ModelConfig;
+use strata_model::sampler::{Sampler, SamplerError};
+use strata_protocol::{FinishReason, GenerateRequest, TokenEvent};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use crate::backend::Backend;
+use crate::kv::{BlockManager, BlockManagerConfig, KvError};
+use crate::scheduler::{Scheduler, SchedulerLimits, Sequence};
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub limits: SchedulerLimits,
+    /// Host tier capacity in blocks (0 = none).
+    pub host_blocks: usize,
+    /// Disk tier directory and capacity in blocks.
+    pub disk: Option<(std::path::PathBuf, usize)>,
+    /// End-of-sequence ids of the model.
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Why a request was refused at submission, with the numbers.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error(
+        "prompt of {prompt} tokens exceeds the context window of {window} (room is needed for at least one generated token)"
+    )]
+    ContextWindow { prompt: usize, window: usize },
+    #[error(
+        "prompt of {prompt} tokens needs {blocks} KV blocks but the device holds {capacity} blocks of {block_size} tokens"
+    )]
+    KvCapacity {
+        prompt: usize,
+        blocks: usize,
+        capacity: usize,
+        block_size: usize,
+    },
+    #[error("token id {token} is outside the vocabulary of {vocab_size}")]
+    TokenOutOfRange { token: u32, vocab_size: usize },
+    #[error(transparent)]
+    Sampling(#[from] SamplerError),
+    #[error("the engine has stopped")]
+    Stopped,
+}
+
+/// Events of one submitted request. Dropping it cancels the request.
+pub struct RequestStream {
+    pub id: u64,
+    pub events: UnboundedReceiver<TokenEvent>,
+}
+
+enum Command {
+    Submit(Box<Sequence>),
+    Cancel(u64),
+}
+
+pub struct Engine {
+    commands: Option<mpsc::Sender<Command>>,
+    thread: Option<JoinHandle<()>>,
+    next_id: AtomicU64,
+    config: ModelConfig,
+    block_size: usize,
+    device_blocks: usize,
+}
+
+impl Engine {
+    /// Starts the engine thread over `backend`.
+    pub fn start(backend: Box<dyn Backend>, config: EngineConfig) -> Result<Self, KvError> {
+        let model = backend.model_config().clone();
+        let block_size = backend.block_size();
+        let device_blocks = backend.num_blocks();
+        let manager = BlockManager::new(
+            BlockManagerConfig {
+                block_size,
+                device_blocks,
+                host_blocks: config.host_blocks,
+                disk: config.disk.clone(),
+            },
+            backend.block_bytes(),
+        )?;
+        let scheduler = Scheduler::new(
+            config.limits,
+            manager,
+            config.eos_token_ids.clone(),
+            model.max_position_embeddings,
+        );
+        let (tx, rx) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("strata-engine".into())
+            .spawn(move || run(backend, scheduler, rx))
+            .map_err(|e| KvError::Config(format!("cannot start the engine thread: {e}")))?;
+        Ok(Self {
+            commands: Some(tx),
+            thread: Some(thread),
+            next_id: AtomicU64::new(1),
+            config: model,
+            block_size,
+            device_blocks,
+        })
+    }
+
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Validates and enqueues a request; its tokens arrive on the returned stream.
+    pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, SubmitError> {
+        let window = self.config.max_position_embeddings;
+        let prompt = request.prompt.len();
+        if prompt == 0 {
+            return Err(SubmitError::EmptyPrompt);
+        }
+        if prompt >= window {
+            return Err(SubmitError::ContextWindow { prompt, window });
+        }
+        let blocks = (prompt + 1).div_ceil(self.block_size);
+        if blocks > self.device_blocks {
+            return Err(SubmitError::KvCapacity {
+                prompt,
+                blocks,
+                capacity: self.device_blocks,
+                block_size: self.block_size,
+            });
+        }
+        let vocab_size = self.config.vocab_size;
+        if let Some(&token) = request.prompt.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(SubmitError::TokenOutOfRange { token, vocab_size });
+        }
+        let sampler = Sampler::new(&request.sampling, vocab_size)?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = unbounded_channel();
+        let seq = Sequence::new(id, request, sampler, tx);
+        self.send(Command::Submit(Box::new(seq)))?;
+        Ok(RequestStream { id, events: rx })
+    }
+
+    /// Cancels request `id`; its blocks are freed before the next step.
+    pub fn cancel(&self, id: u64) -> Result<(), SubmitError> {
+        self.send(Command::Cancel(id))
+    }
+
+    fn send(&self, command: Command) -> Result<(), SubmitError> {
+        let tx = self.commands.as_ref().ok_or(SubmitError::Stopped)?;
+        tx.send(command).map_err(|_| SubmitError::Stopped)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.commands.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(mut backend: Box<dyn Backend>, mut scheduler: Scheduler, rx: mpsc::Receiver<Command>) {
+    let apply = |scheduler: &mut Scheduler, command: Command| match command {
+        Command::Submit(seq) => scheduler.add(*seq),
+        Command::Cancel(id) => {
+            if let Err(e) = scheduler.cancel(id, FinishReason::Cancelled) {
+                scheduler.fail_all(&e.to_string());
+            }
+        }
+    };
+    loop {
+        if scheduler.is_idle() {
+            match rx.recv() {
+                Ok(command) => apply(&mut scheduler, command),
+                Err(_) => return,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(command) => apply(&mut scheduler, command),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) if scheduler.is_idle() => return,
+                Err(mpsc::TryRecvError::Disconnected) => break,
+            }
+        }
+        if let Err(e) = scheduler.step(backend.as_mut()) {
+            // A failed step is a bug or a broken backend: every request in flight learns why.
+            scheduler.fail_all(&e.to_string());
+        }
+    }
+}

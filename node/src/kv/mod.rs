@@ -1,0 +1,46 @@
+//! Paged KV bookkeeping: chained block hashes, the prefix cache with its device → host → disk
+//! tiers, and the numbered KV events a router follows.
+//!
+//! Nothing here touches KV bytes directly except through [`KvBlockIo`], so every backend (CPU,
+//! CUDA) shares one block manager and tests drive it with an in-memory fake.
+
+pub mod block_manager;
+pub mod events;
+pub mod hash;
+pub mod tiers;
+pub mod types;
+
+use std::path::PathBuf;
+
+pub use block_manager::{BlockManager, BlockManagerConfig, CommitOutcome, PrefixLookup};
+pub use events::{KvDump, KvEvent, KvEventKind, KvEventLog, KvReplica, ReplicaError};
+pub use hash::{block_hash, prompt_block_hashes};
+pub use tiers::{DiskTier, HostTier};
+pub use types::{BlockHash, BlockId, CacheSalt, KvBlockIo, Tier};
+
+/// Errors of the KV block manager and its tiers.
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    #[error("out of KV blocks: needed {needed}, only {free} obtainable (free or evictable)")]
+    OutOfBlocks { needed: usize, free: usize },
+    #[error("KV disk tier I/O failed on {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("KV disk block {} holds {actual} bytes, expected {expected}", path.display())]
+    ShortBlock {
+        path: PathBuf,
+        expected: usize,
+        actual: u64,
+    },
+    #[error("KV block {id} does not exist (the device pool has {blocks} blocks)")]
+    NoSuchBlock { id: BlockId, blocks: usize },
+    #[error("KV block {id} released while not referenced (refcount 0)")]
+    NotReferenced { id: BlockId },
+    #[error("KV block {id} cannot be committed: {reason}")]
+    BadCommit { id: BlockId, reason: &'static str },
+    #[error("invalid KV configuration: {0}")]
+    Config(String),
+}

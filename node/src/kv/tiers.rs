@@ -1,0 +1,393 @@
+//! The lower KV tiers, both backend-neutral: [`HostTier`] keeps block bytes in memory,
+//! [`DiskTier`] keeps one file per block. Each is an LRU of bounded capacity; inserting into a
+//! full tier evicts (and returns) its least-recently-used block so the caller can demote it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::hash::Hash;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use super::KvError;
+use super::types::BlockHash;
+
+/// Recency order over keys: O(log n) touch, remove and pop-oldest. A tick that only grows keys
+/// the BTreeMap, so its first entry is always the least recently used.
+#[derive(Debug, Clone)]
+pub(crate) struct LruOrder<K> {
+    next_tick: u64,
+    by_tick: BTreeMap<u64, K>,
+    tick_of: HashMap<K, u64>,
+}
+
+impl<K: Copy + Eq + Hash> LruOrder<K> {
+    pub(crate) fn new() -> Self {
+        Self {
+            next_tick: 0,
+            by_tick: BTreeMap::new(),
+            tick_of: HashMap::new(),
+        }
+    }
+
+    /// Inserts `key` as the most recently used, or moves it there.
+    pub(crate) fn touch(&mut self, key: K) {
+        if let Some(old) = self.tick_of.insert(key, self.next_tick) {
+            self.by_tick.remove(&old);
+        }
+        self.by_tick.insert(self.next_tick, key);
+        self.next_tick += 1;
+    }
+
+    pub(crate) fn remove(&mut self, key: &K) -> bool {
+        match self.tick_of.remove(key) {
+            Some(tick) => {
+                self.by_tick.remove(&tick);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn pop_oldest(&mut self) -> Option<K> {
+        let (_, key) = self.by_tick.pop_first()?;
+        self.tick_of.remove(&key);
+        Some(key)
+    }
+
+    pub(crate) fn contains(&self, key: &K) -> bool {
+        self.tick_of.contains_key(key)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.tick_of.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.tick_of.is_empty()
+    }
+
+    /// Keys from least to most recently used.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &K> {
+        self.by_tick.values()
+    }
+
+    /// The two maps describe the same set.
+    pub(crate) fn is_consistent(&self) -> bool {
+        self.by_tick.len() == self.tick_of.len()
+            && self
+                .by_tick
+                .iter()
+                .all(|(tick, key)| self.tick_of.get(key) == Some(tick))
+    }
+}
+
+/// Block bytes in host memory (pinned on CUDA; plain memory here, the backend copies).
+#[derive(Debug)]
+pub struct HostTier {
+    capacity: usize,
+    bytes: HashMap<BlockHash, Vec<u8>>,
+    lru: LruOrder<BlockHash>,
+}
+
+impl HostTier {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            bytes: HashMap::new(),
+            lru: LruOrder::new(),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub fn contains(&self, hash: BlockHash) -> bool {
+        self.bytes.contains_key(&hash)
+    }
+
+    /// Stores `bytes` as the most recently used block and returns the block evicted to make room
+    /// (with a capacity of 0 that is the block just offered). Re-inserting a hash replaces it.
+    pub fn insert(&mut self, hash: BlockHash, bytes: Vec<u8>) -> Option<(BlockHash, Vec<u8>)> {
+        if self.capacity == 0 {
+            return Some((hash, bytes));
+        }
+        self.bytes.insert(hash, bytes);
+        self.lru.touch(hash);
+        if self.bytes.len() <= self.capacity {
+            return None;
+        }
+        let victim = self.lru.pop_oldest()?;
+        self.bytes.remove(&victim).map(|b| (victim, b))
+    }
+
+    /// The block's bytes, marking it most recently used.
+    pub fn get(&mut self, hash: BlockHash) -> Option<&[u8]> {
+        let bytes = self.bytes.get(&hash)?;
+        self.lru.touch(hash);
+        Some(bytes)
+    }
+
+    pub fn remove(&mut self, hash: BlockHash) -> Option<Vec<u8>> {
+        self.lru.remove(&hash);
+        self.bytes.remove(&hash)
+    }
+
+    /// Hashes from least to most recently used.
+    pub fn lru_order(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.lru.iter().copied()
+    }
+
+    pub(crate) fn is_consistent(&self) -> bool {
+        self.lru.is_consistent()
+            && self.lru.len() == self.bytes.len()
+            && self.bytes.keys().all(|h| self.lru.contains(h))
+            && self.bytes.len() <= self.capacity
+    }
+}
+
+/// One file per block in a directory the tier owns, named by the hash in hex. The index lives in
+/// memory only, so block files found at open are stale and removed.
+#[derive(Debug)]
+pub struct DiskTier {
+    dir: PathBuf,
+    capacity: usize,
+    block_bytes: usize,
+    lru: LruOrder<BlockHash>,
+}
+
+const TEMP_SUFFIX: &str = ".tmp";
+
+fn is_block_file_name(name: &str) -> bool {
+    let stem = name.strip_suffix(TEMP_SUFFIX).unwrap_or(name);
+    stem.len() == 32 && stem.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+impl DiskTier {
+    /// Opens (creating it if needed) `dir` for blocks of `block_bytes` bytes, removing the block
+    /// files a previous process left behind. Other files in `dir` are left alone.
+    pub fn open(dir: &Path, capacity: usize, block_bytes: usize) -> Result<Self, KvError> {
+        let io_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| KvError::Io { path, source }
+        };
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+            let entry = entry.map_err(io_err(dir))?;
+            let stale = entry.file_name().to_str().is_some_and(is_block_file_name);
+            if stale && entry.file_type().map_err(io_err(&entry.path()))?.is_file() {
+                fs::remove_file(entry.path()).map_err(io_err(&entry.path()))?;
+            }
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            capacity,
+            block_bytes,
+            lru: LruOrder::new(),
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn len(&self) -> usize {
+        self.lru.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lru.is_empty()
+    }
+
+    pub fn contains(&self, hash: BlockHash) -> bool {
+        self.lru.contains(&hash)
+    }
+
+    /// Path of the file holding `hash`.
+    pub fn block_path(&self, hash: BlockHash) -> PathBuf {
+        self.dir.join(format!("{:032x}", hash.0))
+    }
+
+    /// Writes the block atomically (temp file + rename) as the most recently used and returns the
+    /// block evicted to make room (with a capacity of 0, the block just offered, unwritten). On an
+    /// error the tier is unchanged apart from a possibly leftover temp file.
+    pub fn insert(&mut self, hash: BlockHash, bytes: &[u8]) -> Result<Option<BlockHash>, KvError> {
+        if self.capacity == 0 {
+            return Ok(Some(hash));
+        }
+        debug_assert_eq!(bytes.len(), self.block_bytes);
+        let path = self.block_path(hash);
+        let temp = self.dir.join(format!("{:032x}{TEMP_SUFFIX}", hash.0));
+        let write = || -> std::io::Result<()> {
+            let mut file = fs::File::create(&temp)?;
+            file.write_all(bytes)?;
+            drop(file);
+            fs::rename(&temp, &path)
+        };
+        write().map_err(|source| KvError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        self.lru.touch(hash);
+        if self.lru.len() <= self.capacity {
+            return Ok(None);
+        }
+        let victim = self.lru.pop_oldest();
+        if let Some(victim) = victim {
+            // A file that cannot be deleted is only wasted space: nothing indexes it any more,
+            // and the next open removes it.
+            let _ = fs::remove_file(self.block_path(victim));
+        }
+        Ok(victim)
+    }
+
+    /// Reads the block into `out` (`block_bytes` long), marking it most recently used. A missing
+    /// file is an `Io` error (NotFound); a file of the wrong length is `ShortBlock`.
+    pub fn read(&mut self, hash: BlockHash, out: &mut Vec<u8>) -> Result<(), KvError> {
+        let path = self.block_path(hash);
+        let bytes = fs::read(&path).map_err(|source| KvError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        if bytes.len() != self.block_bytes {
+            return Err(KvError::ShortBlock {
+                path,
+                expected: self.block_bytes,
+                actual: bytes.len() as u64,
+            });
+        }
+        *out = bytes;
+        if self.lru.contains(&hash) {
+            self.lru.touch(hash);
+        }
+        Ok(())
+    }
+
+    /// Forgets the block and deletes its file; returns whether it was held.
+    pub fn remove(&mut self, hash: BlockHash) -> bool {
+        let held = self.lru.remove(&hash);
+        if held {
+            // See `insert`: an undeletable file is harmless.
+            let _ = fs::remove_file(self.block_path(hash));
+        }
+        held
+    }
+
+    /// Hashes from least to most recently used.
+    pub fn lru_order(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.lru.iter().copied()
+    }
+
+    pub(crate) fn is_consistent(&self) -> bool {
+        self.lru.is_consistent() && self.lru.len() <= self.capacity
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(x: u128) -> BlockHash {
+        BlockHash(x)
+    }
+
+    #[test]
+    fn lru_order_pops_least_recent_first() {
+        let mut lru = LruOrder::new();
+        for k in [1, 2, 3] {
+            lru.touch(k);
+        }
+        lru.touch(1);
+        assert!(lru.remove(&3));
+        assert!(!lru.remove(&3));
+        assert_eq!(lru.pop_oldest(), Some(2));
+        assert_eq!(lru.pop_oldest(), Some(1));
+        assert_eq!(lru.pop_oldest(), None);
+        assert!(lru.is_consistent());
+    }
+
+    #[test]
+    fn host_tier_evicts_least_recently_used() {
+        let mut host = HostTier::new(2);
+        assert_eq!(host.insert(h(1), vec![1]), None);
+        assert_eq!(host.insert(h(2), vec![2]), None);
+        assert_eq!(host.get(h(1)), Some(&[1u8][..])); // 2 is now the oldest
+        assert_eq!(host.insert(h(3), vec![3]), Some((h(2), vec![2])));
+        assert_eq!(host.lru_order().collect::<Vec<_>>(), vec![h(1), h(3)]);
+        assert_eq!(host.remove(h(1)), Some(vec![1]));
+        assert!(host.is_consistent());
+        let mut none = HostTier::new(0);
+        assert_eq!(none.insert(h(9), vec![9]), Some((h(9), vec![9])));
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn disk_tier_round_trips_and_evicts() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut disk = DiskTier::open(dir.path(), 2, 4).unwrap();
+        assert_eq!(disk.insert(h(1), &[1; 4]).unwrap(), None);
+        assert_eq!(disk.insert(h(2), &[2; 4]).unwrap(), None);
+        let mut out = Vec::new();
+        disk.read(h(1), &mut out).unwrap();
+        assert_eq!(out, [1; 4]);
+        assert_eq!(disk.insert(h(3), &[3; 4]).unwrap(), Some(h(2)));
+        assert!(!disk.block_path(h(2)).exists(), "evicted file is deleted");
+        assert!(disk.block_path(h(3)).exists());
+        assert!(disk.remove(h(3)));
+        assert!(!disk.block_path(h(3)).exists());
+        assert!(disk.is_consistent());
+    }
+
+    #[test]
+    fn disk_tier_reports_missing_and_short_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut disk = DiskTier::open(dir.path(), 4, 8).unwrap();
+        disk.insert(h(1), &[7; 8]).unwrap();
+        disk.insert(h(2), &[7; 8]).unwrap();
+        fs::write(disk.block_path(h(1)), [7; 3]).unwrap();
+        fs::remove_file(disk.block_path(h(2))).unwrap();
+        let mut out = Vec::new();
+        let short = disk.read(h(1), &mut out).unwrap_err();
+        assert!(
+            matches!(
+                short,
+                KvError::ShortBlock {
+                    expected: 8,
+                    actual: 3,
+                    ..
+                }
+            ),
+            "{short}"
+        );
+        match disk.read(h(2), &mut out).unwrap_err() {
+            KvError::Io { source, .. } => assert_eq!(source.kind(), std::io::ErrorKind::NotFound),
+            other => panic!("expected NotFound, got {other}"),
+        }
+    }
+
+    #[test]
+    fn disk_tier_open_removes_stale_block_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let stale = dir.path().join(format!("{:032x}", 5u128));
+        let stale_temp = dir.path().join(format!("{:032x}.tmp", 6u128));
+        let other = dir.path().join("README");
+        for p in [&stale, &stale_temp, &other] {
+            fs::write(p, b"x").unwrap();
+        }
+        let disk = DiskTier::open(dir.path(), 1, 1).unwrap();
+        assert!(disk.is_empty());
+        assert!(!stale.exists() && !stale_temp.exists());
+        assert!(
+            other.exists(),
+            "files that are not block files are not ours to delete"
+        );
+    }
+}

@@ -1,0 +1,434 @@
+//! Continuous batching: which sequences compute what in the next step.
+//!
+//! Each step takes the running sequences in arrival order (a decode token, or the next prefill
+//! chunk), then admits waiting sequences first-come-first-served while the step's token budget
+//! and the running-sequence limit allow. Prompts are split into chunks under the budget; a
+//! prompt's full blocks already in the prefix cache (any tier) are acquired instead of computed.
+//! When blocks run out, the most recently admitted sequence is preempted: its blocks are released
+//! (full ones stay cached, so the recompute is mostly prefix hits) and it waits again at its
+//! arrival rank, its sampler state intact — so its output is the same as if it never stopped.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use strata_model::sampler::Sampler;
+use strata_model::stop::is_stop_token;
+use strata_protocol::{FinishReason, GenerateRequest, TokenEvent, Usage};
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::backend::{Backend, BackendError, StepSeq};
+use crate::kv::{BlockHash, BlockId, BlockManager, KvError, block_hash, prompt_block_hashes};
+
+/// Limits of one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SchedulerLimits {
+    /// Tokens computed per step, prefill chunks and decodes together.
+    pub max_batch_tokens: usize,
+    pub max_running: usize,
+}
+
+impl Default for SchedulerLimits {
+    fn default() -> Self {
+        Self {
+            max_batch_tokens: 512,
+            max_running: 64,
+        }
+    }
+}
+
+/// A request inside the engine.
+pub struct Sequence {
+    pub id: u64,
+    arrival: u64,
+    request: GenerateRequest,
+    /// Prompt followed by every generated token.
+    tokens: Vec<u32>,
+    /// Leading tokens whose K/V is in `blocks`.
+    computed: usize,
+    blocks: Vec<BlockId>,
+    /// Hashes of the leading full blocks registered so far (`hashes.len()` ≤ `blocks.len()`).
+    hashes: Vec<BlockHash>,
+    sampler: Sampler,
+    generated: u32,
+    cached_tokens: u32,
+    deadline: Option<Instant>,
+    events: UnboundedSender<TokenEvent>,
+}
+
+impl Sequence {
+    pub fn new(
+        id: u64,
+        request: GenerateRequest,
+        sampler: Sampler,
+        events: UnboundedSender<TokenEvent>,
+    ) -> Self {
+        let deadline = request.deadline.map(|d| Instant::now() + d);
+        let mut sampler = sampler;
+        sampler.observe_prompt(&request.prompt);
+        Self {
+            id,
+            arrival: id,
+            tokens: request.prompt.clone(),
+            request,
+            computed: 0,
+            blocks: Vec::new(),
+            hashes: Vec::new(),
+            sampler,
+            generated: 0,
+            cached_tokens: 0,
+            deadline,
+            events,
+        }
+    }
+
+    fn pending(&self) -> usize {
+        self.tokens.len() - self.computed
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.request.prompt.len() as u32,
+            completion_tokens: self.generated,
+            cached_tokens: self.cached_tokens,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    #[error(transparent)]
+    Kv(#[from] KvError),
+}
+
+/// Faults a gate's canary arm injects to prove the gate can fail.
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Faults {
+    /// Hash a block without its last token: prompts that differ only there share a stale block.
+    pub hash_skips_last_token: bool,
+    /// Resume a preempted sequence from its prompt alone, forgetting the tokens it generated.
+    pub forget_generated_on_preempt: bool,
+}
+
+pub struct Scheduler {
+    limits: SchedulerLimits,
+    pub(crate) blocks: BlockManager,
+    eos: Vec<u32>,
+    context_window: usize,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    steps: u64,
+    preemptions: u64,
+    #[cfg(test)]
+    pub(crate) faults: Faults,
+}
+
+/// One sequence's share of the step being built.
+struct Planned {
+    index: usize,
+    chunk: usize,
+}
+
+impl Scheduler {
+    pub fn new(
+        limits: SchedulerLimits,
+        blocks: BlockManager,
+        eos: Vec<u32>,
+        context_window: usize,
+    ) -> Self {
+        Self {
+            limits,
+            blocks,
+            eos,
+            context_window,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            steps: 0,
+            preemptions: 0,
+            #[cfg(test)]
+            faults: Faults::default(),
+        }
+    }
+
+    pub fn add(&mut self, seq: Sequence) {
+        let at = self.waiting.partition_point(|s| s.arrival < seq.arrival);
+        self.waiting.insert(at, seq);
+    }
+
+    /// Ends the sequence `id` wherever it is, freeing its blocks at once.
+    pub fn cancel(&mut self, id: u64, reason: FinishReason) -> Result<(), KvError> {
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let seq = self.running.remove(i);
+            self.finish(seq, reason)?;
+        } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            let seq = self.waiting.remove(i).expect("index from position");
+            self.finish(seq, reason)?;
+        }
+        Ok(())
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    pub fn block_manager(&self) -> &BlockManager {
+        &self.blocks
+    }
+
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// Plans and runs one step. Returns the number of tokens computed (0 when there was nothing
+    /// to do or nothing could be scheduled).
+    pub fn step(&mut self, backend: &mut dyn Backend) -> Result<usize, StepError> {
+        self.expire()?;
+        let plan = self.plan(backend)?;
+        if plan.is_empty() {
+            return Ok(0);
+        }
+        let steps: Vec<StepSeq<'_>> = plan
+            .iter()
+            .map(|p| {
+                let s = &self.running[p.index];
+                StepSeq {
+                    tokens: &s.tokens[s.computed..s.computed + p.chunk],
+                    first_position: s.computed,
+                    block_table: &s.blocks,
+                    want_logits: s.computed + p.chunk == s.tokens.len(),
+                }
+            })
+            .collect();
+        let logits = backend.step(&steps)?;
+        let computed: usize = plan.iter().map(|p| p.chunk).sum();
+        self.steps += 1;
+        self.apply(&plan, &logits, backend.model_config().vocab_size)?;
+        Ok(computed)
+    }
+
+    fn expire(&mut self) -> Result<(), KvError> {
+        let now = Instant::now();
+        let expired: Vec<u64> = self
+            .running
+            .iter()
+            .chain(self.waiting.iter())
+            .filter(|s| s.deadline.is_some_and(|d| d <= now) || s.events.is_closed())
+            .map(|s| s.id)
+            .collect();
+        for id in expired {
+            let closed = self
+                .running
+                .iter()
+                .chain(self.waiting.iter())
+                .any(|s| s.id == id && s.events.is_closed());
+            let reason = if closed {
+                FinishReason::Cancelled
+            } else {
+                FinishReason::Timeout
+            };
+            self.cancel(id, reason)?;
+        }
+        Ok(())
+    }
+
+    fn plan(&mut self, backend: &mut dyn Backend) -> Result<Vec<Planned>, KvError> {
+        let mut budget = self.limits.max_batch_tokens;
+        let mut plan: Vec<Planned> = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let chunk = self.running[i].pending().min(budget);
+            if self.reserve(i, chunk, backend)? {
+                plan.push(Planned { index: i, chunk });
+                budget -= chunk;
+                i += 1;
+            } else {
+                // Out of blocks: preempt the newest running sequence and retry. If that is this
+                // one, it waits again and the step goes on without it.
+                let victim = self.running.len() - 1;
+                self.preempt(victim)?;
+                plan.retain(|p| p.index != victim);
+            }
+        }
+        while budget > 0 && self.running.len() < self.limits.max_running {
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            self.acquire_cached_prefix(&mut seq, backend)?;
+            self.running.push(seq);
+            let index = self.running.len() - 1;
+            let chunk = self.running[index].pending().min(budget);
+            if !self.reserve(index, chunk, backend)? {
+                self.preempt(index)?;
+                break;
+            }
+            plan.push(Planned { index, chunk });
+            budget -= chunk;
+        }
+        Ok(plan)
+    }
+
+    /// Acquires the prompt's cached full blocks (never the block holding the last token, whose
+    /// logits must be computed).
+    fn acquire_cached_prefix(
+        &mut self,
+        seq: &mut Sequence,
+        backend: &mut dyn Backend,
+    ) -> Result<(), KvError> {
+        let bs = self.blocks.block_size();
+        let usable = (seq.tokens.len() - 1) / bs;
+        #[cfg(test)]
+        if self.faults.hash_skips_last_token {
+            let salt = seq.request.cache_salt;
+            let mut hashes: Vec<BlockHash> = Vec::new();
+            for block in seq.tokens[..usable * bs].chunks_exact(bs) {
+                hashes.push(block_hash(hashes.last().copied(), &block[..bs - 1], salt));
+            }
+            let acquired = self.blocks.acquire_prefix(&hashes, backend)?;
+            seq.computed = acquired.len() * bs;
+            seq.hashes = hashes[..acquired.len()].to_vec();
+            seq.blocks = acquired;
+            return Ok(());
+        }
+        let hashes = prompt_block_hashes(&seq.tokens[..usable * bs], bs, seq.request.cache_salt);
+        let acquired = self.blocks.acquire_prefix(&hashes, backend)?;
+        seq.computed = acquired.len() * bs;
+        seq.hashes = hashes[..acquired.len()].to_vec();
+        seq.blocks = acquired;
+        if seq.generated == 0 {
+            seq.cached_tokens = seq.computed as u32;
+        }
+        Ok(())
+    }
+
+    /// Makes `running[index]` hold blocks for `chunk` more tokens; false when blocks ran out.
+    fn reserve(
+        &mut self,
+        index: usize,
+        chunk: usize,
+        backend: &mut dyn Backend,
+    ) -> Result<bool, KvError> {
+        let bs = self.blocks.block_size();
+        let needed = (self.running[index].computed + chunk).div_ceil(bs);
+        while self.running[index].blocks.len() < needed {
+            match self.blocks.allocate(backend) {
+                Ok(id) => self.running[index].blocks.push(id),
+                Err(KvError::OutOfBlocks { .. }) => return Ok(false),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(true)
+    }
+
+    fn preempt(&mut self, index: usize) -> Result<(), KvError> {
+        let mut seq = self.running.remove(index);
+        self.preemptions += 1;
+        for id in seq.blocks.drain(..).rev() {
+            self.blocks.release(id)?;
+        }
+        seq.computed = 0;
+        seq.hashes.clear();
+        #[cfg(test)]
+        if self.faults.forget_generated_on_preempt {
+            seq.tokens.truncate(seq.request.prompt.len());
+        }
+        self.add(seq);
+        Ok(())
+    }
+
+    /// After the backend ran: advance, register full blocks, sample, finish.
+    fn apply(&mut self, plan: &[Planned], logits: &[f32], vocab: usize) -> Result<(), KvError> {
+        let bs = self.blocks.block_size();
+        let mut rows = logits.chunks_exact(vocab);
+        let mut finished: Vec<(u64, FinishReason)> = Vec::new();
+        for p in plan {
+            let seq = &mut self.running[p.index];
+            seq.computed += p.chunk;
+            while seq.hashes.len() < seq.computed / bs {
+                let i = seq.hashes.len();
+                let parent = seq.hashes.last().copied();
+                #[cfg(test)]
+                let end = (i + 1) * bs - usize::from(self.faults.hash_skips_last_token);
+                #[cfg(not(test))]
+                let end = (i + 1) * bs;
+                let hash = block_hash(parent, &seq.tokens[i * bs..end], seq.request.cache_salt);
+                self.blocks.commit(seq.blocks[i], hash, parent)?;
+                seq.hashes.push(hash);
+            }
+            if seq.computed < seq.tokens.len() {
+                continue;
+            }
+            let mut row = rows
+                .next()
+                .expect("one logits row per sequence wanting logits")
+                .to_vec();
+            let reason = match seq.sampler.sample(&mut row) {
+                Err(e) => {
+                    let _ = seq.events.send(TokenEvent::Failed {
+                        message: e.to_string(),
+                    });
+                    Some(FinishReason::Cancelled)
+                }
+                Ok(s) if is_stop_token(s.token, &seq.request.sampling, &self.eos) => {
+                    Some(FinishReason::Stop)
+                }
+                Ok(s) => {
+                    seq.generated += 1;
+                    seq.tokens.push(s.token);
+                    let _ = seq.events.send(TokenEvent::Token {
+                        id: s.token,
+                        logprob: s.logprob,
+                    });
+                    if seq.generated >= seq.request.sampling.max_tokens
+                        || seq.tokens.len() >= self.context_window
+                    {
+                        Some(FinishReason::Length)
+                    } else {
+                        None
+                    }
+                }
+            };
+            if let Some(reason) = reason {
+                finished.push((seq.id, reason));
+            }
+        }
+        for (id, reason) in finished {
+            self.cancel(id, reason)?;
+        }
+        Ok(())
+    }
+
+    /// Ends every request with `message` (after an unrecoverable step error), releasing what can
+    /// be released.
+    pub fn fail_all(&mut self, message: &str) {
+        let all: Vec<Sequence> = self
+            .running
+            .drain(..)
+            .chain(self.waiting.drain(..))
+            .collect();
+        for mut seq in all {
+            let _ = seq.events.send(TokenEvent::Failed {
+                message: message.to_string(),
+            });
+            for id in seq.blocks.drain(..).rev() {
+                let _ = self.blocks.release(id);
+            }
+        }
+    }
+
+    fn finish(&mut self, mut seq: Sequence, reason: FinishReason) -> Result<(), KvError> {
+        for id in seq.blocks.drain(..).rev() {
+            self.blocks.release(id)?;
+        }
+        let _ = seq.events.send(TokenEvent::Finished {
+            reason,
+            usage: seq.usage(),
+        });
+        Ok(())
+    }
+}
