@@ -32,8 +32,16 @@ pub struct Usage {
 /// One event of a request's stream: a token, then eventually the end.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum TokenEvent {
-    Token { id: u32, logprob: f32 },
-    Finished { reason: FinishReason, usage: Usage },
+    Token {
+        id: u32,
+        logprob: f32,
+    },
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+    },
     /// The engine could not continue this request (the message says why).
-    Failed { message: String },
+    Failed {
+        message: String,
+    },
 }
