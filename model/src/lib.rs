@@ -4,7 +4,7 @@
 //! - [`weights`]: safetensors checkpoints through mmap, single file or sharded, every tensor checked
 //!   against the architecture's layout.
 //! - [`tokenizer`] and [`chat`]: the `tokenizers` crate and the model's own Jinja chat template.
-//! - [`sampler`] and [`stop`]: turning logits into tokens and deciding when to stop.
+//! - [`sampler`], [`stop`] and [`text_stream`]: logits into tokens, tokens into text, and when to stop.
 //! - [`cpu`]: the reference forward pass (f32, deterministic, batch-invariant) — the oracle every
 //!   fast path is measured against.
 //! - [`synth`] and [`inspect`]: synthesized checkpoints for tests and a checkpoint summary.
@@ -12,12 +12,13 @@
 pub mod chat;
 pub mod config;
 pub mod cpu;
-pub mod generate;
+
 pub mod inspect;
 pub mod rope;
 pub mod sampler;
 pub mod stop;
 pub mod synth;
+pub mod text_stream;
 pub mod tokenizer;
 pub mod weights;
 

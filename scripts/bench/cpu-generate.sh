@@ -19,7 +19,7 @@ python3 - "$log" "$receipt" "$bin" "$cache" "$runs" "${cmd[*]}" "${memcpy:-}" <<
 import hashlib, json, os, platform, re, statistics, subprocess, sys
 log, receipt, binary, cache, runs, command, memcpy = sys.argv[1:]
 rows = [l for l in open(log) if "decode" in l]
-prefill = [float(re.search(r"\(([\d.]+) tok/s\)", l).group(1)) for l in rows]
+prefill = [float(re.search(r"\(([\d.]+) tok/s prefill\)", l).group(1)) for l in rows]
 decode = [float(re.search(r"decode ([\d.]+) tok/s", l).group(1)) for l in rows]
 model = os.path.join(cache, "models", "strata-demo-llama-100m-random")
 config = json.load(open(os.path.join(model, "config.json")))

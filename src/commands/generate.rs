@@ -1,17 +1,21 @@
-//! `strata generate`: one prompt through the CPU reference, streamed to stdout.
+//! `strata generate`: one prompt through the engine (CPU backend), streamed to stdout.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
 use strata_model::chat::{ChatRequest, ChatTemplate};
 use strata_model::cpu::CpuModel;
-use strata_model::generate::generate;
 use strata_model::synth::ensure_demo_model;
+use strata_model::text_stream::TextStream;
 use strata_model::tokenizer::Tokenizer;
 use strata_model::{GenerationConfig, ModelConfig};
-use strata_protocol::SamplingParams;
+use strata_node::backend::CpuBackend;
+use strata_node::scheduler::SchedulerLimits;
+use strata_node::{Engine, EngineConfig};
+use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -47,6 +51,12 @@ pub struct GenerateArgs {
     /// Where the demo model is kept (default: $XDG_CACHE_HOME/strata or ~/.cache/strata).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// Memory for the KV cache, in MiB.
+    #[arg(long, default_value_t = 256)]
+    kv_cache_mib: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
 }
 
 pub fn default_cache_dir() -> PathBuf {
@@ -71,23 +81,69 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let tokenizer = Tokenizer::from_dir(&dir)?;
     let generation_config = GenerationConfig::from_dir(&dir)?;
     let prompt = encode_prompt(&args, &dir, &tokenizer)?;
-    let params = sampling_params(&args, &generation_config);
-    let eos = eos_ids(model.config(), &generation_config, &tokenizer);
+    let sampling = sampling_params(&args, &generation_config);
+    let eos_token_ids = eos_ids(model.config(), &generation_config, &tokenizer);
+    let stops = sampling.stop.clone();
 
-    let mut stdout = std::io::stdout().lock();
-    let result = generate(&model, &tokenizer, &prompt, &params, &eos, |text| {
-        let _ = stdout.write_all(text.as_bytes());
-        let _ = stdout.flush();
+    if args.block_size == 0 {
+        bail!("--block-size must be at least 1");
+    }
+    let backend = CpuBackend::new(model, args.block_size, args.kv_cache_mib << 20);
+    let engine = Engine::start(
+        Box::new(backend),
+        EngineConfig {
+            limits: SchedulerLimits::default(),
+            host_blocks: 0,
+            disk: None,
+            eos_token_ids,
+        },
+    )?;
+    let prompt_tokens = prompt.len();
+    let start = Instant::now();
+    let mut stream = engine.submit(GenerateRequest {
+        prompt: prompt.clone(),
+        sampling,
+        cache_salt: 0,
+        deadline: None,
     })?;
+    let mut text = TextStream::new(&prompt, &stops);
+    let mut stdout = std::io::stdout().lock();
+    let (mut first, mut last, mut generated) = (None, start, 0usize);
+    let mut finish = None;
+    while let Some(event) = stream.events.blocking_recv() {
+        match event {
+            TokenEvent::Token { id, .. } => {
+                last = Instant::now();
+                first.get_or_insert(last);
+                generated += 1;
+                let piece = text.push(&tokenizer, id)?;
+                stdout.write_all(piece.text.as_bytes())?;
+                stdout.flush()?;
+                if piece.stopped {
+                    engine.cancel(stream.id)?;
+                    finish = Some("stop (stop string)".to_string());
+                    break;
+                }
+            }
+            TokenEvent::Finished { reason, .. } => {
+                stdout.write_all(text.finish(&tokenizer)?.text.as_bytes())?;
+                finish = Some(format!("{reason:?}").to_lowercase());
+                break;
+            }
+            TokenEvent::Failed { message } => bail!("generation failed: {message}"),
+        }
+    }
     writeln!(stdout)?;
+    let ttft = first.map_or(0.0, |f| (f - start).as_secs_f64());
+    let decode = match first {
+        Some(f) if generated > 1 => (generated - 1) as f64 / (last - f).as_secs_f64().max(1e-9),
+        _ => 0.0,
+    };
     eprintln!(
-        "{} prompt tokens in {:.2} s ({:.1} tok/s); {} generated, decode {:.1} tok/s; finish: {:?}",
-        result.prompt_tokens,
-        result.prefill_time.as_secs_f64(),
-        result.prompt_tokens as f64 / result.prefill_time.as_secs_f64().max(1e-9),
-        result.tokens.len(),
-        result.decode_tokens_per_second(),
-        result.finish,
+        "{prompt_tokens} prompt tokens, first token after {ttft:.2} s ({:.1} tok/s prefill); \
+         {generated} generated, decode {decode:.1} tok/s; finish: {}",
+        prompt_tokens as f64 / ttft.max(1e-9),
+        finish.unwrap_or_else(|| "engine stopped".into()),
     );
     Ok(())
 }
