@@ -11,7 +11,7 @@ use strata_protocol::{FinishReason, GenerateRequest, TokenEvent};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::backend::Backend;
-use crate::kv::{BlockManager, BlockManagerConfig, KvError};
+use crate::kv::{BlockManager, BlockManagerConfig, KvDump, KvError, KvEvent};
 use crate::scheduler::{Scheduler, SchedulerLimits, Sequence};
 
 #[derive(Debug, Clone)]
@@ -60,10 +60,12 @@ pub struct RequestStream {
 enum Command {
     Submit(Box<Sequence>),
     Cancel(u64),
+    Dump(mpsc::Sender<KvDump>),
 }
 
 pub struct Engine {
     commands: Option<mpsc::Sender<Command>>,
+    kv_events: tokio::sync::broadcast::Sender<KvEvent>,
     thread: Option<JoinHandle<()>>,
     next_id: AtomicU64,
     config: ModelConfig,
@@ -86,6 +88,7 @@ impl Engine {
             },
             backend.block_bytes(),
         )?;
+        let kv_events = manager.event_sender();
         let scheduler = Scheduler::new(
             config.limits,
             manager,
@@ -99,6 +102,7 @@ impl Engine {
             .map_err(|e| KvError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(Self {
             commands: Some(tx),
+            kv_events,
             thread: Some(thread),
             next_id: AtomicU64::new(1),
             config: model,
@@ -147,6 +151,19 @@ impl Engine {
         self.send(Command::Cancel(id))
     }
 
+    /// The node's KV events (stored / removed / tier-changed), numbered without gaps. A consumer
+    /// that falls behind or sees a gap resynchronises from [`Engine::kv_dump`].
+    pub fn subscribe_kv_events(&self) -> tokio::sync::broadcast::Receiver<KvEvent> {
+        self.kv_events.subscribe()
+    }
+
+    /// Every cached block and its tier as of the event numbered `seq` in the dump.
+    pub fn kv_dump(&self) -> Result<KvDump, SubmitError> {
+        let (tx, rx) = mpsc::channel();
+        self.send(Command::Dump(tx))?;
+        rx.recv().map_err(|_| SubmitError::Stopped)
+    }
+
     fn send(&self, command: Command) -> Result<(), SubmitError> {
         let tx = self.commands.as_ref().ok_or(SubmitError::Stopped)?;
         tx.send(command).map_err(|_| SubmitError::Stopped)
@@ -165,6 +182,9 @@ impl Drop for Engine {
 fn run(mut backend: Box<dyn Backend>, mut scheduler: Scheduler, rx: mpsc::Receiver<Command>) {
     let apply = |scheduler: &mut Scheduler, command: Command| match command {
         Command::Submit(seq) => scheduler.add(*seq),
+        Command::Dump(reply) => {
+            let _ = reply.send(scheduler.block_manager().dump());
+        }
         Command::Cancel(id) => {
             if let Err(e) = scheduler.cancel(id, FinishReason::Cancelled) {
                 scheduler.fail_all(&e.to_string());

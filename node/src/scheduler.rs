@@ -100,6 +100,12 @@ pub enum StepError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Kv(#[from] KvError),
+    #[error("the backend returned {got} logits for {rows} rows of {vocab}")]
+    Logits {
+        got: usize,
+        rows: usize,
+        vocab: usize,
+    },
 }
 
 /// Faults a gate's canary arm injects to prove the gate can fail.
@@ -205,10 +211,20 @@ impl Scheduler {
                 }
             })
             .collect();
-        let logits = backend.step(&steps)?;
+        let rows = steps.iter().filter(|s| s.want_logits).count();
+        let mut logits = backend.step(&steps)?;
+        let vocab = backend.model_config().vocab_size;
+        if logits.len() != rows * vocab {
+            return Err(StepError::Logits {
+                got: logits.len(),
+                rows,
+                vocab,
+            });
+        }
         let computed: usize = plan.iter().map(|p| p.chunk).sum();
         self.steps += 1;
-        self.apply(&plan, &logits, backend.model_config().vocab_size)?;
+        // One row per sequence wanting logits, checked just above.
+        self.apply(&plan, &mut logits, vocab)?;
         Ok(computed)
     }
 
@@ -342,9 +358,9 @@ impl Scheduler {
     }
 
     /// After the backend ran: advance, register full blocks, sample, finish.
-    fn apply(&mut self, plan: &[Planned], logits: &[f32], vocab: usize) -> Result<(), KvError> {
+    fn apply(&mut self, plan: &[Planned], logits: &mut [f32], vocab: usize) -> Result<(), KvError> {
         let bs = self.blocks.block_size();
-        let mut rows = logits.chunks_exact(vocab);
+        let mut rows = logits.chunks_exact_mut(vocab);
         let mut finished: Vec<(u64, FinishReason)> = Vec::new();
         for p in plan {
             let seq = &mut self.running[p.index];
@@ -363,11 +379,10 @@ impl Scheduler {
             if seq.computed < seq.tokens.len() {
                 continue;
             }
-            let mut row = rows
+            let row = rows
                 .next()
-                .expect("one logits row per sequence wanting logits")
-                .to_vec();
-            let reason = match seq.sampler.sample(&mut row) {
+                .expect("one logits row per sequence wanting logits");
+            let reason = match seq.sampler.sample(row) {
                 Err(e) => {
                     let _ = seq.events.send(TokenEvent::Failed {
                         message: e.to_string(),

@@ -7,7 +7,6 @@
 //! its bytes down the tiers; a hit in a lower tier promotes them back by copy. Every index change
 //! is published as a numbered [`KvEvent`].
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use tokio::sync::broadcast;
@@ -15,7 +14,7 @@ use tokio::sync::broadcast;
 use super::KvError;
 use super::events::{KvDump, KvEvent, KvEventKind, KvEventLog};
 use super::tiers::{DiskTier, HostTier, LruOrder};
-use super::types::{BlockHash, BlockId, KvBlockIo, Tier};
+use super::types::{BlockHash, BlockHashMap, BlockId, KvBlockIo, Tier};
 
 /// How many events a subscriber may fall behind before it must resynchronise from a dump.
 const EVENT_CHANNEL_CAPACITY: usize = 4096;
@@ -90,7 +89,7 @@ pub struct BlockManager {
     blocks: Vec<DeviceBlock>,
     free: Vec<BlockId>,
     cached: LruOrder<BlockId>,
-    index: HashMap<BlockHash, IndexEntry>,
+    index: BlockHashMap<IndexEntry>,
     host: HostTier,
     disk: Option<DiskTier>,
     events: KvEventLog,
@@ -124,7 +123,7 @@ impl BlockManager {
             // Reversed so blocks are handed out from id 0 upwards.
             free: (0..config.device_blocks as BlockId).rev().collect(),
             cached: LruOrder::new(),
-            index: HashMap::new(),
+            index: BlockHashMap::default(),
             host: HostTier::new(config.host_blocks),
             disk,
             events: KvEventLog::new(EVENT_CHANNEL_CAPACITY),
@@ -291,6 +290,11 @@ impl BlockManager {
             }
         }
         Ok(())
+    }
+
+    /// For subscribing from other threads while the manager lives in the engine's.
+    pub fn event_sender(&self) -> broadcast::Sender<KvEvent> {
+        self.events.sender()
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<KvEvent> {
@@ -503,6 +507,8 @@ impl BlockManager {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use rand_chacha::ChaCha8Rng;
     use rand_core::{Rng, SeedableRng};
 

@@ -4,12 +4,10 @@
 //! lagged channel, a reconnect) it asks for a [`KvDump`] and restarts from it. Replaying events
 //! `1..=seq` onto an empty replica gives exactly the dump taken at `seq`.
 
-use std::collections::HashMap;
-
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
-use super::types::{BlockHash, Tier};
+use super::types::{BlockHash, BlockHashMap, Tier};
 
 /// One change to the cache index.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,13 +80,18 @@ impl KvEventLog {
     pub fn subscribe(&self) -> broadcast::Receiver<KvEvent> {
         self.sender.subscribe()
     }
+
+    /// A handle that can hand out subscriptions from another thread than the publisher's.
+    pub fn sender(&self) -> broadcast::Sender<KvEvent> {
+        self.sender.clone()
+    }
 }
 
 /// A consumer's view of one node's cache, maintained from events.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KvReplica {
     seq: u64,
-    blocks: HashMap<BlockHash, (Option<BlockHash>, Tier)>,
+    blocks: BlockHashMap<(Option<BlockHash>, Tier)>,
 }
 
 /// Why an event could not be applied: the consumer must resynchronise from a dump.

@@ -4,12 +4,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
-use std::hash::Hash;
+use std::hash::{BuildHasherDefault, Hash};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::KvError;
 use super::types::BlockHash;
+use super::types::{BlockHashHasher, BlockHashMap};
 
 /// Recency order over keys: O(log n) touch, remove and pop-oldest. A tick that only grows keys
 /// the BTreeMap, so its first entry is always the least recently used.
@@ -17,7 +18,7 @@ use super::types::BlockHash;
 pub(crate) struct LruOrder<K> {
     next_tick: u64,
     by_tick: BTreeMap<u64, K>,
-    tick_of: HashMap<K, u64>,
+    tick_of: HashMap<K, u64, BuildHasherDefault<BlockHashHasher>>,
 }
 
 impl<K: Copy + Eq + Hash> LruOrder<K> {
@@ -25,7 +26,7 @@ impl<K: Copy + Eq + Hash> LruOrder<K> {
         Self {
             next_tick: 0,
             by_tick: BTreeMap::new(),
-            tick_of: HashMap::new(),
+            tick_of: HashMap::default(),
         }
     }
 
@@ -85,7 +86,7 @@ impl<K: Copy + Eq + Hash> LruOrder<K> {
 #[derive(Debug)]
 pub struct HostTier {
     capacity: usize,
-    bytes: HashMap<BlockHash, Vec<u8>>,
+    bytes: BlockHashMap<Vec<u8>>,
     lru: LruOrder<BlockHash>,
 }
 
@@ -93,7 +94,7 @@ impl HostTier {
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,
-            bytes: HashMap::new(),
+            bytes: BlockHashMap::default(),
             lru: LruOrder::new(),
         }
     }

@@ -31,3 +31,29 @@ pub trait KvBlockIo {
     /// Overwrites block `id` with `data` (`block_bytes()` long).
     fn import_block(&mut self, id: BlockId, data: &[u8]);
 }
+
+/// Hashes a [`BlockHash`] by folding its halves: the key is already the output of xxh3-128, so
+/// hashing it again (SipHash by default) only costs time.
+#[derive(Default, Clone, Copy)]
+pub struct BlockHashHasher(u64);
+
+impl std::hash::Hasher for BlockHashHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only reached for keys other than BlockHash; fold them in FNV-1a style.
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn write_u128(&mut self, v: u128) {
+        self.0 ^= (v as u64) ^ ((v >> 64) as u64);
+    }
+}
+
+/// A map keyed by block hash.
+pub type BlockHashMap<V> =
+    std::collections::HashMap<BlockHash, V, std::hash::BuildHasherDefault<BlockHashHasher>>;
