@@ -1,0 +1,448 @@
+use std::collections::HashMap;
+
+use rand_chacha::ChaCha8Rng;
+use rand_core::{Rng, SeedableRng};
+
+use super::*;
+use crate::kv::events::KvReplica;
+use crate::kv::hash::prompt_block_hashes;
+
+const BYTES: usize = 24;
+
+/// Device pool in memory: one byte vector per block.
+struct FakeIo {
+    blocks: Vec<Vec<u8>>,
+}
+
+impl FakeIo {
+    fn new(blocks: usize) -> Self {
+        Self {
+            blocks: vec![vec![0; BYTES]; blocks],
+        }
+    }
+}
+
+impl KvBlockIo for FakeIo {
+    fn block_bytes(&self) -> usize {
+        BYTES
+    }
+    fn export_block(&self, id: BlockId, out: &mut [u8]) {
+        out.copy_from_slice(&self.blocks[id as usize]);
+    }
+    fn import_block(&mut self, id: BlockId, data: &[u8]) {
+        self.blocks[id as usize].copy_from_slice(data);
+    }
+}
+
+/// The KV bytes a block with this hash holds, distinct per hash.
+fn content(hash: BlockHash) -> Vec<u8> {
+    let b = hash.0.to_le_bytes();
+    (0..BYTES).map(|i| b[i % 16] ^ i as u8).collect()
+}
+
+fn manager(device: usize, host: usize, disk: Option<(PathBuf, usize)>) -> BlockManager {
+    let config = BlockManagerConfig {
+        block_size: 4,
+        device_blocks: device,
+        host_blocks: host,
+        disk,
+    };
+    BlockManager::new(config, BYTES).unwrap()
+}
+
+fn hashes(tokens: &[u32], salt: u64) -> Vec<BlockHash> {
+    prompt_block_hashes(tokens, 4, salt)
+}
+
+/// Acquires the cached prefix of `chain`, then computes (allocate + write + commit) the rest.
+fn prefill(bm: &mut BlockManager, io: &mut FakeIo, chain: &[BlockHash]) -> Vec<BlockId> {
+    let mut ids = bm.acquire_prefix(chain, io).unwrap();
+    for (i, &id) in ids.iter().enumerate() {
+        assert_eq!(io.blocks[id as usize], content(chain[i]), "cached bytes");
+    }
+    for i in ids.len()..chain.len() {
+        let id = bm.allocate(io).unwrap();
+        io.blocks[id as usize] = content(chain[i]);
+        let parent = i.checked_sub(1).map(|p| chain[p]);
+        bm.commit(id, chain[i], parent).unwrap();
+        ids.push(id);
+    }
+    bm.audit().unwrap();
+    ids
+}
+
+fn release_all(bm: &mut BlockManager, ids: &[BlockId]) {
+    for &id in ids {
+        bm.release(id).unwrap();
+    }
+    bm.audit().unwrap();
+}
+
+fn drain(rx: &mut broadcast::Receiver<KvEvent>) -> Vec<KvEvent> {
+    std::iter::from_fn(|| rx.try_recv().ok()).collect()
+}
+
+#[test]
+fn prefix_hit_after_release() {
+    let (mut bm, mut io) = (manager(8, 0, None), FakeIo::new(8));
+    let chain = hashes(&(0..12).collect::<Vec<_>>(), 1);
+    let first = prefill(&mut bm, &mut io, &chain);
+    release_all(&mut bm, &first);
+    assert_eq!(bm.referenced_blocks(), 0);
+    assert_eq!(bm.available(), 8, "cached blocks count as obtainable");
+
+    let longer = hashes(&(0..16).collect::<Vec<_>>(), 1);
+    assert_eq!(
+        bm.lookup(&longer),
+        PrefixLookup {
+            device: 3,
+            lower: 0
+        }
+    );
+    let again = bm.acquire_prefix(&longer, &mut io).unwrap();
+    assert_eq!(again, first);
+    assert!(again.iter().all(|&id| bm.refcount(id) == Some(1)));
+    bm.audit().unwrap();
+}
+
+#[test]
+fn salt_isolates_tenants() {
+    let (mut bm, mut io) = (manager(8, 0, None), FakeIo::new(8));
+    let tokens: Vec<u32> = (0..8).collect();
+    let a = prefill(&mut bm, &mut io, &hashes(&tokens, 1));
+    let b = prefill(&mut bm, &mut io, &hashes(&tokens, 2));
+    assert!(a.iter().all(|id| !b.contains(id)), "no block is shared");
+    release_all(&mut bm, &a);
+    release_all(&mut bm, &b);
+    assert_eq!(bm.dump().blocks.len(), 4);
+}
+
+#[test]
+fn canary_wrong_salt_lookup_misses() {
+    let (mut bm, mut io) = (manager(4, 0, None), FakeIo::new(4));
+    let tokens: Vec<u32> = (0..8).collect();
+    let ids = prefill(&mut bm, &mut io, &hashes(&tokens, 42));
+    release_all(&mut bm, &ids);
+    // The canary: the right salt hits, so a miss below is the salt's doing.
+    assert_eq!(bm.lookup(&hashes(&tokens, 42)).device, 2);
+    let wrong = hashes(&tokens, 43);
+    assert_eq!(bm.lookup(&wrong), PrefixLookup::default());
+    assert!(bm.acquire_prefix(&wrong, &mut io).unwrap().is_empty());
+}
+
+#[test]
+fn eviction_follows_lru_order() {
+    let (mut bm, mut io) = (manager(3, 0, None), FakeIo::new(3));
+    let [a, b, c] = [10u32, 20, 30].map(|t| hashes(&[t; 4], 0));
+    let ids: Vec<_> = [&a, &b, &c]
+        .iter()
+        .map(|h| prefill(&mut bm, &mut io, h)[0])
+        .collect();
+    // Release order b, a, c: b is least recently used.
+    for i in [1, 0, 2] {
+        bm.release(ids[i]).unwrap();
+    }
+    // A hit and release makes a the most recently used: b, c, a.
+    let hit = bm.acquire_prefix(&a, &mut io).unwrap();
+    bm.release(hit[0]).unwrap();
+    let mut rx = bm.subscribe();
+    let evict_order: Vec<_> = (0..3).map(|_| bm.allocate(&mut io).unwrap()).collect();
+    assert_eq!(evict_order, vec![ids[1], ids[2], ids[0]]);
+    let removed: Vec<_> = drain(&mut rx)
+        .into_iter()
+        .map(|e| match e.kind {
+            KvEventKind::Removed { hash, tier } => (hash, tier),
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    let expected = [b[0], c[0], a[0]].map(|h| (h, Tier::Device)).to_vec();
+    assert_eq!(removed, expected);
+    bm.audit().unwrap();
+}
+
+#[test]
+fn demotion_to_host_then_disk_and_promotion_restores_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = Some((dir.path().join("kv"), 2));
+    let (mut bm, mut io) = (manager(2, 1, disk), FakeIo::new(2));
+    let chain = hashes(&(0..8).collect::<Vec<_>>(), 5);
+    let ids = prefill(&mut bm, &mut io, &chain);
+    release_all(&mut bm, &ids);
+
+    // Two new blocks evict chain[0] (to host) then chain[1] (to host, pushing chain[0] to disk).
+    let scratch = [bm.allocate(&mut io).unwrap(), bm.allocate(&mut io).unwrap()];
+    for &id in &scratch {
+        io.blocks[id as usize] = vec![0xEE; BYTES];
+    }
+    assert_eq!(bm.tier_of(chain[0]), Some(Tier::Disk));
+    assert_eq!(bm.tier_of(chain[1]), Some(Tier::Host));
+    let file = dir.path().join("kv").join(format!("{:032x}", chain[0].0));
+    assert_eq!(std::fs::read(&file).unwrap(), content(chain[0]));
+    assert_eq!(
+        bm.lookup(&chain),
+        PrefixLookup {
+            device: 0,
+            lower: 2
+        }
+    );
+    release_all(&mut bm, &scratch);
+
+    // `prefill` asserts the promoted blocks hold exactly the original bytes.
+    let back = prefill(&mut bm, &mut io, &chain);
+    assert_eq!(
+        bm.lookup(&chain),
+        PrefixLookup {
+            device: 2,
+            lower: 0
+        }
+    );
+    assert!(!file.exists(), "a promoted block leaves the disk tier");
+    release_all(&mut bm, &back);
+    assert_eq!(bm.lower_tier_failures(), 0);
+}
+
+#[test]
+fn unreadable_disk_block_is_dropped_as_a_miss() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut bm, mut io) = (manager(1, 0, Some((dir.path().into(), 4))), FakeIo::new(1));
+    let chain = hashes(&[7; 4], 0);
+    let ids = prefill(&mut bm, &mut io, &chain);
+    release_all(&mut bm, &ids);
+    let other = bm.allocate(&mut io).unwrap();
+    assert_eq!(bm.tier_of(chain[0]), Some(Tier::Disk));
+    bm.release(other).unwrap();
+    std::fs::write(dir.path().join(format!("{:032x}", chain[0].0)), [1, 2]).unwrap();
+
+    assert!(bm.acquire_prefix(&chain, &mut io).unwrap().is_empty());
+    assert_eq!(bm.tier_of(chain[0]), None);
+    assert_eq!(bm.lower_tier_failures(), 1);
+    bm.audit().unwrap();
+}
+
+#[test]
+fn out_of_blocks_when_everything_is_referenced() {
+    let (mut bm, mut io) = (manager(2, 2, None), FakeIo::new(2));
+    let chain = hashes(&[1; 4], 0);
+    let ids = prefill(&mut bm, &mut io, &chain);
+    release_all(&mut bm, &ids);
+    let held = [bm.allocate(&mut io).unwrap(), bm.allocate(&mut io).unwrap()];
+    assert_eq!(bm.tier_of(chain[0]), Some(Tier::Host));
+    assert!(matches!(
+        bm.allocate(&mut io),
+        Err(KvError::OutOfBlocks { needed: 1, free: 0 })
+    ));
+    // A host hit cannot be promoted without a device block: acquisition stops, no change.
+    assert!(bm.acquire_prefix(&chain, &mut io).unwrap().is_empty());
+    assert_eq!(bm.tier_of(chain[0]), Some(Tier::Host));
+    bm.audit().unwrap();
+    release_all(&mut bm, &held);
+}
+
+#[test]
+fn duplicate_commit_keeps_the_first_block() {
+    let (mut bm, mut io) = (manager(4, 0, None), FakeIo::new(4));
+    let h = hashes(&[3; 4], 0)[0];
+    let (x, y) = (bm.allocate(&mut io).unwrap(), bm.allocate(&mut io).unwrap());
+    assert_eq!(bm.commit(x, h, None).unwrap(), CommitOutcome::Indexed);
+    assert_eq!(bm.commit(y, h, None).unwrap(), CommitOutcome::AlreadyCached);
+    assert!(matches!(
+        bm.commit(x, h, None),
+        Err(KvError::BadCommit { .. })
+    ));
+    bm.audit().unwrap();
+    release_all(&mut bm, &[x, y]);
+    assert_eq!(bm.acquire_prefix(&[h], &mut io).unwrap(), vec![x]);
+    assert_eq!(bm.dump().blocks.len(), 1);
+    // y went back to the free list, not the cache: three blocks are free.
+    assert_eq!(bm.available(), 3);
+}
+
+#[test]
+fn commit_over_a_lower_tier_copy_takes_the_device_block() {
+    let (mut bm, mut io) = (manager(1, 1, None), FakeIo::new(1));
+    let chain = hashes(&[9; 4], 0);
+    let ids = prefill(&mut bm, &mut io, &chain);
+    release_all(&mut bm, &ids);
+    let id = bm.allocate(&mut io).unwrap();
+    assert_eq!(bm.tier_of(chain[0]), Some(Tier::Host));
+    let mut rx = bm.subscribe();
+    assert_eq!(
+        bm.commit(id, chain[0], None).unwrap(),
+        CommitOutcome::Indexed
+    );
+    assert_eq!(bm.tier_of(chain[0]), Some(Tier::Device));
+    let kinds: Vec<_> = drain(&mut rx).into_iter().map(|e| e.kind).collect();
+    let moved = KvEventKind::TierChanged {
+        hash: chain[0],
+        from: Tier::Host,
+        to: Tier::Device,
+    };
+    assert_eq!(kinds, vec![moved]);
+    bm.audit().unwrap();
+}
+
+#[test]
+fn releasing_an_unreferenced_block_is_an_error() {
+    let (mut bm, mut io) = (manager(2, 0, None), FakeIo::new(2));
+    let id = bm.allocate(&mut io).unwrap();
+    bm.release(id).unwrap();
+    assert!(matches!(bm.release(id), Err(KvError::NotReferenced { .. })));
+    assert!(matches!(bm.release(99), Err(KvError::NoSuchBlock { .. })));
+    bm.audit().unwrap();
+    assert_eq!(bm.available(), 2);
+}
+
+#[test]
+fn events_numbered_without_gaps_and_dump_equals_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut bm, mut io) = (manager(3, 2, Some((dir.path().into(), 2))), FakeIo::new(3));
+    let mut rx = bm.subscribe();
+    let mut replica = KvReplica::default();
+    for round in 0..6u32 {
+        let chain = hashes(&[round; 12], u64::from(round % 2));
+        let ids = prefill(&mut bm, &mut io, &chain);
+        release_all(&mut bm, &ids);
+        for event in drain(&mut rx) {
+            replica.apply(&event).unwrap(); // fails on any gap
+        }
+        assert_eq!(replica.to_dump(), bm.dump(), "round {round}");
+    }
+    let kinds = replica
+        .to_dump()
+        .blocks
+        .iter()
+        .map(|b| b.2)
+        .collect::<Vec<_>>();
+    assert!(
+        kinds.contains(&Tier::Disk),
+        "the workload reached every tier"
+    );
+}
+
+/// A fake sequence: the chain it wants, the blocks it holds for its prefix, and a block being
+/// written (allocated, not yet committed).
+struct FakeSeq {
+    chain: Vec<BlockHash>,
+    held: Vec<BlockId>,
+    writing: Option<BlockId>,
+}
+
+#[test]
+fn randomized_workload_keeps_invariants() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut bm, mut io) = (
+        manager(24, 8, Some((dir.path().into(), 8))),
+        FakeIo::new(24),
+    );
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5742_7a7a);
+    let mut rx = bm.subscribe();
+    let mut replica = KvReplica::default();
+    let mut seqs: Vec<FakeSeq> = Vec::new();
+    let mut moves = HashMap::new();
+    let mut pick = |n: usize| (rng.next_u32() as usize) % n.max(1);
+
+    for step in 0..10_000 {
+        match pick(5) {
+            0 if seqs.len() < 8 => {
+                // Prompts from a few families share prefixes; two salts never share.
+                let family = pick(4) as u32;
+                let len = 4 * (1 + pick(8));
+                let tokens: Vec<u32> = (0..len as u32).map(|i| family * 1000 + i).collect();
+                let chain = hashes(&tokens, pick(2) as u64);
+                let held = bm.acquire_prefix(&chain, &mut io).unwrap();
+                for (i, &id) in held.iter().enumerate() {
+                    assert_eq!(io.blocks[id as usize], content(chain[i]), "step {step}");
+                }
+                seqs.push(FakeSeq {
+                    chain,
+                    held,
+                    writing: None,
+                });
+            }
+            1 if !seqs.is_empty() => {
+                let i = pick(seqs.len());
+                let s = &mut seqs[i];
+                if s.writing.is_none() && s.held.len() < s.chain.len() {
+                    match bm.allocate(&mut io) {
+                        Ok(id) => s.writing = Some(id),
+                        Err(KvError::OutOfBlocks { .. }) => assert_eq!(bm.available(), 0),
+                        Err(e) => panic!("step {step}: {e}"),
+                    }
+                }
+            }
+            2 if !seqs.is_empty() => {
+                let i = pick(seqs.len());
+                let s = &mut seqs[i];
+                if let Some(id) = s.writing.take() {
+                    let i = s.held.len();
+                    io.blocks[id as usize] = content(s.chain[i]);
+                    let parent = i.checked_sub(1).map(|p| s.chain[p]);
+                    bm.commit(id, s.chain[i], parent).unwrap();
+                    s.held.push(id);
+                }
+            }
+            3 if !seqs.is_empty() => {
+                // Finish: release everything, newest block first.
+                let s = seqs.swap_remove(pick(seqs.len()));
+                for &id in s.held.iter().rev() {
+                    bm.release(id).unwrap();
+                }
+                if let Some(id) = s.writing {
+                    bm.release(id).unwrap();
+                }
+            }
+            4 if !seqs.is_empty() => {
+                // Cancel: release in arbitrary order, the half-written block included.
+                let mut s = seqs.swap_remove(pick(seqs.len()));
+                s.held.extend(s.writing);
+                while !s.held.is_empty() {
+                    let id = s.held.swap_remove(pick(s.held.len()));
+                    bm.release(id).unwrap();
+                }
+            }
+            _ => {}
+        }
+        if let Err(broken) = bm.audit() {
+            panic!("step {step}: {broken}");
+        }
+        for event in drain(&mut rx) {
+            if let KvEventKind::TierChanged { from, to, .. } = event.kind {
+                *moves.entry((from, to)).or_insert(0u32) += 1;
+            }
+            replica.apply(&event).unwrap();
+        }
+    }
+    for s in seqs.drain(..) {
+        for id in s.held.into_iter().chain(s.writing) {
+            bm.release(id).unwrap();
+        }
+    }
+    bm.audit().unwrap();
+    assert_eq!(bm.referenced_blocks(), 0);
+    assert_eq!(bm.available(), bm.device_blocks());
+    assert_eq!(replica.to_dump(), bm.dump());
+    assert!(bm.dump().seq > 1000, "the workload exercised the cache");
+    assert_eq!(bm.lower_tier_failures(), 0);
+    use Tier::{Device, Disk, Host};
+    for path in [(Device, Host), (Host, Disk), (Host, Device), (Disk, Device)] {
+        assert!(
+            moves.get(&path).is_some_and(|&n| n > 0),
+            "{path:?} never happened"
+        );
+    }
+}
+
+#[test]
+fn audit_detects_corruption() {
+    let (mut bm, mut io) = (manager(4, 0, None), FakeIo::new(4));
+    let chain = hashes(&[5; 8], 0);
+    let ids = prefill(&mut bm, &mut io, &chain);
+    release_all(&mut bm, &ids);
+    bm.audit().unwrap();
+    // Canary: each corruption below must be caught.
+    let mut leaked = manager(2, 0, None);
+    leaked.free.pop();
+    assert!(leaked.audit().unwrap_err().contains("leaked"));
+    bm.blocks[ids[0] as usize].hash = None;
+    assert!(bm.audit().is_err());
+}
