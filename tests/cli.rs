@@ -143,3 +143,62 @@ fn bad_input_is_one_clear_line() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("num_key_value_heads"));
 }
+
+/// `--tokenizer`: a real tokenizer (fetched by scripts/fetch-test-data.sh) sizes the vocabulary,
+/// and its own chat template drives `--chat`.
+#[test]
+fn synth_with_a_real_tokenizer() {
+    let real = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("target/test-data/tokenizers/qwen3/tokenizer.json");
+    assert!(
+        real.exists(),
+        "missing {}: run scripts/fetch-test-data.sh",
+        real.display()
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("q");
+    let out = dir.to_str().unwrap();
+    stdout(&strata(&[
+        "model",
+        "synth",
+        "--arch",
+        "qwen3",
+        "--out",
+        out,
+        "--tokenizer",
+        real.to_str().unwrap(),
+        "--layers",
+        "1",
+        "--hidden",
+        "32",
+        "--heads",
+        "2",
+        "--kv-heads",
+        "1",
+        "--intermediate",
+        "64",
+    ]));
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["vocab_size"], 151669);
+    assert!(
+        std::fs::read_to_string(dir.join("tokenizer_config.json"))
+            .unwrap()
+            .contains("<|im_start|>")
+    );
+    let o = strata(&[
+        "generate",
+        "--model",
+        out,
+        "--chat",
+        "--prompt",
+        "你好",
+        "--max-tokens",
+        "3",
+    ]);
+    let stats = String::from_utf8_lossy(&o.stderr).to_string();
+    stdout(&o);
+    // The Qwen3 template wraps the message in <|im_start|>user ... <|im_start|>assistant.
+    let prompt_tokens: usize = stats.split_whitespace().next().unwrap().parse().unwrap();
+    assert!(prompt_tokens > 5, "{stats}");
+}
