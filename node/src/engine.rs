@@ -206,9 +206,11 @@ fn run(mut backend: Box<dyn Backend>, mut scheduler: Scheduler, rx: mpsc::Receiv
                 Err(mpsc::TryRecvError::Disconnected) => break,
             }
         }
-        if let Err(e) = scheduler.step(backend.as_mut()) {
+        match scheduler.step(backend.as_mut()) {
+            Ok(0) => std::thread::yield_now(),
+            Ok(_) => {}
             // A failed step is a bug or a broken backend: every request in flight learns why.
-            scheduler.fail_all(&e.to_string());
+            Err(e) => scheduler.fail_all(&e.to_string()),
         }
     }
 }

@@ -401,6 +401,7 @@ impl Scheduler {
                     });
                     if seq.generated >= seq.request.sampling.max_tokens
                         || seq.tokens.len() >= self.context_window
+                        || seq.tokens.len().div_ceil(bs) > self.blocks.device_blocks()
                     {
                         Some(FinishReason::Length)
                     } else {

@@ -162,3 +162,14 @@ fn paged_backend_matches_the_reference_forward_pass() {
     assert_eq!(step(&mut backend, &prompt, 0), want);
     assert_eq!(step(&mut backend, &[5], 37), want_next);
 }
+
+#[test]
+fn a_sequence_that_outgrows_the_kv_pool_ends_with_length() {
+    let (_d, engine) = engine(4);
+    let (tokens, reason, usage) = drain(engine.submit(request(20, 1_000)).unwrap());
+    // 4 blocks of 16 hold 64 positions; the 65th token is sampled but never needs KV.
+    assert_eq!(
+        (reason, usage.completion_tokens, tokens.len()),
+        (FinishReason::Length, 45, 45)
+    );
+}
