@@ -33,7 +33,7 @@ out = {
     "binary_sha256": hashlib.sha256(open(binary, "rb").read()).hexdigest(),
     "machine": {"cpu": cpu, "cores": os.cpu_count(), "arch": platform.machine()},
     "model": {"name": "strata-demo-llama-100m-random", "config": config, "weights_bytes": weights_bytes},
-    "command": command.replace(cache, "$CACHE"),
+    "command": command.replace(cache, "$CACHE").replace(os.path.dirname(os.path.dirname(os.path.dirname(binary))) + "/", ""),
     "prefill_tokens_per_s": stat(prefill),
     "decode_tokens_per_s": stat(decode),
     "decode_weight_bandwidth_gb_s": round(med * weights_bytes / 1e9, 2),
