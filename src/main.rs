@@ -22,6 +22,8 @@ enum Command {
     Model(commands::model::ModelCommand),
     /// Generate text from a prompt with the CPU reference engine.
     Generate(commands::generate::GenerateArgs),
+    /// Serve the OpenAI API (router and engine in one process).
+    Serve(commands::serve::ServeArgs),
 }
 
 fn main() {
@@ -29,6 +31,7 @@ fn main() {
     let result = match cli.command {
         Command::Model(cmd) => commands::model::run(cmd),
         Command::Generate(args) => commands::generate::run(args),
+        Command::Serve(args) => commands::serve::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

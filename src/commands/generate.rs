@@ -6,16 +6,13 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use strata_model::GenerationConfig;
 use strata_model::chat::{ChatRequest, ChatTemplate};
-use strata_model::cpu::CpuModel;
 use strata_model::synth::ensure_demo_model;
 use strata_model::text_stream::TextStream;
 use strata_model::tokenizer::Tokenizer;
-use strata_model::{GenerationConfig, ModelConfig};
-use strata_node::backend::CpuBackend;
-use strata_node::scheduler::SchedulerLimits;
-use strata_node::{Engine, EngineConfig};
 use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
+use strata_router::LoadedModel;
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -77,27 +74,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             dir
         }
     };
-    let model = CpuModel::load(&dir)?;
-    let tokenizer = Tokenizer::from_dir(&dir)?;
-    let generation_config = GenerationConfig::from_dir(&dir)?;
-    let prompt = encode_prompt(&args, &dir, &tokenizer)?;
-    let sampling = sampling_params(&args, &generation_config);
-    let eos_token_ids = eos_ids(model.config(), &generation_config, &tokenizer);
+    let loaded = LoadedModel::load(&dir)?;
+    let prompt = encode_prompt(&args, &dir, loaded.template.as_ref(), &loaded.tokenizer)?;
+    let sampling = sampling_params(&args, &loaded.generation_config);
     let stops = sampling.stop.clone();
 
     if args.block_size == 0 {
         bail!("--block-size must be at least 1");
     }
-    let backend = CpuBackend::new(model, args.block_size, args.kv_cache_mib << 20);
-    let engine = Engine::start(
-        Box::new(backend),
-        EngineConfig {
-            limits: SchedulerLimits::default(),
-            host_blocks: 0,
-            disk: None,
-            eos_token_ids,
-        },
-    )?;
+    let (engine, parts) = loaded.start_engine(args.block_size, args.kv_cache_mib << 20)?;
+    let tokenizer = parts.tokenizer;
     let prompt_tokens = prompt.len();
     let start = Instant::now();
     let mut stream = engine.submit(GenerateRequest {
@@ -148,11 +134,16 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-fn encode_prompt(args: &GenerateArgs, dir: &Path, tokenizer: &Tokenizer) -> Result<Vec<u32>> {
+fn encode_prompt(
+    args: &GenerateArgs,
+    dir: &Path,
+    template: Option<&ChatTemplate>,
+    tokenizer: &Tokenizer,
+) -> Result<Vec<u32>> {
     if !args.chat {
         return Ok(tokenizer.encode(&args.prompt, true)?);
     }
-    let template = ChatTemplate::from_dir(dir)?
+    let template = template
         .with_context(|| format!("{}: the checkpoint has no chat template", dir.display()))?;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
@@ -191,18 +182,4 @@ fn sampling_params(args: &GenerateArgs, g: &GenerationConfig) -> SamplingParams 
         stop: args.stop.clone(),
         ..SamplingParams::default()
     }
-}
-
-/// Every id that ends a sequence: config.json, generation_config.json and the tokenizer's eos.
-fn eos_ids(config: &ModelConfig, g: &GenerationConfig, tokenizer: &Tokenizer) -> Vec<u32> {
-    let mut ids: Vec<u32> = config
-        .eos_token_ids
-        .iter()
-        .chain(&g.eos_token_ids)
-        .copied()
-        .collect();
-    ids.extend(tokenizer.eos_token_id());
-    ids.sort_unstable();
-    ids.dedup();
-    ids
 }

@@ -1,2 +1,3 @@
 pub mod generate;
 pub mod model;
+pub mod serve;

@@ -1,0 +1,133 @@
+//! One request's run through the engine as text: token events → detokenized pieces with stop
+//! strings applied → a finish reason and usage. Dropping a `Generation` drops the engine stream,
+//! which cancels the request and frees its KV blocks (this is how a client disconnect cancels).
+
+use strata_model::text_stream::TextStream;
+use strata_node::RequestStream;
+use strata_protocol::{FinishReason, TokenEvent};
+
+use crate::error::ApiError;
+use crate::openai::schema::UsageBody;
+use crate::state::AppState;
+
+/// What the next step of a generation released.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    Text(String),
+    Finished {
+        reason: &'static str,
+        usage: UsageBody,
+    },
+}
+
+pub struct Generation {
+    state: AppState,
+    stream: RequestStream,
+    text: TextStream,
+    prompt_tokens: u32,
+    completion_tokens: u32,
+    /// Set once the request ended; the next call reports it.
+    pending_finish: Option<&'static str>,
+    done: bool,
+}
+
+impl Generation {
+    pub fn new(state: AppState, stream: RequestStream, prompt: &[u32], stops: &[String]) -> Self {
+        Self {
+            state,
+            stream,
+            text: TextStream::new(prompt, stops),
+            prompt_tokens: prompt.len() as u32,
+            completion_tokens: 0,
+            pending_finish: None,
+            done: false,
+        }
+    }
+
+    /// The next non-empty piece of text, then `Finished` once, then `None`.
+    pub async fn next(&mut self) -> Option<Result<Step, ApiError>> {
+        if self.done {
+            return None;
+        }
+        if let Some(reason) = self.pending_finish.take() {
+            return Some(Ok(self.finish(reason)));
+        }
+        loop {
+            let Some(event) = self.stream.events.recv().await else {
+                self.done = true;
+                return Some(Err(ApiError::internal("the engine stopped mid-request")));
+            };
+            match event {
+                TokenEvent::Token { id, .. } => {
+                    self.completion_tokens += 1;
+                    let piece = match self.text.push(&self.state.tokenizer, id) {
+                        Ok(piece) => piece,
+                        Err(e) => return Some(Err(self.fail(e.into()))),
+                    };
+                    if piece.stopped {
+                        // A stop string ended it: the engine need not run further.
+                        let _ = self.state.engine.cancel(self.stream.id);
+                        return Some(Ok(self.release(piece.text, "stop")));
+                    }
+                    if !piece.text.is_empty() {
+                        return Some(Ok(Step::Text(piece.text)));
+                    }
+                }
+                TokenEvent::Finished { reason, usage } => {
+                    self.completion_tokens = usage.completion_tokens;
+                    let tail = match self.text.finish(&self.state.tokenizer) {
+                        Ok(tail) => tail,
+                        Err(e) => return Some(Err(self.fail(e.into()))),
+                    };
+                    let reason = match reason {
+                        _ if tail.stopped => "stop",
+                        FinishReason::Stop => "stop",
+                        FinishReason::Length | FinishReason::Cancelled | FinishReason::Timeout => {
+                            "length"
+                        }
+                    };
+                    return Some(Ok(self.release(tail.text, reason)));
+                }
+                TokenEvent::Failed { message } => {
+                    return Some(Err(
+                        self.fail(ApiError::internal(format!("generation failed: {message}")))
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Runs to the end: the whole text, the finish reason and usage.
+    pub async fn collect(mut self) -> Result<(String, &'static str, UsageBody), ApiError> {
+        let mut text = String::new();
+        while let Some(step) = self.next().await {
+            match step? {
+                Step::Text(piece) => text.push_str(&piece),
+                Step::Finished { reason, usage } => return Ok((text, reason, usage)),
+            }
+        }
+        Err(ApiError::internal("the generation ended without a finish"))
+    }
+
+    fn release(&mut self, text: String, reason: &'static str) -> Step {
+        if text.is_empty() {
+            self.finish(reason)
+        } else {
+            self.pending_finish = Some(reason);
+            Step::Text(text)
+        }
+    }
+
+    fn finish(&mut self, reason: &'static str) -> Step {
+        self.done = true;
+        Step::Finished {
+            reason,
+            usage: UsageBody::new(self.prompt_tokens, self.completion_tokens),
+        }
+    }
+
+    fn fail(&mut self, e: ApiError) -> ApiError {
+        self.done = true;
+        e
+    }
+}

@@ -1,0 +1,32 @@
+//! `GET /v1/models` and `GET /v1/models/{id}`: the one served model.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+pub async fn list(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&state)]}))
+}
+
+pub async fn retrieve(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if id == state.name {
+        Ok(Json(model_object(&state)))
+    } else {
+        Err(ApiError::model_not_found(&id, &state.name))
+    }
+}
+
+fn model_object(state: &AppState) -> Value {
+    json!({
+        "id": state.name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": state.owned_by,
+    })
+}

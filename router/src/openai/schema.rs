@@ -1,0 +1,130 @@
+//! OpenAI request bodies as clients send them, and the usage block responses carry. Fields this
+//! server does not implement yet are kept as raw JSON so they can be refused by name instead of
+//! silently ignored.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The sampling fields `/v1/chat/completions` and `/v1/completions` share.
+#[derive(Debug, Default, Deserialize)]
+pub struct SamplingFields {
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Token id (as a string, per OpenAI) → bias added to its logit.
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub n: Option<i64>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    /// Accepted and ignored: no per-user behaviour yet.
+    #[allow(dead_code)]
+    pub user: Option<String>,
+    /// Not implemented yet: refused by name when set (see [`SamplingFields::unsupported`]).
+    pub logprobs: Option<Value>,
+    pub top_logprobs: Option<Value>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
+    pub functions: Option<Value>,
+    pub response_format: Option<Value>,
+    pub echo: Option<Value>,
+    pub best_of: Option<Value>,
+    pub suffix: Option<Value>,
+}
+
+impl SamplingFields {
+    /// The first field set to a value this server cannot honour yet.
+    pub fn unsupported(&self) -> Option<&'static str> {
+        let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+        let truthy = |v: &Option<Value>| {
+            v.as_ref()
+                .is_some_and(|v| !matches!(v, Value::Null | Value::Bool(false)))
+        };
+        let text_format = |v: &Option<Value>| {
+            v.as_ref()
+                .is_none_or(|v| v.is_null() || v.get("type") == Some(&Value::from("text")))
+        };
+        let one = |v: &Option<Value>| v.as_ref().is_none_or(|v| v.is_null() || v == 1);
+        [
+            ("logprobs", truthy(&self.logprobs)),
+            ("top_logprobs", set(&self.top_logprobs)),
+            ("tools", set(&self.tools)),
+            ("tool_choice", set(&self.tool_choice)),
+            ("functions", set(&self.functions)),
+            ("response_format", !text_format(&self.response_format)),
+            ("echo", truthy(&self.echo)),
+            ("best_of", !one(&self.best_of)),
+            ("suffix", set(&self.suffix)),
+        ]
+        .into_iter()
+        .find_map(|(name, refused)| refused.then_some(name))
+    }
+
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Stop {
+    pub fn clone_vec(&self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s.clone()],
+            Stop::Many(v) => v.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ChatCompletionRequest {
+    pub model: String,
+    pub messages: Vec<Value>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    pub model: String,
+    /// A string, a one-element array of strings, or an array of token ids.
+    pub prompt: Value,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct UsageBody {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+}
+
+impl UsageBody {
+    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! What every handler shares: the served model's name, its tokenizer and chat template, the
+//! engine that runs it, and the decoding defaults its checkpoint ships.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use strata_model::chat::{ChatTemplate, TemplateError};
+use strata_model::cpu::{CpuModel, LoadError};
+use strata_model::tokenizer::{Tokenizer, TokenizerError};
+use strata_model::{ConfigError, GenerationConfig, ModelConfig};
+use strata_node::backend::CpuBackend;
+use strata_node::kv::KvError;
+use strata_node::scheduler::SchedulerLimits;
+use strata_node::{Engine, EngineConfig};
+
+/// Why a checkpoint could not be made ready to serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelLoadError {
+    #[error(transparent)]
+    Weights(#[from] LoadError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    GenerationConfig(#[from] ConfigError),
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error("cannot start the engine: {0}")]
+    Engine(#[from] KvError),
+    #[error("block size must be at least 1")]
+    BlockSize,
+}
+
+/// A checkpoint directory read into memory: weights, tokenizer, chat template, decoding defaults.
+pub struct LoadedModel {
+    pub model: CpuModel,
+    pub tokenizer: Tokenizer,
+    /// `None` when the checkpoint ships no chat template.
+    pub template: Option<ChatTemplate>,
+    pub generation_config: GenerationConfig,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl LoadedModel {
+    pub fn load(dir: &Path) -> Result<Self, ModelLoadError> {
+        let model = CpuModel::load(dir)?;
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        let template = ChatTemplate::from_dir(dir)?;
+        let generation_config = GenerationConfig::from_dir(dir)?;
+        let eos_token_ids = eos_ids(model.config(), &generation_config, &tokenizer);
+        Ok(Self {
+            model,
+            tokenizer,
+            template,
+            generation_config,
+            eos_token_ids,
+        })
+    }
+
+    /// Starts the CPU engine over the weights; the rest is kept for the front door.
+    pub fn start_engine(
+        self,
+        block_size: usize,
+        kv_cache_bytes: usize,
+    ) -> Result<(Engine, ServingParts), ModelLoadError> {
+        if block_size == 0 {
+            return Err(ModelLoadError::BlockSize);
+        }
+        let backend = CpuBackend::new(self.model, block_size, kv_cache_bytes);
+        let engine = Engine::start(
+            Box::new(backend),
+            EngineConfig {
+                limits: SchedulerLimits::default(),
+                host_blocks: 0,
+                disk: None,
+                eos_token_ids: self.eos_token_ids,
+            },
+        )?;
+        let parts = ServingParts {
+            tokenizer: self.tokenizer,
+            template: self.template,
+            generation_config: self.generation_config,
+        };
+        Ok((engine, parts))
+    }
+}
+
+/// The pieces of a [`LoadedModel`] the front door keeps once the engine owns the weights.
+pub struct ServingParts {
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    pub generation_config: GenerationConfig,
+}
+
+/// Every id that ends a sequence: config.json, generation_config.json and the tokenizer's eos.
+pub fn eos_ids(config: &ModelConfig, g: &GenerationConfig, tokenizer: &Tokenizer) -> Vec<u32> {
+    let mut ids: Vec<u32> = config
+        .eos_token_ids
+        .iter()
+        .chain(&g.eos_token_ids)
+        .copied()
+        .collect();
+    ids.extend(tokenizer.eos_token_id());
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The served model as the handlers see it.
+pub struct ServedModel {
+    /// The name clients put in `model`.
+    pub name: String,
+    /// `owned_by` in /v1/models.
+    pub owned_by: String,
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    pub generation_config: GenerationConfig,
+    pub engine: Engine,
+    /// Unix time the server started (the model's `created`).
+    pub created: u64,
+    next_response: AtomicU64,
+}
+
+impl ServedModel {
+    pub fn new(name: String, owned_by: String, engine: Engine, parts: ServingParts) -> Self {
+        Self {
+            name,
+            owned_by,
+            tokenizer: parts.tokenizer,
+            template: parts.template,
+            generation_config: parts.generation_config,
+            engine,
+            created: unix_now(),
+            next_response: AtomicU64::new(1),
+        }
+    }
+
+    /// The number in a response id (`chatcmpl-<n>`), unique within this process.
+    pub fn next_response_number(&self) -> u64 {
+        self.next_response.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn context_window(&self) -> usize {
+        self.engine.model_config().max_position_embeddings
+    }
+}
+
+/// Shared by every handler.
+pub type AppState = Arc<ServedModel>;
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
