@@ -4,7 +4,9 @@
 #     checkpoint's tokenizer.json and tokenizer_config.json (none of the packages' JS is used);
 #   - a pinned Jinja2, and the chat renders it produces for tests/chat/conversations.json;
 #   - the pinned official `openai` Python SDK, which `cargo test -p strata-router --test openai_sdk`
-#     drives against a live server (it and its dependencies, next to Jinja2).
+#     drives against a live server (it and its dependencies, next to Jinja2);
+#   - the pinned official `anthropic` Python SDK, driven the same way by
+#     `cargo test -p strata-router --test anthropic_sdk`.
 # Idempotent and quiet when everything is already in place; the expected renders are
 # regenerated whenever the conversations or the renderer are newer than them.
 set -euo pipefail
@@ -15,6 +17,7 @@ jinja2_version="3.1.6"
 markupsafe_version="3.0.3"
 tokenizers_version="3.7.2"
 openai_version="1.109.1"
+anthropic_version="0.75.0"
 
 fetch_tokenizer() {
     local package="$1" name="$2"
@@ -52,6 +55,11 @@ if ! grep -qs "__version__ = \"$openai_version\"" "$py/openai/_version.py"; then
     echo "installing openai==$openai_version -> $py" >&2
     python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
         --target "$py" "openai==$openai_version"
+fi
+if ! grep -qs "__version__ = \"$anthropic_version\"" "$py/anthropic/_version.py"; then
+    echo "installing anthropic==$anthropic_version -> $py" >&2
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
+        --target "$py" "anthropic==$anthropic_version"
 fi
 
 expected="$data/chat-expected.json"

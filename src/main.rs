@@ -24,6 +24,9 @@ enum Command {
     Generate(commands::generate::GenerateArgs),
     /// Serve the OpenAI API (router and engine in one process).
     Serve(commands::serve::ServeArgs),
+    /// Manage the API keys `strata serve` accepts.
+    #[command(subcommand)]
+    Keys(commands::keys::KeysCommand),
 }
 
 fn main() {
@@ -32,6 +35,7 @@ fn main() {
         Command::Model(cmd) => commands::model::run(cmd),
         Command::Generate(args) => commands::generate::run(args),
         Command::Serve(args) => commands::serve::run(args),
+        Command::Keys(cmd) => commands::keys::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -15,6 +15,8 @@ use strata_node::kv::KvError;
 use strata_node::scheduler::SchedulerLimits;
 use strata_node::{Engine, EngineConfig};
 
+use crate::metrics::Metrics;
+
 /// Why a checkpoint could not be made ready to serve.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelLoadError {
@@ -119,6 +121,8 @@ pub struct ServedModel {
     pub engine: Engine,
     /// Unix time the server started (the model's `created`).
     pub created: u64,
+    /// Counters behind `/metrics`.
+    pub metrics: Metrics,
     next_response: AtomicU64,
 }
 
@@ -132,6 +136,7 @@ impl ServedModel {
             generation_config: parts.generation_config,
             engine,
             created: unix_now(),
+            metrics: Metrics::default(),
             next_response: AtomicU64::new(1),
         }
     }

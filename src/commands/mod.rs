@@ -1,3 +1,4 @@
 pub mod generate;
+pub mod keys;
 pub mod model;
 pub mod serve;

@@ -6,9 +6,12 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 use strata_model::synth::{DEMO_MODEL_NAME, ensure_demo_model};
-use strata_router::ServeConfig;
+use strata_router::admission::AdmissionLimits;
+use strata_router::auth::KeyStore;
+use strata_router::{Access, ServeConfig};
 
 use super::generate::default_cache_dir;
+use super::keys::KEYS_FILE;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -28,9 +31,37 @@ pub struct ServeArgs {
     /// Where the demo model is kept (default: $XDG_CACHE_HOME/strata or ~/.cache/strata).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// API keys (`strata keys add`); without keys the server is open. Default: <cache dir>/keys.json.
+    #[arg(long)]
+    keys_file: Option<PathBuf>,
+    /// Generation requests running at once.
+    #[arg(long, default_value_t = AdmissionLimits::default().max_inflight)]
+    max_inflight: usize,
+    /// Generation requests waiting for a slot; beyond this, 429 with Retry-After.
+    #[arg(long, default_value_t = AdmissionLimits::default().max_queued)]
+    max_queued: usize,
+    /// Largest request body, in bytes; larger is a 413.
+    #[arg(long, default_value_t = AdmissionLimits::default().max_body_bytes)]
+    max_body_bytes: usize,
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
+    let cache = args.cache_dir.unwrap_or_else(default_cache_dir);
+    let keys_file = args.keys_file.unwrap_or_else(|| cache.join(KEYS_FILE));
+    let access = Access {
+        keys: KeyStore::load(&keys_file)?,
+        limits: AdmissionLimits {
+            max_inflight: args.max_inflight,
+            max_queued: args.max_queued,
+            max_body_bytes: args.max_body_bytes,
+        },
+    };
+    if args.max_inflight == 0 {
+        anyhow::bail!("--max-inflight must be at least 1");
+    }
+    if !access.keys.keys.is_empty() {
+        eprintln!("keys: {}", keys_file.display());
+    }
     let (model_dir, model_name, owned_by) = match args.model {
         Some(dir) => {
             let name = dir
@@ -42,7 +73,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
             (dir, name, "strata".to_string())
         }
         None => {
-            let cache = args.cache_dir.unwrap_or_else(default_cache_dir);
             let dir = ensure_demo_model(&cache).context("preparing the demo model")?;
             eprintln!("model: {} (demo model, random weights)", dir.display());
             let owned_by = "strata (demo model, random weights)".to_string();
@@ -61,6 +91,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(strata_router::serve(config))?;
+    runtime.block_on(strata_router::serve(config, access))?;
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! `POST /v1/chat/completions`: messages rendered through the model's own chat template.
 
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
@@ -8,14 +9,20 @@ use strata_model::chat::ChatRequest;
 
 use super::schema::{ChatCompletionRequest, UsageBody};
 use super::{Framer, Prepared, ResponseMeta, check_model, parse_body, respond};
+use crate::auth::Tenant;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-pub async fn create(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn create(
+    State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let request: ChatCompletionRequest = parse_body(&body)?;
     check_model(&state, &request.model)?;
     let prompt = render(&state, &request.messages)?;
-    let prepared = Prepared::new(&state, &request.sampling, prompt, "messages")?;
+    let prepared =
+        Prepared::new(&state, &request.sampling, prompt, "messages")?.for_tenant(tenant.as_deref());
     let framer = ChatFramer(ResponseMeta::new(&state, "chatcmpl"));
     respond(state, prepared, framer).await
 }

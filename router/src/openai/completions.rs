@@ -1,5 +1,6 @@
 //! `POST /v1/completions`: a raw prompt, no chat template.
 
+use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::response::Response;
@@ -7,14 +8,20 @@ use serde_json::{Value, json};
 
 use super::schema::{CompletionRequest, UsageBody};
 use super::{Framer, Prepared, ResponseMeta, check_model, parse_body, respond};
+use crate::auth::Tenant;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-pub async fn create(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn create(
+    State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let request: CompletionRequest = parse_body(&body)?;
     check_model(&state, &request.model)?;
     let prompt = encode_prompt(&state, &request.prompt)?;
-    let prepared = Prepared::new(&state, &request.sampling, prompt, "prompt")?;
+    let prepared =
+        Prepared::new(&state, &request.sampling, prompt, "prompt")?.for_tenant(tenant.as_deref());
     let framer = CompletionFramer(ResponseMeta::new(&state, "cmpl"));
     respond(state, prepared, framer).await
 }

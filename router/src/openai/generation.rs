@@ -26,6 +26,9 @@ pub struct Generation {
     text: TextStream,
     prompt_tokens: u32,
     completion_tokens: u32,
+    cached_tokens: u32,
+    /// When the request was submitted; taken (for the TTFT histogram) at the first token.
+    submitted: Option<std::time::Instant>,
     /// Set once the request ended; the next call reports it.
     pending_finish: Option<&'static str>,
     done: bool,
@@ -39,6 +42,8 @@ impl Generation {
             text: TextStream::new(prompt, stops),
             prompt_tokens: prompt.len() as u32,
             completion_tokens: 0,
+            cached_tokens: 0,
+            submitted: Some(std::time::Instant::now()),
             pending_finish: None,
             done: false,
         }
@@ -60,6 +65,9 @@ impl Generation {
             match event {
                 TokenEvent::Token { id, .. } => {
                     self.completion_tokens += 1;
+                    if let Some(submitted) = self.submitted.take() {
+                        self.state.metrics.observe_ttft(submitted.elapsed());
+                    }
                     let piece = match self.text.push(&self.state.tokenizer, id) {
                         Ok(piece) => piece,
                         Err(e) => return Some(Err(self.fail(e.into()))),
@@ -75,6 +83,7 @@ impl Generation {
                 }
                 TokenEvent::Finished { reason, usage } => {
                     self.completion_tokens = usage.completion_tokens;
+                    self.cached_tokens = usage.cached_tokens;
                     let tail = match self.text.finish(&self.state.tokenizer) {
                         Ok(tail) => tail,
                         Err(e) => return Some(Err(self.fail(e.into()))),
@@ -120,9 +129,15 @@ impl Generation {
 
     fn finish(&mut self, reason: &'static str) -> Step {
         self.done = true;
+        self.state.metrics.record_usage(
+            self.prompt_tokens,
+            self.cached_tokens,
+            self.completion_tokens,
+        );
         Step::Finished {
             reason,
-            usage: UsageBody::new(self.prompt_tokens, self.completion_tokens),
+            usage: UsageBody::new(self.prompt_tokens, self.completion_tokens)
+                .with_cached(self.cached_tokens),
         }
     }
 

@@ -3,7 +3,7 @@
 
 pub mod chat;
 pub mod completions;
-mod generation;
+pub(crate) mod generation;
 pub mod models;
 pub mod schema;
 
@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use strata_protocol::{GenerateRequest, SamplingParams};
 
+use crate::auth::Tenant;
 use crate::error::ApiError;
 use crate::state::{AppState, unix_now};
 use generation::{Generation, Step};
@@ -53,6 +54,8 @@ pub(crate) struct Prepared {
     pub include_usage: bool,
     /// The field the prompt came from, named in prompt-related refusals.
     pub prompt_param: &'static str,
+    /// The tenant's salt: its cached prefixes are never shared with other tenants.
+    pub cache_salt: u64,
 }
 
 impl Prepared {
@@ -69,7 +72,13 @@ impl Prepared {
             stream: fields.stream.unwrap_or(false),
             include_usage: fields.include_usage(),
             prompt_param,
+            cache_salt: 0,
         })
+    }
+
+    pub fn for_tenant(mut self, tenant: Option<&Tenant>) -> Self {
+        self.cache_salt = tenant.map_or(0, |t| t.cache_salt);
+        self
     }
 }
 
@@ -148,7 +157,7 @@ fn positive(field: &'static str, value: i64) -> Result<u32, ApiError> {
 }
 
 /// Without a `seed`, every request samples differently.
-fn fresh_seed() -> u64 {
+pub(crate) fn fresh_seed() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
@@ -196,7 +205,7 @@ pub(crate) async fn respond(
         .submit(GenerateRequest {
             prompt: prepared.prompt.clone(),
             sampling: prepared.sampling,
-            cache_salt: 0,
+            cache_salt: prepared.cache_salt,
             deadline: None,
         })
         .map_err(|e| ApiError::from_submit(e, prepared.prompt_param))?;

@@ -117,6 +117,13 @@ pub struct UsageBody {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// How much of the prompt came from the prefix cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u32,
 }
 
 impl UsageBody {
@@ -125,6 +132,12 @@ impl UsageBody {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails::default(),
         }
+    }
+
+    pub fn with_cached(mut self, cached_tokens: u32) -> Self {
+        self.prompt_tokens_details.cached_tokens = cached_tokens;
+        self
     }
 }

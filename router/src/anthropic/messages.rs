@@ -1,0 +1,245 @@
+//! `POST /v1/messages` and `POST /v1/messages/count_tokens`: request → prompt tokens and
+//! sampling parameters; the non-streaming answer.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use strata_model::chat::ChatRequest;
+use strata_protocol::SamplingParams;
+
+use super::error::AnthropicError;
+use super::schema::{Content, Conversation, CountTokensRequest, MessagesRequest};
+use super::stream;
+use super::turn::{Ending, Turn};
+use crate::auth::Tenant;
+use crate::error::ApiError;
+use crate::openai::fresh_seed;
+use crate::state::AppState;
+
+pub async fn create(
+    State(state): State<AppState>,
+    tenant: Option<Extension<Tenant>>,
+    body: Bytes,
+) -> Result<Response, AnthropicError> {
+    let request: MessagesRequest = parse_body(&body)?;
+    check_model(&state, &request.model)?;
+    refuse_unsupported(&[
+        ("tools", &request.tools),
+        ("tool_choice", &request.tool_choice),
+        ("thinking", &request.thinking),
+    ])?;
+    let max_tokens = match request.max_tokens {
+        None => return Err(AnthropicError::invalid("max_tokens: Field required")),
+        Some(v) if v < 1 => {
+            return Err(AnthropicError::invalid(format!(
+                "max_tokens: must be at least 1; got {v}"
+            )));
+        }
+        Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
+    };
+    let prompt = render(&state, &request.conversation)?;
+    let sampling = sampling_params(&state, &request, max_tokens)?;
+    let header = MessageHeader {
+        id: format!("msg_{:024}", state.next_response_number()),
+        model: state.name.clone(),
+        input_tokens: prompt.len() as u32,
+    };
+    let cache_salt = tenant.map_or(0, |t| t.cache_salt);
+    let turn = Turn::start(state, prompt, sampling, cache_salt)?;
+    if request.stream {
+        return Ok(stream::respond(turn, header));
+    }
+    let (text, ending) = turn.collect().await?;
+    Ok(Json(header.whole(&text, &ending)).into_response())
+}
+
+pub async fn count_tokens(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Result<Json<Value>, AnthropicError> {
+    let request: CountTokensRequest = parse_body(&body)?;
+    check_model(&state, &request.model)?;
+    refuse_unsupported(&[("tools", &request.tools)])?;
+    let prompt = render(&state, &request.conversation)?;
+    Ok(Json(json!({"input_tokens": prompt.len()})))
+}
+
+/// What every message object of one response shares.
+pub(crate) struct MessageHeader {
+    pub id: String,
+    pub model: String,
+    pub input_tokens: u32,
+}
+
+impl MessageHeader {
+    /// The message object; `message_start` sends it with no content and no stop reason yet.
+    pub fn message(&self, content: Value, ending: Option<&Ending>) -> Value {
+        json!({
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": content,
+            "stop_reason": ending.map(|e| e.stop_reason),
+            "stop_sequence": ending.and_then(|e| e.stop_sequence.as_deref()),
+            "usage": {
+                "input_tokens": ending.map_or(self.input_tokens, |e| e.input_tokens),
+                "output_tokens": ending.map_or(0, |e| e.output_tokens),
+            },
+        })
+    }
+
+    pub fn whole(&self, text: &str, ending: &Ending) -> Value {
+        self.message(json!([{"type": "text", "text": text}]), Some(ending))
+    }
+}
+
+fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, AnthropicError> {
+    serde_json::from_slice(body)
+        .map_err(|e| AnthropicError::invalid(format!("invalid request body: {e}")))
+}
+
+fn check_model(state: &AppState, requested: &str) -> Result<(), AnthropicError> {
+    if requested == state.name {
+        Ok(())
+    } else {
+        Err(ApiError::model_not_found(requested, &state.name).into())
+    }
+}
+
+fn refuse_unsupported(fields: &[(&str, &Option<Value>)]) -> Result<(), AnthropicError> {
+    match fields
+        .iter()
+        .find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null()))
+    {
+        Some((name, _)) => Err(AnthropicError::invalid(format!(
+            "{name}: not supported by this server yet"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The conversation as prompt token ids: `system` becomes a leading system message, every
+/// message's content is joined to one string, and the template adds the generation prompt.
+fn render(state: &AppState, conversation: &Conversation) -> Result<Vec<u32>, AnthropicError> {
+    let template = state.template.as_ref().ok_or_else(|| {
+        AnthropicError::invalid("the served model has no chat template; use /v1/completions")
+    })?;
+    if conversation.messages.is_empty() {
+        return Err(AnthropicError::invalid(
+            "messages: must hold at least one message",
+        ));
+    }
+    let mut messages = Vec::with_capacity(conversation.messages.len() + 1);
+    if let Some(system) = &conversation.system {
+        messages.push(json!({"role": "system", "content": text_of(system, "system")?}));
+    }
+    for (i, message) in conversation.messages.iter().enumerate() {
+        let content = text_of(&message.content, &format!("messages.{i}.content"))?;
+        messages.push(json!({"role": message.role.as_str(), "content": content}));
+    }
+    let text = template
+        .render(&ChatRequest {
+            messages,
+            tools: None,
+            add_generation_prompt: true,
+            extra: Default::default(),
+        })
+        .map_err(ApiError::from)?;
+    Ok(state
+        .tokenizer
+        .encode(&text, false)
+        .map_err(ApiError::from)?)
+}
+
+/// A string, or text blocks joined with no separator; any other block is refused by position.
+fn text_of(content: &Content, field: &str) -> Result<String, AnthropicError> {
+    let blocks = match content {
+        Content::Text(text) => return Ok(text.clone()),
+        Content::Blocks(blocks) => blocks,
+    };
+    let mut text = String::new();
+    for (j, block) in blocks.iter().enumerate() {
+        match (block.get("type").and_then(Value::as_str), block.get("text")) {
+            (Some("text"), Some(Value::String(t))) => text.push_str(t),
+            _ => {
+                return Err(AnthropicError::invalid(format!(
+                    "{field}.{j}: only text blocks ({{\"type\": \"text\", \"text\": ...}}) are \
+                     supported"
+                )));
+            }
+        }
+    }
+    Ok(text)
+}
+
+/// Anthropic's fields over the checkpoint's defaults. `temperature` defaults to Anthropic's 1.0
+/// (not the checkpoint's); an omitted `top_p` / `top_k` takes the checkpoint's, else no cut;
+/// `min_p` and `repetition_penalty` have no Anthropic field and come from the checkpoint.
+fn sampling_params(
+    state: &AppState,
+    r: &MessagesRequest,
+    max_tokens: u32,
+) -> Result<SamplingParams, AnthropicError> {
+    let g = &state.generation_config;
+    let sampling = SamplingParams {
+        temperature: r.temperature.unwrap_or(1.0),
+        top_p: r.top_p.or(g.top_p).unwrap_or(1.0),
+        top_k: r.top_k.or(g.top_k).unwrap_or(0),
+        min_p: g.min_p.unwrap_or(0.0),
+        repetition_penalty: g.repetition_penalty.unwrap_or(1.0),
+        seed: fresh_seed(),
+        max_tokens,
+        stop: r.stop_sequences.clone(),
+        ..SamplingParams::default()
+    };
+    sampling
+        .validate()
+        .map_err(|e| AnthropicError::invalid(e.to_string()))?;
+    Ok(sampling)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_blocks_are_joined_and_others_refused_by_position() {
+        let blocks = Content::Blocks(vec![
+            json!({"type": "text", "text": "Be "}),
+            json!({"type": "text", "text": "brief."}),
+        ]);
+        assert_eq!(text_of(&blocks, "system").unwrap(), "Be brief.");
+        let image = Content::Blocks(vec![
+            json!({"type": "text", "text": "look"}),
+            json!({"type": "image", "source": {}}),
+        ]);
+        let e = text_of(&image, "messages.2.content").unwrap_err();
+        assert!(
+            e.message.starts_with("messages.2.content.1:"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn a_missing_max_tokens_is_not_a_parse_error() {
+        let r: MessagesRequest = serde_json::from_value(json!({
+            "model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0
+        }))
+        .unwrap();
+        assert_eq!(r.max_tokens, None);
+        assert_eq!(r.temperature, Some(0.0));
+    }
+
+    #[test]
+    fn an_unknown_role_is_a_parse_error() {
+        let r = serde_json::from_value::<MessagesRequest>(json!({
+            "model": "m", "max_tokens": 4, "messages": [{"role": "system", "content": "hi"}]
+        }));
+        assert!(r.is_err());
+    }
+}

@@ -1,0 +1,344 @@
+//! API keys: a JSON file holding only each key's SHA-256, its tenant and a short id; and the
+//! middleware that turns `Authorization: Bearer <key>` (or Anthropic's `x-api-key`) into the
+//! request's [`Tenant`]. The tenant's cache salt keeps its prefix cache apart from other tenants'.
+//!
+//! With no keys the server is open: every request runs as the anonymous tenant (salt 0).
+
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::Response;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::admission::refusal;
+
+/// What every generated key starts with, so a leaked key is recognisable.
+pub const KEY_PREFIX: &str = "sk-strata-";
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeysError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: not a strata keys file: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("the tenant name must be non-empty printable text without spaces; got {0:?}")]
+    TenantName(String),
+    #[error("no key with id `{0}`")]
+    UnknownId(String),
+    #[error("cannot read random bytes from /dev/urandom: {0}")]
+    Random(std::io::Error),
+}
+
+/// One stored key: never the key itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// Short public id: the first characters of the key after [`KEY_PREFIX`].
+    pub id: String,
+    pub tenant: String,
+    /// Hex SHA-256 of the whole key.
+    pub sha256: String,
+    /// Unix seconds.
+    pub created: u64,
+}
+
+/// The keys file's contents.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyStore {
+    pub keys: Vec<KeyRecord>,
+}
+
+impl KeyStore {
+    /// Reads `path`; a missing file is an empty store.
+    pub fn load(path: &Path) -> Result<Self, KeysError> {
+        let text = match fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(source) => {
+                return Err(KeysError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        serde_json::from_str(&text).map_err(|source| KeysError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    /// Writes `path` atomically (a temporary file renamed over it), readable by the owner only.
+    pub fn save(&self, path: &Path) -> Result<(), KeysError> {
+        let io = |source| KeysError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            fs::create_dir_all(dir).map_err(io)?;
+        }
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let mut text = serde_json::to_string_pretty(self).map_err(|e| io(e.into()))?;
+        text.push('\n');
+        let mut options = fs::OpenOptions::new();
+        options.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let mut file = options.open(&tmp).map_err(io)?;
+        file.write_all(text.as_bytes()).map_err(io)?;
+        file.sync_all().map_err(io)?;
+        drop(file);
+        fs::rename(&tmp, path).map_err(io)
+    }
+
+    /// Makes a key for `tenant`, stores its hash and returns the key (shown once).
+    pub fn add(&mut self, tenant: &str, created: u64) -> Result<(KeyRecord, String), KeysError> {
+        if tenant.is_empty() || tenant.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(KeysError::TenantName(tenant.to_string()));
+        }
+        loop {
+            let mut random = [0u8; 32];
+            fs::File::open("/dev/urandom")
+                .and_then(|mut f| f.read_exact(&mut random))
+                .map_err(KeysError::Random)?;
+            let secret = hex(&random);
+            let id = secret[..8].to_string();
+            if self.keys.iter().any(|k| k.id == id) {
+                continue;
+            }
+            let key = format!("{KEY_PREFIX}{secret}");
+            let record = KeyRecord {
+                id,
+                tenant: tenant.to_string(),
+                sha256: hex(&Sha256::digest(key.as_bytes())),
+                created,
+            };
+            self.keys.push(record.clone());
+            return Ok((record, key));
+        }
+    }
+
+    pub fn revoke(&mut self, id: &str) -> Result<KeyRecord, KeysError> {
+        let index = self
+            .keys
+            .iter()
+            .position(|k| k.id == id)
+            .ok_or_else(|| KeysError::UnknownId(id.to_string()))?;
+        Ok(self.keys.remove(index))
+    }
+}
+
+/// Who a request runs as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    pub name: Arc<str>,
+    /// Salts every KV block hash of this tenant's requests.
+    pub cache_salt: u64,
+}
+
+impl Tenant {
+    /// The tenant of an open server: salt 0, shared by every client.
+    pub fn anonymous() -> Self {
+        Self {
+            name: Arc::from(""),
+            cache_salt: 0,
+        }
+    }
+
+    /// Stable across restarts: the first 8 bytes of SHA-256("strata-tenant:" + name).
+    pub fn named(name: &str) -> Self {
+        let digest = Sha256::digest(format!("strata-tenant:{name}").as_bytes());
+        let mut salt = [0u8; 8];
+        salt.copy_from_slice(&digest[..8]);
+        Self {
+            name: Arc::from(name),
+            cache_salt: u64::from_le_bytes(salt),
+        }
+    }
+}
+
+/// The keys a running server accepts, as raw hashes.
+#[derive(Debug, Default)]
+pub struct KeyRing {
+    keys: Vec<([u8; 32], Tenant)>,
+}
+
+impl KeyRing {
+    /// Records with a malformed hash are skipped: they could never match.
+    pub fn new(store: &KeyStore) -> Self {
+        let keys = store
+            .keys
+            .iter()
+            .filter_map(|k| Some((unhex32(&k.sha256)?, Tenant::named(&k.tenant))))
+            .collect();
+        Self { keys }
+    }
+
+    pub fn is_open(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The tenant of `key`. Every stored hash is compared in constant time, with no early exit.
+    pub fn tenant(&self, key: &str) -> Option<Tenant> {
+        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        let mut found = None;
+        for (hash, tenant) in &self.keys {
+            if constant_time_eq(hash, &digest) {
+                found = Some(tenant);
+            }
+        }
+        found.cloned()
+    }
+}
+
+/// Paths anyone may read: liveness, readiness and metrics.
+fn is_public(path: &str) -> bool {
+    matches!(path, "/health" | "/ready" | "/metrics")
+}
+
+/// The key a client presented: `Authorization: Bearer <key>` or `x-api-key: <key>`.
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        });
+    bearer
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .map(str::trim)
+}
+
+/// Middleware: sets the request's [`Tenant`] or answers 401 in the surface's error shape.
+pub async fn require_key(
+    State(ring): State<Arc<KeyRing>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let tenant = if ring.is_open() || is_public(request.uri().path()) {
+        Ok(Tenant::anonymous())
+    } else {
+        match presented_key(request.headers()) {
+            None => {
+                Err("missing API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)")
+            }
+            Some(key) => ring.tenant(key).ok_or("invalid API key"),
+        }
+    };
+    match tenant {
+        Ok(tenant) => {
+            request.extensions_mut().insert(tenant);
+            next.run(request).await
+        }
+        Err(message) => refusal(
+            request.uri().path(),
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            Some("invalid_api_key"),
+            message,
+        ),
+    }
+}
+
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 15)] as char);
+    }
+    out
+}
+
+fn unhex32(text: &str) -> Option<[u8; 32]> {
+    let bytes = text.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let nibble = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        out[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_maps_to_its_tenant_and_only_its_hash_is_stored() {
+        let mut store = KeyStore::default();
+        let (record, key) = store.add("acme", 1).unwrap();
+        assert!(key.starts_with(KEY_PREFIX) && key.len() == KEY_PREFIX.len() + 64);
+        assert!(key[KEY_PREFIX.len()..].starts_with(&record.id));
+        let text = serde_json::to_string(&store).unwrap();
+        assert!(!text.contains(&key[KEY_PREFIX.len()..]), "{text}");
+        let ring = KeyRing::new(&store);
+        assert_eq!(ring.tenant(&key), Some(Tenant::named("acme")));
+        assert_eq!(ring.tenant("sk-strata-wrong"), None);
+    }
+
+    #[test]
+    fn tenants_get_distinct_stable_salts() {
+        assert_eq!(Tenant::named("a"), Tenant::named("a"));
+        assert_ne!(Tenant::named("a").cache_salt, Tenant::named("b").cache_salt);
+        assert_ne!(Tenant::named("a").cache_salt, 0);
+    }
+
+    #[test]
+    fn revoking_an_unknown_id_is_an_error() {
+        let mut store = KeyStore::default();
+        let (record, _) = store.add("acme", 1).unwrap();
+        assert!(store.revoke("nope").is_err());
+        assert_eq!(store.revoke(&record.id).unwrap(), record);
+        assert!(store.keys.is_empty());
+    }
+
+    #[test]
+    fn save_and_load_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/keys.json");
+        let mut store = KeyStore::default();
+        store.add("acme", 7).unwrap();
+        store.save(&path).unwrap();
+        assert_eq!(KeyStore::load(&path).unwrap(), store);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        assert_eq!(
+            KeyStore::load(&dir.path().join("absent")).unwrap(),
+            KeyStore::default()
+        );
+    }
+}

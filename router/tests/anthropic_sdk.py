@@ -1,0 +1,146 @@
+"""Drives a live `strata serve` with the official `anthropic` Python SDK, unmodified.
+
+Run by router/tests/anthropic_sdk.rs, which starts the server and passes its address. Every check
+asserts something a broken server would fail; the first failure exits non-zero with its reason.
+"""
+
+import argparse
+
+import anthropic
+import httpx
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--context-window", type=int, required=True)
+    args = parser.parse_args()
+    client = anthropic.Anthropic(
+        base_url=args.base_url, api_key="unused", max_retries=0, timeout=120
+    )
+    model = args.model
+    system = [{"type": "text", "text": "Be brief."}]
+    messages = [
+        {"role": "user", "content": "Hello."},
+        {"role": "assistant", "content": [{"type": "text", "text": "Hi."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Name three prime numbers."}]},
+    ]
+
+    # Non-streaming, greedy: one text block, a stop reason, usage.
+    greedy = client.messages.create(
+        model=model,
+        system=system,
+        messages=messages,
+        max_tokens=24,
+        temperature=0,
+        metadata={"user_id": "test"},
+    )
+    assert greedy.type == "message" and greedy.role == "assistant", greedy
+    assert greedy.id.startswith("msg_"), greedy.id
+    assert greedy.model == model, greedy.model
+    assert len(greedy.content) == 1 and greedy.content[0].type == "text", greedy.content
+    text = greedy.content[0].text
+    assert greedy.stop_reason in ("end_turn", "max_tokens"), greedy.stop_reason
+    assert greedy.stop_sequence is None, greedy.stop_sequence
+    usage = greedy.usage
+    assert usage.input_tokens > 0 and usage.output_tokens > 0, usage
+    if greedy.stop_reason == "max_tokens":
+        assert usage.output_tokens == 24, usage
+
+    # count_tokens agrees with the prompt the generation saw.
+    counted = client.messages.count_tokens(model=model, system=system, messages=messages)
+    assert counted.input_tokens == usage.input_tokens, (counted, usage)
+
+    # Streaming: the text deltas concatenate to the greedy text; the final message agrees.
+    with client.messages.stream(
+        model=model, system=system, messages=messages, max_tokens=24, temperature=0
+    ) as stream:
+        event_types = [event.type for event in stream]
+        final = stream.get_final_message()
+    streamed = "".join(b.text for b in final.content if b.type == "text")
+    assert streamed == text, (streamed, text)
+    assert final.stop_reason == greedy.stop_reason, (final.stop_reason, greedy.stop_reason)
+    assert final.usage.output_tokens == usage.output_tokens, (final.usage, usage)
+    assert final.usage.input_tokens == usage.input_tokens, (final.usage, usage)
+    for expected in ("message_start", "content_block_start", "content_block_stop",
+                     "message_delta", "message_stop"):
+        assert expected in event_types, (expected, event_types)
+    with client.messages.stream(
+        model=model, system=system, messages=messages, max_tokens=24, temperature=0
+    ) as stream:
+        assert "".join(stream.text_stream) == text
+
+    # A stop sequence taken from the greedy text cuts it there and is reported by name.
+    if len(text) >= 4:
+        stop = text[2:4]
+        cut = client.messages.create(
+            model=model,
+            system=system,
+            messages=messages,
+            max_tokens=24,
+            temperature=0,
+            stop_sequences=["never-generated-zz", stop],
+        )
+        assert cut.stop_reason == "stop_sequence", cut
+        assert cut.stop_sequence == stop, (cut.stop_sequence, stop)
+        assert cut.content[0].text == text[: text.index(stop)], (cut.content, stop)
+        with client.messages.stream(
+            model=model, system=system, messages=messages, max_tokens=24,
+            temperature=0, stop_sequences=[stop],
+        ) as stream:
+            streamed_cut = "".join(stream.text_stream)
+            final_cut = stream.get_final_message()
+        assert streamed_cut == cut.content[0].text, (streamed_cut, cut.content)
+        assert final_cut.stop_reason == "stop_sequence", final_cut
+        assert final_cut.stop_sequence == stop, final_cut
+
+    # Sampled (non-greedy) requests with top_p / top_k work too.
+    sampled = client.messages.create(
+        model=model, messages=messages, max_tokens=8, top_p=0.9, top_k=20
+    )
+    assert sampled.usage.output_tokens > 0, sampled
+
+    # Refusals map to the SDK's exception types, in Anthropic's error shape.
+    try:
+        client.messages.create(model="no-such-model", messages=messages, max_tokens=4)
+        raise AssertionError("an unknown model was accepted")
+    except anthropic.NotFoundError as e:
+        assert e.body["type"] == "error", e.body
+        assert e.body["error"]["type"] == "not_found_error", e.body
+        assert "no-such-model" in e.body["error"]["message"], e.body
+    too_long = "a " * (args.context_window * 2)
+    try:
+        client.messages.create(
+            model=model, messages=[{"role": "user", "content": too_long}], max_tokens=4
+        )
+        raise AssertionError("a prompt beyond the context window was accepted")
+    except anthropic.BadRequestError as e:
+        assert e.body["error"]["type"] == "invalid_request_error", e.body
+        assert str(args.context_window) in e.body["error"]["message"], e.body
+
+    # The SDK will not send a request without max_tokens, so raw HTTP checks that refusal.
+    raw = httpx.post(
+        f"{args.base_url}/v1/messages",
+        headers={"anthropic-version": "2023-06-01"},
+        json={"model": model, "messages": messages},
+        timeout=60,
+    )
+    assert raw.status_code == 400, raw.text
+    body = raw.json()
+    assert body["type"] == "error", body
+    assert body["error"]["type"] == "invalid_request_error", body
+    assert "max_tokens" in body["error"]["message"], body
+    raw = httpx.post(
+        f"{args.base_url}/v1/messages",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error", raw.text
+
+    print("anthropic SDK", anthropic.__version__, "ok")
+
+
+if __name__ == "__main__":
+    main()
