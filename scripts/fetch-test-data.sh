@@ -6,7 +6,9 @@
 #   - the pinned official `openai` Python SDK, which `cargo test -p strata-router --test openai_sdk`
 #     drives against a live server (it and its dependencies, next to Jinja2);
 #   - the pinned official `anthropic` Python SDK, driven the same way by
-#     `cargo test -p strata-router --test anthropic_sdk`.
+#     `cargo test -p strata-router --test anthropic_sdk`;
+#   - the pinned `boto3` (AWS SDK for Python), whose bedrock-runtime client
+#     `cargo test -p strata-router --test converse_boto3` drives the same way.
 # Idempotent and quiet when everything is already in place; the expected renders are
 # regenerated whenever the conversations or the renderer are newer than them.
 set -euo pipefail
@@ -18,6 +20,7 @@ markupsafe_version="3.0.3"
 tokenizers_version="3.7.2"
 openai_version="1.109.1"
 anthropic_version="0.75.0"
+boto3_version="1.40.0"
 
 fetch_tokenizer() {
     local package="$1" name="$2"
@@ -60,6 +63,11 @@ if ! grep -qs "__version__ = \"$anthropic_version\"" "$py/anthropic/_version.py"
     echo "installing anthropic==$anthropic_version -> $py" >&2
     python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
         --target "$py" "anthropic==$anthropic_version"
+fi
+if ! grep -qs "__version__ = '$boto3_version'" "$py/boto3/__init__.py"; then
+    echo "installing boto3==$boto3_version -> $py" >&2
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
+        --target "$py" "boto3==$boto3_version"
 fi
 
 expected="$data/chat-expected.json"

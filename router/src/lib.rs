@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod anthropic;
 pub mod auth;
+pub mod converse;
 pub mod error;
 pub mod metrics;
 pub mod openai;
@@ -95,7 +96,9 @@ pub fn build_app_with(state: AppState, access: &Access) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok" }))
         .merge(openai::routes())
+        .merge(openai::responses::routes())
         .merge(anthropic::routes())
+        .merge(converse::routes())
         .fallback(|uri: axum::http::Uri| async move {
             ApiError::not_found(format!("no route for {uri}"))
         })

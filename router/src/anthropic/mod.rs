@@ -7,7 +7,7 @@ pub mod error;
 pub mod messages;
 pub mod schema;
 mod stream;
-mod turn;
+pub(crate) mod turn;
 
 use axum::Router;
 use axum::routing::post;

@@ -29,12 +29,6 @@ pub async fn create(
 
 /// The conversation as prompt token ids (the template supplies every special token).
 fn render(state: &AppState, messages: &[Value]) -> Result<Vec<u32>, ApiError> {
-    let template = state.template.as_ref().ok_or_else(|| {
-        ApiError::invalid(
-            Some("messages"),
-            "the served model has no chat template; use /v1/completions",
-        )
-    })?;
     if messages.is_empty() {
         return Err(ApiError::invalid(
             Some("messages"),
@@ -46,6 +40,22 @@ fn render(state: &AppState, messages: &[Value]) -> Result<Vec<u32>, ApiError> {
         .enumerate()
         .map(|(i, m)| normalize_message(i, m))
         .collect::<Result<_, _>>()?;
+    render_messages(state, messages, "messages")
+}
+
+/// Already-normalised messages through the model's chat template with the generation prompt,
+/// as token ids. `param` names the request field a missing template is blamed on.
+pub(crate) fn render_messages(
+    state: &AppState,
+    messages: Vec<Value>,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    let template = state.template.as_ref().ok_or_else(|| {
+        ApiError::invalid(
+            Some(param),
+            "the served model has no chat template; use /v1/completions",
+        )
+    })?;
     let text = template.render(&ChatRequest {
         messages,
         tools: None,

@@ -5,6 +5,7 @@ pub mod chat;
 pub mod completions;
 pub(crate) mod generation;
 pub mod models;
+pub mod responses;
 pub mod schema;
 
 use std::convert::Infallible;
@@ -193,23 +194,32 @@ impl ResponseMeta {
     }
 }
 
+/// Submits the prepared request to the engine.
+pub(crate) fn start(state: AppState, prepared: &Prepared) -> Result<Generation, ApiError> {
+    let stream = state
+        .engine
+        .submit(GenerateRequest {
+            prompt: prepared.prompt.clone(),
+            sampling: prepared.sampling.clone(),
+            cache_salt: prepared.cache_salt,
+            deadline: None,
+        })
+        .map_err(|e| ApiError::from_submit(e, prepared.prompt_param))?;
+    Ok(Generation::new(
+        state,
+        stream,
+        &prepared.prompt,
+        &prepared.sampling.stop,
+    ))
+}
+
 /// Submits the request and answers with one JSON object or an SSE stream.
 pub(crate) async fn respond(
     state: AppState,
     prepared: Prepared,
     framer: impl Framer,
 ) -> Result<Response, ApiError> {
-    let stops = prepared.sampling.stop.clone();
-    let stream = state
-        .engine
-        .submit(GenerateRequest {
-            prompt: prepared.prompt.clone(),
-            sampling: prepared.sampling,
-            cache_salt: prepared.cache_salt,
-            deadline: None,
-        })
-        .map_err(|e| ApiError::from_submit(e, prepared.prompt_param))?;
-    let generation = Generation::new(state, stream, &prepared.prompt, &stops);
+    let generation = start(state, &prepared)?;
     if !prepared.stream {
         let (text, reason, usage) = generation.collect().await?;
         return Ok(Json(framer.whole(text, reason, usage)).into_response());

@@ -1,0 +1,237 @@
+//! `converse` and `converse-stream`: path and body → prompt tokens and sampling parameters;
+//! the non-streaming answer.
+
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde_json::{Value, json};
+use strata_model::chat::ChatRequest;
+use strata_protocol::SamplingParams;
+
+use super::error::ConverseError;
+use super::schema::{ConverseRequest, InferenceConfig};
+use super::stream;
+use crate::anthropic::turn::{Ending, Turn};
+use crate::auth::Tenant;
+use crate::error::ApiError;
+use crate::openai::fresh_seed;
+use crate::state::AppState;
+
+pub async fn converse(
+    State(state): State<AppState>,
+    Path(model_id): Path<String>,
+    tenant: Option<Extension<Tenant>>,
+    body: Bytes,
+) -> Result<Response, ConverseError> {
+    let started = Instant::now();
+    let turn = start(state, &model_id, tenant, &body)?;
+    let (text, ending) = turn.collect().await?;
+    Ok(Json(json!({
+        "output": {"message": {"role": "assistant", "content": [{"text": text}]}},
+        "stopReason": ending.stop_reason,
+        "usage": usage(&ending),
+        "metrics": {"latencyMs": latency_ms(started)},
+    }))
+    .into_response())
+}
+
+pub async fn converse_stream(
+    State(state): State<AppState>,
+    Path(model_id): Path<String>,
+    tenant: Option<Extension<Tenant>>,
+    body: Bytes,
+) -> Result<Response, ConverseError> {
+    let started = Instant::now();
+    let turn = start(state, &model_id, tenant, &body)?;
+    Ok(stream::respond(turn, started))
+}
+
+/// Validates the request and submits it: every refusal happens here, before any frame is sent.
+fn start(
+    state: AppState,
+    model_id: &str,
+    tenant: Option<Extension<Tenant>>,
+    body: &Bytes,
+) -> Result<Turn, ConverseError> {
+    if model_id != state.name {
+        return Err(ConverseError::from(ApiError::model_not_found(
+            model_id,
+            &state.name,
+        )));
+    }
+    let request: ConverseRequest = serde_json::from_slice(body)
+        .map_err(|e| ConverseError::validation(format!("invalid request body: {e}")))?;
+    refuse_unsupported(&request)?;
+    let prompt = render(&state, &request)?;
+    let sampling = sampling_params(&state, &request.inference_config, prompt.len())?;
+    let cache_salt = tenant.map_or(0, |t| t.cache_salt);
+    Ok(Turn::start(state, prompt, sampling, cache_salt)?)
+}
+
+/// Converse's usage object. Its stop reasons are the [`Turn`]'s words unchanged: `end_turn`,
+/// `max_tokens`, `stop_sequence`.
+pub(crate) fn usage(ending: &Ending) -> Value {
+    json!({
+        "inputTokens": ending.input_tokens,
+        "outputTokens": ending.output_tokens,
+        "totalTokens": ending.input_tokens + ending.output_tokens,
+    })
+}
+
+pub(crate) fn latency_ms(started: Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+fn refuse_unsupported(request: &ConverseRequest) -> Result<(), ConverseError> {
+    let fields = [
+        ("toolConfig", &request.tool_config),
+        ("guardrailConfig", &request.guardrail_config),
+        ("promptVariables", &request.prompt_variables),
+    ];
+    match fields
+        .iter()
+        .find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null()))
+    {
+        Some((name, _)) => Err(ConverseError::validation(format!(
+            "{name}: not supported by this server yet"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The conversation as prompt token ids: `system` becomes a leading system message, each
+/// message's text blocks are joined, and the template adds the generation prompt.
+fn render(state: &AppState, request: &ConverseRequest) -> Result<Vec<u32>, ConverseError> {
+    let template = state.template.as_ref().ok_or_else(|| {
+        ConverseError::validation("the served model has no chat template; Converse needs one")
+    })?;
+    if request.messages.is_empty() {
+        return Err(ConverseError::validation(
+            "messages: must hold at least one message",
+        ));
+    }
+    let mut messages = Vec::with_capacity(request.messages.len() + 1);
+    if !request.system.is_empty() {
+        messages.push(json!({"role": "system", "content": text_of(&request.system, "system")?}));
+    }
+    for (i, message) in request.messages.iter().enumerate() {
+        let content = text_of(&message.content, &format!("messages.{i}.content"))?;
+        messages.push(json!({"role": message.role.as_str(), "content": content}));
+    }
+    let text = template
+        .render(&ChatRequest {
+            messages,
+            tools: None,
+            add_generation_prompt: true,
+            extra: Default::default(),
+        })
+        .map_err(ApiError::from)?;
+    Ok(state
+        .tokenizer
+        .encode(&text, false)
+        .map_err(ApiError::from)?)
+}
+
+/// `{"text": ...}` blocks joined with no separator; any other block is refused by position.
+fn text_of(blocks: &[Value], field: &str) -> Result<String, ConverseError> {
+    let mut text = String::new();
+    for (j, block) in blocks.iter().enumerate() {
+        match block.as_object().map(|o| (o.len(), o.get("text"))) {
+            Some((1, Some(Value::String(t)))) => text.push_str(t),
+            _ => {
+                return Err(ConverseError::validation(format!(
+                    "{field}.{j}: only text blocks ({{\"text\": ...}}) are supported"
+                )));
+            }
+        }
+    }
+    Ok(text)
+}
+
+/// `inferenceConfig` over the checkpoint's defaults, as on the OpenAI surface: an omitted
+/// `temperature` / `topP` takes generation_config.json (greedy when `do_sample: false`), else
+/// 1.0; an omitted `maxTokens` runs to the context window; `top_k`, `min_p` and the repetition
+/// penalty have no Converse field and come from the checkpoint.
+fn sampling_params(
+    state: &AppState,
+    c: &InferenceConfig,
+    prompt_len: usize,
+) -> Result<SamplingParams, ConverseError> {
+    let max_tokens = match c.max_tokens {
+        Some(v) if v < 1 => {
+            return Err(ConverseError::validation(format!(
+                "inferenceConfig.maxTokens: must be at least 1; got {v}"
+            )));
+        }
+        Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
+        None => {
+            let room = state.context_window().saturating_sub(prompt_len).max(1);
+            u32::try_from(room).unwrap_or(u32::MAX)
+        }
+    };
+    let g = &state.generation_config;
+    let default_temperature = match g.do_sample {
+        Some(false) => 0.0,
+        _ => g.temperature.unwrap_or(1.0),
+    };
+    let sampling = SamplingParams {
+        temperature: c.temperature.unwrap_or(default_temperature),
+        top_p: c.top_p.or(g.top_p).unwrap_or(1.0),
+        top_k: g.top_k.unwrap_or(0),
+        min_p: g.min_p.unwrap_or(0.0),
+        repetition_penalty: g.repetition_penalty.unwrap_or(1.0),
+        seed: fresh_seed(),
+        max_tokens,
+        stop: c.stop_sequences.clone(),
+        ..SamplingParams::default()
+    };
+    sampling
+        .validate()
+        .map_err(|e| ConverseError::validation(format!("inferenceConfig: {e}")))?;
+    Ok(sampling)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_blocks_are_joined_and_others_refused_by_position() {
+        let blocks = [json!({"text": "Be "}), json!({"text": "brief."})];
+        assert_eq!(text_of(&blocks, "system").unwrap(), "Be brief.");
+        let image = [
+            json!({"text": "look"}),
+            json!({"image": {"format": "png", "source": {"bytes": ""}}}),
+        ];
+        let e = text_of(&image, "messages.2.content").unwrap_err();
+        assert_eq!(e.kind, "ValidationException");
+        assert!(
+            e.message.starts_with("messages.2.content.1:"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn the_request_parses_in_camel_case() {
+        let r: ConverseRequest = serde_json::from_value(json!({
+            "messages": [{"role": "user", "content": [{"text": "hi"}]}],
+            "inferenceConfig": {"maxTokens": 4, "topP": 0.5, "stopSequences": ["x"]},
+        }))
+        .unwrap();
+        assert_eq!(r.inference_config.max_tokens, Some(4));
+        assert_eq!(r.inference_config.top_p, Some(0.5));
+        assert_eq!(r.inference_config.stop_sequences, ["x"]);
+    }
+
+    #[test]
+    fn an_unknown_role_is_a_parse_error() {
+        let r = serde_json::from_value::<ConverseRequest>(json!({
+            "messages": [{"role": "system", "content": [{"text": "hi"}]}]
+        }));
+        assert!(r.is_err());
+    }
+}

@@ -1,0 +1,160 @@
+"""Drives a live `strata serve` with boto3's bedrock-runtime client, unmodified.
+
+Run by router/tests/converse_boto3.rs, which starts the server and passes its address. boto3
+decodes the converse-stream eventstream itself and checks both CRCs of every frame, so a
+streamed answer arriving at all proves the framing. Every check asserts something a broken server
+would fail; the first failure exits non-zero with its reason.
+"""
+
+import argparse
+import json
+import urllib.error
+import urllib.request
+
+import boto3
+import botocore
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--base-url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--context-window", type=int, required=True)
+    args = parser.parse_args()
+    client = boto3.client(
+        "bedrock-runtime",
+        endpoint_url=args.base_url,
+        region_name="us-east-1",
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+        config=Config(retries={"max_attempts": 1}, read_timeout=120),
+    )
+    model = args.model
+    system = [{"text": "Be brief."}]
+    messages = [
+        {"role": "user", "content": [{"text": "Hello."}]},
+        {"role": "assistant", "content": [{"text": "Hi."}]},
+        {"role": "user", "content": [{"text": "Name three "}, {"text": "prime numbers."}]},
+    ]
+    greedy_config = {"maxTokens": 24, "temperature": 0}
+
+    # Non-streaming, greedy: one text block, a stop reason, usage, latency.
+    greedy = client.converse(
+        modelId=model, system=system, messages=messages, inferenceConfig=greedy_config
+    )
+    message = greedy["output"]["message"]
+    assert message["role"] == "assistant", greedy
+    assert len(message["content"]) == 1, message
+    text = message["content"][0]["text"]
+    assert greedy["stopReason"] in ("end_turn", "max_tokens"), greedy["stopReason"]
+    usage = greedy["usage"]
+    assert usage["inputTokens"] > 0 and usage["outputTokens"] > 0, usage
+    assert usage["totalTokens"] == usage["inputTokens"] + usage["outputTokens"], usage
+    if greedy["stopReason"] == "max_tokens":
+        assert usage["outputTokens"] == 24, usage
+    assert greedy["metrics"]["latencyMs"] >= 0, greedy["metrics"]
+
+    # Streaming: boto3 decodes the frames (CRCs checked); the deltas concatenate to the greedy
+    # text, and messageStop / metadata agree with the non-streamed answer.
+    response = client.converse_stream(
+        modelId=model, system=system, messages=messages, inferenceConfig=greedy_config
+    )
+    events = list(response["stream"])
+    kinds = [next(iter(event)) for event in events]
+    assert kinds[0] == "messageStart", kinds
+    assert events[0]["messageStart"]["role"] == "assistant", events[0]
+    assert kinds[-2:] == ["messageStop", "metadata"], kinds
+    assert kinds[-3] == "contentBlockStop", kinds
+    streamed = "".join(
+        e["contentBlockDelta"]["delta"]["text"] for e in events if "contentBlockDelta" in e
+    )
+    assert streamed == text, (streamed, text)
+    assert events[-2]["messageStop"]["stopReason"] == greedy["stopReason"], events[-2]
+    streamed_usage = events[-1]["metadata"]["usage"]
+    assert streamed_usage == usage, (streamed_usage, usage)
+    assert events[-1]["metadata"]["metrics"]["latencyMs"] >= 0, events[-1]
+
+    # A stop sequence taken from the greedy text cuts it there.
+    if len(text) >= 4:
+        stop = text[2:4]
+        config = dict(greedy_config, stopSequences=["never-generated-zz", stop])
+        cut = client.converse(
+            modelId=model, system=system, messages=messages, inferenceConfig=config
+        )
+        assert cut["stopReason"] == "stop_sequence", cut
+        assert cut["output"]["message"]["content"][0]["text"] == text[: text.index(stop)], cut
+        events = list(
+            client.converse_stream(
+                modelId=model, system=system, messages=messages, inferenceConfig=config
+            )["stream"]
+        )
+        streamed_cut = "".join(
+            e["contentBlockDelta"]["delta"]["text"] for e in events if "contentBlockDelta" in e
+        )
+        assert streamed_cut == cut["output"]["message"]["content"][0]["text"], events
+        stops = [e["messageStop"]["stopReason"] for e in events if "messageStop" in e]
+        assert stops == ["stop_sequence"], events
+
+    # Sampled requests with topP work too.
+    sampled = client.converse(
+        modelId=model, messages=messages, inferenceConfig={"maxTokens": 8, "topP": 0.9}
+    )
+    assert sampled["usage"]["outputTokens"] > 0, sampled
+
+    # Refusals reach botocore as ClientError with Converse's error codes.
+    def refused(code: str, **kwargs) -> str:
+        try:
+            client.converse(**kwargs)
+        except ClientError as e:
+            error = e.response["Error"]
+            assert error["Code"] == code, e.response
+            return error["Message"]
+        raise AssertionError(f"expected {code}: {kwargs}")
+
+    message = refused("ResourceNotFoundException", modelId="no-such-model", messages=messages)
+    assert "no-such-model" in message, message
+    too_long = "a " * (args.context_window * 2)
+    message = refused(
+        "ValidationException",
+        modelId=model,
+        messages=[{"role": "user", "content": [{"text": too_long}]}],
+        inferenceConfig={"maxTokens": 4},
+    )
+    assert str(args.context_window) in message, message
+    message = refused(
+        "ValidationException",
+        modelId=model,
+        messages=[
+            {"role": "user", "content": [{"text": "look"}, {"image": {
+                "format": "png", "source": {"bytes": b"\x89PNG"}}}]},
+        ],
+    )
+    assert "messages.0.content.1" in message, message
+    try:
+        client.converse_stream(modelId="no-such-model", messages=messages)
+        raise AssertionError("an unknown model was accepted for streaming")
+    except ClientError as e:
+        assert e.response["Error"]["Code"] == "ResourceNotFoundException", e.response
+
+    # Raw HTTP: malformed JSON is a ValidationException in Converse's shape (header + message).
+    request = urllib.request.Request(
+        f"{args.base_url}/model/{model}/converse",
+        data=b"{not json",
+        headers={"content-type": "application/json"},
+        method="POST",
+    )
+    try:
+        urllib.request.urlopen(request, timeout=60)
+        raise AssertionError("malformed JSON was accepted")
+    except urllib.error.HTTPError as e:
+        assert e.code == 400, e.code
+        assert e.headers["x-amzn-errortype"] == "ValidationException", dict(e.headers)
+        assert "message" in json.loads(e.read()), "no message"
+
+    print("boto3", boto3.__version__, "botocore", botocore.__version__, "ok")
+
+
+if __name__ == "__main__":
+    main()
