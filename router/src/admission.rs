@@ -180,7 +180,7 @@ pub async fn shape_oversize(
 }
 
 /// A refusal made before any handler ran, in the error shape of the surface `path` belongs to:
-/// Anthropic's for `/v1/messages`, OpenAI's everywhere else.
+/// Anthropic's for `/v1/messages`, Converse's for `/model/…`, OpenAI's everywhere else.
 pub(crate) fn refusal(
     path: &str,
     status: StatusCode,
@@ -188,6 +188,10 @@ pub(crate) fn refusal(
     code: Option<&str>,
     message: &str,
 ) -> Response {
+    if path.starts_with("/model/") {
+        return crate::converse::error::ConverseError::from_status(status, message.to_string())
+            .into_response();
+    }
     let body = if path.starts_with("/v1/messages") {
         let kind = match status {
             StatusCode::UNAUTHORIZED => "authentication_error",
@@ -225,6 +229,17 @@ mod tests {
             "busy",
         );
         assert_eq!(anthropic.status(), StatusCode::TOO_MANY_REQUESTS);
+        let converse = refusal(
+            "/model/m/converse",
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            None,
+            "busy",
+        );
+        assert_eq!(
+            converse.headers()["x-amzn-errortype"],
+            "ThrottlingException"
+        );
     }
 
     #[test]

@@ -29,10 +29,11 @@ impl ConverseError {
         }
     }
 
-    fn from_status(status: StatusCode, message: String) -> Self {
+    pub(crate) fn from_status(status: StatusCode, message: String) -> Self {
         let kind = match status {
             StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "ValidationException",
             StatusCode::NOT_FOUND => "ResourceNotFoundException",
+            StatusCode::UNAUTHORIZED => "UnrecognizedClientException",
             StatusCode::TOO_MANY_REQUESTS => "ThrottlingException",
             StatusCode::SERVICE_UNAVAILABLE => "ServiceUnavailableException",
             _ => "InternalServerException",
