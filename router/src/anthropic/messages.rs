@@ -7,7 +7,6 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use strata_model::chat::ChatRequest;
 use strata_protocol::SamplingParams;
 
 use super::error::AnthropicError;
@@ -125,9 +124,6 @@ fn refuse_unsupported(fields: &[(&str, &Option<Value>)]) -> Result<(), Anthropic
 /// The conversation as prompt token ids: `system` becomes a leading system message, every
 /// message's content is joined to one string, and the template adds the generation prompt.
 fn render(state: &AppState, conversation: &Conversation) -> Result<Vec<u32>, AnthropicError> {
-    let template = state.template.as_ref().ok_or_else(|| {
-        AnthropicError::invalid("the served model has no chat template; use /v1/completions")
-    })?;
     if conversation.messages.is_empty() {
         return Err(AnthropicError::invalid(
             "messages: must hold at least one message",
@@ -141,18 +137,9 @@ fn render(state: &AppState, conversation: &Conversation) -> Result<Vec<u32>, Ant
         let content = text_of(&message.content, &format!("messages.{i}.content"))?;
         messages.push(json!({"role": message.role.as_str(), "content": content}));
     }
-    let text = template
-        .render(&ChatRequest {
-            messages,
-            tools: None,
-            add_generation_prompt: true,
-            extra: Default::default(),
-        })
-        .map_err(ApiError::from)?;
-    Ok(state
-        .tokenizer
-        .encode(&text, false)
-        .map_err(ApiError::from)?)
+    Ok(crate::openai::chat::render_messages(
+        state, messages, "messages",
+    )?)
 }
 
 /// A string, or text blocks joined with no separator; any other block is refused by position.

@@ -8,7 +8,6 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde_json::{Value, json};
-use strata_model::chat::ChatRequest;
 use strata_protocol::SamplingParams;
 
 use super::error::ConverseError;
@@ -105,9 +104,6 @@ fn refuse_unsupported(request: &ConverseRequest) -> Result<(), ConverseError> {
 /// The conversation as prompt token ids: `system` becomes a leading system message, each
 /// message's text blocks are joined, and the template adds the generation prompt.
 fn render(state: &AppState, request: &ConverseRequest) -> Result<Vec<u32>, ConverseError> {
-    let template = state.template.as_ref().ok_or_else(|| {
-        ConverseError::validation("the served model has no chat template; Converse needs one")
-    })?;
     if request.messages.is_empty() {
         return Err(ConverseError::validation(
             "messages: must hold at least one message",
@@ -121,18 +117,9 @@ fn render(state: &AppState, request: &ConverseRequest) -> Result<Vec<u32>, Conve
         let content = text_of(&message.content, &format!("messages.{i}.content"))?;
         messages.push(json!({"role": message.role.as_str(), "content": content}));
     }
-    let text = template
-        .render(&ChatRequest {
-            messages,
-            tools: None,
-            add_generation_prompt: true,
-            extra: Default::default(),
-        })
-        .map_err(ApiError::from)?;
-    Ok(state
-        .tokenizer
-        .encode(&text, false)
-        .map_err(ApiError::from)?)
+    Ok(crate::openai::chat::render_messages(
+        state, messages, "messages",
+    )?)
 }
 
 /// `{"text": ...}` blocks joined with no separator; any other block is refused by position.
