@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use strata_model::chat::ChatRequest;
 
 use super::schema::{ChatCompletionRequest, UsageBody};
+use super::tools::{Piece, ToolCallSplitter, ToolFormat, parse};
 use super::{Framer, Prepared, ResponseMeta, check_model, parse_body, respond};
 use crate::auth::Tenant;
 use crate::error::ApiError;
@@ -18,17 +19,97 @@ pub async fn create(
     tenant: Option<Extension<Tenant>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let request: ChatCompletionRequest = parse_body(&body)?;
+    let mut request: ChatCompletionRequest = parse_body(&body)?;
     check_model(&state, &request.model)?;
-    let prompt = render(&state, &request.messages)?;
+    // Taken out of the shared fields, which still refuse them on /v1/completions.
+    let tools = tool_list(request.sampling.tools.take())?;
+    let tools = apply_tool_choice(tools, request.sampling.tool_choice.take())?;
+    let (prompt, format) = render(&state, &request.messages, tools)?;
     let prepared =
         Prepared::new(&state, &request.sampling, prompt, "messages")?.for_tenant(tenant.as_deref());
-    let framer = ChatFramer(ResponseMeta::new(&state, "chatcmpl"));
+    let framer = ChatFramer::new(ResponseMeta::new(&state, "chatcmpl"), format);
     respond(state, prepared, framer).await
 }
 
-/// The conversation as prompt token ids (the template supplies every special token).
-fn render(state: &AppState, messages: &[Value]) -> Result<Vec<u32>, ApiError> {
+/// `tools` as OpenAI function tools; an empty list is no tools.
+fn tool_list(tools: Option<Value>) -> Result<Option<Vec<Value>>, ApiError> {
+    let tools = match tools {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(tools)) => tools,
+        Some(_) => return Err(ApiError::invalid(Some("tools"), "`tools` must be an array")),
+    };
+    for (i, tool) in tools.iter().enumerate() {
+        let is_function = tool.get("type").and_then(Value::as_str) == Some("function");
+        let named = tool
+            .pointer("/function/name")
+            .and_then(Value::as_str)
+            .is_some();
+        if !is_function || !named {
+            return Err(ApiError::invalid(
+                Some(&format!("tools[{i}]")),
+                format!(
+                    "tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"
+                ),
+            ));
+        }
+    }
+    Ok((!tools.is_empty()).then_some(tools))
+}
+
+/// The tools to render (and so parse calls for) under `tool_choice`. `none` renders no tools
+/// and turns the parser off. `required` and a named function render like `auto`: until
+/// constrained decoding arrives, the model is not forced to call, and its output is returned
+/// as produced. A named function must be one of `tools`.
+fn apply_tool_choice(
+    tools: Option<Vec<Value>>,
+    choice: Option<Value>,
+) -> Result<Option<Vec<Value>>, ApiError> {
+    let refuse = |message: String| Err(ApiError::invalid(Some("tool_choice"), message));
+    let choice = match choice {
+        None | Some(Value::Null) => return Ok(tools),
+        Some(choice) => choice,
+    };
+    match (&choice, choice.as_str()) {
+        (_, Some("none")) => Ok(None),
+        (_, Some("auto" | "required")) if tools.is_some() => Ok(tools),
+        (_, Some(other @ ("auto" | "required"))) => {
+            refuse(format!("tool_choice {other:?} needs a non-empty `tools`"))
+        }
+        (Value::Object(_), _) => {
+            let name = (choice.get("type").and_then(Value::as_str) == Some("function"))
+                .then(|| choice.pointer("/function/name").and_then(Value::as_str))
+                .flatten();
+            let Some(name) = name else {
+                return refuse(
+                    "tool_choice must be \"none\", \"auto\", \"required\" or                      {\"type\": \"function\", \"function\": {\"name\": ...}}"
+                        .into(),
+                );
+            };
+            let known = tools
+                .iter()
+                .flatten()
+                .any(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name));
+            if known {
+                Ok(tools)
+            } else {
+                refuse(format!(
+                    "tool_choice names {name:?}, which is not in `tools`"
+                ))
+            }
+        }
+        _ => refuse(format!(
+            "tool_choice must be \"none\", \"auto\", \"required\" or a named function; got {choice}"
+        )),
+    }
+}
+
+/// The conversation as prompt token ids (the template supplies every special token), and the
+/// tool-call format to parse when tools were rendered.
+fn render(
+    state: &AppState,
+    messages: &[Value],
+    tools: Option<Vec<Value>>,
+) -> Result<(Vec<u32>, Option<ToolFormat>), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
             Some("messages"),
@@ -40,7 +121,10 @@ fn render(state: &AppState, messages: &[Value]) -> Result<Vec<u32>, ApiError> {
         .enumerate()
         .map(|(i, m)| normalize_message(i, m))
         .collect::<Result<_, _>>()?;
-    render_messages(state, messages, "messages")
+    let has_tools = tools.is_some();
+    let text = render_text(state, messages, tools, "messages")?;
+    let format = has_tools.then(|| ToolFormat::detect(&text));
+    Ok((state.tokenizer.encode(&text, false)?, format))
 }
 
 /// Already-normalised messages through the model's chat template with the generation prompt,
@@ -50,24 +134,34 @@ pub(crate) fn render_messages(
     messages: Vec<Value>,
     param: &'static str,
 ) -> Result<Vec<u32>, ApiError> {
+    let text = render_text(state, messages, None, param)?;
+    Ok(state.tokenizer.encode(&text, false)?)
+}
+
+fn render_text(
+    state: &AppState,
+    messages: Vec<Value>,
+    tools: Option<Vec<Value>>,
+    param: &'static str,
+) -> Result<String, ApiError> {
     let template = state.template.as_ref().ok_or_else(|| {
         ApiError::invalid(
             Some(param),
             "the served model has no chat template; use /v1/completions",
         )
     })?;
-    let text = template.render(&ChatRequest {
+    Ok(template.render(&ChatRequest {
         messages,
-        tools: None,
+        tools,
         add_generation_prompt: true,
         extra: Default::default(),
-    })?;
-    Ok(state.tokenizer.encode(&text, false)?)
+    })?)
 }
 
 /// Templates expect `content` as a string: the array-of-text-parts form is joined, and the
 /// `developer` role (OpenAI's newer name for `system`) becomes `system`. Other fields pass
-/// through untouched.
+/// through untouched, except an assistant's `tool_calls[].function.arguments`: OpenAI sends a
+/// JSON string, templates expect an object, so a string holding valid JSON becomes that value.
 fn normalize_message(index: usize, message: &Value) -> Result<Value, ApiError> {
     let Some(object) = message.as_object() else {
         return Err(ApiError::invalid(
@@ -106,20 +200,94 @@ fn normalize_message(index: usize, message: &Value) -> Result<Value, ApiError> {
         }
         object.insert("content".into(), text.into());
     }
+    if let Some(Value::Array(calls)) = object.get_mut("tool_calls") {
+        for call in calls {
+            let Some(arguments) = call.pointer_mut("/function/arguments") else {
+                continue;
+            };
+            if let Some(parsed) = arguments
+                .as_str()
+                .and_then(|a| serde_json::from_str::<Value>(a).ok())
+                .filter(Value::is_object)
+            {
+                *arguments = parsed;
+            }
+        }
+    }
     Ok(Value::Object(object))
 }
 
-struct ChatFramer(ResponseMeta);
+/// Chat's objects; with tools rendered, text is split into content and tool calls.
+struct ChatFramer {
+    meta: ResponseMeta,
+    tools: Option<ToolStream>,
+}
+
+/// A streamed choice's tool-call state: the splitter and how many calls were sent.
+struct ToolStream {
+    format: ToolFormat,
+    splitter: ToolCallSplitter,
+    sent: usize,
+}
 
 impl ChatFramer {
+    fn new(meta: ResponseMeta, format: Option<ToolFormat>) -> Self {
+        let tools = format.map(|format| ToolStream {
+            format,
+            splitter: ToolCallSplitter::new(format),
+            sent: 0,
+        });
+        Self { meta, tools }
+    }
+
     fn chunk(&self, choices: Value) -> Value {
         json!({
-            "id": self.0.id,
+            "id": self.meta.id,
             "object": "chat.completion.chunk",
-            "created": self.0.created,
-            "model": self.0.model,
+            "created": self.meta.created,
+            "model": self.meta.model,
             "choices": choices,
         })
+    }
+
+    /// Unique within the server's run: the response number and the call's index.
+    fn call_id(&self, index: usize) -> String {
+        let number = self.meta.id.rsplit('-').next().unwrap_or_default();
+        format!("call_{number}_{index}")
+    }
+
+    fn tool_delta(&self, delta: Value) -> Value {
+        self.chunk(json!([{
+            "index": 0,
+            "delta": delta,
+            "logprobs": null,
+            "finish_reason": null,
+        }]))
+    }
+
+    /// A released piece as chunks: content, or a call's header then its arguments.
+    fn piece_chunks(&mut self, piece: Piece, out: &mut Vec<Value>) {
+        match piece {
+            Piece::Text(text) => out.push(self.delta(&text)),
+            Piece::Call(call) => {
+                let Some(tools) = self.tools.as_mut() else {
+                    return;
+                };
+                let index = tools.sent;
+                tools.sent += 1;
+                let id = self.call_id(index);
+                out.push(self.tool_delta(json!({"tool_calls": [{
+                    "index": index,
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": ""},
+                }]})));
+                out.push(self.tool_delta(json!({"tool_calls": [{
+                    "index": index,
+                    "function": {"arguments": call.arguments},
+                }]})));
+            }
+        }
     }
 }
 
@@ -134,12 +302,7 @@ impl Framer for ChatFramer {
     }
 
     fn delta(&self, text: &str) -> Value {
-        self.chunk(json!([{
-            "index": 0,
-            "delta": {"content": text},
-            "logprobs": null,
-            "finish_reason": null,
-        }]))
+        self.tool_delta(json!({"content": text}))
     }
 
     fn finish(&self, reason: &str) -> Value {
@@ -151,6 +314,33 @@ impl Framer for ChatFramer {
         }]))
     }
 
+    fn deltas(&mut self, text: &str) -> Vec<Value> {
+        let Some(tools) = self.tools.as_mut() else {
+            return vec![self.delta(text)];
+        };
+        let pieces = tools.splitter.push(text);
+        let mut out = Vec::new();
+        for piece in pieces {
+            self.piece_chunks(piece, &mut out);
+        }
+        out
+    }
+
+    fn closing(&mut self, reason: &str) -> Vec<Value> {
+        let pieces = self
+            .tools
+            .as_mut()
+            .map(|t| t.splitter.finish())
+            .unwrap_or_default();
+        let mut out = Vec::new();
+        for piece in pieces {
+            self.piece_chunks(piece, &mut out);
+        }
+        let called = self.tools.as_ref().is_some_and(|t| t.sent > 0);
+        out.push(self.finish(if called { "tool_calls" } else { reason }));
+        out
+    }
+
     fn usage(&self, usage: UsageBody) -> Value {
         let mut chunk = self.chunk(json!([]));
         chunk["usage"] = json!(usage);
@@ -158,20 +348,72 @@ impl Framer for ChatFramer {
     }
 
     fn whole(&self, text: String, reason: &str, usage: UsageBody) -> Value {
+        let mut message = json!({"role": "assistant", "content": text});
+        let mut reason = reason;
+        if let Some(tools) = &self.tools {
+            let parsed = parse(tools.format, &text);
+            if !parsed.calls.is_empty() {
+                let calls = parsed
+                    .calls
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, call)| {
+                        json!({
+                            "id": self.call_id(i),
+                            "type": "function",
+                            "function": {"name": call.name, "arguments": call.arguments},
+                        })
+                    })
+                    .collect::<Vec<_>>();
+                let content = parsed.content.trim();
+                message["content"] = if content.is_empty() {
+                    Value::Null
+                } else {
+                    content.into()
+                };
+                message["tool_calls"] = calls.into();
+                reason = "tool_calls";
+            }
+        }
         json!({
-            "id": self.0.id,
+            "id": self.meta.id,
             "object": "chat.completion",
-            "created": self.0.created,
-            "model": self.0.model,
+            "created": self.meta.created,
+            "model": self.meta.model,
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": null,
                 "finish_reason": reason,
             }],
             "usage": usage,
         })
     }
+}
+
+/// The framing the handler applies to generated text, offline: the whole response for `text`
+/// and the stream's chunks for `pieces` (each as one engine step), with tool calls parsed in
+/// `format`. For checking the JSON clients parse without a model that emits calls.
+pub fn frame_offline(
+    pieces: &[&str],
+    reason: &str,
+    format: Option<ToolFormat>,
+) -> (Value, Vec<Value>) {
+    let meta = || ResponseMeta {
+        id: "chatcmpl-0".into(),
+        created: 0,
+        model: "offline".into(),
+    };
+    let usage = UsageBody::new(1, pieces.len() as u32);
+    let whole = ChatFramer::new(meta(), format).whole(pieces.concat(), reason, usage);
+    let mut framer = ChatFramer::new(meta(), format);
+    let mut chunks = framer.opening().into_iter().collect::<Vec<_>>();
+    for piece in pieces {
+        chunks.extend(framer.deltas(piece));
+    }
+    chunks.extend(framer.closing(reason));
+    chunks.push(framer.usage(usage));
+    (whole, chunks)
 }
 
 #[cfg(test)]
@@ -194,6 +436,49 @@ mod tests {
         ]});
         let e = normalize_message(2, &m).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[2].content[1]"));
+    }
+
+    #[test]
+    fn tool_call_arguments_become_objects_for_the_template() {
+        let m = json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"a\": 1}"}},
+            {"id": "d", "type": "function", "function": {"name": "g", "arguments": "not json"}}
+        ]});
+        let out = normalize_message(0, &m).unwrap();
+        assert_eq!(
+            out["tool_calls"][0]["function"]["arguments"],
+            json!({"a": 1})
+        );
+        assert_eq!(out["tool_calls"][1]["function"]["arguments"], "not json");
+    }
+
+    #[test]
+    fn tool_choice_is_checked_against_tools() {
+        let tools = || {
+            tool_list(Some(
+                json!([{"type": "function", "function": {"name": "f"}}]),
+            ))
+        };
+        let named = |n: &str| Some(json!({"type": "function", "function": {"name": n}}));
+        assert!(
+            apply_tool_choice(tools().unwrap(), named("f"))
+                .unwrap()
+                .is_some()
+        );
+        assert!(
+            apply_tool_choice(tools().unwrap(), Some("none".into()))
+                .unwrap()
+                .is_none()
+        );
+        for bad in [named("g"), Some("sometimes".into()), Some(json!(3))] {
+            let e = apply_tool_choice(tools().unwrap(), bad).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("tool_choice"));
+        }
+        let e = apply_tool_choice(None, Some("required".into())).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tool_choice"));
+        let e = tool_list(Some(json!([{"type": "retrieval"}]))).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tools[0]"));
+        assert!(tool_list(Some(json!([]))).unwrap().is_none());
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub(crate) mod generation;
 pub mod models;
 pub mod responses;
 pub mod schema;
+pub mod tools;
 
 use std::convert::Infallible;
 
@@ -172,6 +173,15 @@ pub(crate) trait Framer: Send + 'static {
     }
     fn delta(&self, text: &str) -> Value;
     fn finish(&self, reason: &str) -> Value;
+    /// The chunks one piece of text becomes: none while a surface holds text back (a tool call
+    /// forming), several when it releases more than one thing.
+    fn deltas(&mut self, text: &str) -> Vec<Value> {
+        vec![self.delta(text)]
+    }
+    /// The chunks that end the choice: whatever was held back, then the finish chunk.
+    fn closing(&mut self, reason: &str) -> Vec<Value> {
+        vec![self.finish(reason)]
+    }
     /// The `include_usage` chunk: usage and empty choices.
     fn usage(&self, usage: UsageBody) -> Value;
     fn whole(&self, text: String, reason: &str, usage: UsageBody) -> Value;
@@ -229,6 +239,7 @@ pub(crate) async fn respond(
         framer,
         include_usage: prepared.include_usage,
         phase: Phase::Opening,
+        queued: std::collections::VecDeque::new(),
     };
     let events = stream::unfold(sse, |mut sse| async move {
         let event = sse.next_event().await?;
@@ -251,11 +262,16 @@ struct SseState<F> {
     framer: F,
     include_usage: bool,
     phase: Phase,
+    /// Chunks released together, sent one per event before the next step is read.
+    queued: std::collections::VecDeque<Value>,
 }
 
 impl<F: Framer> SseState<F> {
     async fn next_event(&mut self) -> Option<Event> {
         loop {
+            if let Some(chunk) = self.queued.pop_front() {
+                return Some(data(&chunk));
+            }
             match std::mem::replace(&mut self.phase, Phase::Closed) {
                 Phase::Opening => {
                     self.phase = Phase::Text;
@@ -266,7 +282,7 @@ impl<F: Framer> SseState<F> {
                 Phase::Text => match self.generation.next().await {
                     Some(Ok(Step::Text(text))) => {
                         self.phase = Phase::Text;
-                        return Some(data(&self.framer.delta(&text)));
+                        self.queued.extend(self.framer.deltas(&text));
                     }
                     Some(Ok(Step::Finished { reason, usage })) => {
                         self.phase = if self.include_usage {
@@ -274,7 +290,7 @@ impl<F: Framer> SseState<F> {
                         } else {
                             Phase::Done
                         };
-                        return Some(data(&self.framer.finish(reason)));
+                        self.queued.extend(self.framer.closing(reason));
                     }
                     Some(Err(e)) => {
                         self.phase = Phase::Done;

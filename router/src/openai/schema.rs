@@ -29,6 +29,8 @@ pub struct SamplingFields {
     /// Not implemented yet: refused by name when set (see [`SamplingFields::unsupported`]).
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<Value>,
+    /// Chat takes `tools` and `tool_choice` out before these fields are checked; every other
+    /// route still refuses them.
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub functions: Option<Value>,

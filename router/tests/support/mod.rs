@@ -27,7 +27,11 @@ fn python_packages(marker: &str) -> PathBuf {
 pub fn run_sdk_script(marker: &str, script: &str, base_path: &str) {
     let packages = python_packages(marker);
     let model_dir = tempfile::tempdir().unwrap();
-    let spec = SynthSpec::tiny(Architecture::Qwen3, 1);
+    // A window that holds the synthesized template's tool instructions (~270 tokens).
+    let spec = SynthSpec {
+        max_position: 1024,
+        ..SynthSpec::tiny(Architecture::Qwen3, 1)
+    };
     let window = spec.max_position;
     synthesize(&spec, model_dir.path(), None).unwrap();
     let config = ServeConfig {
