@@ -2,93 +2,22 @@
 //! live server on 127.0.0.1 driven with raw HTTP/1.1.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use strata_model::Architecture;
-use strata_model::synth::{SynthSpec, synthesize};
-use strata_node::backend::{Backend, BackendError, CpuBackend, StepSeq};
-use strata_node::kv::{BlockId, KvBlockIo};
-use strata_node::scheduler::SchedulerLimits;
-use strata_node::{Engine, EngineConfig};
 use strata_router::admission::AdmissionLimits;
 use strata_router::auth::KeyStore;
-use strata_router::state::ServingParts;
-use strata_router::{Access, LoadedModel, ServedModel, serve_on_with};
+use strata_router::{Access, serve_on_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// The CPU backend, optionally slowed to a known pace per step.
-struct PacedBackend {
-    inner: CpuBackend,
-    delay: Duration,
-}
-
-impl KvBlockIo for PacedBackend {
-    fn block_bytes(&self) -> usize {
-        self.inner.block_bytes()
-    }
-    fn export_block(&self, id: BlockId, out: &mut [u8]) {
-        self.inner.export_block(id, out)
-    }
-    fn import_block(&mut self, id: BlockId, data: &[u8]) {
-        self.inner.import_block(id, data)
-    }
-}
-
-impl Backend for PacedBackend {
-    fn model_config(&self) -> &strata_model::ModelConfig {
-        self.inner.model_config()
-    }
-    fn block_size(&self) -> usize {
-        self.inner.block_size()
-    }
-    fn num_blocks(&self) -> usize {
-        self.inner.num_blocks()
-    }
-    fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError> {
-        std::thread::sleep(self.delay);
-        self.inner.step(seqs)
-    }
-}
+mod support;
 
 /// Serves a tiny synthesized model (no end-of-sequence ids: it runs to `max_tokens`) behind
 /// `access`; returns its address.
 async fn start(access: Access, step_delay: Duration) -> SocketAddr {
     let model_dir = tempfile::tempdir().unwrap();
-    synthesize(
-        &SynthSpec::tiny(Architecture::Qwen3, 1),
-        model_dir.path(),
-        None,
-    )
-    .unwrap();
-    let loaded = LoadedModel::load(model_dir.path()).unwrap();
-    let backend = PacedBackend {
-        inner: CpuBackend::new(loaded.model, 16, 16 << 20),
-        delay: step_delay,
-    };
-    let engine = Engine::start(
-        Box::new(backend),
-        EngineConfig {
-            limits: SchedulerLimits::default(),
-            host_blocks: 0,
-            disk: None,
-            eos_token_ids: Vec::new(),
-        },
-    )
-    .unwrap();
-    let parts = ServingParts {
-        tokenizer: loaded.tokenizer,
-        template: loaded.template,
-        generation_config: loaded.generation_config,
-    };
-    let state = Arc::new(ServedModel::new(
-        "tiny".into(),
-        "test".into(),
-        engine,
-        parts,
-    ));
+    let state = support::paced_tiny_state(model_dir.path(), step_delay, Default::default());
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
         .await
         .unwrap();

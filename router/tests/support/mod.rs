@@ -6,9 +6,18 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
 use strata_model::Architecture;
 use strata_model::synth::{SynthSpec, synthesize};
-use strata_router::{ServeConfig, load_state, serve_on};
+use strata_node::backend::{Backend, BackendError, CpuBackend, StepSeq};
+use strata_node::kv::{BlockId, KvBlockIo};
+use strata_node::scheduler::SchedulerLimits;
+use strata_node::{Engine, EngineConfig};
+use strata_router::state::{AppState, ServingParts};
+use strata_router::{LoadedModel, ServeConfig, ServedModel, load_state, serve_on};
 
 /// The SDK checkout under target/test-data/py, checked to hold `marker` (a file of the package).
 fn python_packages(marker: &str) -> PathBuf {
@@ -24,6 +33,7 @@ fn python_packages(marker: &str) -> PathBuf {
 /// Serves a tiny Qwen3 as `tiny-qwen3` and runs `router/tests/<script>` with
 /// `--base-url http://127.0.0.1:PORT<base_path> --model tiny-qwen3 --context-window N`;
 /// the test fails with the script's output unless it exits 0.
+#[allow(dead_code)] // each test crate includes this module; not all use every helper
 pub fn run_sdk_script(marker: &str, script: &str, base_path: &str) {
     let packages = python_packages(marker);
     let model_dir = tempfile::tempdir().unwrap();
@@ -82,4 +92,75 @@ pub fn run_sdk_script(marker: &str, script: &str, base_path: &str) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr),
     );
+}
+
+/// The CPU backend slowed to `delay` per step, counting its steps.
+struct PacedBackend {
+    inner: CpuBackend,
+    delay: Duration,
+    steps: Arc<AtomicUsize>,
+}
+
+impl KvBlockIo for PacedBackend {
+    fn block_bytes(&self) -> usize {
+        self.inner.block_bytes()
+    }
+    fn export_block(&self, id: BlockId, out: &mut [u8]) {
+        self.inner.export_block(id, out)
+    }
+    fn import_block(&mut self, id: BlockId, data: &[u8]) {
+        self.inner.import_block(id, data)
+    }
+}
+
+impl Backend for PacedBackend {
+    fn model_config(&self) -> &strata_model::ModelConfig {
+        self.inner.model_config()
+    }
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+    fn num_blocks(&self) -> usize {
+        self.inner.num_blocks()
+    }
+    fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError> {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(self.delay);
+        self.inner.step(seqs)
+    }
+}
+
+/// A tiny synthesized Qwen3 served as `tiny` (no end-of-sequence ids: it runs to `max_tokens`)
+/// on a backend that takes `delay` per step and counts its steps in `steps`. The checkpoint
+/// lives in `model_dir`.
+#[allow(dead_code)] // each test crate includes this module; not all use every helper
+pub fn paced_tiny_state(model_dir: &Path, delay: Duration, steps: Arc<AtomicUsize>) -> AppState {
+    synthesize(&SynthSpec::tiny(Architecture::Qwen3, 1), model_dir, None).unwrap();
+    let loaded = LoadedModel::load(model_dir).unwrap();
+    let backend = PacedBackend {
+        inner: CpuBackend::new(loaded.model, 16, 16 << 20),
+        delay,
+        steps,
+    };
+    let engine = Engine::start(
+        Box::new(backend),
+        EngineConfig {
+            limits: SchedulerLimits::default(),
+            host_blocks: 0,
+            disk: None,
+            eos_token_ids: Vec::new(),
+        },
+    )
+    .unwrap();
+    let parts = ServingParts {
+        tokenizer: loaded.tokenizer,
+        template: loaded.template,
+        generation_config: loaded.generation_config,
+    };
+    Arc::new(ServedModel::new(
+        "tiny".into(),
+        "test".into(),
+        engine,
+        parts,
+    ))
 }
