@@ -12,6 +12,7 @@
 pub mod chat;
 pub mod config;
 pub mod cpu;
+pub mod grammar;
 
 pub mod inspect;
 pub mod rope;

@@ -27,7 +27,7 @@ use std::collections::HashMap;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
-use strata_protocol::{SamplingParams, SamplingParamsError};
+use strata_protocol::{SamplingParams, SamplingParamsError, TokenLogprobs};
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SamplerError {
@@ -46,10 +46,12 @@ pub enum SamplerError {
 }
 
 /// One sampled token and its log-probability under the distribution it was drawn from.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub token: u32,
     pub logprob: f32,
+    /// When the parameters ask for log-probabilities (see [`TokenLogprobs`]).
+    pub logprobs: Option<Box<TokenLogprobs>>,
 }
 
 /// Everything needed to continue a sequence's sampling elsewhere with identical results: the RNG
@@ -154,11 +156,14 @@ impl Sampler {
             });
         }
         self.shape(logits);
-        let sampled = if self.params.temperature == 0.0 {
+        let mut sampled = if self.params.temperature == 0.0 {
             greedy(logits)?
         } else {
             self.draw(logits)?
         };
+        if let Some(k) = self.params.logprobs {
+            sampled.logprobs = Some(Box::new(report_logprobs(logits, sampled.token, k as usize)));
+        }
         self.history.observe_output(sampled.token);
         Ok(sampled)
     }
@@ -242,7 +247,48 @@ impl Sampler {
         Ok(Sampled {
             token,
             logprob: (log_weight - total.ln()) as f32,
+            logprobs: None,
         })
+    }
+}
+
+/// `token`'s log-probability and the `k` most likely tokens under the log-softmax of the shaped
+/// logits at temperature 1, summed exactly as the greedy path sums (so under greedy decoding the
+/// two agree to the bit).
+fn report_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
+    let max = logits
+        .iter()
+        .map(|&l| sanitize(l))
+        .fold(f32::NEG_INFINITY, f32::max);
+    let scale = Scale::new(max, 1.0);
+    let total: f64 = logits
+        .iter()
+        .map(|&l| f64::from(scale.weight(sanitize(l))))
+        .sum();
+    let log_total = total.ln();
+    let logprob = |l: f32| (scale.log_weight(sanitize(l)) - log_total) as f32;
+    let mut top: Vec<Candidate> = Vec::with_capacity(k + 1);
+    if k > 0 {
+        for (id, &raw) in (0u32..).zip(logits) {
+            let c = Candidate {
+                id,
+                score: sanitize(raw),
+            };
+            if c.score == f32::NEG_INFINITY {
+                continue;
+            }
+            if top.len() < k {
+                top.push(c);
+                top.sort_unstable_by(Candidate::rank);
+            } else if Candidate::rank(&c, &top[k - 1]).is_lt() {
+                top[k - 1] = c;
+                top.sort_unstable_by(Candidate::rank);
+            }
+        }
+    }
+    TokenLogprobs {
+        logprob: logprob(logits[token as usize]),
+        top: top.iter().map(|c| (c.id, logprob(c.score))).collect(),
     }
 }
 
@@ -423,6 +469,7 @@ fn greedy(logits: &[f32]) -> Result<Sampled, SamplerError> {
     Ok(Sampled {
         token,
         logprob: -total.ln() as f32,
+        logprobs: None,
     })
 }
 

@@ -182,6 +182,7 @@ fn scheduler_step() -> BenchResult<Value> {
             sampling: sampling.clone(),
             cache_salt: 0,
             deadline: None,
+            constraint: None,
         };
         let sampler = Sampler::new(&sampling, VOCAB)?;
         scheduler.add(Sequence::new(i as u64, request, sampler, tx));

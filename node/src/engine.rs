@@ -1,11 +1,13 @@
 //! The in-process engine handle: a thread that owns the backend and the scheduler, fed by
 //! submit / cancel commands, streaming token events back per request.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 
 use strata_model::ModelConfig;
+use strata_model::grammar::{GrammarCompiler, GrammarError};
 use strata_model::sampler::{Sampler, SamplerError};
 use strata_protocol::{FinishReason, GenerateRequest, TokenEvent};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
@@ -23,6 +25,8 @@ pub struct EngineConfig {
     pub disk: Option<(std::path::PathBuf, usize)>,
     /// End-of-sequence ids of the model.
     pub eos_token_ids: Vec<u32>,
+    /// Compiles requests' output constraints; `None` refuses constrained requests.
+    pub grammar: Option<Arc<GrammarCompiler>>,
 }
 
 /// Why a request was refused at submission, with the numbers.
@@ -47,6 +51,10 @@ pub enum SubmitError {
     TokenOutOfRange { token: u32, vocab_size: usize },
     #[error(transparent)]
     Sampling(#[from] SamplerError),
+    #[error(transparent)]
+    Grammar(#[from] GrammarError),
+    #[error("this engine has no grammar compiler, so it cannot constrain output")]
+    GrammarUnavailable,
     #[error("the engine has stopped")]
     Stopped,
 }
@@ -71,6 +79,7 @@ pub struct Engine {
     config: ModelConfig,
     block_size: usize,
     device_blocks: usize,
+    grammar: Option<Arc<GrammarCompiler>>,
 }
 
 impl Engine {
@@ -108,6 +117,7 @@ impl Engine {
             config: model,
             block_size,
             device_blocks,
+            grammar: config.grammar,
         })
     }
 
@@ -139,9 +149,18 @@ impl Engine {
             return Err(SubmitError::TokenOutOfRange { token, vocab_size });
         }
         let sampler = Sampler::new(&request.sampling, vocab_size)?;
+        let constraint = match &request.constraint {
+            None => None,
+            Some(c) => Some(
+                self.grammar
+                    .as_ref()
+                    .ok_or(SubmitError::GrammarUnavailable)?
+                    .compile(c)?,
+            ),
+        };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
-        let seq = Sequence::new(id, request, sampler, tx);
+        let seq = Sequence::new(id, request, sampler, tx).with_constraint(constraint);
         self.send(Command::Submit(Box::new(seq)))?;
         Ok(RequestStream { id, events: rx })
     }

@@ -203,6 +203,7 @@ fn request(prompt: Vec<u32>) -> GenerateRequest {
         },
         cache_salt: 7,
         deadline: None,
+        constraint: None,
     }
 }
 

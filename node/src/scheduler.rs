@@ -11,6 +11,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use strata_model::grammar::ConstrainedDecoder;
 use strata_model::sampler::Sampler;
 use strata_model::stop::is_stop_token;
 use strata_protocol::{FinishReason, GenerateRequest, TokenEvent, Usage};
@@ -49,6 +50,8 @@ pub struct Sequence {
     /// Hashes of the leading full blocks registered so far (`hashes.len()` ≤ `blocks.len()`).
     hashes: Vec<BlockHash>,
     sampler: Sampler,
+    /// The output grammar's position, when the request has one.
+    constraint: Option<ConstrainedDecoder>,
     generated: u32,
     cached_tokens: u32,
     deadline: Option<Instant>,
@@ -74,11 +77,18 @@ impl Sequence {
             blocks: Vec::new(),
             hashes: Vec::new(),
             sampler,
+            constraint: None,
             generated: 0,
             cached_tokens: 0,
             deadline,
             events,
         }
+    }
+
+    /// Every token this sequence samples must keep its output inside `constraint`.
+    pub fn with_constraint(mut self, constraint: Option<ConstrainedDecoder>) -> Self {
+        self.constraint = constraint;
+        self
     }
 
     fn pending(&self) -> usize {
@@ -382,22 +392,42 @@ impl Scheduler {
             let row = rows
                 .next()
                 .expect("one logits row per sequence wanting logits");
-            let reason = match seq.sampler.sample(row) {
-                Err(e) => {
-                    let _ = seq.events.send(TokenEvent::Failed {
-                        message: e.to_string(),
-                    });
+            let masked = match seq.constraint.as_mut() {
+                Some(c) => c.mask(row).map_err(|e| e.to_string()),
+                None => Ok(()),
+            };
+            let sampled = masked.and_then(|()| seq.sampler.sample(row).map_err(|e| e.to_string()));
+            let reason = match sampled {
+                Err(message) => {
+                    let _ = seq.events.send(TokenEvent::Failed { message });
                     Some(FinishReason::Cancelled)
                 }
                 Ok(s) if is_stop_token(s.token, &seq.request.sampling, &self.eos) => {
                     Some(FinishReason::Stop)
                 }
+                // The grammar is complete and the model chose to end it.
+                Ok(s)
+                    if seq
+                        .constraint
+                        .as_mut()
+                        .is_some_and(|c| c.ends_with(s.token)) =>
+                {
+                    Some(FinishReason::Stop)
+                }
                 Ok(s) => {
+                    if let Some(Err(e)) = seq.constraint.as_mut().map(|c| c.advance(s.token)) {
+                        let _ = seq.events.send(TokenEvent::Failed {
+                            message: e.to_string(),
+                        });
+                        finished.push((seq.id, FinishReason::Cancelled));
+                        continue;
+                    }
                     seq.generated += 1;
                     seq.tokens.push(s.token);
                     let _ = seq.events.send(TokenEvent::Token {
                         id: s.token,
                         logprob: s.logprob,
+                        logprobs: s.logprobs,
                     });
                     if seq.generated >= seq.request.sampling.max_tokens
                         || seq.tokens.len() >= self.context_window

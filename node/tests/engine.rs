@@ -1,14 +1,19 @@
 //! The threaded `Engine` handle: streaming, refusals with numbers, cancellation, deadlines.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use strata_model::config::Architecture;
 use strata_model::cpu::CpuModel;
+use strata_model::grammar::GrammarCompiler;
 use strata_model::synth::{SynthSpec, synthesize};
+use strata_model::tokenizer::Tokenizer;
 use strata_node::backend::CpuBackend;
 use strata_node::scheduler::SchedulerLimits;
 use strata_node::{Engine, EngineConfig, RequestStream, SubmitError};
-use strata_protocol::{FinishReason, GenerateRequest, SamplingParams, TokenEvent, Usage};
+use strata_protocol::{
+    Constraint, FinishReason, GenerateRequest, SamplingParams, TokenEvent, Usage,
+};
 
 fn engine(device_blocks: usize) -> (tempfile::TempDir, Engine) {
     let dir = tempfile::tempdir().unwrap();
@@ -19,6 +24,7 @@ fn engine(device_blocks: usize) -> (tempfile::TempDir, Engine) {
         host_blocks: 0,
         disk: None,
         eos_token_ids: vec![],
+        grammar: None,
     };
     (dir, Engine::start(Box::new(backend), config).unwrap())
 }
@@ -33,6 +39,7 @@ fn request(prompt_len: usize, max_tokens: u32) -> GenerateRequest {
         },
         cache_salt: 0,
         deadline: None,
+        constraint: None,
     }
 }
 
@@ -40,7 +47,7 @@ fn drain(mut stream: RequestStream) -> (Vec<u32>, FinishReason, Usage) {
     let mut tokens = Vec::new();
     while let Some(event) = stream.events.blocking_recv() {
         match event {
-            TokenEvent::Token { id, logprob } => {
+            TokenEvent::Token { id, logprob, .. } => {
                 assert!(logprob <= 0.0);
                 tokens.push(id);
             }
@@ -172,4 +179,104 @@ fn a_sequence_that_outgrows_the_kv_pool_ends_with_length() {
         (reason, usage.completion_tokens, tokens.len()),
         (FinishReason::Length, 45, 45)
     );
+}
+
+/// An engine over the tiny model with a grammar compiler (its tokenizer's end-of-sequence id
+/// ends grammars), plus that tokenizer.
+fn constrained_engine() -> (tempfile::TempDir, Engine, Tokenizer) {
+    let dir = tempfile::tempdir().unwrap();
+    synthesize(&SynthSpec::tiny(Architecture::Llama, 3), dir.path(), None).unwrap();
+    let model = CpuModel::load(dir.path()).unwrap();
+    let tokenizer = Tokenizer::from_dir(dir.path()).unwrap();
+    let eos = tokenizer.eos_token_id().unwrap();
+    let grammar = GrammarCompiler::new(&tokenizer, model.config().vocab_size, &[eos]).unwrap();
+    let config = EngineConfig {
+        limits: SchedulerLimits::default(),
+        host_blocks: 0,
+        disk: None,
+        eos_token_ids: vec![],
+        grammar: Some(Arc::new(grammar)),
+    };
+    let backend = CpuBackend::with_blocks(model, 16, 64);
+    let engine = Engine::start(Box::new(backend), config).unwrap();
+    (dir, engine, tokenizer)
+}
+
+#[test]
+fn constrained_output_follows_the_schema_and_ends_with_it() {
+    let (_d, constrained, tokenizer) = constrained_engine();
+    let schema = r#"{"type":"object","properties":{"ok":{"type":"boolean"},
+        "n":{"type":"integer","minimum":0,"maximum":99}},"required":["ok","n"],
+        "additionalProperties":false}"#;
+    for seed in 0..4 {
+        let mut r = request(12, 64);
+        r.sampling = SamplingParams {
+            temperature: 1.0,
+            seed,
+            max_tokens: 64,
+            ..SamplingParams::default()
+        };
+        r.constraint = Some(Constraint::JsonSchema(schema.into()));
+        let (tokens, reason, _) = drain(constrained.submit(r).unwrap());
+        let text = tokenizer.decode(&tokens, false).unwrap();
+        let value: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("seed {seed}: {text:?}: {e}"));
+        assert!(value["ok"].is_boolean() && value["n"].as_u64().unwrap() < 100);
+        assert_eq!(reason, FinishReason::Stop, "the grammar ended it: {text}");
+    }
+    // Canary: the same sampling without the constraint is not JSON.
+    let mut free = request(12, 32);
+    free.sampling.temperature = 1.0;
+    let (tokens, _, _) = drain(constrained.submit(free).unwrap());
+    let text = tokenizer.decode(&tokens, false).unwrap();
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&text).is_err(),
+        "{text}"
+    );
+
+    let mut bad = request(12, 8);
+    bad.constraint = Some(Constraint::JsonSchema("{\"type\": ".into()));
+    assert!(matches!(constrained.submit(bad), Err(SubmitError::Grammar(_))));
+    let (_d2, plain) = engine(64);
+    let mut unsupported = request(12, 8);
+    unsupported.constraint = Some(Constraint::JsonObject);
+    assert!(matches!(
+        plain.submit(unsupported),
+        Err(SubmitError::GrammarUnavailable)
+    ));
+}
+
+#[test]
+fn logprobs_list_the_most_likely_tokens() {
+    let (_d, engine) = engine(64);
+    let mut r = request(20, 6);
+    r.sampling.logprobs = Some(5);
+    let mut stream = engine.submit(r).unwrap();
+    let mut seen = 0;
+    while let Some(event) = stream.events.blocking_recv() {
+        let TokenEvent::Token {
+            id,
+            logprob,
+            logprobs,
+        } = event
+        else {
+            break;
+        };
+        let info = logprobs.expect("asked for logprobs");
+        assert_eq!(info.top.len(), 5);
+        // Greedy: the chosen token is the most likely one, with the same log-probability.
+        assert_eq!(info.top[0], (id, logprob));
+        assert_eq!(info.logprob, logprob);
+        assert!(info.top.windows(2).all(|w| w[0].1 >= w[1].1));
+        let mass: f32 = info.top.iter().map(|(_, l)| l.exp()).sum();
+        assert!(mass <= 1.0 + 1e-5);
+        seen += 1;
+    }
+    assert_eq!(seen, 6);
+    let mut too_many = request(20, 6);
+    too_many.sampling.logprobs = Some(21);
+    assert!(matches!(
+        engine.submit(too_many),
+        Err(SubmitError::Sampling(_))
+    ));
 }

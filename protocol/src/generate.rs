@@ -18,6 +18,23 @@ pub struct GenerateRequest {
     pub cache_salt: u64,
     /// Time allowed from submission to the last token; `None` = no limit.
     pub deadline: Option<Duration>,
+    /// A grammar every generated token must keep the output inside; `None` = free text.
+    #[serde(default)]
+    pub constraint: Option<Constraint>,
+}
+
+/// A grammar the output must follow, enforced while decoding: at each step only tokens that keep
+/// the output a valid prefix of the language can be sampled, and end-of-sequence only once the
+/// output is complete.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Constraint {
+    /// Any JSON object.
+    JsonObject,
+    /// A JSON value valid under this JSON Schema (the schema as JSON text).
+    JsonSchema(String),
+    /// A grammar in llguidance's Lark dialect (it may embed JSON schemas with `%json`).
+    Lark(String),
 }
 
 /// Token counts of a finished or running request.
@@ -35,6 +52,8 @@ pub enum TokenEvent {
     Token {
         id: u32,
         logprob: f32,
+        /// Present when the request asked for log-probabilities.
+        logprobs: Option<Box<TokenLogprobs>>,
     },
     Finished {
         reason: FinishReason,
@@ -44,4 +63,14 @@ pub enum TokenEvent {
     Failed {
         message: String,
     },
+}
+
+/// A generated token's log-probability and its most likely alternatives, under the model's
+/// distribution after logit bias, penalties and any grammar mask, at temperature 1 and before
+/// top-k / top-p / min-p filtering.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// The most likely tokens, most likely first (ties: lower id first).
+    pub top: Vec<(u32, f32)>,
 }

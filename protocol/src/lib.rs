@@ -4,5 +4,5 @@
 mod generate;
 mod sampling;
 
-pub use generate::{GenerateRequest, TokenEvent, Usage};
-pub use sampling::{FinishReason, SamplingParams, SamplingParamsError};
+pub use generate::{Constraint, GenerateRequest, TokenEvent, TokenLogprobs, Usage};
+pub use sampling::{FinishReason, MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError};

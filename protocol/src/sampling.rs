@@ -36,7 +36,13 @@ pub struct SamplingParams {
     /// Strings that end generation; the matched string is not part of the returned text.
     pub stop: Vec<String>,
     pub ignore_eos: bool,
+    /// Report log-probabilities: `Some(k)` sends each token's log-probability and the `k` most
+    /// likely alternatives (at most [`MAX_TOP_LOGPROBS`]); `None` sends none.
+    pub logprobs: Option<u32>,
 }
+
+/// The most alternatives a token's log-probabilities may list (OpenAI's bound).
+pub const MAX_TOP_LOGPROBS: u32 = 20;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -54,6 +60,7 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
             ignore_eos: false,
+            logprobs: None,
         }
     }
 }
@@ -111,6 +118,14 @@ impl SamplingParams {
         check("frequency_penalty", self.frequency_penalty, true, "finite")?;
         for bias in self.logit_bias.values() {
             check("logit_bias", *bias, true, "finite")?;
+        }
+        if let Some(k) = self.logprobs {
+            check(
+                "top_logprobs",
+                k as f32,
+                k <= MAX_TOP_LOGPROBS,
+                "in [0, 20]",
+            )?;
         }
         Ok(())
     }

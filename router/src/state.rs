@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use strata_model::chat::{ChatTemplate, TemplateError};
 use strata_model::cpu::{CpuModel, LoadError};
+use strata_model::grammar::GrammarCompiler;
 use strata_model::tokenizer::{Tokenizer, TokenizerError};
 use strata_model::{ConfigError, GenerationConfig, ModelConfig};
 use strata_node::backend::CpuBackend;
@@ -69,6 +70,11 @@ impl LoadedModel {
         if block_size == 0 {
             return Err(ModelLoadError::BlockSize);
         }
+        let grammar = grammar_compiler(
+            &self.tokenizer,
+            self.model.config().vocab_size,
+            &self.eos_token_ids,
+        );
         let backend = CpuBackend::new(self.model, block_size, kv_cache_bytes);
         let engine = Engine::start(
             Box::new(backend),
@@ -77,6 +83,7 @@ impl LoadedModel {
                 host_blocks: 0,
                 disk: None,
                 eos_token_ids: self.eos_token_ids,
+                grammar,
             },
         )?;
         let parts = ServingParts {
@@ -107,6 +114,25 @@ pub fn eos_ids(config: &ModelConfig, g: &GenerationConfig, tokenizer: &Tokenizer
     ids.sort_unstable();
     ids.dedup();
     ids
+}
+
+/// The grammar compiler for structured output, ending grammars with `eos` (or, when the model
+/// names none, the tokenizer's end-of-sequence token). `None`, with the reason on stderr, when
+/// the tokenizer's vocabulary cannot be mapped to bytes: constrained requests are then refused.
+pub fn grammar_compiler(
+    tokenizer: &Tokenizer,
+    model_vocab: usize,
+    eos: &[u32],
+) -> Option<Arc<GrammarCompiler>> {
+    let fallback: Vec<u32> = tokenizer.eos_token_id().into_iter().collect();
+    let eos = if eos.is_empty() { &fallback } else { eos };
+    match GrammarCompiler::new(tokenizer, model_vocab, eos) {
+        Ok(compiler) => Some(Arc::new(compiler)),
+        Err(e) => {
+            eprintln!("structured output is off: {e}");
+            None
+        }
+    }
 }
 
 /// The served model as the handlers see it.
