@@ -8,7 +8,9 @@
 #   - the pinned official `anthropic` Python SDK, driven the same way by
 #     `cargo test -p strata-router --test anthropic_sdk`;
 #   - the pinned `boto3` (AWS SDK for Python), whose bedrock-runtime client
-#     `cargo test -p strata-router --test converse_boto3` drives the same way.
+#     `cargo test -p strata-router --test converse_boto3` drives the same way;
+#   - NVRTC, the CUDA headers and ptxas as CUDA 13.0 pip wheels, with which
+#     `cargo test -p strata-kernels --test compile` compiles every kernel without a GPU.
 # Idempotent and quiet when everything is already in place; the expected renders are
 # regenerated whenever the conversations or the renderer are newer than them.
 set -euo pipefail
@@ -21,6 +23,7 @@ tokenizers_version="3.7.2"
 openai_version="1.109.1"
 anthropic_version="0.75.0"
 boto3_version="1.40.0"
+cuda_version="13.0"
 
 fetch_tokenizer() {
     local package="$1" name="$2"
@@ -68,6 +71,19 @@ if ! grep -qs "__version__ = '$boto3_version'" "$py/boto3/__init__.py"; then
     echo "installing boto3==$boto3_version -> $py" >&2
     python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
         --target "$py" "boto3==$boto3_version"
+fi
+
+# The CUDA wheels: every CUDA component pinned to one minor version (the nvcc wheel would
+# otherwise pull the newest crt headers and nvvm). Checked by file and by the nvrtc wheel's version.
+cuda="$data/cuda"
+if ! ls "$cuda"/nvidia_cuda_nvrtc-"$cuda_version".*.dist-info >/dev/null 2>&1 \
+    || [[ ! -f "$cuda/nvidia/cu13/lib/libnvrtc.so.13" || ! -x "$cuda/nvidia/cu13/bin/ptxas" \
+        || ! -f "$cuda/nvidia/cu13/include/cuda_bf16.h" ]]; then
+    echo "installing CUDA $cuda_version NVRTC, headers and ptxas -> $cuda" >&2
+    rm -rf "$cuda"
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
+        --target "$cuda" "nvidia-cuda-nvrtc==$cuda_version.*" "nvidia-cuda-runtime==$cuda_version.*" \
+        "nvidia-cuda-nvcc==$cuda_version.*" "nvidia-cuda-crt==$cuda_version.*" "nvidia-nvvm==$cuda_version.*"
 fi
 
 expected="$data/chat-expected.json"

@@ -27,18 +27,35 @@ enum Command {
     /// Manage the API keys `strata serve` accepts.
     #[command(subcommand)]
     Keys(commands::keys::KeysCommand),
+    /// Compile-check the CUDA kernels, or run them against the CPU reference on a GPU.
+    #[command(subcommand)]
+    Kernels(commands::kernels::KernelsCommand),
 }
 
 fn main() {
     let cli = Cli::parse();
+    init_tracing();
     let result = match cli.command {
         Command::Model(cmd) => commands::model::run(cmd),
         Command::Generate(args) => commands::generate::run(args),
         Command::Serve(args) => commands::serve::run(args),
         Command::Keys(cmd) => commands::keys::run(cmd),
+        Command::Kernels(cmd) => commands::kernels::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// Log lines go to stderr, filtered by `RUST_LOG` (default `info`), colored only on a terminal.
+fn init_tracing() {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
 }

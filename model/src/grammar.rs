@@ -238,6 +238,18 @@ enum Spelling {
     Pieces { space: char },
 }
 
+/// The bytes every token id stands for (special tokens: their text), for reporting tokens to
+/// clients; ids with no entry are empty.
+pub fn vocabulary_bytes(tokenizer: &Tokenizer) -> Result<Vec<Vec<u8>>, String> {
+    let mut words = token_bytes(tokenizer.inner())?;
+    for word in &mut words {
+        if word.first() == Some(&TokTrie::SPECIAL_TOKEN_MARKER) {
+            word.remove(0);
+        }
+    }
+    Ok(words)
+}
+
 /// The bytes of every token id below the tokenizer's vocabulary size; ids with no entry stay
 /// empty (the caller makes them unreachable).
 fn token_bytes(tokenizer: &tokenizers::Tokenizer) -> Result<Vec<Vec<u8>>, String> {

@@ -236,7 +236,10 @@ fn constrained_output_follows_the_schema_and_ends_with_it() {
 
     let mut bad = request(12, 8);
     bad.constraint = Some(Constraint::JsonSchema("{\"type\": ".into()));
-    assert!(matches!(constrained.submit(bad), Err(SubmitError::Grammar(_))));
+    assert!(matches!(
+        constrained.submit(bad),
+        Err(SubmitError::Grammar(_))
+    ));
     let (_d2, plain) = engine(64);
     let mut unsupported = request(12, 8);
     unsupported.constraint = Some(Constraint::JsonObject);

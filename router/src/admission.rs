@@ -151,32 +151,72 @@ fn with_retry_after(mut response: Response) -> Response {
     response
 }
 
-/// Middleware: axum answers an oversize body with a plain-text 413; this gives it the surface's
-/// error shape and the limit.
-pub async fn shape_oversize(
+/// Middleware: axum answers some refusals itself in plain text — an oversize body (413), a wrong
+/// method (405), a body that cannot be read (400, e.g. cut short) — and this gives each the
+/// surface's error shape (413 with the limit).
+pub async fn shape_plain_errors(
     State(limits): State<AdmissionLimits>,
     request: Request,
     next: Next,
 ) -> Response {
     let path = request.uri().path().to_string();
+    let method = request.method().clone();
     let response = next.run(request).await;
+    let status = response.status();
     let is_json = response
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if response.status() != StatusCode::PAYLOAD_TOO_LARGE || is_json {
+    if is_json || !(status.is_client_error() || status.is_server_error()) {
         return response;
     }
-    refusal(
-        &path,
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "invalid_request_error",
-        Some("request_too_large"),
-        &format!(
-            "the request body exceeds the limit of {} bytes",
-            limits.max_body_bytes
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => refusal(
+            &path,
+            status,
+            "invalid_request_error",
+            Some("request_too_large"),
+            &format!(
+                "the request body exceeds the limit of {} bytes",
+                limits.max_body_bytes
+            ),
         ),
-    )
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let allow = response.headers().get(header::ALLOW).cloned();
+            let mut shaped = refusal(
+                &path,
+                status,
+                "invalid_request_error",
+                Some("method_not_allowed"),
+                &format!("{method} is not allowed on {path}"),
+            );
+            if let Some(allow) = allow {
+                shaped.headers_mut().insert(header::ALLOW, allow);
+            }
+            shaped
+        }
+        _ => {
+            // axum's own rejections carry a one-line plain-text reason; keep it.
+            let bytes = axum::body::to_bytes(response.into_body(), 4096)
+                .await
+                .unwrap_or_default();
+            let reason = String::from_utf8_lossy(&bytes).trim().to_string();
+            let message = if reason.is_empty() {
+                status
+                    .canonical_reason()
+                    .unwrap_or("request refused")
+                    .to_string()
+            } else {
+                reason
+            };
+            let kind = if status.is_server_error() {
+                "server_error"
+            } else {
+                "invalid_request_error"
+            };
+            refusal(&path, status, kind, None, &message)
+        }
+    }
 }
 
 /// A refusal made before any handler ran, in the error shape of the surface `path` belongs to:

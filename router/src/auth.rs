@@ -3,11 +3,15 @@
 //! request's [`Tenant`]. The tenant's cache salt keeps its prefix cache apart from other tenants'.
 //!
 //! With no keys the server is open: every request runs as the anonymous tenant (salt 0).
+//!
+//! A running server follows its keys file: [`KeysFileWatch`] polls it and swaps the
+//! [`LiveKeys`] ring whole, so a revoked key stops working within the poll interval.
 
 use std::fs;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -170,24 +174,47 @@ impl Tenant {
 }
 
 /// The keys a running server accepts, as raw hashes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KeyRing {
     keys: Vec<([u8; 32], Tenant)>,
+    /// Every client is accepted. Only a server that started without keys is open, and it
+    /// stays open only while it has none: revoking keys never opens a server.
+    open: bool,
+}
+
+impl Default for KeyRing {
+    fn default() -> Self {
+        Self::new(&KeyStore::default())
+    }
 }
 
 impl KeyRing {
-    /// Records with a malformed hash are skipped: they could never match.
+    /// Records with a malformed hash are skipped: they could never match. No usable key = open.
     pub fn new(store: &KeyStore) -> Self {
-        let keys = store
+        let keys = Self::parse(store);
+        let open = keys.is_empty();
+        Self { keys, open }
+    }
+
+    /// The ring after the keys file changed under a running server whose ring was `previous`:
+    /// open only if it was open and still has no keys. A closed server whose last key is
+    /// revoked refuses everyone until a key is added.
+    pub fn reloaded(store: &KeyStore, previous: &KeyRing) -> Self {
+        let keys = Self::parse(store);
+        let open = previous.open && keys.is_empty();
+        Self { keys, open }
+    }
+
+    fn parse(store: &KeyStore) -> Vec<([u8; 32], Tenant)> {
+        store
             .keys
             .iter()
             .filter_map(|k| Some((unhex32(&k.sha256)?, Tenant::named(&k.tenant))))
-            .collect();
-        Self { keys }
+            .collect()
     }
 
     pub fn is_open(&self) -> bool {
-        self.keys.is_empty()
+        self.open
     }
 
     pub fn len(&self) -> usize {
@@ -211,9 +238,132 @@ impl KeyRing {
     }
 }
 
-/// Paths anyone may read: liveness, readiness and metrics.
+/// The ring in force, replaced whole when the keys file changes: a request sees either the old
+/// keys or the new ones, never a mix. The lock is held only to clone the `Arc`.
+#[derive(Debug, Default)]
+pub struct LiveKeys {
+    ring: RwLock<Arc<KeyRing>>,
+}
+
+impl LiveKeys {
+    pub fn new(ring: KeyRing) -> Self {
+        Self {
+            ring: RwLock::new(Arc::new(ring)),
+        }
+    }
+
+    pub fn current(&self) -> Arc<KeyRing> {
+        self.ring.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn replace(&self, ring: KeyRing) {
+        *self.ring.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(ring);
+    }
+}
+
+/// What is compared between polls: a rewrite (`strata keys` renames a new file over the old)
+/// changes the inode, an edit in place the modification time or the length.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    modified: Option<SystemTime>,
+    len: u64,
+    inode: u64,
+}
+
+impl FileStamp {
+    /// `None` when the file cannot be examined (absent, most often).
+    fn of(path: &Path) -> Option<Self> {
+        let meta = fs::metadata(path).ok()?;
+        #[cfg(unix)]
+        let inode = std::os::unix::fs::MetadataExt::ino(&meta);
+        #[cfg(not(unix))]
+        let inode = 0;
+        Some(Self {
+            modified: meta.modified().ok(),
+            len: meta.len(),
+            inode,
+        })
+    }
+}
+
+/// Follows one keys file for a running server.
+#[derive(Debug)]
+pub struct KeysFileWatch {
+    path: PathBuf,
+    live: Arc<LiveKeys>,
+    /// The store behind the ring in force.
+    store: KeyStore,
+    /// `None` before the first poll, so the first poll rereads the file: it may have changed
+    /// between the server's start and the watch's.
+    stamp: Option<Option<FileStamp>>,
+}
+
+impl KeysFileWatch {
+    /// `store` is what `live` was built from.
+    pub fn new(path: PathBuf, store: KeyStore, live: Arc<LiveKeys>) -> Self {
+        Self {
+            path,
+            live,
+            store,
+            stamp: None,
+        }
+    }
+
+    /// Looks at the file once; rereads it when it changed. A file that cannot be read or parsed
+    /// leaves the keys in force (and is logged); so does a file that disappears, since losing
+    /// the file must not open the server.
+    pub fn poll(&mut self) {
+        let stamp = FileStamp::of(&self.path);
+        if self.stamp.as_ref() == Some(&stamp) {
+            return;
+        }
+        self.stamp = Some(stamp.clone());
+        let path = self.path.display();
+        if stamp.is_none() {
+            if !self.store.keys.is_empty() {
+                tracing::warn!(
+                    "keys file {path} is gone; keeping the {} keys in force",
+                    self.store.keys.len()
+                );
+            }
+            return;
+        }
+        let store = match KeyStore::load(&self.path) {
+            Ok(store) => store,
+            Err(e) => {
+                tracing::error!("keys file not reloaded, the keys in force stay: {e}");
+                return;
+            }
+        };
+        if store == self.store {
+            return;
+        }
+        let ring = KeyRing::reloaded(&store, &self.live.current());
+        if !ring.is_open() && ring.is_empty() {
+            tracing::warn!(
+                "keys file {path} holds no keys: every request is refused until one is added"
+            );
+        } else {
+            tracing::info!("keys file {path} reloaded: {} keys", ring.len());
+        }
+        self.live.replace(ring);
+        self.store = store;
+    }
+
+    /// Polls every `interval`, forever (the task ends with the runtime).
+    pub async fn run(mut self, interval: Duration) {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            self.poll();
+        }
+    }
+}
+
+/// Paths anyone may read: liveness, readiness, metrics and the API description.
 fn is_public(path: &str) -> bool {
-    matches!(path, "/health" | "/ready" | "/metrics")
+    matches!(path, "/health" | "/ready" | "/metrics" | "/openapi.json")
 }
 
 /// The key a client presented: `Authorization: Bearer <key>` or `x-api-key: <key>`.
@@ -232,10 +382,11 @@ fn presented_key(headers: &HeaderMap) -> Option<&str> {
 
 /// Middleware: sets the request's [`Tenant`] or answers 401 in the surface's error shape.
 pub async fn require_key(
-    State(ring): State<Arc<KeyRing>>,
+    State(live): State<Arc<LiveKeys>>,
     mut request: Request,
     next: Next,
 ) -> Response {
+    let ring = live.current();
     let tenant = if ring.is_open() || is_public(request.uri().path()) {
         Ok(Tenant::anonymous())
     } else {
@@ -248,6 +399,9 @@ pub async fn require_key(
     };
     match tenant {
         Ok(tenant) => {
+            if !tenant.name.is_empty() {
+                tracing::Span::current().record("tenant", &*tenant.name);
+            }
             request.extensions_mut().insert(tenant);
             next.run(request).await
         }
@@ -340,5 +494,73 @@ mod tests {
             KeyStore::load(&dir.path().join("absent")).unwrap(),
             KeyStore::default()
         );
+    }
+
+    /// A watch over a fresh keys file holding one key of `acme`; returns it with the key.
+    fn watched(dir: &Path) -> (KeysFileWatch, Arc<LiveKeys>, KeyStore, String) {
+        let path = dir.join("keys.json");
+        let mut store = KeyStore::default();
+        let (_, key) = store.add("acme", 1).unwrap();
+        store.save(&path).unwrap();
+        let live = Arc::new(LiveKeys::new(KeyRing::new(&store)));
+        let watch = KeysFileWatch::new(path, store.clone(), live.clone());
+        (watch, live, store, key)
+    }
+
+    #[test]
+    fn a_revoked_key_stops_working_after_a_poll() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut watch, live, mut store, key) = watched(dir.path());
+        watch.poll();
+        let (_, other) = store.add("beta", 2).unwrap();
+        let first = store.keys[0].id.clone();
+        store.revoke(&first).unwrap();
+        store.save(&watch.path).unwrap();
+        assert!(live.current().tenant(&key).is_some(), "not polled yet");
+        watch.poll();
+        assert_eq!(live.current().tenant(&key), None);
+        assert_eq!(live.current().tenant(&other), Some(Tenant::named("beta")));
+    }
+
+    #[test]
+    fn a_broken_or_vanished_file_keeps_the_keys_in_force() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut watch, live, _, key) = watched(dir.path());
+        fs::write(&watch.path, "{not json").unwrap();
+        watch.poll();
+        assert!(live.current().tenant(&key).is_some());
+        fs::remove_file(&watch.path).unwrap();
+        watch.poll();
+        assert!(live.current().tenant(&key).is_some());
+        assert!(!live.current().is_open());
+    }
+
+    #[test]
+    fn revoking_the_last_key_refuses_everyone_rather_than_opening() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut watch, live, mut store, key) = watched(dir.path());
+        let id = store.keys[0].id.clone();
+        store.revoke(&id).unwrap();
+        store.save(&watch.path).unwrap();
+        watch.poll();
+        let ring = live.current();
+        assert!(!ring.is_open() && ring.is_empty());
+        assert_eq!(ring.tenant(&key), None);
+    }
+
+    #[test]
+    fn an_open_server_closes_when_its_first_key_is_added() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.json");
+        let live = Arc::new(LiveKeys::new(KeyRing::new(&KeyStore::default())));
+        let mut watch = KeysFileWatch::new(path.clone(), KeyStore::default(), live.clone());
+        watch.poll();
+        assert!(live.current().is_open());
+        let mut store = KeyStore::default();
+        let (_, key) = store.add("acme", 1).unwrap();
+        store.save(&path).unwrap();
+        watch.poll();
+        assert!(!live.current().is_open());
+        assert!(live.current().tenant(&key).is_some());
     }
 }

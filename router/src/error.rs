@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 use strata_model::chat::TemplateError;
+use strata_model::grammar::GrammarError;
 use strata_model::tokenizer::TokenizerError;
 use strata_node::SubmitError;
 
@@ -91,6 +92,16 @@ impl ApiError {
             | SubmitError::KvCapacity { .. }
             | SubmitError::TokenOutOfRange { .. } => Self::invalid(Some(prompt_param), message),
             SubmitError::Sampling(_) => Self::invalid(None, message),
+            // A schema or grammar that does not compile is the request's fault; a model whose
+            // tokenizer cannot be constrained refuses the request, as any unsupported feature.
+            SubmitError::Grammar(
+                GrammarError::SchemaJson(_)
+                | GrammarError::Compile(_)
+                | GrammarError::Tokenizer(_)
+                | GrammarError::NoEos,
+            )
+            | SubmitError::GrammarUnavailable => Self::invalid(None, message),
+            SubmitError::Grammar(GrammarError::Matcher(_)) => Self::internal(message),
             SubmitError::Stopped => Self {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 ..Self::internal(message)
@@ -143,6 +154,27 @@ mod tests {
         );
         assert_eq!(body["error"]["param"], "prompt");
         assert_eq!(body["error"]["code"], "context_length_exceeded");
+    }
+
+    #[test]
+    fn a_grammar_that_does_not_compile_is_the_clients_fault() {
+        let schema = ApiError::from_submit(
+            SubmitError::Grammar(GrammarError::SchemaJson("expected object".into())),
+            "messages",
+        );
+        assert_eq!(schema.status, StatusCode::BAD_REQUEST);
+        assert!(
+            schema.message.contains("expected object"),
+            "{}",
+            schema.message
+        );
+        let unavailable = ApiError::from_submit(SubmitError::GrammarUnavailable, "messages");
+        assert_eq!(unavailable.status, StatusCode::BAD_REQUEST);
+        let matcher = ApiError::from_submit(
+            SubmitError::Grammar(GrammarError::Matcher("stuck".into())),
+            "messages",
+        );
+        assert_eq!(matcher.status, StatusCode::INTERNAL_SERVER_ERROR);
     }
 
     #[test]

@@ -8,11 +8,15 @@ pub mod converse;
 pub mod error;
 pub mod metrics;
 pub mod openai;
+pub mod openapi;
+pub mod request_id;
 pub mod state;
+pub mod tools;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -21,8 +25,9 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use crate::admission::{Admission, AdmissionLimits};
-use crate::auth::{KeyRing, KeyStore};
+use crate::auth::{KeyRing, KeyStore, KeysFileWatch, LiveKeys};
 use crate::error::ApiError;
+use crate::request_id::RequestIds;
 pub use crate::state::{AppState, LoadedModel, ModelLoadError, ServedModel, eos_ids};
 
 /// Everything `strata serve` needs to start.
@@ -87,12 +92,16 @@ pub fn build_app(state: AppState) -> Router {
     build_app_with(state, &Access::default())
 }
 
-/// Every route, over `state`, behind `access`: body limit, request counting, API keys, then
-/// admission of generations (outermost first).
+/// Every route, over `state`, behind `access`: request id, body limit, request counting, API
+/// keys, then admission of generations (outermost first).
 pub fn build_app_with(state: AppState, access: &Access) -> Router {
-    let limits = access.limits;
+    let keys = Arc::new(LiveKeys::new(KeyRing::new(&access.keys)));
+    build_app_live(state, access.limits, keys)
+}
+
+/// [`build_app_with`] over keys that may change while it serves (see [`KeysFileWatch`]).
+pub fn build_app_live(state: AppState, limits: AdmissionLimits, keys: Arc<LiveKeys>) -> Router {
     let admission = (Arc::new(Admission::new(limits)), state.clone());
-    let keys = Arc::new(KeyRing::new(&access.keys));
     Router::new()
         .route("/health", get(|| async { "ok" }))
         .merge(openai::routes())
@@ -103,11 +112,16 @@ pub fn build_app_with(state: AppState, access: &Access) -> Router {
             ApiError::not_found(format!("no route for {uri}"))
         })
         .merge(metrics::routes())
+        .merge(openapi::routes())
         .layer(from_fn_with_state(admission, admission::admit))
         .layer(from_fn_with_state(keys, auth::require_key))
         .layer(from_fn_with_state(state.clone(), metrics::count_requests))
-        .layer(from_fn_with_state(limits, admission::shape_oversize))
+        .layer(from_fn_with_state(limits, admission::shape_plain_errors))
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(from_fn_with_state(
+            Arc::new(RequestIds::new()),
+            request_id::tag_request,
+        ))
         .with_state(state)
 }
 
@@ -133,8 +147,19 @@ pub async fn serve_on_with(
     Ok(())
 }
 
-/// `strata serve`: load, bind, announce, serve until Ctrl-C or SIGTERM.
-pub async fn serve(config: ServeConfig, access: Access) -> Result<(), ServeError> {
+/// How often a running server looks at its keys file.
+pub const KEYS_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// `strata serve`: load, bind, announce, serve until Ctrl-C or SIGTERM, then let in-flight
+/// requests (streams included) finish. With `keys_file`, keys added to or revoked from it apply
+/// within [`KEYS_POLL_INTERVAL`].
+pub async fn serve(
+    config: ServeConfig,
+    access: Access,
+    keys_file: Option<PathBuf>,
+) -> Result<(), ServeError> {
+    // Installed before the port opens: a SIGTERM from then on drains instead of killing.
+    let shutdown = shutdown_signal()?;
     let state = load_state(&config)?;
     let listener = TcpListener::bind(config.addr)
         .await
@@ -143,49 +168,66 @@ pub async fn serve(config: ServeConfig, access: Access) -> Result<(), ServeError
             source,
         })?;
     let addr = listener.local_addr()?;
-    eprintln!(
+    tracing::info!(
         "serving `{}` on http://{addr} (OpenAI API at http://{addr}/v1)",
         config.model_name
     );
-    if access.keys.keys.is_empty() {
-        eprintln!("the server is open: no API keys are configured, every client is accepted");
+    announce_access(&access.keys, addr);
+    let keys = Arc::new(LiveKeys::new(KeyRing::new(&access.keys)));
+    if let Some(path) = keys_file {
+        let watch = KeysFileWatch::new(path, access.keys.clone(), keys.clone());
+        tokio::spawn(watch.run(KEYS_POLL_INTERVAL));
+    }
+    let app = build_app_live(state, access.limits, keys);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    tracing::info!("stopped: every in-flight request has finished");
+    Ok(())
+}
+
+fn announce_access(keys: &KeyStore, addr: SocketAddr) {
+    if keys.keys.is_empty() {
+        tracing::info!("the server is open: no API keys are configured, every client is accepted");
     } else {
-        let mut tenants: Vec<&str> = access.keys.keys.iter().map(|k| k.tenant.as_str()).collect();
+        let mut tenants: Vec<&str> = keys.keys.iter().map(|k| k.tenant.as_str()).collect();
         tenants.sort_unstable();
         tenants.dedup();
-        eprintln!(
+        tracing::info!(
             "API keys required: {} keys for {} tenants",
-            access.keys.keys.len(),
+            keys.keys.len(),
             tenants.len()
         );
     }
-    if access.keys.keys.is_empty() && !addr.ip().is_loopback() {
-        eprintln!(
-            "warning: listening beyond loopback ({}) without API keys: anyone who can reach this \
+    if keys.keys.is_empty() && !addr.ip().is_loopback() {
+        tracing::warn!(
+            "listening beyond loopback ({}) without API keys: anyone who can reach this \
              address can use the model",
             addr.ip()
         );
     }
-    serve_on_with(listener, state, &access, shutdown_signal()).await
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Resolves on the first Ctrl-C or SIGTERM. The handlers are installed now, not on first poll.
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
     #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut interrupt = signal(SignalKind::interrupt())?;
+        let mut terminate = signal(SignalKind::terminate())?;
+        Ok(async move {
+            let name = tokio::select! {
+                _ = interrupt.recv() => "SIGINT",
+                _ = terminate.recv() => "SIGTERM",
+            };
+            tracing::info!("{name}: no new connections; finishing the requests in flight");
+        })
+    }
     #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
+    {
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+            tracing::info!("Ctrl-C: no new connections; finishing the requests in flight");
+        })
     }
 }

@@ -1,12 +1,13 @@
 //! Operational endpoints: `GET /ready` and `GET /metrics` (Prometheus text exposition, written by
-//! hand). Counters are atomics updated on the request path; only the per-route request counts
-//! take a lock, once per request.
+//! hand). Counters are atomics updated on the request path; only the per-request counts take a
+//! lock, once per request. Per-token observations (first token, inter-token gaps) touch atomics
+//! only and allocate nothing.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header;
@@ -15,18 +16,67 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
+use strata_node::kv::{KvDump, Tier};
 
 use crate::state::AppState;
 
 /// Upper bounds of the time-to-first-token buckets, in seconds.
-const TTFT_BUCKETS: [f64; 12] = [
+const TTFT_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// Upper bounds of the inter-token latency buckets, in seconds.
+const ITL_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// Seconds the tokens-per-second gauge averages over.
+const RATE_WINDOW_SECS: usize = 10;
+
+/// Which API a request spoke, from its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Surface {
+    OpenAi,
+    Anthropic,
+    Converse,
+    /// Health, readiness, metrics, the API description, unknown paths.
+    Other,
+}
+
+impl Surface {
+    pub fn of(path: &str) -> Self {
+        if path.starts_with("/v1/messages") {
+            Self::Anthropic
+        } else if path.starts_with("/model/") {
+            Self::Converse
+        } else if path.starts_with("/v1/") {
+            Self::OpenAi
+        } else {
+            Self::Other
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::OpenAi => "openai",
+            Self::Anthropic => "anthropic",
+            Self::Converse => "converse",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// Answered requests, counted two ways under one lock.
 #[derive(Default)]
+struct RequestCounts {
+    /// (route pattern, status) → requests.
+    by_route: BTreeMap<(String, u16), u64>,
+    /// (surface, status) → requests.
+    by_surface: BTreeMap<(Surface, u16), u64>,
+}
+
 pub struct Metrics {
-    /// (route, status) → requests answered.
-    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    requests: Mutex<RequestCounts>,
     /// Generation requests holding an admission slot.
     pub inflight: AtomicI64,
     /// Generation requests waiting for a slot.
@@ -35,20 +85,159 @@ pub struct Metrics {
     cached_prompt_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     ttft: Histogram,
+    inter_token: Histogram,
+    token_rate: TokenRate,
 }
 
-#[derive(Default)]
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            requests: Mutex::default(),
+            inflight: AtomicI64::new(0),
+            queued: AtomicI64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            cached_prompt_tokens: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            ttft: Histogram::new(TTFT_BUCKETS),
+            inter_token: Histogram::new(ITL_BUCKETS),
+            token_rate: TokenRate::new(),
+        }
+    }
+}
+
+/// A Prometheus histogram over fixed bucket bounds.
 struct Histogram {
+    bounds: &'static [f64],
     /// Non-cumulative counts per bucket; the last is +Inf.
-    buckets: [AtomicU64; TTFT_BUCKETS.len() + 1],
+    buckets: Box<[AtomicU64]>,
     sum_micros: AtomicU64,
     count: AtomicU64,
 }
 
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Self {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, elapsed: Duration) {
+        let secs = elapsed.as_secs_f64();
+        let bucket = self
+            .bounds
+            .iter()
+            .position(|&bound| secs <= bound)
+            .unwrap_or(self.bounds.len());
+        self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (i, bucket) in self.buckets.iter().enumerate() {
+            cumulative += load(bucket);
+            let le = self
+                .bounds
+                .get(i)
+                .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
+            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+        }
+        let sum = load(&self.sum_micros) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}");
+        let _ = writeln!(out, "{name}_count {}", load(&self.count));
+    }
+}
+
+/// Tokens per second over the last [`RATE_WINDOW_SECS`] whole seconds: one slot per second of
+/// a ring, each stamped with the second it counts. A slot reused for a new second is reset by
+/// whoever stamps it first; a token counted by a racing thread in that instant may be lost,
+/// which a gauge can afford.
+struct TokenRate {
+    start: Instant,
+    seconds: [AtomicU64; RATE_WINDOW_SECS],
+    counts: [AtomicU64; RATE_WINDOW_SECS],
+}
+
+impl TokenRate {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            // Stamp u64::MAX: no slot holds a second yet.
+            seconds: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_secs()
+    }
+
+    fn add_at(&self, second: u64, tokens: u64) {
+        let slot = (second % RATE_WINDOW_SECS as u64) as usize;
+        let stamped = self.seconds[slot].load(Ordering::Acquire);
+        if stamped != second
+            && self.seconds[slot]
+                .compare_exchange(stamped, second, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            self.counts[slot].store(0, Ordering::Release);
+        }
+        self.counts[slot].fetch_add(tokens, Ordering::AcqRel);
+    }
+
+    /// The mean over the whole seconds before `now` (the current one is still filling).
+    fn per_second_at(&self, now: u64) -> f64 {
+        let window = RATE_WINDOW_SECS as u64;
+        let oldest = now.saturating_sub(window);
+        let total: u64 = (0..RATE_WINDOW_SECS)
+            .filter(|&slot| {
+                let second = self.seconds[slot].load(Ordering::Acquire);
+                second >= oldest && second < now
+            })
+            .map(|slot| self.counts[slot].load(Ordering::Acquire))
+            .sum();
+        total as f64 / window as f64
+    }
+}
+
+/// Cached KV blocks on each tier, from the engine's dump.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierCounts {
+    pub device: u64,
+    pub host: u64,
+    pub disk: u64,
+}
+
+impl TierCounts {
+    pub fn of(dump: &KvDump) -> Self {
+        let mut counts = Self::default();
+        for (_, _, tier) in &dump.blocks {
+            match tier {
+                Tier::Device => counts.device += 1,
+                Tier::Host => counts.host += 1,
+                Tier::Disk => counts.disk += 1,
+            }
+        }
+        counts
+    }
+}
+
 impl Metrics {
-    pub fn record_request(&self, route: &str, status: u16) {
+    /// An answered request: its route pattern, the surface its path belongs to, its status.
+    pub fn record_request(&self, route: &str, surface: Surface, status: u16) {
         let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        *requests.entry((route.to_string(), status)).or_insert(0) += 1;
+        *requests
+            .by_route
+            .entry((route.to_string(), status))
+            .or_insert(0) += 1;
+        *requests.by_surface.entry((surface, status)).or_insert(0) += 1;
     }
 
     /// A finished generation's token counts.
@@ -61,49 +250,60 @@ impl Metrics {
             .fetch_add(u64::from(generated), Ordering::Relaxed);
     }
 
+    /// A request's first token arrived `elapsed` after submission; it counts in the token rate.
     pub fn observe_ttft(&self, elapsed: Duration) {
-        let secs = elapsed.as_secs_f64();
-        let bucket = TTFT_BUCKETS
-            .iter()
-            .position(|&bound| secs <= bound)
-            .unwrap_or(TTFT_BUCKETS.len());
-        let h = &self.ttft;
-        h.buckets[bucket].fetch_add(1, Ordering::Relaxed);
-        h.sum_micros
-            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
-        h.count.fetch_add(1, Ordering::Relaxed);
+        self.ttft.observe(elapsed);
+        self.token_rate.add_at(self.token_rate.now(), 1);
     }
 
-    /// The Prometheus text exposition (format 0.0.4).
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        out.push_str("# HELP strata_requests_total HTTP requests answered, by route and status.\n");
-        out.push_str("# TYPE strata_requests_total counter\n");
-        {
-            let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-            for ((route, status), n) in requests.iter() {
-                let route = route.replace('\\', "\\\\").replace('"', "\\\"");
-                let _ = writeln!(
-                    out,
-                    "strata_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
-                );
-            }
+    /// A token after the first arrived `gap` after the one before it, in the same request; it
+    /// counts in the token rate.
+    pub fn observe_inter_token(&self, gap: Duration) {
+        self.inter_token.observe(gap);
+        self.token_rate.add_at(self.token_rate.now(), 1);
+    }
+
+    /// cached / prompt tokens of finished generations; 0 before any.
+    pub fn prefix_hit_ratio(&self) -> f64 {
+        let prompt = self.prompt_tokens.load(Ordering::Relaxed);
+        let cached = self.cached_prompt_tokens.load(Ordering::Relaxed);
+        if prompt == 0 {
+            0.0
+        } else {
+            cached as f64 / prompt as f64
         }
+    }
+
+    /// The Prometheus text exposition (format 0.0.4). `kv` is left out when the engine could
+    /// not be asked (it has stopped).
+    pub fn render(&self, kv: Option<TierCounts>) -> String {
+        let mut out = String::new();
+        self.render_requests(&mut out);
         let gauges = [
             (
                 "strata_requests_inflight",
                 "Generation requests running.",
-                &self.inflight,
+                self.inflight.load(Ordering::Relaxed).to_string(),
             ),
             (
                 "strata_requests_queued",
                 "Generation requests waiting for a slot.",
-                &self.queued,
+                self.queued.load(Ordering::Relaxed).to_string(),
+            ),
+            (
+                "strata_prefix_cache_hit_ratio",
+                "Cached prompt tokens / prompt tokens, over finished generations.",
+                self.prefix_hit_ratio().to_string(),
+            ),
+            (
+                "strata_generated_tokens_per_second",
+                "Tokens generated per second, mean over the last 10 whole seconds.",
+                self.token_rate
+                    .per_second_at(self.token_rate.now())
+                    .to_string(),
             ),
         ];
         for (name, help, value) in gauges {
-            let value = value.load(Ordering::Relaxed);
             let _ = writeln!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
@@ -130,27 +330,56 @@ impl Metrics {
             let _ = writeln!(
                 out,
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
-                load(value)
+                value.load(Ordering::Relaxed)
             );
         }
-        let name = "strata_time_to_first_token_seconds";
+        if let Some(kv) = kv {
+            let name = "strata_kv_cached_blocks";
+            let _ = writeln!(
+                out,
+                "# HELP {name} KV blocks held by the prefix cache, by tier.\n# TYPE {name} gauge"
+            );
+            for (tier, n) in [("device", kv.device), ("host", kv.host), ("disk", kv.disk)] {
+                let _ = writeln!(out, "{name}{{tier=\"{tier}\"}} {n}");
+            }
+        }
+        self.ttft.render(
+            &mut out,
+            "strata_time_to_first_token_seconds",
+            "Time from submission to the first generated token.",
+        );
+        self.inter_token.render(
+            &mut out,
+            "strata_inter_token_latency_seconds",
+            "Time between consecutive generated tokens of one request.",
+        );
+        out
+    }
+
+    fn render_requests(&self, out: &mut String) {
+        let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        out.push_str("# HELP strata_requests_total HTTP requests answered, by route and status.\n");
+        out.push_str("# TYPE strata_requests_total counter\n");
+        for ((route, status), n) in &requests.by_route {
+            let route = route.replace('\\', "\\\\").replace('"', "\\\"");
+            let _ = writeln!(
+                out,
+                "strata_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}"
+            );
+        }
+        let name = "strata_surface_requests_total";
         let _ = writeln!(
             out,
-            "# HELP {name} Time from submission to the first generated token.\n\
-             # TYPE {name} histogram"
+            "# HELP {name} HTTP requests answered, by API surface and status.\n\
+             # TYPE {name} counter"
         );
-        let mut cumulative = 0;
-        for (i, bucket) in self.ttft.buckets.iter().enumerate() {
-            cumulative += load(bucket);
-            let le = TTFT_BUCKETS
-                .get(i)
-                .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
-            let _ = writeln!(out, "{name}_bucket{{le=\"{le}\"}} {cumulative}");
+        for ((surface, status), n) in &requests.by_surface {
+            let surface = surface.label();
+            let _ = writeln!(
+                out,
+                "{name}{{surface=\"{surface}\",status=\"{status}\"}} {n}"
+            );
         }
-        let sum = load(&self.ttft.sum_micros) as f64 / 1e6;
-        let _ = writeln!(out, "{name}_sum {sum}");
-        let _ = writeln!(out, "{name}_count {}", load(&self.ttft.count));
-        out
     }
 }
 
@@ -167,14 +396,22 @@ async fn ready(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
+    // The dump waits for the engine thread's next loop turn (at most one step): off the
+    // async workers.
+    let engine_state = state.clone();
+    let kv = tokio::task::spawn_blocking(move || engine_state.engine.kv_dump())
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|dump| TierCounts::of(&dump));
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
+        state.metrics.render(kv),
     )
         .into_response()
 }
 
-/// Middleware: counts every answered request by its route pattern and status.
+/// Middleware: counts every answered request by its route pattern, its surface and status.
 pub async fn count_requests(
     State(state): State<AppState>,
     request: Request,
@@ -184,10 +421,11 @@ pub async fn count_requests(
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let surface = Surface::of(request.uri().path());
     let response = next.run(request).await;
     state
         .metrics
-        .record_request(&route, response.status().as_u16());
+        .record_request(&route, surface, response.status().as_u16());
     response
 }
 
@@ -198,22 +436,61 @@ mod tests {
     #[test]
     fn exposition_holds_every_family() {
         let m = Metrics::default();
-        m.record_request("/v1/completions", 200);
-        m.record_usage(40, 32, 5);
+        m.record_request("/v1/completions", Surface::OpenAi, 200);
+        m.record_request("/v1/messages", Surface::Anthropic, 429);
+        m.record_usage(40, 30, 5);
         m.observe_ttft(Duration::from_millis(30));
-        let text = m.render();
+        m.observe_inter_token(Duration::from_millis(3));
+        let kv = TierCounts {
+            device: 7,
+            host: 2,
+            disk: 0,
+        };
+        let text = m.render(Some(kv));
         for line in [
             "strata_requests_total{route=\"/v1/completions\",status=\"200\"} 1",
+            "strata_surface_requests_total{surface=\"openai\",status=\"200\"} 1",
+            "strata_surface_requests_total{surface=\"anthropic\",status=\"429\"} 1",
             "strata_prompt_tokens_total 40",
-            "strata_cached_prompt_tokens_total 32",
+            "strata_cached_prompt_tokens_total 30",
             "strata_generated_tokens_total 5",
+            "strata_prefix_cache_hit_ratio 0.75",
+            "strata_kv_cached_blocks{tier=\"device\"} 7",
+            "strata_kv_cached_blocks{tier=\"host\"} 2",
+            "strata_kv_cached_blocks{tier=\"disk\"} 0",
             "strata_time_to_first_token_seconds_bucket{le=\"0.025\"} 0",
             "strata_time_to_first_token_seconds_bucket{le=\"0.05\"} 1",
             "strata_time_to_first_token_seconds_bucket{le=\"+Inf\"} 1",
             "strata_time_to_first_token_seconds_count 1",
+            "strata_inter_token_latency_seconds_bucket{le=\"0.0025\"} 0",
+            "strata_inter_token_latency_seconds_bucket{le=\"0.005\"} 1",
+            "strata_inter_token_latency_seconds_count 1",
             "strata_requests_inflight 0",
+            "# TYPE strata_generated_tokens_per_second gauge",
         ] {
             assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
         }
+        assert!(!m.render(None).contains("strata_kv_cached_blocks"));
+    }
+
+    #[test]
+    fn surfaces_follow_the_path() {
+        assert_eq!(Surface::of("/v1/chat/completions"), Surface::OpenAi);
+        assert_eq!(Surface::of("/v1/messages/count_tokens"), Surface::Anthropic);
+        assert_eq!(Surface::of("/model/m/converse-stream"), Surface::Converse);
+        assert_eq!(Surface::of("/metrics"), Surface::Other);
+    }
+
+    #[test]
+    fn the_token_rate_averages_whole_seconds_in_the_window() {
+        let rate = TokenRate::new();
+        rate.add_at(0, 50);
+        rate.add_at(3, 30);
+        rate.add_at(5, 1000); // the current second: not yet counted
+        assert_eq!(rate.per_second_at(5), 8.0);
+        // Second 0 leaves the window at 11; slot 0 is reused for second 10.
+        rate.add_at(10, 20);
+        assert_eq!(rate.per_second_at(11), (30.0 + 1000.0 + 20.0) / 10.0);
+        assert_eq!(rate.per_second_at(100), 0.0);
     }
 }

@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use strata_model::chat::{ChatTemplate, TemplateError};
 use strata_model::cpu::{CpuModel, LoadError};
-use strata_model::grammar::GrammarCompiler;
+use strata_model::grammar::{GrammarCompiler, vocabulary_bytes};
 use strata_model::tokenizer::{Tokenizer, TokenizerError};
 use strata_model::{ConfigError, GenerationConfig, ModelConfig};
 use strata_node::backend::CpuBackend;
@@ -150,10 +150,21 @@ pub struct ServedModel {
     /// Counters behind `/metrics`.
     pub metrics: Metrics,
     next_response: AtomicU64,
+    /// The bytes of each token id, for log-probability reports.
+    token_bytes: Vec<Vec<u8>>,
 }
 
 impl ServedModel {
     pub fn new(name: String, owned_by: String, engine: Engine, parts: ServingParts) -> Self {
+        // A vocabulary whose bytes cannot be derived reports each token's decoded text.
+        let token_bytes = vocabulary_bytes(&parts.tokenizer).unwrap_or_else(|_| {
+            (0..parts.tokenizer.vocab_size() as u32)
+                .map(|id| {
+                    let text = parts.tokenizer.decode(&[id], false).unwrap_or_default();
+                    text.into_bytes()
+                })
+                .collect()
+        });
         Self {
             name,
             owned_by,
@@ -164,7 +175,13 @@ impl ServedModel {
             created: unix_now(),
             metrics: Metrics::default(),
             next_response: AtomicU64::new(1),
+            token_bytes,
         }
+    }
+
+    /// The bytes token `id` stands for (empty for an id the tokenizer does not know).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.token_bytes.get(id as usize).map_or(&[], Vec::as_slice)
     }
 
     /// The number in a response id (`chatcmpl-<n>`), unique within this process.

@@ -104,8 +104,8 @@ def main() -> None:
     except openai.NotFoundError as e:
         assert "no-such-model" in str(e), e
     try:
-        client.chat.completions.create(model=model, messages=messages, n=2)
-        raise AssertionError("n=2 was accepted")
+        client.chat.completions.create(model=model, messages=messages, n=33)
+        raise AssertionError("n=33 was accepted")
     except openai.BadRequestError as e:
         assert "n" == e.body.get("param"), e.body
     too_long = "a " * (args.context_window * 2)

@@ -91,6 +91,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         sampling,
         cache_salt: 0,
         deadline: None,
+        constraint: None,
     })?;
     let mut text = TextStream::new(&prompt, &stops);
     let mut stdout = std::io::stdout().lock();

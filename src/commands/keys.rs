@@ -28,7 +28,7 @@ pub enum KeysCommand {
         #[command(flatten)]
         file: KeysFile,
     },
-    /// Remove a key by its id; servers started afterwards refuse it.
+    /// Remove a key by its id; a running server rereads the file and refuses it within seconds.
     Revoke {
         id: String,
         #[command(flatten)]
@@ -89,7 +89,8 @@ pub fn run(command: KeysCommand) -> Result<()> {
                 .with_context(|| format!("in {}", path.display()))?;
             store.save(&path)?;
             eprintln!(
-                "revoked key {} of tenant `{}`; restart `strata serve` to apply",
+                "revoked key {} of tenant `{}`; a `strata serve` using this file refuses it \
+                 within a second or two",
                 record.id, record.tenant
             );
         }

@@ -1,5 +1,5 @@
 //! `POST /v1/messages` and `POST /v1/messages/count_tokens`: request → prompt tokens and
-//! sampling parameters; the non-streaming answer.
+//! sampling parameters; the non-streaming answer, its text and tool calls as content blocks.
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -10,13 +10,15 @@ use serde_json::{Value, json};
 use strata_protocol::SamplingParams;
 
 use super::error::AnthropicError;
-use super::schema::{Content, Conversation, CountTokensRequest, MessagesRequest};
+use super::prompt::render;
+use super::schema::{CountTokensRequest, MessagesRequest};
 use super::stream;
 use super::turn::{Ending, Turn};
 use crate::auth::Tenant;
 use crate::error::ApiError;
 use crate::openai::fresh_seed;
 use crate::state::AppState;
+use crate::tools::blocks::{Block, BlockFramer};
 
 pub async fn create(
     State(state): State<AppState>,
@@ -25,11 +27,7 @@ pub async fn create(
 ) -> Result<Response, AnthropicError> {
     let request: MessagesRequest = parse_body(&body)?;
     check_model(&state, &request.model)?;
-    refuse_unsupported(&[
-        ("tools", &request.tools),
-        ("tool_choice", &request.tool_choice),
-        ("thinking", &request.thinking),
-    ])?;
+    refuse_unsupported(&[("thinking", &request.thinking)])?;
     let max_tokens = match request.max_tokens {
         None => return Err(AnthropicError::invalid("max_tokens: Field required")),
         Some(v) if v < 1 => {
@@ -39,20 +37,22 @@ pub async fn create(
         }
         Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
     };
-    let prompt = render(&state, &request.conversation)?;
+    let (prompt, format, constraint) = render(&state, &request.conversation)?;
     let sampling = sampling_params(&state, &request, max_tokens)?;
+    let number = state.next_response_number();
     let header = MessageHeader {
-        id: format!("msg_{:024}", state.next_response_number()),
+        id: format!("msg_{number:024}"),
         model: state.name.clone(),
         input_tokens: prompt.len() as u32,
     };
+    let framer = BlockFramer::new(format, format!("toolu_{number:024}"));
     let cache_salt = tenant.map_or(0, |t| t.cache_salt);
-    let turn = Turn::start(state, prompt, sampling, cache_salt)?;
+    let turn = Turn::start(state, prompt, sampling, cache_salt, constraint)?;
     if request.stream {
-        return Ok(stream::respond(turn, header));
+        return Ok(stream::respond(turn, header, framer));
     }
     let (text, ending) = turn.collect().await?;
-    Ok(Json(header.whole(&text, &ending)).into_response())
+    Ok(Json(header.whole(framer.whole(&text), ending)).into_response())
 }
 
 pub async fn count_tokens(
@@ -61,8 +61,7 @@ pub async fn count_tokens(
 ) -> Result<Json<Value>, AnthropicError> {
     let request: CountTokensRequest = parse_body(&body)?;
     check_model(&state, &request.model)?;
-    refuse_unsupported(&[("tools", &request.tools)])?;
-    let prompt = render(&state, &request.conversation)?;
+    let (prompt, _, _) = render(&state, &request.conversation)?;
     Ok(Json(json!({"input_tokens": prompt.len()})))
 }
 
@@ -91,8 +90,23 @@ impl MessageHeader {
         })
     }
 
-    pub fn whole(&self, text: &str, ending: &Ending) -> Value {
-        self.message(json!([{"type": "text", "text": text}]), Some(ending))
+    /// The whole answer; `stop_reason` is `tool_use` when it holds a call.
+    pub fn whole(&self, blocks: Vec<Block>, mut ending: Ending) -> Value {
+        if blocks.iter().any(|b| matches!(b, Block::ToolUse { .. })) {
+            ending.stop_reason = "tool_use";
+        }
+        let content = blocks.into_iter().map(content_block).collect::<Vec<_>>();
+        self.message(content.into(), Some(&ending))
+    }
+}
+
+/// A block as Anthropic spells it: `text` or `tool_use` (`input` an object).
+fn content_block(block: Block) -> Value {
+    match block {
+        Block::Text(text) => json!({"type": "text", "text": text}),
+        Block::ToolUse { id, name, input } => {
+            json!({"type": "tool_use", "id": id, "name": name, "input": input})
+        }
     }
 }
 
@@ -119,48 +133,6 @@ fn refuse_unsupported(fields: &[(&str, &Option<Value>)]) -> Result<(), Anthropic
         ))),
         None => Ok(()),
     }
-}
-
-/// The conversation as prompt token ids: `system` becomes a leading system message, every
-/// message's content is joined to one string, and the template adds the generation prompt.
-fn render(state: &AppState, conversation: &Conversation) -> Result<Vec<u32>, AnthropicError> {
-    if conversation.messages.is_empty() {
-        return Err(AnthropicError::invalid(
-            "messages: must hold at least one message",
-        ));
-    }
-    let mut messages = Vec::with_capacity(conversation.messages.len() + 1);
-    if let Some(system) = &conversation.system {
-        messages.push(json!({"role": "system", "content": text_of(system, "system")?}));
-    }
-    for (i, message) in conversation.messages.iter().enumerate() {
-        let content = text_of(&message.content, &format!("messages.{i}.content"))?;
-        messages.push(json!({"role": message.role.as_str(), "content": content}));
-    }
-    Ok(crate::openai::chat::render_messages(
-        state, messages, "messages",
-    )?)
-}
-
-/// A string, or text blocks joined with no separator; any other block is refused by position.
-fn text_of(content: &Content, field: &str) -> Result<String, AnthropicError> {
-    let blocks = match content {
-        Content::Text(text) => return Ok(text.clone()),
-        Content::Blocks(blocks) => blocks,
-    };
-    let mut text = String::new();
-    for (j, block) in blocks.iter().enumerate() {
-        match (block.get("type").and_then(Value::as_str), block.get("text")) {
-            (Some("text"), Some(Value::String(t))) => text.push_str(t),
-            _ => {
-                return Err(AnthropicError::invalid(format!(
-                    "{field}.{j}: only text blocks ({{\"type\": \"text\", \"text\": ...}}) are \
-                     supported"
-                )));
-            }
-        }
-    }
-    Ok(text)
 }
 
 /// Anthropic's fields over the checkpoint's defaults. `temperature` defaults to Anthropic's 1.0
@@ -192,25 +164,6 @@ fn sampling_params(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn text_blocks_are_joined_and_others_refused_by_position() {
-        let blocks = Content::Blocks(vec![
-            json!({"type": "text", "text": "Be "}),
-            json!({"type": "text", "text": "brief."}),
-        ]);
-        assert_eq!(text_of(&blocks, "system").unwrap(), "Be brief.");
-        let image = Content::Blocks(vec![
-            json!({"type": "text", "text": "look"}),
-            json!({"type": "image", "source": {}}),
-        ]);
-        let e = text_of(&image, "messages.2.content").unwrap_err();
-        assert!(
-            e.message.starts_with("messages.2.content.1:"),
-            "{}",
-            e.message
-        );
-    }
 
     #[test]
     fn a_missing_max_tokens_is_not_a_parse_error() {

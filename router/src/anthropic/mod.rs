@@ -1,12 +1,14 @@
 //! The Anthropic Messages surface: `/v1/messages` (whole or SSE) and
 //! `/v1/messages/count_tokens`, rendered through the same chat template and engine as the
-//! OpenAI surface. The `anthropic-version` header is accepted with any value and not required:
-//! there is one behaviour, so there is nothing for a version to select.
+//! OpenAI surface, tools included (`crate::tools`). The `anthropic-version` header is accepted
+//! with any value and not required: there is one behaviour, so there is nothing for a version to
+//! select.
 
 pub mod error;
 pub mod messages;
+mod prompt;
 pub mod schema;
-mod stream;
+pub mod stream;
 pub(crate) mod turn;
 
 use axum::Router;

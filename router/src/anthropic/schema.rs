@@ -1,5 +1,6 @@
-//! Anthropic Messages request bodies as clients send them. Only text content is understood;
-//! anything else is refused by position in `messages.rs`, never silently dropped.
+//! Anthropic Messages request bodies as clients send them. Content blocks and tools stay JSON
+//! values: `prompt.rs` reads them and refuses what it does not understand by position, never
+//! silently dropping it.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -22,8 +23,6 @@ pub struct MessagesRequest {
     #[serde(default)]
     pub stream: bool,
     /// Not implemented yet: refused by name when set.
-    pub tools: Option<Value>,
-    pub tool_choice: Option<Value>,
     pub thinking: Option<Value>,
 }
 
@@ -32,6 +31,8 @@ pub struct MessagesRequest {
 pub struct Conversation {
     pub system: Option<Content>,
     pub messages: Vec<Message>,
+    pub tools: Option<Value>,
+    pub tool_choice: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -39,7 +40,6 @@ pub struct CountTokensRequest {
     pub model: String,
     #[serde(flatten)]
     pub conversation: Conversation,
-    pub tools: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -11,7 +11,7 @@
 
 use strata_model::stop::StopStrings;
 use strata_node::RequestStream;
-use strata_protocol::{GenerateRequest, SamplingParams};
+use strata_protocol::{Constraint, GenerateRequest, SamplingParams};
 
 use super::error::AnthropicError;
 use crate::error::ApiError;
@@ -53,6 +53,7 @@ impl Turn {
         prompt: Vec<u32>,
         mut sampling: SamplingParams,
         cache_salt: u64,
+        constraint: Option<Constraint>,
     ) -> Result<Self, AnthropicError> {
         let sequences = std::mem::take(&mut sampling.stop);
         let stream: RequestStream = state
@@ -62,6 +63,7 @@ impl Turn {
                 sampling,
                 cache_salt,
                 deadline: None,
+                constraint,
             })
             .map_err(|e| ApiError::from_submit(e, "messages"))?;
         let request_id = stream.id;

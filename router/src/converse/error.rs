@@ -31,7 +31,9 @@ impl ConverseError {
 
     pub(crate) fn from_status(status: StatusCode, message: String) -> Self {
         let kind = match status {
-            StatusCode::BAD_REQUEST | StatusCode::PAYLOAD_TOO_LARGE => "ValidationException",
+            StatusCode::BAD_REQUEST
+            | StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::METHOD_NOT_ALLOWED => "ValidationException",
             StatusCode::NOT_FOUND => "ResourceNotFoundException",
             StatusCode::UNAUTHORIZED => "UnrecognizedClientException",
             StatusCode::TOO_MANY_REQUESTS => "ThrottlingException",

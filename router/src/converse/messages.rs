@@ -1,5 +1,5 @@
 //! `converse` and `converse-stream`: path and body → prompt tokens and sampling parameters;
-//! the non-streaming answer.
+//! the non-streaming answer, its text and tool calls as content blocks.
 
 use std::time::Instant;
 
@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use strata_protocol::SamplingParams;
 
 use super::error::ConverseError;
+use super::prompt::render;
 use super::schema::{ConverseRequest, InferenceConfig};
 use super::stream;
 use crate::anthropic::turn::{Ending, Turn};
@@ -18,6 +19,7 @@ use crate::auth::Tenant;
 use crate::error::ApiError;
 use crate::openai::fresh_seed;
 use crate::state::AppState;
+use crate::tools::blocks::{Block, BlockFramer};
 
 pub async fn converse(
     State(state): State<AppState>,
@@ -26,15 +28,31 @@ pub async fn converse(
     body: Bytes,
 ) -> Result<Response, ConverseError> {
     let started = Instant::now();
-    let turn = start(state, &model_id, tenant, &body)?;
+    let (turn, framer) = start(state, &model_id, tenant, &body)?;
     let (text, ending) = turn.collect().await?;
-    Ok(Json(json!({
-        "output": {"message": {"role": "assistant", "content": [{"text": text}]}},
-        "stopReason": ending.stop_reason,
-        "usage": usage(&ending),
-        "metrics": {"latencyMs": latency_ms(started)},
-    }))
-    .into_response())
+    Ok(Json(whole(framer.whole(&text), &ending, latency_ms(started))).into_response())
+}
+
+/// The `converse` answer; `stopReason` is `tool_use` when it holds a call.
+pub(crate) fn whole(blocks: Vec<Block>, ending: &Ending, latency_ms: u64) -> Value {
+    let called = blocks.iter().any(|b| matches!(b, Block::ToolUse { .. }));
+    let content = blocks.into_iter().map(content_block).collect::<Vec<_>>();
+    json!({
+        "output": {"message": {"role": "assistant", "content": content}},
+        "stopReason": if called { "tool_use" } else { ending.stop_reason },
+        "usage": usage(ending),
+        "metrics": {"latencyMs": latency_ms},
+    })
+}
+
+/// A block as Converse spells it: `{"text"}` or `{"toolUse": {"toolUseId", "name", "input"}}`.
+fn content_block(block: Block) -> Value {
+    match block {
+        Block::Text(text) => json!({"text": text}),
+        Block::ToolUse { id, name, input } => {
+            json!({"toolUse": {"toolUseId": id, "name": name, "input": input}})
+        }
+    }
 }
 
 pub async fn converse_stream(
@@ -44,17 +62,18 @@ pub async fn converse_stream(
     body: Bytes,
 ) -> Result<Response, ConverseError> {
     let started = Instant::now();
-    let turn = start(state, &model_id, tenant, &body)?;
-    Ok(stream::respond(turn, started))
+    let (turn, framer) = start(state, &model_id, tenant, &body)?;
+    Ok(stream::respond(turn, framer, started))
 }
 
 /// Validates the request and submits it: every refusal happens here, before any frame is sent.
+/// Returns the running turn and the framer for its blocks.
 fn start(
     state: AppState,
     model_id: &str,
     tenant: Option<Extension<Tenant>>,
     body: &Bytes,
-) -> Result<Turn, ConverseError> {
+) -> Result<(Turn, BlockFramer), ConverseError> {
     if model_id != state.name {
         return Err(ConverseError::from(ApiError::model_not_found(
             model_id,
@@ -64,14 +83,19 @@ fn start(
     let request: ConverseRequest = serde_json::from_slice(body)
         .map_err(|e| ConverseError::validation(format!("invalid request body: {e}")))?;
     refuse_unsupported(&request)?;
-    let prompt = render(&state, &request)?;
+    let (prompt, format, constraint) = render(&state, &request)?;
     let sampling = sampling_params(&state, &request.inference_config, prompt.len())?;
+    let framer = BlockFramer::new(
+        format,
+        format!("tooluse_{:024}", state.next_response_number()),
+    );
     let cache_salt = tenant.map_or(0, |t| t.cache_salt);
-    Ok(Turn::start(state, prompt, sampling, cache_salt)?)
+    let turn = Turn::start(state, prompt, sampling, cache_salt, constraint)?;
+    Ok((turn, framer))
 }
 
-/// Converse's usage object. Its stop reasons are the [`Turn`]'s words unchanged: `end_turn`,
-/// `max_tokens`, `stop_sequence`.
+/// Converse's usage object. Its stop reasons are the [`Turn`]'s words unchanged (`end_turn`,
+/// `max_tokens`, `stop_sequence`), and `tool_use` when the answer holds a call.
 pub(crate) fn usage(ending: &Ending) -> Value {
     json!({
         "inputTokens": ending.input_tokens,
@@ -86,7 +110,6 @@ pub(crate) fn latency_ms(started: Instant) -> u64 {
 
 fn refuse_unsupported(request: &ConverseRequest) -> Result<(), ConverseError> {
     let fields = [
-        ("toolConfig", &request.tool_config),
         ("guardrailConfig", &request.guardrail_config),
         ("promptVariables", &request.prompt_variables),
     ];
@@ -99,43 +122,6 @@ fn refuse_unsupported(request: &ConverseRequest) -> Result<(), ConverseError> {
         ))),
         None => Ok(()),
     }
-}
-
-/// The conversation as prompt token ids: `system` becomes a leading system message, each
-/// message's text blocks are joined, and the template adds the generation prompt.
-fn render(state: &AppState, request: &ConverseRequest) -> Result<Vec<u32>, ConverseError> {
-    if request.messages.is_empty() {
-        return Err(ConverseError::validation(
-            "messages: must hold at least one message",
-        ));
-    }
-    let mut messages = Vec::with_capacity(request.messages.len() + 1);
-    if !request.system.is_empty() {
-        messages.push(json!({"role": "system", "content": text_of(&request.system, "system")?}));
-    }
-    for (i, message) in request.messages.iter().enumerate() {
-        let content = text_of(&message.content, &format!("messages.{i}.content"))?;
-        messages.push(json!({"role": message.role.as_str(), "content": content}));
-    }
-    Ok(crate::openai::chat::render_messages(
-        state, messages, "messages",
-    )?)
-}
-
-/// `{"text": ...}` blocks joined with no separator; any other block is refused by position.
-fn text_of(blocks: &[Value], field: &str) -> Result<String, ConverseError> {
-    let mut text = String::new();
-    for (j, block) in blocks.iter().enumerate() {
-        match block.as_object().map(|o| (o.len(), o.get("text"))) {
-            Some((1, Some(Value::String(t)))) => text.push_str(t),
-            _ => {
-                return Err(ConverseError::validation(format!(
-                    "{field}.{j}: only text blocks ({{\"text\": ...}}) are supported"
-                )));
-            }
-        }
-    }
-    Ok(text)
 }
 
 /// `inferenceConfig` over the checkpoint's defaults, as on the OpenAI surface: an omitted
@@ -175,32 +161,23 @@ fn sampling_params(
         stop: c.stop_sequences.clone(),
         ..SamplingParams::default()
     };
-    sampling
-        .validate()
-        .map_err(|e| ConverseError::validation(format!("inferenceConfig: {e}")))?;
+    sampling.validate().map_err(|e| {
+        // Converse's own member names, not the canonical ones.
+        let field = match e.field {
+            "top_p" => "topP",
+            other => other,
+        };
+        ConverseError::validation(format!(
+            "inferenceConfig.{field}: {} is out of range (must be {})",
+            e.value, e.range
+        ))
+    })?;
     Ok(sampling)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn text_blocks_are_joined_and_others_refused_by_position() {
-        let blocks = [json!({"text": "Be "}), json!({"text": "brief."})];
-        assert_eq!(text_of(&blocks, "system").unwrap(), "Be brief.");
-        let image = [
-            json!({"text": "look"}),
-            json!({"image": {"format": "png", "source": {"bytes": ""}}}),
-        ];
-        let e = text_of(&image, "messages.2.content").unwrap_err();
-        assert_eq!(e.kind, "ValidationException");
-        assert!(
-            e.message.starts_with("messages.2.content.1:"),
-            "{}",
-            e.message
-        );
-    }
 
     #[test]
     fn the_request_parses_in_camel_case() {

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use strata_model::chat::ChatRequest;
 
 use super::schema::{ChatCompletionRequest, UsageBody};
+use super::tools::constraint::{ForcedCall, forced_call};
 use super::tools::{Piece, ToolCallSplitter, ToolFormat, parse};
 use super::{Framer, Prepared, ResponseMeta, check_model, parse_body, respond};
 use crate::auth::Tenant;
@@ -23,12 +24,21 @@ pub async fn create(
     check_model(&state, &request.model)?;
     // Taken out of the shared fields, which still refuse them on /v1/completions.
     let tools = tool_list(request.sampling.tools.take())?;
-    let tools = apply_tool_choice(tools, request.sampling.tool_choice.take())?;
-    let (prompt, format) = render(&state, &request.messages, tools)?;
-    let prepared =
+    let (tools, forced) = apply_tool_choice(tools, request.sampling.tool_choice.take())?;
+    let (prompt, format) = render(&state, &request.messages, tools.clone())?;
+    let mut prepared =
         Prepared::new(&state, &request.sampling, prompt, "messages")?.for_tenant(tenant.as_deref());
-    let framer = ChatFramer::new(ResponseMeta::new(&state, "chatcmpl"), format);
-    respond(state, prepared, framer).await
+    if let (Some(forced), Some(format), Some(tools)) = (forced, format, &tools) {
+        if prepared.constraint.is_some() {
+            return Err(ApiError::invalid(
+                Some("response_format"),
+                "`response_format` cannot apply when `tool_choice` forces a tool call",
+            ));
+        }
+        prepared.constraint = Some(forced_call(format, tools, &forced));
+    }
+    let meta = ResponseMeta::new(&state, "chatcmpl");
+    respond(state, prepared, || ChatFramer::new(meta.clone(), format)).await
 }
 
 /// `tools` as OpenAI function tools; an empty list is no tools.
@@ -56,22 +66,22 @@ fn tool_list(tools: Option<Value>) -> Result<Option<Vec<Value>>, ApiError> {
     Ok((!tools.is_empty()).then_some(tools))
 }
 
-/// The tools to render (and so parse calls for) under `tool_choice`. `none` renders no tools
-/// and turns the parser off. `required` and a named function render like `auto`: until
-/// constrained decoding arrives, the model is not forced to call, and its output is returned
-/// as produced. A named function must be one of `tools`.
-fn apply_tool_choice(
-    tools: Option<Vec<Value>>,
-    choice: Option<Value>,
-) -> Result<Option<Vec<Value>>, ApiError> {
+/// The tools to render (and so parse calls for) under `tool_choice`, and the call it forces.
+/// `none` renders no tools and turns the parser off; `required` forces at least one call of any
+/// tool and a named function exactly one call of it (enforced while decoding). A named function
+/// must be one of `tools`.
+type Choice = (Option<Vec<Value>>, Option<ForcedCall>);
+
+fn apply_tool_choice(tools: Option<Vec<Value>>, choice: Option<Value>) -> Result<Choice, ApiError> {
     let refuse = |message: String| Err(ApiError::invalid(Some("tool_choice"), message));
     let choice = match choice {
-        None | Some(Value::Null) => return Ok(tools),
+        None | Some(Value::Null) => return Ok((tools, None)),
         Some(choice) => choice,
     };
     match (&choice, choice.as_str()) {
-        (_, Some("none")) => Ok(None),
-        (_, Some("auto" | "required")) if tools.is_some() => Ok(tools),
+        (_, Some("none")) => Ok((None, None)),
+        (_, Some("auto")) if tools.is_some() => Ok((tools, None)),
+        (_, Some("required")) if tools.is_some() => Ok((tools, Some(ForcedCall::Any))),
         (_, Some(other @ ("auto" | "required"))) => {
             refuse(format!("tool_choice {other:?} needs a non-empty `tools`"))
         }
@@ -90,7 +100,7 @@ fn apply_tool_choice(
                 .flatten()
                 .any(|t| t.pointer("/function/name").and_then(Value::as_str) == Some(name));
             if known {
-                Ok(tools)
+                Ok((tools, Some(ForcedCall::Named(name.to_string()))))
             } else {
                 refuse(format!(
                     "tool_choice names {name:?}, which is not in `tools`"
@@ -460,15 +470,13 @@ mod tests {
             ))
         };
         let named = |n: &str| Some(json!({"type": "function", "function": {"name": n}}));
-        assert!(
-            apply_tool_choice(tools().unwrap(), named("f"))
-                .unwrap()
-                .is_some()
+        assert_eq!(
+            apply_tool_choice(tools().unwrap(), named("f")).unwrap(),
+            (tools().unwrap(), Some(ForcedCall::Named("f".into())))
         );
-        assert!(
-            apply_tool_choice(tools().unwrap(), Some("none".into()))
-                .unwrap()
-                .is_none()
+        assert_eq!(
+            apply_tool_choice(tools().unwrap(), Some("none".into())).unwrap(),
+            (None, None)
         );
         for bad in [named("g"), Some("sometimes".into()), Some(json!(3))] {
             let e = apply_tool_choice(tools().unwrap(), bad).unwrap_err();

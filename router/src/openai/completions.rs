@@ -7,7 +7,9 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::schema::{CompletionRequest, UsageBody};
-use super::{Framer, Prepared, ResponseMeta, check_model, parse_body, respond};
+use super::{
+    Framer, Prepared, ResponseMeta, TokenLogprob, check_model, finite_logprob, parse_body, respond,
+};
 use crate::auth::Tenant;
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -22,8 +24,8 @@ pub async fn create(
     let prompt = encode_prompt(&state, &request.prompt)?;
     let prepared =
         Prepared::new(&state, &request.sampling, prompt, "prompt")?.for_tenant(tenant.as_deref());
-    let framer = CompletionFramer(ResponseMeta::new(&state, "cmpl"));
-    respond(state, prepared, framer).await
+    let meta = ResponseMeta::new(&state, "cmpl");
+    respond(state, prepared, || CompletionFramer(meta.clone())).await
 }
 
 /// A string (tokenized with the tokenizer's special tokens, e.g. BOS), a one-element array of
@@ -76,6 +78,35 @@ impl Framer for CompletionFramer {
         let mut chunk = self.chunk(json!([]));
         chunk["usage"] = json!(usage);
         chunk
+    }
+
+    /// The legacy shape: parallel arrays of tokens, their log-probabilities, a map of the
+    /// alternatives per token, and each token's offset in the text.
+    fn logprobs(&self, state: &AppState, tokens: &[TokenLogprob]) -> Value {
+        let text = |id: u32| String::from_utf8_lossy(state.token_bytes(id)).into_owned();
+        let mut offset = 0;
+        let mut offsets = Vec::with_capacity(tokens.len());
+        for (id, _) in tokens {
+            offsets.push(offset);
+            offset += text(*id).len();
+        }
+        json!({
+            "tokens": tokens.iter().map(|(id, _)| text(*id)).collect::<Vec<_>>(),
+            "token_logprobs": tokens
+                .iter()
+                .map(|(_, info)| finite_logprob(info.logprob))
+                .collect::<Vec<_>>(),
+            "top_logprobs": tokens
+                .iter()
+                .map(|(_, info)| {
+                    info.top
+                        .iter()
+                        .map(|&(id, logprob)| (text(id), json!(finite_logprob(logprob))))
+                        .collect::<serde_json::Map<_, _>>()
+                })
+                .collect::<Vec<_>>(),
+            "text_offset": offsets,
+        })
     }
 
     fn whole(&self, text: String, reason: &str, usage: UsageBody) -> Value {

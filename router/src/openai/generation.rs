@@ -6,6 +6,8 @@ use strata_model::text_stream::TextStream;
 use strata_node::RequestStream;
 use strata_protocol::{FinishReason, TokenEvent};
 
+use super::TokenLogprob;
+
 use crate::error::ApiError;
 use crate::openai::schema::UsageBody;
 use crate::state::AppState;
@@ -29,6 +31,11 @@ pub struct Generation {
     cached_tokens: u32,
     /// When the request was submitted; taken (for the TTFT histogram) at the first token.
     submitted: Option<std::time::Instant>,
+    /// When the last token arrived (for the inter-token latency histogram).
+    last_token: Option<std::time::Instant>,
+    /// Log-probabilities of the tokens behind the text released since the last
+    /// [`Generation::take_logprobs`] (when the request asked for them).
+    logprobs: Vec<TokenLogprob>,
     /// Set once the request ended; the next call reports it.
     pending_finish: Option<&'static str>,
     done: bool,
@@ -44,6 +51,8 @@ impl Generation {
             completion_tokens: 0,
             cached_tokens: 0,
             submitted: Some(std::time::Instant::now()),
+            last_token: None,
+            logprobs: Vec::new(),
             pending_finish: None,
             done: false,
         }
@@ -63,11 +72,18 @@ impl Generation {
                 return Some(Err(ApiError::internal("the engine stopped mid-request")));
             };
             match event {
-                TokenEvent::Token { id, .. } => {
+                TokenEvent::Token { id, logprobs, .. } => {
                     self.completion_tokens += 1;
-                    if let Some(submitted) = self.submitted.take() {
-                        self.state.metrics.observe_ttft(submitted.elapsed());
+                    if let Some(info) = logprobs {
+                        self.logprobs.push((id, *info));
                     }
+                    let now = std::time::Instant::now();
+                    if let Some(submitted) = self.submitted.take() {
+                        self.state.metrics.observe_ttft(now - submitted);
+                    } else if let Some(last) = self.last_token {
+                        self.state.metrics.observe_inter_token(now - last);
+                    }
+                    self.last_token = Some(now);
                     let piece = match self.text.push(&self.state.tokenizer, id) {
                         Ok(piece) => piece,
                         Err(e) => return Some(Err(self.fail(e.into()))),
@@ -107,15 +123,30 @@ impl Generation {
     }
 
     /// Runs to the end: the whole text, the finish reason and usage.
-    pub async fn collect(mut self) -> Result<(String, &'static str, UsageBody), ApiError> {
+    pub async fn collect(self) -> Result<(String, &'static str, UsageBody), ApiError> {
+        let (text, reason, usage, _) = self.collect_all().await?;
+        Ok((text, reason, usage))
+    }
+
+    /// [`Generation::collect`], with every token's log-probabilities (if asked for).
+    pub async fn collect_all(
+        mut self,
+    ) -> Result<(String, &'static str, UsageBody, Vec<TokenLogprob>), ApiError> {
         let mut text = String::new();
         while let Some(step) = self.next().await {
             match step? {
                 Step::Text(piece) => text.push_str(&piece),
-                Step::Finished { reason, usage } => return Ok((text, reason, usage)),
+                Step::Finished { reason, usage } => {
+                    return Ok((text, reason, usage, self.take_logprobs()));
+                }
             }
         }
         Err(ApiError::internal("the generation ended without a finish"))
+    }
+
+    /// The log-probabilities gathered since the last call, in token order.
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        std::mem::take(&mut self.logprobs)
     }
 
     fn release(&mut self, text: String, reason: &'static str) -> Step {

@@ -7,7 +7,7 @@ pub(crate) mod generation;
 pub mod models;
 pub mod responses;
 pub mod schema;
-pub mod tools;
+pub use crate::tools;
 
 use std::convert::Infallible;
 
@@ -15,10 +15,12 @@ use axum::body::Bytes;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router, routing::get, routing::post};
-use futures_util::stream;
+use futures_util::{StreamExt, stream};
 use serde::de::DeserializeOwned;
-use serde_json::Value;
-use strata_protocol::{GenerateRequest, SamplingParams};
+use serde_json::{Value, json};
+use strata_protocol::{
+    Constraint, GenerateRequest, MAX_TOP_LOGPROBS, SamplingParams, TokenLogprobs,
+};
 
 use crate::auth::Tenant;
 use crate::error::ApiError;
@@ -48,10 +50,17 @@ fn check_model(state: &AppState, requested: &str) -> Result<(), ApiError> {
     }
 }
 
+/// The most choices one request may ask for (`n`).
+pub const MAX_CHOICES: usize = 32;
+
 /// A validated request, ready for the engine.
 pub(crate) struct Prepared {
     pub prompt: Vec<u32>,
     pub sampling: SamplingParams,
+    /// Choices to generate (`n`); choice `i` samples with seed `seed + i`.
+    pub n: usize,
+    /// What the output must follow (`response_format`, a forced tool call).
+    pub constraint: Option<Constraint>,
     pub stream: bool,
     pub include_usage: bool,
     /// The field the prompt came from, named in prompt-related refusals.
@@ -68,9 +77,21 @@ impl Prepared {
         prompt_param: &'static str,
     ) -> Result<Self, ApiError> {
         let sampling = sampling_params(state, fields, prompt.len())?;
+        let n = match fields.n {
+            None => 1,
+            Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(ApiError::invalid(
+                    Some("n"),
+                    format!("`n` must be between 1 and {MAX_CHOICES}; got {n}"),
+                ));
+            }
+        };
         Ok(Self {
             prompt,
             sampling,
+            n,
+            constraint: response_format(fields.response_format.as_ref())?,
             stream: fields.stream.unwrap_or(false),
             include_usage: fields.include_usage(),
             prompt_param,
@@ -84,10 +105,30 @@ impl Prepared {
     }
 }
 
-/// OpenAI's fields over the checkpoint's defaults. An omitted `temperature` / `top_p` takes the
-/// checkpoint's generation_config.json (greedy when it says `do_sample: false`), else OpenAI's
-/// default of 1.0; `top_k`, `min_p` and `repetition_penalty` have no OpenAI field and always come
-/// from the checkpoint.
+/// `response_format`: `text` (or absent) is free text; `json_object` any JSON object;
+/// `json_schema` a value valid under `json_schema.schema`.
+fn response_format(format: Option<&Value>) -> Result<Option<Constraint>, ApiError> {
+    let refuse = |message: &str| Err(ApiError::invalid(Some("response_format"), message));
+    let Some(format) = format.filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Constraint::JsonObject)),
+        Some("json_schema") => match format.pointer("/json_schema/schema") {
+            Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
+                Ok(Some(Constraint::JsonSchema(schema.to_string())))
+            }
+            Some(_) => refuse("`response_format.json_schema.schema` must be a JSON Schema object"),
+            None => refuse("`response_format` of type `json_schema` needs `json_schema.schema`"),
+        },
+        _ => refuse("`response_format.type` must be \"text\", \"json_object\" or \"json_schema\""),
+    }
+}
+
+/// OpenAI's fields over the checkpoint's defaults. An omitted `temperature` / `top_p` / `top_k`
+/// / `min_p` / `repetition_penalty` takes the checkpoint's generation_config.json (greedy when it
+/// says `do_sample: false`), else the neutral value (1.0 for temperature, as OpenAI).
 fn sampling_params(
     state: &AppState,
     f: &SamplingFields,
@@ -97,12 +138,6 @@ fn sampling_params(
         return Err(ApiError::invalid(
             Some(unsupported),
             format!("`{unsupported}` is not supported by this server yet"),
-        ));
-    }
-    if let Some(n) = f.n.filter(|&n| n != 1) {
-        return Err(ApiError::invalid(
-            Some("n"),
-            format!("only n = 1 is supported; got n = {n}"),
         ));
     }
     let room = state.context_window().saturating_sub(prompt_len).max(1);
@@ -127,12 +162,24 @@ fn sampling_params(
         })?;
         logit_bias.insert(id, bias);
     }
+    let top_k = match f.top_k {
+        None => g.top_k.unwrap_or(0),
+        // vLLM's convention: -1 (or 0) turns top-k off.
+        Some(-1 | 0) => 0,
+        Some(k) if k > 0 => u32::try_from(k).unwrap_or(u32::MAX),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                Some("top_k"),
+                format!("`top_k` must be -1 (off) or at least 1; got {k}"),
+            ));
+        }
+    };
     let sampling = SamplingParams {
         temperature: f.temperature.unwrap_or(default_temperature),
         top_p: f.top_p.or(g.top_p).unwrap_or(1.0),
-        top_k: g.top_k.unwrap_or(0),
-        min_p: g.min_p.unwrap_or(0.0),
-        repetition_penalty: g.repetition_penalty.unwrap_or(1.0),
+        top_k,
+        min_p: f.min_p.or(g.min_p).unwrap_or(0.0),
+        repetition_penalty: f.repetition_penalty.or(g.repetition_penalty).unwrap_or(1.0),
         presence_penalty: f.presence_penalty.unwrap_or(0.0),
         frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
         logit_bias,
@@ -140,12 +187,37 @@ fn sampling_params(
         seed: f.seed.map_or_else(fresh_seed, |s| s as u64),
         max_tokens,
         stop: f.stop.as_ref().map(|s| s.clone_vec()).unwrap_or_default(),
+        logprobs: logprobs(f)?,
         ..SamplingParams::default()
     };
     sampling
         .validate()
         .map_err(|e| ApiError::invalid(Some(e.field), e.to_string()))?;
     Ok(sampling)
+}
+
+/// How many alternatives to report per token, if any. Chat sends `logprobs: true` with
+/// `top_logprobs: k`; completions sends `logprobs: k`.
+fn logprobs(f: &SamplingFields) -> Result<Option<u32>, ApiError> {
+    let count = |field: &'static str, v: &Value| match v.as_u64() {
+        Some(k) if k <= u64::from(MAX_TOP_LOGPROBS) => Ok(k as u32),
+        _ => Err(ApiError::invalid(
+            Some(field),
+            format!("`{field}` must be an integer from 0 to {MAX_TOP_LOGPROBS}; got {v}"),
+        )),
+    };
+    let top = f.top_logprobs.as_ref().filter(|v| !v.is_null());
+    match f.logprobs.as_ref() {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => match top {
+            Some(_) => Err(ApiError::invalid(
+                Some("top_logprobs"),
+                "`top_logprobs` needs `logprobs: true`",
+            )),
+            None => Ok(None),
+        },
+        Some(Value::Bool(true)) => top.map_or(Ok(0), |v| count("top_logprobs", v)).map(Some),
+        Some(v) => count("logprobs", v).map(Some),
+    }
 }
 
 fn positive(field: &'static str, value: i64) -> Result<u32, ApiError> {
@@ -165,7 +237,8 @@ pub(crate) fn fresh_seed() -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
-/// How one surface's objects look: a whole response, or the chunks of a stream.
+/// How one surface's objects look for one choice: a whole response, or the chunks of a stream.
+/// Chunks are built for choice 0; [`respond`] renumbers them for the others.
 pub(crate) trait Framer: Send + 'static {
     /// The chunk sent before any text (chat's `role` delta), if the surface has one.
     fn opening(&self) -> Option<Value> {
@@ -185,9 +258,40 @@ pub(crate) trait Framer: Send + 'static {
     /// The `include_usage` chunk: usage and empty choices.
     fn usage(&self, usage: UsageBody) -> Value;
     fn whole(&self, text: String, reason: &str, usage: UsageBody) -> Value;
+    /// A choice's `logprobs` member for these tokens (chat's shape unless overridden).
+    fn logprobs(&self, state: &AppState, tokens: &[TokenLogprob]) -> Value {
+        json!({
+            "content": tokens.iter().map(|t| chat_logprob(state, t)).collect::<Vec<_>>(),
+            "refusal": null,
+        })
+    }
+}
+
+/// One generated token's log-probability with its alternatives.
+pub(crate) type TokenLogprob = (u32, TokenLogprobs);
+
+/// Chat's entry for one token: its text, bytes and log-probability, and the alternatives.
+fn chat_logprob(state: &AppState, (id, info): &TokenLogprob) -> Value {
+    let entry = |id: u32, logprob: f32| {
+        let bytes = state.token_bytes(id);
+        json!({
+            "token": String::from_utf8_lossy(bytes),
+            "logprob": finite_logprob(logprob),
+            "bytes": bytes,
+        })
+    };
+    let mut value = entry(*id, info.logprob);
+    value["top_logprobs"] = info.top.iter().map(|&(t, l)| entry(t, l)).collect();
+    value
+}
+
+/// JSON has no `-inf`: a token the distribution excludes is reported as -9999, as OpenAI does.
+pub(crate) fn finite_logprob(logprob: f32) -> f32 {
+    logprob.max(-9999.0)
 }
 
 /// Response id and creation time, shared by every chunk of one response.
+#[derive(Clone)]
 pub(crate) struct ResponseMeta {
     pub id: String,
     pub created: u64,
@@ -204,15 +308,27 @@ impl ResponseMeta {
     }
 }
 
-/// Submits the prepared request to the engine.
+/// Submits the prepared request (its first choice) to the engine.
 pub(crate) fn start(state: AppState, prepared: &Prepared) -> Result<Generation, ApiError> {
+    start_choice(state, prepared, 0)
+}
+
+/// Submits choice `index`: the same request with seed `seed + index`.
+fn start_choice(
+    state: AppState,
+    prepared: &Prepared,
+    index: usize,
+) -> Result<Generation, ApiError> {
+    let mut sampling = prepared.sampling.clone();
+    sampling.seed = sampling.seed.wrapping_add(index as u64);
     let stream = state
         .engine
         .submit(GenerateRequest {
             prompt: prepared.prompt.clone(),
-            sampling: prepared.sampling.clone(),
+            sampling,
             cache_salt: prepared.cache_salt,
             deadline: None,
+            constraint: prepared.constraint.clone(),
         })
         .map_err(|e| ApiError::from_submit(e, prepared.prompt_param))?;
     Ok(Generation::new(
@@ -223,87 +339,220 @@ pub(crate) fn start(state: AppState, prepared: &Prepared) -> Result<Generation, 
     ))
 }
 
-/// Submits the request and answers with one JSON object or an SSE stream.
-pub(crate) async fn respond(
+/// Submits the request's `n` choices (framed by `framer(i)`) and answers with one JSON object
+/// or an SSE stream. Choices run concurrently; a stream interleaves their chunks, each naming
+/// its choice `index`.
+pub(crate) async fn respond<F: Framer>(
     state: AppState,
     prepared: Prepared,
-    framer: impl Framer,
+    framer: impl Fn() -> F,
 ) -> Result<Response, ApiError> {
-    let generation = start(state, &prepared)?;
-    if !prepared.stream {
-        let (text, reason, usage) = generation.collect().await?;
-        return Ok(Json(framer.whole(text, reason, usage)).into_response());
+    let mut generations = Vec::with_capacity(prepared.n);
+    for index in 0..prepared.n {
+        // An error drops the choices already submitted, which cancels them.
+        generations.push(start_choice(state.clone(), &prepared, index)?);
     }
-    let sse = SseState {
-        generation,
-        framer,
+    let with_logprobs = prepared.sampling.logprobs.is_some();
+    if !prepared.stream {
+        let framers: Vec<F> = (0..prepared.n).map(|_| framer()).collect();
+        let collected =
+            futures_util::future::join_all(generations.into_iter().map(Generation::collect_all))
+                .await;
+        let mut body = Value::Null;
+        let mut total = UsageBody::new(0, 0);
+        for (index, (framer, result)) in framers.into_iter().zip(collected).enumerate() {
+            let (text, reason, usage, logprobs) = result?;
+            let mut whole = framer.whole(text, reason, usage);
+            if with_logprobs {
+                whole["choices"][0]["logprobs"] = framer.logprobs(&state, &logprobs);
+            }
+            renumber(&mut whole, index);
+            total = total.merge_choice(usage, index);
+            if index == 0 {
+                body = whole;
+            } else if let (Some(all), Some(more)) = (
+                body["choices"].as_array_mut(),
+                whole["choices"].as_array().cloned(),
+            ) {
+                all.extend(more);
+            }
+        }
+        body["usage"] = json!(total);
+        return Ok(Json(body).into_response());
+    }
+    let usage_framer = framer();
+    let choices = generations
+        .into_iter()
+        .enumerate()
+        .map(|(index, generation)| {
+            let choice = ChoiceStream {
+                state: state.clone(),
+                generation,
+                framer: framer(),
+                index,
+                with_logprobs,
+                phase: Phase::Opening,
+                queued: std::collections::VecDeque::new(),
+            };
+            stream::unfold(choice, |mut choice| async move {
+                let event = choice.next_event().await?;
+                Some((event, choice))
+            })
+            .boxed()
+        });
+    let merged = MergedStream {
+        choices: stream::select_all(choices),
+        usage_framer,
         include_usage: prepared.include_usage,
-        phase: Phase::Opening,
-        queued: std::collections::VecDeque::new(),
+        usage: None,
+        finished: 0,
+        n: prepared.n,
+        done: false,
     };
-    let events = stream::unfold(sse, |mut sse| async move {
-        let event = sse.next_event().await?;
-        Some((Ok::<_, Infallible>(event), sse))
+    let events = stream::unfold(merged, |mut merged| async move {
+        let event = merged.next_event().await?;
+        Some((Ok::<_, Infallible>(event), merged))
     });
     Ok(Sse::new(events).into_response())
+}
+
+/// Sets the choice index of every choice in a response or chunk.
+fn renumber(body: &mut Value, index: usize) {
+    if let Some(choices) = body["choices"].as_array_mut() {
+        for choice in choices {
+            choice["index"] = index.into();
+        }
+    }
 }
 
 enum Phase {
     Opening,
     Text,
-    Usage(UsageBody),
-    Done,
     Closed,
 }
 
-/// The SSE body: dropped with the connection, which drops the `Generation` and so cancels it.
-struct SseState<F> {
-    generation: Generation,
-    framer: F,
-    include_usage: bool,
-    phase: Phase,
-    /// Chunks released together, sent one per event before the next step is read.
-    queued: std::collections::VecDeque<Value>,
+/// What one choice's stream yields.
+enum ChoiceEvent {
+    Chunk(Value),
+    Finished(UsageBody),
+    /// A failure after the stream began: the error body, sent as a chunk; the stream then ends.
+    Failed(Value),
 }
 
-impl<F: Framer> SseState<F> {
-    async fn next_event(&mut self) -> Option<Event> {
+/// One choice of a stream: dropped with the connection, which drops the `Generation` and so
+/// cancels it.
+struct ChoiceStream<F> {
+    state: AppState,
+    generation: Generation,
+    framer: F,
+    index: usize,
+    with_logprobs: bool,
+    phase: Phase,
+    /// Chunks released together, sent one per event before the next step is read.
+    queued: std::collections::VecDeque<ChoiceEvent>,
+}
+
+impl<F: Framer> ChoiceStream<F> {
+    async fn next_event(&mut self) -> Option<ChoiceEvent> {
         loop {
-            if let Some(chunk) = self.queued.pop_front() {
-                return Some(data(&chunk));
+            if let Some(event) = self.queued.pop_front() {
+                return Some(event);
             }
             match std::mem::replace(&mut self.phase, Phase::Closed) {
                 Phase::Opening => {
                     self.phase = Phase::Text;
                     if let Some(chunk) = self.framer.opening() {
-                        return Some(data(&chunk));
+                        return Some(self.chunk(chunk));
                     }
                 }
                 Phase::Text => match self.generation.next().await {
                     Some(Ok(Step::Text(text))) => {
                         self.phase = Phase::Text;
-                        self.queued.extend(self.framer.deltas(&text));
+                        let mut chunks = self.framer.deltas(&text);
+                        self.attach_logprobs(&mut chunks);
+                        let chunks: Vec<_> = chunks.into_iter().map(|c| self.chunk(c)).collect();
+                        self.queued.extend(chunks);
                     }
                     Some(Ok(Step::Finished { reason, usage })) => {
-                        self.phase = if self.include_usage {
-                            Phase::Usage(usage)
-                        } else {
-                            Phase::Done
-                        };
-                        self.queued.extend(self.framer.closing(reason));
+                        let mut chunks = self.framer.closing(reason);
+                        self.attach_logprobs(&mut chunks);
+                        let chunks: Vec<_> = chunks.into_iter().map(|c| self.chunk(c)).collect();
+                        self.queued.extend(chunks);
+                        self.queued.push_back(ChoiceEvent::Finished(usage));
                     }
-                    Some(Err(e)) => {
-                        self.phase = Phase::Done;
-                        return Some(data(&e.body()));
-                    }
-                    None => self.phase = Phase::Done,
+                    Some(Err(e)) => return Some(ChoiceEvent::Failed(e.body())),
+                    None => {}
                 },
-                Phase::Usage(usage) => {
-                    self.phase = Phase::Done;
-                    return Some(data(&self.framer.usage(usage)));
-                }
-                Phase::Done => return Some(Event::default().data("[DONE]")),
                 Phase::Closed => return None,
+            }
+        }
+    }
+
+    fn chunk(&self, mut chunk: Value) -> ChoiceEvent {
+        renumber(&mut chunk, self.index);
+        ChoiceEvent::Chunk(chunk)
+    }
+
+    /// The tokens behind the text released so far go on the first chunk that carries a
+    /// choice (a framer holding text back releases none, and the tokens wait).
+    fn attach_logprobs(&mut self, chunks: &mut [Value]) {
+        if !self.with_logprobs {
+            return;
+        }
+        let Some(chunk) = chunks
+            .iter_mut()
+            .find(|c| c["choices"].as_array().is_some_and(|a| !a.is_empty()))
+        else {
+            return;
+        };
+        let tokens = self.generation.take_logprobs();
+        chunk["choices"][0]["logprobs"] = self.framer.logprobs(&self.state, &tokens);
+    }
+}
+
+/// Every choice's chunks as they come, then the usage chunk (when asked for) and `[DONE]`.
+struct MergedStream<F, S> {
+    choices: stream::SelectAll<S>,
+    usage_framer: F,
+    include_usage: bool,
+    usage: Option<UsageBody>,
+    finished: usize,
+    n: usize,
+    done: bool,
+}
+
+impl<F: Framer, S: futures_util::Stream<Item = ChoiceEvent> + Unpin> MergedStream<F, S> {
+    async fn next_event(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        loop {
+            match self.choices.next().await {
+                Some(ChoiceEvent::Chunk(chunk)) => return Some(data(&chunk)),
+                Some(ChoiceEvent::Finished(usage)) => {
+                    let total = self.usage.unwrap_or(UsageBody::new(0, 0));
+                    self.usage = Some(total.merge_choice(usage, self.finished));
+                    self.finished += 1;
+                }
+                Some(ChoiceEvent::Failed(body)) => {
+                    // One failed choice ends the response: the others are dropped (cancelled),
+                    // and `[DONE]` follows the error.
+                    self.choices = stream::select_all(Vec::new());
+                    self.include_usage = false;
+                    return Some(data(&body));
+                }
+                None => {
+                    self.done = true;
+                    if self.include_usage
+                        && self.finished == self.n
+                        && let Some(usage) = self.usage
+                    {
+                        self.done = false;
+                        self.include_usage = false;
+                        return Some(data(&self.usage_framer.usage(usage)));
+                    }
+                    return Some(Event::default().data("[DONE]"));
+                }
             }
         }
     }

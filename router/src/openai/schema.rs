@@ -21,12 +21,18 @@ pub struct SamplingFields {
     /// Token id (as a string, per OpenAI) → bias added to its logit.
     pub logit_bias: Option<BTreeMap<String, f32>>,
     pub n: Option<i64>,
+    /// Extensions (vLLM's names): keep the `top_k` most likely tokens; drop tokens below
+    /// `min_p` × the top probability; HF's repetition penalty. Omitted: the checkpoint's defaults.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     /// Accepted and ignored: no per-user behaviour yet.
     #[allow(dead_code)]
     pub user: Option<String>,
-    /// Not implemented yet: refused by name when set (see [`SamplingFields::unsupported`]).
+    /// Chat: a boolean (with `top_logprobs` 0–20 alternatives); completions: an integer count
+    /// of alternatives.
     pub logprobs: Option<Value>,
     pub top_logprobs: Option<Value>,
     /// Chat takes `tools` and `tool_choice` out before these fields are checked; every other
@@ -34,6 +40,7 @@ pub struct SamplingFields {
     pub tools: Option<Value>,
     pub tool_choice: Option<Value>,
     pub functions: Option<Value>,
+    /// `text`, `json_object` or `json_schema`: enforced while decoding.
     pub response_format: Option<Value>,
     pub echo: Option<Value>,
     pub best_of: Option<Value>,
@@ -48,18 +55,11 @@ impl SamplingFields {
             v.as_ref()
                 .is_some_and(|v| !matches!(v, Value::Null | Value::Bool(false)))
         };
-        let text_format = |v: &Option<Value>| {
-            v.as_ref()
-                .is_none_or(|v| v.is_null() || v.get("type") == Some(&Value::from("text")))
-        };
         let one = |v: &Option<Value>| v.as_ref().is_none_or(|v| v.is_null() || v == 1);
         [
-            ("logprobs", truthy(&self.logprobs)),
-            ("top_logprobs", set(&self.top_logprobs)),
             ("tools", set(&self.tools)),
             ("tool_choice", set(&self.tool_choice)),
             ("functions", set(&self.functions)),
-            ("response_format", !text_format(&self.response_format)),
             ("echo", truthy(&self.echo)),
             ("best_of", !one(&self.best_of)),
             ("suffix", set(&self.suffix)),
@@ -136,6 +136,17 @@ impl UsageBody {
             total_tokens: prompt_tokens + completion_tokens,
             prompt_tokens_details: PromptTokensDetails::default(),
         }
+    }
+
+    /// Adds the usage of the choice that finished `index`-th (from 0): the prompt counts once,
+    /// completion tokens add up.
+    pub fn merge_choice(mut self, choice: UsageBody, index: usize) -> Self {
+        if index == 0 {
+            return choice;
+        }
+        self.completion_tokens += choice.completion_tokens;
+        self.total_tokens = self.prompt_tokens + self.completion_tokens;
+        self
     }
 
     pub fn with_cached(mut self, cached_tokens: u32) -> Self {

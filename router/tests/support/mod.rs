@@ -2,6 +2,8 @@
 //! a Python script with an official client SDK. The SDKs are installed by
 //! `scripts/fetch-test-data.sh`; without them the tests fail (they never skip).
 
+pub mod http;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,7 +18,7 @@ use strata_node::backend::{Backend, BackendError, CpuBackend, StepSeq};
 use strata_node::kv::{BlockId, KvBlockIo};
 use strata_node::scheduler::SchedulerLimits;
 use strata_node::{Engine, EngineConfig};
-use strata_router::state::{AppState, ServingParts};
+use strata_router::state::{AppState, ServingParts, grammar_compiler};
 use strata_router::{LoadedModel, ServeConfig, ServedModel, load_state, serve_on};
 
 /// The SDK checkout under target/test-data/py, checked to hold `marker` (a file of the package).
@@ -137,6 +139,11 @@ impl Backend for PacedBackend {
 pub fn paced_tiny_state(model_dir: &Path, delay: Duration, steps: Arc<AtomicUsize>) -> AppState {
     synthesize(&SynthSpec::tiny(Architecture::Qwen3, 1), model_dir, None).unwrap();
     let loaded = LoadedModel::load(model_dir).unwrap();
+    let grammar = grammar_compiler(
+        &loaded.tokenizer,
+        loaded.model.config().vocab_size,
+        &loaded.eos_token_ids,
+    );
     let backend = PacedBackend {
         inner: CpuBackend::new(loaded.model, 16, 16 << 20),
         delay,
@@ -149,6 +156,7 @@ pub fn paced_tiny_state(model_dir: &Path, delay: Duration, steps: Arc<AtomicUsiz
             host_blocks: 0,
             disk: None,
             eos_token_ids: Vec::new(),
+            grammar,
         },
     )
     .unwrap();

@@ -1,0 +1,234 @@
+// Small-M GEMM for decode: y[m, n] = sum_k x[m, k] * w[n, k] for M = 1..16 rows of x, with W
+// row-major [N, K] (the HF Linear layout), bf16 in, f32 accumulation, bf16 or f32 out.
+//
+// Memory-bound: every weight byte is read once per launch, with 16-byte streaming loads, several
+// in flight per thread, for all M rows at once. A block of 256 threads owns R consecutive rows
+// of W (R depends on M, for registers only); thread t owns the 8-element chunks
+// c = t, t + 256, t + 512, ... of every row it touches.
+//
+// Batch invariance: for each (m, n) the sum is thread-sequential over that thread's chunks in
+// ascending order (8 explicit fused multiply-adds per chunk, in element order), then a fixed warp
+// butterfly, then the 8 warp totals in warp order. That order depends on K alone: the same for
+// any M, any R and any grid.
+#include "common.cuh"
+
+constexpr int GEMV_THREADS = 256;
+constexpr int GEMV_WARPS = GEMV_THREADS / 32;
+constexpr int GEMV_UNROLL = 2;
+
+// Rows of W per block for M rows of x; mirrored by `gemv_rows_per_block` in src/gemv.rs.
+template <int M>
+struct GemvRows {
+    static constexpr int R = M <= 4 ? 8 : (M <= 8 ? 4 : 2);
+};
+
+__device__ __forceinline__ void store_out(__nv_bfloat16* y, float v) { *y = f32_to_bf16(v); }
+__device__ __forceinline__ void store_out(float* y, float v) { *y = v; }
+
+template <int M, typename Out>
+__device__ __forceinline__ void gemv_body(Out* __restrict__ y, const __nv_bfloat16* __restrict__ x,
+                                          const __nv_bfloat16* __restrict__ w, u32 n_rows,
+                                          u32 k) {
+    constexpr int R = GemvRows<M>::R;
+    __shared__ float partial[GEMV_WARPS][M * R];
+    const u32 n0 = blockIdx.x * R;
+    const u32 chunks = k / 8;
+
+    float acc[M][R];
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[m][r] = 0.0f;
+    }
+
+    for (u32 c0 = threadIdx.x; c0 < chunks; c0 += GEMV_THREADS * GEMV_UNROLL) {
+        // Issue every weight load of this step before the first use.
+        uint4 wv[GEMV_UNROLL][R];
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const u32 c = c0 + u * GEMV_THREADS;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const bool live = c < chunks && n0 + r < n_rows;
+                wv[u][r] = live ? load_stream(w + (u64)(n0 + r) * k + (u64)c * 8)
+                                : make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_UNROLL; ++u) {
+            const u32 c = c0 + u * GEMV_THREADS;
+            if (c < chunks) {
+#pragma unroll
+            for (int m = 0; m < M; ++m) {
+                float xv[8];
+                unpack8(load16(x + (u64)m * k + (u64)c * 8), xv);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float wf[8];
+                    unpack8(wv[u][r], wf);
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) acc[m][r] = __fmaf_rn(xv[j], wf[j], acc[m][r]);
+                }
+            }
+            }
+        }
+    }
+
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float v = warp_sum(acc[m][r]);
+            if (lane == 0) partial[warp][m * R + r] = v;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < M * R) {
+        const int m = threadIdx.x / R;
+        const int r = threadIdx.x % R;
+        float total = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < GEMV_WARPS; ++wi) total += partial[wi][threadIdx.x];
+        const u32 n = n0 + r;
+        if (n < n_rows) store_out(y + (u64)m * n_rows + n, total);
+    }
+}
+
+#define GEMV_ENTRIES(M)                                                                        \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                 \
+        gemv_bf16_m##M(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,     \
+                       const __nv_bfloat16* __restrict__ w, u32 n, u32 k) {                    \
+        gemv_body<M>(y, x, w, n, k);                                                           \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                 \
+        gemv_f32_m##M(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,              \
+                      const __nv_bfloat16* __restrict__ w, u32 n, u32 k) {                     \
+        gemv_body<M>(y, x, w, n, k);                                                           \
+    }
+
+GEMV_ENTRIES(1)
+GEMV_ENTRIES(2)
+GEMV_ENTRIES(3)
+GEMV_ENTRIES(4)
+GEMV_ENTRIES(5)
+GEMV_ENTRIES(6)
+GEMV_ENTRIES(7)
+GEMV_ENTRIES(8)
+GEMV_ENTRIES(9)
+GEMV_ENTRIES(10)
+GEMV_ENTRIES(11)
+GEMV_ENTRIES(12)
+GEMV_ENTRIES(13)
+GEMV_ENTRIES(14)
+GEMV_ENTRIES(15)
+GEMV_ENTRIES(16)
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core variant: one kernel for every M in 1..=16, rows padded to the m16n8k16 MMA shape.
+//
+// A block of 8 warps owns 8 * MMA_TILES consecutive rows of W; warp w owns the 32-wide k-steps
+// w, w + 8, w + 16, ... Lane (g = lane / 4, t = lane % 4) streams 16 bytes of W row n0 + g at
+// k = 32 s + 8 t and the matching 16 bytes of x rows g and g + 8. The MMA's k slots are a
+// permutation of the actual k (the same for A and B, so the dot product is unchanged): the first
+// MMA of a step takes each lane's elements 0..3, the second its elements 4..7.
+//
+// Batch invariance: every M runs this same kernel, rows of x beyond M are zeros, and a tensor-core
+// dot product of one output row never reads another row. Per (m, n) the order is fixed by K:
+// k-steps in ascending order within a warp, then the 8 warp totals in warp order.
+constexpr int MMA_WARPS = 8;
+constexpr int MMA_TILES = 2;
+constexpr int MMA_UNROLL = 4;
+constexpr int MMA_ROWS = 8 * MMA_TILES;
+
+__device__ __forceinline__ void mma_bf16_16816(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                               u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <typename Out>
+__device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
+                                              const __nv_bfloat16* __restrict__ x,
+                                              const __nv_bfloat16* __restrict__ w, u32 m_rows,
+                                              u32 n_rows, u32 k) {
+    __shared__ float partial[MMA_WARPS][16][MMA_ROWS + 1];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const u32 n0 = blockIdx.x * MMA_ROWS;
+    const u32 steps = k / 32;
+    const bool x_lo = (u32)g < m_rows;
+    const bool x_hi = (u32)(g + 8) < m_rows;
+    const __nv_bfloat16* x_g = x + (u64)g * k + t * 8;
+    const __nv_bfloat16* x_g8 = x + (u64)(g + 8) * k + t * 8;
+
+    float c[MMA_TILES][4];
+#pragma unroll
+    for (int i = 0; i < MMA_TILES; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+
+    for (u32 s0 = warp; s0 < steps; s0 += MMA_WARPS * MMA_UNROLL) {
+        uint4 wv[MMA_UNROLL][MMA_TILES];
+        uint4 xl[MMA_UNROLL], xh[MMA_UNROLL];
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; ++u) {
+            const u32 s = s0 + u * MMA_WARPS;
+            const bool live = s < steps;
+#pragma unroll
+            for (int i = 0; i < MMA_TILES; ++i) {
+                const u32 n = n0 + i * 8 + g;
+                wv[u][i] = live && n < n_rows
+                               ? load_stream(w + (u64)n * k + (u64)s * 32 + t * 8)
+                               : make_uint4(0, 0, 0, 0);
+            }
+            xl[u] = live && x_lo ? load16(x_g + (u64)s * 32) : make_uint4(0, 0, 0, 0);
+            xh[u] = live && x_hi ? load16(x_g8 + (u64)s * 32) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < MMA_UNROLL; ++u) {
+            if (s0 + u * MMA_WARPS < steps) {
+#pragma unroll
+                for (int i = 0; i < MMA_TILES; ++i) {
+                    mma_bf16_16816(c[i], xl[u].x, xh[u].x, xl[u].y, xh[u].y, wv[u][i].x, wv[u][i].y);
+                    mma_bf16_16816(c[i], xl[u].z, xh[u].z, xl[u].w, xh[u].w, wv[u][i].z, wv[u][i].w);
+                }
+            }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < MMA_TILES; ++i) {
+        const int col = i * 8 + t * 2;
+        partial[warp][g][col] = c[i][0];
+        partial[warp][g][col + 1] = c[i][1];
+        partial[warp][g + 8][col] = c[i][2];
+        partial[warp][g + 8][col + 1] = c[i][3];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < 16 * MMA_ROWS; e += blockDim.x) {
+        const int row = e / MMA_ROWS;
+        const int col = e % MMA_ROWS;
+        float total = 0.0f;
+#pragma unroll
+        for (int wi = 0; wi < MMA_WARPS; ++wi) total += partial[wi][row][col];
+        const u32 n = n0 + col;
+        if ((u32)row < m_rows && n < n_rows) store_out(y + (u64)row * n_rows + n, total);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
+gemv_mma_bf16(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,
+              const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {
+    gemv_mma_body(y, x, w, m, n, k);
+}
+
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
+gemv_mma_f32(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,
+             const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {
+    gemv_mma_body(y, x, w, m, n, k);
+}

@@ -1,0 +1,95 @@
+//! Timing of the decode GEMV on the device: achieved bandwidth against the bytes it must move.
+//!
+//! Weights are random (never zeros: they can run faster than real data) and rotate over enough
+//! copies to exceed the L2 cache, so every launch streams its weights from device memory.
+//! Times come from CUDA events around batches of launches after a warm-up; the median batch is
+//! reported.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, CudaStream};
+use half::bf16;
+
+use crate::selftest::{Rng, upload};
+use crate::{GemvVariant, KernelError, Kernels};
+
+/// One timed shape.
+#[derive(Debug, Clone)]
+pub struct GemvTiming {
+    pub variant: GemvVariant,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub f32_out: bool,
+    /// Median time per launch, microseconds.
+    pub micros: f64,
+    /// Bytes that must move per launch (W, x, y) over the median time, GB/s.
+    pub gbytes_per_s: f64,
+}
+
+/// Bytes of weights the rotation must cover to defeat the L2 cache (H200: 50 MB of L2).
+const ROTATION_BYTES: usize = 256 << 20;
+const BATCH: usize = 20;
+const BATCHES: usize = 15;
+
+/// Times the GEMV for each `(m, n, k, f32_out)` with each variant, in the same run.
+pub fn gemv_timings(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    shapes: &[(usize, usize, usize, bool)],
+    variants: &[GemvVariant],
+) -> Result<Vec<GemvTiming>, KernelError> {
+    let mut rng = Rng::new(0xbe4c);
+    let mut out = Vec::new();
+    for (&(m, n, k, f32_out), &variant) in shapes
+        .iter()
+        .flat_map(|s| variants.iter().map(move |v| (s, v)))
+    {
+        let w_host = rng.bf16_vec(n * k, 1.0, 0.0);
+        let copies = ROTATION_BYTES.div_ceil(n * k * 2).clamp(2, 16);
+        let weights: Vec<CudaSlice<bf16>> = (0..copies)
+            .map(|_| upload(stream, &w_host))
+            .collect::<Result<_, _>>()?;
+        let x = upload(stream, &rng.bf16_vec(m * k, 1.0, 0.0))?;
+        let mut y16 = stream.alloc_zeros::<bf16>(m * n)?;
+        let mut y32 = stream.alloc_zeros::<f32>(m * n)?;
+        let mut launch = |i: usize| -> Result<(), KernelError> {
+            let w = &weights[i % copies];
+            if f32_out {
+                kernels.gemv_with(variant, stream, &mut y32, &x, w, (m, n, k))
+            } else {
+                kernels.gemv_with(variant, stream, &mut y16, &x, w, (m, n, k))
+            }
+        };
+        for i in 0..BATCH {
+            launch(i)?;
+        }
+        let ctx = stream.context();
+        let mut per_launch = Vec::with_capacity(BATCHES);
+        for b in 0..BATCHES {
+            let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            start.record(stream)?;
+            for i in 0..BATCH {
+                launch(b * BATCH + i)?;
+            }
+            end.record(stream)?;
+            end.synchronize()?;
+            per_launch.push(start.elapsed_ms(&end)? as f64 * 1e3 / BATCH as f64);
+        }
+        per_launch.sort_by(f64::total_cmp);
+        let micros = per_launch[BATCHES / 2];
+        let bytes = (n * k + m * k) * 2 + m * n * if f32_out { 4 } else { 2 };
+        out.push(GemvTiming {
+            variant,
+            m,
+            n,
+            k,
+            f32_out,
+            micros,
+            gbytes_per_s: bytes as f64 / (micros * 1e-6) / 1e9,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,151 @@
+//! Launchers for `cuda/gemv.cu`: the small-M GEMM of the decode path,
+//! `y[m, n] = Σ_k x[m, k] · w[n, k]` for 1 ≤ M ≤ 16.
+//!
+//! The reduction order of every output element depends on K alone, so row `m` of a launch with
+//! any M is bitwise identical to the same row computed alone (the self-test checks it).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use half::bf16;
+
+use crate::launch::{aligned16, grid, need_len, product, to_u32};
+use crate::{KernelError, Kernels, ensure_shape};
+
+const MODULE: &str = "gemv";
+const THREADS: u32 = 256;
+/// The variant [`Kernels::gemv`] and [`Kernels::gemv_f32`] use.
+pub const DEFAULT_VARIANT: GemvVariant = GemvVariant::Fma;
+
+/// Output element types of the GEMV: bf16 or f32.
+pub trait GemvOut: DeviceRepr {
+    #[doc(hidden)]
+    const PREFIX: &'static str;
+    #[doc(hidden)]
+    const MMA_NAME: &'static str;
+}
+
+impl GemvOut for bf16 {
+    const PREFIX: &'static str = "gemv_bf16";
+    const MMA_NAME: &'static str = "gemv_mma_bf16";
+}
+
+impl GemvOut for f32 {
+    const PREFIX: &'static str = "gemv_f32";
+    const MMA_NAME: &'static str = "gemv_mma_f32";
+}
+
+/// The largest M one launch takes.
+pub const GEMV_MAX_M: usize = 16;
+
+/// The two implementations of the decode GEMV. Each is batch-invariant on its own; mixing them
+/// across launches is not (their reduction orders differ), so a backend uses one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GemvVariant {
+    /// f32 fused multiply-adds, one kernel per M (`gemv_{bf16,f32}_m{M}`); `k % 8 == 0`.
+    Fma,
+    /// Tensor-core m16n8k16 MMAs, one kernel for every M (`gemv_mma_{bf16,f32}`); `k % 32 == 0`.
+    Mma,
+}
+
+/// Rows of W per block of the MMA variant; mirrors `MMA_ROWS` in `cuda/gemv.cu`.
+const MMA_ROWS: u32 = 16;
+
+/// Rows of W per block for `m` rows of x; mirrors `GemvRows<M>` in `cuda/gemv.cu`.
+fn rows_per_block(m: usize) -> u32 {
+    match m {
+        0..=4 => 8,
+        5..=8 => 4,
+        _ => 2,
+    }
+}
+
+impl Kernels {
+    /// `y[m, n] = bf16(Σ_k x[m, k] · w[n, k])`, f32 accumulation.
+    ///
+    /// `x` `[m, k]`, `w` `[n, k]` row-major (HF Linear layout), `y` `[m, n]`; `1 ≤ m ≤ 16`,
+    /// `k % 8 == 0`, `x` and `w` 16-byte aligned.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv(
+        &self,
+        stream: &Arc<CudaStream>,
+        y: &mut impl DevicePtrMut<bf16>,
+        x: &impl DevicePtr<bf16>,
+        w: &impl DevicePtr<bf16>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.gemv_with(DEFAULT_VARIANT, stream, y, x, w, (m, n, k))
+    }
+
+    /// [`Kernels::gemv`] with f32 output (logits): `y[m, n] = Σ_k x[m, k] · w[n, k]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_f32(
+        &self,
+        stream: &Arc<CudaStream>,
+        y: &mut impl DevicePtrMut<f32>,
+        x: &impl DevicePtr<bf16>,
+        w: &impl DevicePtr<bf16>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), KernelError> {
+        self.gemv_with(DEFAULT_VARIANT, stream, y, x, w, (m, n, k))
+    }
+
+    /// [`Kernels::gemv`] (`T` = bf16) or [`Kernels::gemv_f32`] (`T` = f32) through an explicit
+    /// variant, for comparing them; `(m, n, k)` as there.
+    pub fn gemv_with<T: GemvOut>(
+        &self,
+        variant: GemvVariant,
+        stream: &Arc<CudaStream>,
+        y: &mut impl DevicePtrMut<T>,
+        x: &impl DevicePtr<bf16>,
+        w: &impl DevicePtr<bf16>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), KernelError> {
+        let prefix = T::PREFIX;
+        let step = match variant {
+            GemvVariant::Fma => 8,
+            GemvVariant::Mma => 32,
+        };
+        ensure_shape!(
+            (1..=GEMV_MAX_M).contains(&m),
+            prefix,
+            "m = {m} is outside 1..={GEMV_MAX_M} (use the cuBLASLt GEMM for more rows)"
+        );
+        ensure_shape!(
+            k.is_multiple_of(step) && k > 0,
+            prefix,
+            "k = {k} is not a positive multiple of {step} ({variant:?} variant)"
+        );
+        need_len(prefix, "y", y.len(), product(prefix, &[m, n])?)?;
+        need_len(prefix, "x", x.len(), product(prefix, &[m, k])?)?;
+        need_len(prefix, "w", w.len(), product(prefix, &[n, k])?)?;
+        let (n32, k32) = (to_u32(prefix, "n", n)?, to_u32(prefix, "k", k)?);
+        if n == 0 {
+            return Ok(());
+        }
+        let (name, blocks) = match variant {
+            GemvVariant::Fma => (format!("{prefix}_m{m}"), n32.div_ceil(rows_per_block(m))),
+            GemvVariant::Mma => (T::MMA_NAME.to_string(), n32.div_ceil(MMA_ROWS)),
+        };
+        let f = self.function(MODULE, &name)?;
+        let (yp, _y) = y.device_ptr_mut(stream);
+        let (xp, _x) = x.device_ptr(stream);
+        let (wp, _w) = w.device_ptr(stream);
+        aligned16(prefix, "x", xp)?;
+        aligned16(prefix, "w", wp)?;
+        let m32 = m as u32;
+        let mut b = stream.launch_builder(f);
+        b.arg(&yp).arg(&xp).arg(&wp);
+        if variant == GemvVariant::Mma {
+            b.arg(&m32);
+        }
+        b.arg(&n32).arg(&k32);
+        // SAFETY: lengths, alignment and argument types checked above match the kernel.
+        unsafe { b.launch(grid(blocks, THREADS)) }?;
+        Ok(())
+    }
+}

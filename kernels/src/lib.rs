@@ -1,0 +1,291 @@
+//! strata-kernels: the CUDA kernel layer of the fast backend.
+//!
+//! Kernels are CUDA C under `kernels/cuda/`, embedded in the binary, compiled by NVRTC for the
+//! device's own architecture and cached on disk ([`compile`]). [`Kernels`] loads every module once
+//! per [`CudaContext`] and offers one typed launch method per kernel; each method validates shapes
+//! and alignment before launching, so a wrong shape is an error, never undefined behaviour.
+//! cuBLASLt GEMMs for prefill rows live in [`gemm`].
+//!
+//! The crate builds and links on machines without CUDA: every CUDA library is loaded at run time
+//! ([`libs`]), and a missing library is a [`KernelError`] naming what was looked for and where.
+//!
+//! Numerics follow DESIGN §3: bf16 storage, f32 accumulation, and every reduction in a fixed order
+//! that depends only on its own row — never on batch size or grid shape, never through atomics.
+
+mod attention;
+pub mod bench;
+pub mod check;
+pub mod compile;
+mod elementwise;
+pub mod gemm;
+mod gemv;
+mod launch;
+pub mod libs;
+mod sampling;
+pub mod selftest;
+mod selftest_attention;
+mod selftest_gemv;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DriverError};
+
+/// The cudarc this crate is built against, so callers name the same types.
+pub use cudarc;
+
+pub use check::{FunctionResources, Report, check};
+pub use elementwise::RopeKvShape;
+pub use gemm::{GemmOut, LtGemm};
+pub use gemv::{DEFAULT_VARIANT, GEMV_MAX_M, GemvOut, GemvVariant};
+pub use sampling::NO_TOKEN;
+pub use selftest::selftest;
+
+/// One CUDA source file of the crate: `module` is its stem (`gemv` for `cuda/gemv.cu`), the name
+/// under which [`Kernels::function`] finds its functions.
+#[derive(Debug, Clone, Copy)]
+pub struct Source {
+    pub module: &'static str,
+    pub text: &'static str,
+}
+
+/// Every kernel source, in load order.
+pub const SOURCES: &[Source] = &[
+    Source {
+        module: "elementwise",
+        text: include_str!("../cuda/elementwise.cu"),
+    },
+    Source {
+        module: "gemv",
+        text: include_str!("../cuda/gemv.cu"),
+    },
+    Source {
+        module: "sampling",
+        text: include_str!("../cuda/sampling.cu"),
+    },
+    Source {
+        module: "attention",
+        text: include_str!("../cuda/attention.cu"),
+    },
+];
+
+/// Everything that can go wrong loading or launching a kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// A CUDA library could not be found; `looked` lists every place searched.
+    #[error("{library} not found; looked in: {}", looked.join(", "))]
+    LibraryMissing {
+        library: &'static str,
+        looked: Vec<String>,
+    },
+    #[error("CUDA driver call failed: {0}")]
+    Driver(#[from] DriverError),
+    /// NVRTC rejected a source; `log` is NVRTC's own program log.
+    #[error("NVRTC could not compile {module}.cu for {arch}:\n{log}")]
+    Compile {
+        module: String,
+        arch: String,
+        log: String,
+    },
+    #[error("NVRTC: {0}")]
+    Nvrtc(String),
+    #[error("cuBLASLt: {0}")]
+    Cublas(String),
+    /// A launch argument does not satisfy the kernel's layout contract.
+    #[error("{kernel}: {message}")]
+    Shape {
+        kernel: &'static str,
+        message: String,
+    },
+    #[error("no kernel function `{name}` in module `{module}`")]
+    UnknownFunction { module: String, name: String },
+    #[error("unsupported GPU: compute capability {major}.{minor} (bf16 kernels need 8.0 or newer)")]
+    UnsupportedArch { major: i32, minor: i32 },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("ptxas: {0}")]
+    Ptxas(String),
+}
+
+/// Returns `Err(KernelError::Shape)` with the formatted message unless `cond` holds.
+macro_rules! ensure_shape {
+    ($cond:expr, $kernel:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::KernelError::Shape {
+                kernel: $kernel,
+                message: format!($($fmt)+),
+            });
+        }
+    };
+}
+pub(crate) use ensure_shape;
+
+/// The outcome of one device self-test check: a kernel's output against its CPU reference.
+///
+/// A `canary` check compares against a deliberately wrong reference and is `ok` only when the
+/// comparison fails — proof that the check can fail.
+#[derive(Debug, Clone)]
+pub struct CheckResult {
+    /// The kernel (or kernel family) checked, e.g. `rmsnorm`.
+    pub kernel: String,
+    /// The case: shapes and variant, e.g. `rows=7 h=4096`.
+    pub case: String,
+    pub canary: bool,
+    /// max |out − ref| / max(|ref|, floor) over all elements (see [`selftest::max_rel_err`]).
+    pub max_rel_err: f64,
+    pub tolerance: f64,
+    /// Every output element was overwritten (none still holds the NaN poison).
+    pub all_written: bool,
+    pub ok: bool,
+    /// Free text: the failing element, a launch error, bitwise mismatch counts.
+    pub detail: String,
+}
+
+impl CheckResult {
+    /// A comparison result; `ok` is "within tolerance and fully written", inverted for a canary.
+    pub fn compare(
+        kernel: &str,
+        case: String,
+        canary: bool,
+        max_rel_err: f64,
+        tolerance: f64,
+        all_written: bool,
+        detail: String,
+    ) -> Self {
+        let passed = all_written && max_rel_err <= tolerance;
+        CheckResult {
+            kernel: kernel.to_string(),
+            case,
+            canary,
+            max_rel_err,
+            tolerance,
+            all_written,
+            ok: passed != canary,
+            detail,
+        }
+    }
+
+    /// A check that could not run (launch or copy error): always a failure.
+    pub fn error(kernel: &str, case: String, canary: bool, error: impl std::fmt::Display) -> Self {
+        CheckResult {
+            kernel: kernel.to_string(),
+            case,
+            canary,
+            max_rel_err: f64::NAN,
+            tolerance: 0.0,
+            all_written: false,
+            ok: false,
+            detail: error.to_string(),
+        }
+    }
+}
+
+/// The NVRTC architecture for a compute capability: the arch-specific (`a`) target where one
+/// exists, so Hopper/Blackwell-only instructions are available. `"unsupported"` for GPUs older
+/// than Ampere (no bf16 arithmetic) or newer than this table; [`Kernels::load`] rejects those.
+pub fn arch_for(cc_major: i32, cc_minor: i32) -> &'static str {
+    match (cc_major, cc_minor) {
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 7) => "sm_87",
+        (8, 9) => "sm_89",
+        (9, 0) => "sm_90a",
+        (10, 0) => "sm_100a",
+        (10, 1) => "sm_101a",
+        (10, 3) => "sm_103a",
+        (11, 0) => "sm_110a",
+        (12, 0) => "sm_120a",
+        (12, 1) => "sm_121a",
+        _ => "unsupported",
+    }
+}
+
+/// One loaded module and its kernel functions by name.
+struct LoadedModule {
+    _module: Arc<CudaModule>,
+    functions: HashMap<String, CudaFunction>,
+}
+
+/// Every kernel module, compiled for and loaded into one [`CudaContext`].
+///
+/// Load once per context and share it; launch methods take the stream to launch on.
+pub struct Kernels {
+    ctx: Arc<CudaContext>,
+    arch: &'static str,
+    modules: HashMap<&'static str, LoadedModule>,
+}
+
+impl Kernels {
+    /// Compiles (or takes from the disk cache) every module in [`SOURCES`] for the context's
+    /// device and loads all of their `extern "C"` kernels.
+    ///
+    /// `cache_dir` overrides [`compile::default_cache_dir`]; with neither available nothing is
+    /// cached. Fails with a clear error when the driver, NVRTC or CUDA headers are missing.
+    pub fn load(ctx: &Arc<CudaContext>, cache_dir: Option<&Path>) -> Result<Kernels, KernelError> {
+        libs::ensure_driver()?;
+        let (major, minor) = ctx.compute_capability()?;
+        let arch = arch_for(major, minor);
+        if arch == "unsupported" {
+            return Err(KernelError::UnsupportedArch { major, minor });
+        }
+        let compiler = compile::Compiler::new(cache_dir.map(Path::to_path_buf))?;
+        let mut modules = HashMap::new();
+        for source in SOURCES {
+            let ptx = compiler.compile(source, arch)?;
+            let names = compile::entry_names(&ptx);
+            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
+            let mut functions = HashMap::new();
+            for name in names {
+                let function = module.load_function(&name)?;
+                functions.insert(name, function);
+            }
+            modules.insert(
+                source.module,
+                LoadedModule {
+                    _module: module,
+                    functions,
+                },
+            );
+        }
+        Ok(Kernels {
+            ctx: ctx.clone(),
+            arch,
+            modules,
+        })
+    }
+
+    /// The NVRTC architecture the modules were compiled for (see [`arch_for`]).
+    pub fn arch(&self) -> &'static str {
+        self.arch
+    }
+
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The kernel `name` (its `extern "C"` name) of module `module` (the `.cu` file's stem).
+    pub fn function(&self, module: &str, name: &str) -> Result<&CudaFunction, KernelError> {
+        self.modules
+            .get(module)
+            .and_then(|m| m.functions.get(name))
+            .ok_or_else(|| KernelError::UnknownFunction {
+                module: module.to_string(),
+                name: name.to_string(),
+            })
+    }
+
+    /// Names of every loaded kernel function of `module`, sorted.
+    pub fn function_names(&self, module: &str) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .modules
+            .get(module)
+            .map(|m| m.functions.keys().map(String::as_str).collect())
+            .unwrap_or_default();
+        names.sort_unstable();
+        names
+    }
+}

@@ -1,0 +1,99 @@
+//! Compiles every kernel for sm_90a, sm_100a and sm_120a through NVRTC from the pip wheels that
+//! `scripts/fetch-test-data.sh` installs under `target/test-data/cuda`, and reads ptxas's report.
+//! Skips (with a message) when the wheels are not installed.
+
+use std::path::PathBuf;
+
+use strata_kernels::check::check_sources;
+use strata_kernels::{Source, check};
+
+const ARCHES: &[&str] = &["sm_90a", "sm_100a", "sm_120a"];
+
+/// Points the library search at the wheels; false when they are not installed.
+fn use_wheels() -> bool {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/test-data/cuda");
+    if !root.join("nvidia/cu13/lib/libnvrtc.so.13").is_file() {
+        eprintln!(
+            "skipped: CUDA wheels not installed under {} (run scripts/fetch-test-data.sh)",
+            root.display()
+        );
+        return false;
+    }
+    // SAFETY: set before any library search, identically by every test of this binary.
+    unsafe {
+        std::env::set_var("STRATA_CUDA_LIBS", &root);
+        std::env::set_var("STRATA_CUDA_INCLUDE", root.join("nvidia/cu13/include"));
+        std::env::set_var("STRATA_PTXAS", root.join("nvidia/cu13/bin/ptxas"));
+    }
+    true
+}
+
+/// Every kernel function the launchers load by name.
+fn expected_functions() -> Vec<String> {
+    let mut names: Vec<String> = [
+        "embed",
+        "rmsnorm",
+        "add_rmsnorm",
+        "head_rmsnorm",
+        "add_bias",
+        "rope_kv_write",
+        "silu_mul",
+        "argmax_f32",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for m in 1..=16 {
+        names.push(format!("gemv_bf16_m{m}"));
+        names.push(format!("gemv_f32_m{m}"));
+    }
+    names
+}
+
+#[test]
+fn every_kernel_compiles_for_every_arch_without_spills_on_hopper() {
+    if !use_wheels() {
+        return;
+    }
+    let report = check(ARCHES);
+    println!("{}", report.table());
+    assert!(report.ok(), "check failed:\n{}", report.table());
+    assert!(report.ptxas.is_some(), "ptxas from the wheel not found");
+    for arch in ARCHES {
+        for name in expected_functions() {
+            assert!(report.has_entry(arch, &name), "{name} missing for {arch}");
+            assert!(
+                report.resources(arch, &name).is_some(),
+                "no ptxas resources for {name} on {arch}"
+            );
+        }
+    }
+    let spilling: Vec<_> = report
+        .functions
+        .iter()
+        .filter(|f| f.arch == "sm_90a" && (f.spills() || f.stack_frame_bytes > 0))
+        .map(|f| f.function.clone())
+        .collect();
+    assert!(
+        spilling.is_empty(),
+        "spills or stack on sm_90a: {spilling:?}"
+    );
+}
+
+#[test]
+fn a_broken_kernel_fails_check_with_nvrtcs_message() {
+    if !use_wheels() {
+        return;
+    }
+    let broken = Source {
+        module: "canary",
+        text: "#include \"common.cuh\"\nextern \"C\" __global__ void canary(float* y) { y[0] = undeclared_name; }\n",
+    };
+    let report = check_sources(&[broken], &["sm_90a"]);
+    assert!(!report.ok(), "a broken source passed check");
+    let message = &report.failures[0].message;
+    assert!(
+        message.contains("undeclared_name") && message.contains("canary.cu"),
+        "NVRTC's log missing from the failure: {message}"
+    );
+}

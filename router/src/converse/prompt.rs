@@ -1,0 +1,374 @@
+//! What `converse` and `converse-stream` render: `system`, the messages with their `text`,
+//! `toolUse` and `toolResult` blocks, and `toolConfig`, through the shared tool translation
+//! (`crate::tools`) and the model's chat template.
+
+use serde_json::{Map, Value};
+
+use super::error::ConverseError;
+use super::schema::{ConverseRequest, Role};
+use crate::state::AppState;
+use crate::tools::definitions::{DefinitionError, ToolChoice, ToolDefinition, template_tools};
+use crate::tools::transcript::{PendingMessage, Transcript};
+use crate::tools::{Rendered, forced_constraint, render_conversation};
+
+/// The prompt's token ids, the call format to parse when tools were rendered, and the grammar
+/// when `toolChoice` forces a call.
+pub(crate) fn render(
+    state: &AppState,
+    request: &ConverseRequest,
+) -> Result<Rendered, ConverseError> {
+    let tools = tool_config(request.tool_config.as_ref())?;
+    let forced = match request.tool_config.as_ref().and_then(Value::as_object) {
+        Some(config) => tool_choice(config)?.forced(),
+        None => None,
+    };
+    let messages = template_messages(request)?;
+    let (prompt, format) = render_conversation(state, messages, tools.clone(), "messages")?;
+    let constraint = forced_constraint(format, tools.as_deref(), forced);
+    Ok((prompt, format, constraint))
+}
+
+/// `system` as a leading system message, then each message's blocks in order.
+fn template_messages(request: &ConverseRequest) -> Result<Vec<Value>, ConverseError> {
+    if request.messages.is_empty() {
+        return Err(ConverseError::validation(
+            "messages: must hold at least one message",
+        ));
+    }
+    let mut transcript = Transcript::default();
+    if !request.system.is_empty() {
+        transcript.system(text_of(&request.system, "system")?);
+    }
+    for (i, message) in request.messages.iter().enumerate() {
+        let mut pending = transcript.message(message.role.as_str());
+        for (j, block) in message.content.iter().enumerate() {
+            add_block(
+                &mut pending,
+                message.role,
+                block,
+                &format!("messages.{i}.content.{j}"),
+            )?;
+        }
+        pending.end();
+    }
+    Ok(transcript.into_messages())
+}
+
+/// A block is an object with exactly one member naming its kind.
+fn only_member(block: &Value) -> Option<(&str, &Value)> {
+    match block.as_object() {
+        Some(object) if object.len() == 1 => object.iter().next().map(|(k, v)| (k.as_str(), v)),
+        _ => None,
+    }
+}
+
+/// One content block: `text` anywhere, `toolUse` from the assistant, `toolResult` from the user.
+fn add_block(
+    pending: &mut PendingMessage<'_>,
+    role: Role,
+    block: &Value,
+    field: &str,
+) -> Result<(), ConverseError> {
+    match (only_member(block), role) {
+        (Some(("text", Value::String(text))), _) => pending.text(text),
+        (Some(("toolUse", tool_use)), Role::Assistant) => {
+            let field = format!("{field}.toolUse");
+            let Some(input @ Value::Object(_)) = tool_use.get("input") else {
+                return Err(ConverseError::validation(format!(
+                    "{field}.input: must be an object"
+                )));
+            };
+            pending.call(
+                string(tool_use, "toolUseId", &field)?,
+                string(tool_use, "name", &field)?,
+                input.clone(),
+            );
+        }
+        (Some(("toolResult", result)), Role::User) => {
+            let field = format!("{field}.toolResult");
+            let content = match result.get("content") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::Array(blocks)) => result_text(blocks, &format!("{field}.content"))?,
+                Some(_) => {
+                    return Err(ConverseError::validation(format!(
+                        "{field}.content: must be an array"
+                    )));
+                }
+            };
+            pending.tool_result(string(result, "toolUseId", &field)?, content);
+        }
+        (Some((kind @ ("toolUse" | "toolResult"), _)), _) => {
+            let belongs = if kind == "toolUse" {
+                "assistant"
+            } else {
+                "user"
+            };
+            return Err(ConverseError::validation(format!(
+                "{field}: {kind} blocks belong in {belongs} messages"
+            )));
+        }
+        _ => {
+            return Err(ConverseError::validation(format!(
+                "{field}: only text, toolUse and toolResult blocks are supported"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn string<'a>(object: &'a Value, member: &str, field: &str) -> Result<&'a str, ConverseError> {
+    object
+        .get(member)
+        .and_then(Value::as_str)
+        .ok_or_else(|| ConverseError::validation(format!("{field}.{member}: must be a string")))
+}
+
+/// A tool result's `{"text"}` and `{"json"}` blocks (the JSON written compactly), joined with no
+/// separator; any other block is refused by position.
+fn result_text(blocks: &[Value], field: &str) -> Result<String, ConverseError> {
+    let mut text = String::new();
+    for (j, block) in blocks.iter().enumerate() {
+        match only_member(block) {
+            Some(("text", Value::String(t))) => text.push_str(t),
+            Some(("json", json)) => text.push_str(&json.to_string()),
+            _ => {
+                return Err(ConverseError::validation(format!(
+                    "{field}.{j}: only text and json blocks are supported in a toolResult"
+                )));
+            }
+        }
+    }
+    Ok(text)
+}
+
+/// `{"text": ...}` blocks joined with no separator; any other block is refused by position.
+fn text_of(blocks: &[Value], field: &str) -> Result<String, ConverseError> {
+    let mut text = String::new();
+    for (j, block) in blocks.iter().enumerate() {
+        match only_member(block) {
+            Some(("text", Value::String(t))) => text.push_str(t),
+            _ => {
+                return Err(ConverseError::validation(format!(
+                    "{field}.{j}: only text blocks ({{\"text\": ...}}) are supported"
+                )));
+            }
+        }
+    }
+    Ok(text)
+}
+
+/// `toolConfig`: `tools` (at least one `{"toolSpec": {"name", "description", "inputSchema":
+/// {"json"}}}`) and `toolChoice` (`{"auto": {}}`, `{"any": {}}` or `{"tool": {"name"}}`;
+/// omitted is `auto`), in the template's shape.
+fn tool_config(config: Option<&Value>) -> Result<Option<Vec<Value>>, ConverseError> {
+    let config = match config {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(config)) => config,
+        Some(_) => return Err(ConverseError::validation("toolConfig: must be an object")),
+    };
+    let definitions = match config.get("tools") {
+        Some(Value::Array(tools)) if !tools.is_empty() => tools
+            .iter()
+            .enumerate()
+            .map(|(i, tool)| definition(i, tool))
+            .collect::<Result<Vec<_>, _>>()?,
+        _ => {
+            return Err(ConverseError::validation(
+                "toolConfig.tools: must be an array of at least one tool",
+            ));
+        }
+    };
+    let choice = tool_choice(config)?;
+    Ok(template_tools(
+        &definitions,
+        &choice,
+        "toolConfig.tools",
+        "toolConfig.toolChoice",
+    )?)
+}
+
+fn definition(i: usize, tool: &Value) -> Result<ToolDefinition, ConverseError> {
+    let at = format!("toolConfig.tools.{i}");
+    let Some(("toolSpec", spec)) = only_member(tool) else {
+        return Err(ConverseError::validation(format!(
+            "{at}: only {{\"toolSpec\": ...}} tools are supported"
+        )));
+    };
+    Ok(ToolDefinition::read(
+        &format!("{at}.toolSpec"),
+        ("name", spec.get("name")),
+        ("description", spec.get("description")),
+        ("inputSchema.json", spec.pointer("/inputSchema/json")),
+    )?)
+}
+
+fn tool_choice(config: &Map<String, Value>) -> Result<ToolChoice, ConverseError> {
+    let choice = match config.get("toolChoice") {
+        None | Some(Value::Null) => return Ok(ToolChoice::Auto),
+        Some(choice) => choice,
+    };
+    match only_member(choice) {
+        Some(("auto", _)) => Ok(ToolChoice::Auto),
+        Some(("any", _)) => Ok(ToolChoice::Any),
+        Some(("tool", tool)) => match tool.get("name").and_then(Value::as_str) {
+            Some(name) => Ok(ToolChoice::Tool(name.to_string())),
+            None => Err(ConverseError::validation(
+                "toolConfig.toolChoice.tool.name: must be a string",
+            )),
+        },
+        _ => Err(ConverseError::validation(format!(
+            "toolConfig.toolChoice: must be {{\"auto\": {{}}}}, {{\"any\": {{}}}} or \
+             {{\"tool\": {{\"name\": ...}}}}; got {choice}"
+        ))),
+    }
+}
+
+impl From<DefinitionError> for ConverseError {
+    fn from(e: DefinitionError) -> Self {
+        ConverseError::validation(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request(body: Value) -> ConverseRequest {
+        serde_json::from_value(body).unwrap()
+    }
+
+    #[test]
+    fn text_blocks_are_joined_and_others_refused_by_position() {
+        let blocks = [json!({"text": "Be "}), json!({"text": "brief."})];
+        assert_eq!(text_of(&blocks, "system").unwrap(), "Be brief.");
+        let image = [
+            json!({"text": "look"}),
+            json!({"image": {"format": "png", "source": {"bytes": ""}}}),
+        ];
+        let e = text_of(&image, "messages.2.content").unwrap_err();
+        assert_eq!(e.kind, "ValidationException");
+        assert!(
+            e.message.starts_with("messages.2.content.1:"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn tool_use_and_tool_result_render_like_openai_tool_calls_and_tool_messages() {
+        let r = request(json!({
+            "system": [{"text": "Be brief."}],
+            "messages": [
+                {"role": "user", "content": [{"text": "Weather in Paris?"}]},
+                {"role": "assistant", "content": [
+                    {"text": "Checking."},
+                    {"toolUse": {"toolUseId": "tooluse_1", "name": "get_weather",
+                                 "input": {"city": "Paris"}}},
+                ]},
+                {"role": "user", "content": [
+                    {"toolResult": {"toolUseId": "tooluse_1",
+                                    "content": [{"text": "18"}, {"json": {"unit": "C"}}]}},
+                    {"toolResult": {"toolUseId": "tooluse_2", "content": [{"text": "late"}],
+                                    "status": "error"}},
+                    {"text": "Thanks."},
+                ]},
+            ],
+        }));
+        assert_eq!(
+            template_messages(&r).unwrap(),
+            [
+                json!({"role": "system", "content": "Be brief."}),
+                json!({"role": "user", "content": "Weather in Paris?"}),
+                json!({"role": "assistant", "content": "Checking.", "tool_calls": [
+                    {"id": "tooluse_1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+                ]}),
+                json!({"role": "tool", "tool_call_id": "tooluse_1",
+                       "content": "18{\"unit\":\"C\"}"}),
+                json!({"role": "tool", "tool_call_id": "tooluse_2", "content": "late"}),
+                json!({"role": "user", "content": "Thanks."}),
+            ]
+        );
+    }
+
+    #[test]
+    fn misplaced_or_malformed_tool_blocks_are_refused_by_position() {
+        let cases = [
+            (
+                json!({"role": "user", "content": [
+                    {"toolUse": {"toolUseId": "t", "name": "f", "input": {}}}]}),
+                "messages.0.content.0: toolUse blocks belong in assistant messages",
+            ),
+            (
+                json!({"role": "assistant", "content": [
+                    {"toolUse": {"toolUseId": "t", "input": {}}}]}),
+                "messages.0.content.0.toolUse.name:",
+            ),
+            (
+                json!({"role": "user", "content": [{"toolResult": {"toolUseId": "t",
+                    "content": [{"image": {}}]}}]}),
+                "messages.0.content.0.toolResult.content.0:",
+            ),
+        ];
+        for (message, prefix) in cases {
+            let e = template_messages(&request(json!({"messages": [message]}))).unwrap_err();
+            assert_eq!(e.kind, "ValidationException");
+            assert!(e.message.starts_with(prefix), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn tool_config_is_read_and_checked() {
+        let spec = |name: &str| {
+            json!({"toolSpec": {"name": name, "description": "Weather.",
+                                "inputSchema": {"json": {"type": "object"}}}})
+        };
+        let config = |choice: Value| json!({"tools": [spec("get_weather")], "toolChoice": choice});
+        let rendered = tool_config(Some(&json!({"tools": [spec("get_weather")]})))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            rendered[0],
+            json!({"type": "function", "function": {"name": "get_weather",
+                   "description": "Weather.", "parameters": {"type": "object"}}})
+        );
+        for choice in [
+            json!({"auto": {}}),
+            json!({"any": {}}),
+            json!({"tool": {"name": "get_weather"}}),
+        ] {
+            assert!(tool_config(Some(&config(choice))).unwrap().is_some());
+        }
+        assert!(tool_config(None).unwrap().is_none());
+        let refusals = [
+            (json!({"tools": []}), "toolConfig.tools:"),
+            (
+                json!({"tools": [{"toolSpec": {"inputSchema": {"json": {}}}}]}),
+                "toolConfig.tools.0.toolSpec.name: Field required",
+            ),
+            (
+                json!({"tools": [{"toolSpec": {"name": "f", "inputSchema": {"json": "x"}}}]}),
+                "toolConfig.tools.0.toolSpec.inputSchema.json:",
+            ),
+            (
+                json!({"tools": [spec("f"), spec("f")]}),
+                "toolConfig.tools: tool names must be unique",
+            ),
+            (
+                json!({"tools": [{"cachePoint": {}}]}),
+                "toolConfig.tools.0:",
+            ),
+            (
+                config(json!({"tool": {"name": "nope"}})),
+                "toolConfig.toolChoice:",
+            ),
+            (config(json!({"none": {}})), "toolConfig.toolChoice:"),
+        ];
+        for (config, prefix) in refusals {
+            let e = tool_config(Some(&config)).unwrap_err();
+            assert_eq!(e.kind, "ValidationException");
+            assert!(e.message.starts_with(prefix), "{}", e.message);
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! The operational surface against a live server on 127.0.0.1: `/openapi.json` covers every
+//! served route, every answer carries an `x-request-id`, and `/metrics` exports the serving
+//! families (surface counts, KV blocks per tier, prefix hit ratio, latency histograms).
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+use strata_router::Access;
+use strata_router::admission::AdmissionLimits;
+use strata_router::auth::KeyStore;
+
+mod support;
+
+use support::http::{self, Answer};
+
+/// A tiny model behind one API key, with a 4 KiB body limit.
+async fn start() -> (SocketAddr, String, tempfile::TempDir) {
+    let model_dir = tempfile::tempdir().unwrap();
+    let state = support::paced_tiny_state(model_dir.path(), Duration::ZERO, Default::default());
+    let mut keys = KeyStore::default();
+    let (_, key) = keys.add("acme", 1).unwrap();
+    let access = Access {
+        keys,
+        limits: AdmissionLimits {
+            max_body_bytes: 4096,
+            ..AdmissionLimits::default()
+        },
+    };
+    (http::serve(state, access).await, key, model_dir)
+}
+
+async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Answer {
+    let raw = http::request_bytes(method, path, headers, body.as_bytes());
+    http::send_raw(addr, &raw)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// Every route the router serves: its method, its pattern, and a concrete path to call it by.
+/// A route added to the router but not here fails `every_served_route_is_described`.
+const ROUTES: &[(&str, &str, &str)] = &[
+    ("GET", "/health", "/health"),
+    ("GET", "/ready", "/ready"),
+    ("GET", "/metrics", "/metrics"),
+    ("GET", "/openapi.json", "/openapi.json"),
+    ("GET", "/v1/models", "/v1/models"),
+    ("GET", "/v1/models/{id}", "/v1/models/tiny"),
+    ("POST", "/v1/chat/completions", "/v1/chat/completions"),
+    ("POST", "/v1/completions", "/v1/completions"),
+    ("POST", "/v1/responses", "/v1/responses"),
+    ("GET", "/v1/responses/{id}", "/v1/responses/resp_0"),
+    ("POST", "/v1/messages", "/v1/messages"),
+    (
+        "POST",
+        "/v1/messages/count_tokens",
+        "/v1/messages/count_tokens",
+    ),
+    ("POST", "/model/{model_id}/converse", "/model/tiny/converse"),
+    (
+        "POST",
+        "/model/{model_id}/converse-stream",
+        "/model/tiny/converse-stream",
+    ),
+];
+
+/// `/v1/models/{id}` and `/v1/models/{model}` name the same route.
+fn shape(pattern: &str) -> String {
+    let mut out = String::new();
+    let mut in_param = false;
+    for c in pattern.chars() {
+        match c {
+            '{' => {
+                in_param = true;
+                out.push_str("{}");
+            }
+            '}' => in_param = false,
+            _ if in_param => {}
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// The path of every `.route("...")` in the router's sources: what it actually serves.
+fn routes_in_source() -> BTreeSet<String> {
+    fn walk(dir: &Path, found: &mut BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (at, _) in text.match_indices(".route(") {
+                    let rest = text[at + ".route(".len()..].trim_start();
+                    if let Some(literal) = rest.strip_prefix('"') {
+                        found.insert(literal[..literal.find('"').unwrap()].to_string());
+                    }
+                }
+            }
+        }
+    }
+    let mut found = BTreeSet::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut found,
+    );
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_served_route_is_described() {
+    let (addr, key, _model) = start().await;
+
+    // Public: no key needed, like /health.
+    let answer = request(addr, "GET", "/openapi.json", &[], "").await;
+    assert_eq!(answer.status, 200, "{}", answer.describe());
+    let doc = answer.json();
+    let version = doc["openapi"].as_str().unwrap_or_default();
+    assert!(version.starts_with("3.1."), "openapi: {version:?}");
+    let described: BTreeSet<String> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|p| shape(p))
+        .collect();
+
+    let listed: BTreeSet<String> = ROUTES.iter().map(|(_, p, _)| shape(p)).collect();
+    let served: BTreeSet<String> = routes_in_source().iter().map(|p| shape(p)).collect();
+    assert!(served.contains("/v1/chat/completions"), "{served:?}");
+    let unlisted: Vec<_> = served.difference(&listed).collect();
+    assert!(
+        unlisted.is_empty(),
+        "served but missing from ROUTES (add them, and to router/api/openapi.json): {unlisted:?}"
+    );
+    let undescribed: Vec<_> = listed.difference(&described).collect();
+    assert!(
+        undescribed.is_empty(),
+        "missing from router/api/openapi.json: {undescribed:?}"
+    );
+    let stale: Vec<_> = described.difference(&listed).collect();
+    assert!(stale.is_empty(), "described but not served: {stale:?}");
+
+    // Each is really served: the router's fallback (`no route for`) or a 405 means it is not.
+    let auth = format!("Bearer {key}");
+    for (method, pattern, path) in ROUTES {
+        let answer = request(addr, method, path, &[("Authorization", &auth)], "{}").await;
+        let fallback = answer.status == 404 && answer.text().contains("no route for");
+        assert!(
+            !fallback && answer.status != 405,
+            "{method} {path} ({pattern}) is not served:\n{}",
+            answer.describe()
+        );
+    }
+    let unknown = request(addr, "GET", "/v1/nothing", &[("Authorization", &auth)], "").await;
+    assert!(unknown.text().contains("no route for"), "the canary");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_carries_a_request_id() {
+    let (addr, key, _model) = start().await;
+    let auth = format!("Bearer {key}");
+
+    let echoed = request(
+        addr,
+        "GET",
+        "/v1/models",
+        &[("Authorization", &auth), ("x-request-id", "client-42 a")],
+        "",
+    )
+    .await;
+    assert_eq!(echoed.status, 200, "{}", echoed.describe());
+    assert_eq!(echoed.header("x-request-id"), Some("client-42 a"));
+
+    let long = "x".repeat(129);
+    let replaced = request(addr, "GET", "/health", &[("x-request-id", &long)], "").await;
+    let id = replaced.header("x-request-id").unwrap();
+    assert!(id != long && id.len() == 24, "{id}");
+
+    // Refusals and errors, before and after the handlers, all carry one, each its own.
+    let oversize = format!(r#"{{"prompt":"{}"}}"#, "a".repeat(8192));
+    let answers = [
+        request(addr, "GET", "/v1/models", &[], "").await,
+        request(addr, "GET", "/nowhere", &[("Authorization", &auth)], "").await,
+        request(
+            addr,
+            "POST",
+            "/v1/completions",
+            &[("Authorization", &auth)],
+            &oversize,
+        )
+        .await,
+        request(
+            addr,
+            "POST",
+            "/v1/completions",
+            &[("Authorization", &auth)],
+            "{",
+        )
+        .await,
+    ];
+    let statuses: Vec<u16> = answers.iter().map(|a| a.status).collect();
+    assert_eq!(statuses, [401, 404, 413, 400]);
+    let ids: BTreeSet<&str> = answers
+        .iter()
+        .map(|a| {
+            a.header("x-request-id")
+                .unwrap_or_else(|| panic!("no x-request-id:\n{}", a.describe()))
+        })
+        .collect();
+    assert_eq!(ids.len(), answers.len(), "ids repeat: {ids:?}");
+
+    // A stream carries it in its head.
+    let body = json!({"model": "tiny", "prompt": "hi", "max_tokens": 3, "stream": true});
+    let stream = request(
+        addr,
+        "POST",
+        "/v1/completions",
+        &[("Authorization", &auth), ("x-request-id", "stream-1")],
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(stream.status, 200, "{}", stream.describe());
+    assert_eq!(stream.header("x-request-id"), Some("stream-1"));
+    assert_eq!(stream.sse_data().last().map(String::as_str), Some("[DONE]"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_export_the_serving_families() {
+    let (addr, key, _model) = start().await;
+    let auth = format!("Bearer {key}");
+    // 40 prompt tokens, twice: the repeat hits the prefix cache.
+    let prompt: Vec<u32> = (5..45).collect();
+    let body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 4, "temperature": 0});
+    for _ in 0..2 {
+        let answer = request(
+            addr,
+            "POST",
+            "/v1/completions",
+            &[("Authorization", &auth)],
+            &body.to_string(),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{}", answer.describe());
+    }
+    let anthropic = request(addr, "POST", "/v1/messages", &[], "{}").await;
+    assert_eq!(anthropic.status, 401);
+
+    let text = request(addr, "GET", "/metrics", &[], "").await.text();
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {name}:\n{text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        value("strata_surface_requests_total{surface=\"openai\",status=\"200\"}"),
+        2.0
+    );
+    assert_eq!(
+        value("strata_surface_requests_total{surface=\"anthropic\",status=\"401\"}"),
+        1.0
+    );
+    let ratio = value("strata_prefix_cache_hit_ratio");
+    let cached = value("strata_cached_prompt_tokens_total");
+    let prompt = value("strata_prompt_tokens_total");
+    assert!(cached > 0.0, "{text}");
+    assert!((ratio - cached / prompt).abs() < 1e-9, "{text}");
+    assert!(
+        value("strata_kv_cached_blocks{tier=\"device\"}") >= 2.0,
+        "{text}"
+    );
+    assert_eq!(value("strata_kv_cached_blocks{tier=\"host\"}"), 0.0);
+    assert_eq!(value("strata_kv_cached_blocks{tier=\"disk\"}"), 0.0);
+    value("strata_inter_token_latency_seconds_count");
+    value("strata_generated_tokens_per_second");
+}
+
+#[test]
+fn route_shapes_ignore_parameter_names() {
+    assert_eq!(shape("/model/{modelId}/converse"), "/model/{}/converse");
+    assert_eq!(
+        shape("/model/{model_id}/converse"),
+        shape("/model/{modelId}/converse")
+    );
+}

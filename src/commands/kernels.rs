@@ -1,0 +1,147 @@
+//! `strata kernels check|selftest`: compile-check the CUDA kernels (no GPU needed) and run them
+//! on a GPU against the CPU reference.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, bail};
+use clap::Subcommand;
+use strata_kernels::cudarc::driver::CudaContext;
+use strata_kernels::{CheckResult, GemvVariant, Kernels, libs, selftest};
+
+#[derive(Subcommand)]
+pub enum KernelsCommand {
+    /// Compile every kernel with NVRTC for each architecture and print ptxas's resource table
+    /// (registers, shared memory, stack, spills). Needs NVRTC and CUDA headers, no GPU.
+    Check {
+        /// Comma-separated NVRTC architectures.
+        #[arg(long, value_delimiter = ',', default_value = "sm_90a,sm_100a,sm_120a")]
+        arch: Vec<String>,
+    },
+    /// Run every kernel on the GPU against a CPU reference on fresh random inputs, with canary
+    /// arms that must fail; prints a table and exits non-zero on any failure.
+    Selftest {
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+        /// Seed for the random inputs (default: drawn from the clock, printed).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// PTX cache directory (default: $XDG_CACHE_HOME/strata/kernels or ~/.cache/strata/kernels).
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
+    /// Time the decode GEMV on Llama-3-8B shapes and print its bandwidth (GB/s).
+    Bench {
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+        /// Comma-separated row counts M (1..=16).
+        #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
+        m: Vec<usize>,
+    },
+}
+
+pub fn run(command: KernelsCommand) -> Result<()> {
+    match command {
+        KernelsCommand::Check { arch } => check(&arch),
+        KernelsCommand::Selftest {
+            device,
+            seed,
+            cache_dir,
+        } => run_selftest(device, seed, cache_dir),
+        KernelsCommand::Bench { device, m } => bench(device, &m),
+    }
+}
+
+/// Opens a device with a clear error where there is no driver.
+fn open(device: usize, what: &str) -> Result<Arc<CudaContext>> {
+    libs::ensure_driver().with_context(|| format!("strata kernels {what} needs a GPU"))?;
+    CudaContext::new(device).with_context(|| format!("opening CUDA device {device}"))
+}
+
+fn bench(device: usize, rows: &[usize]) -> Result<()> {
+    let ctx = open(device, "bench")?;
+    let kernels = Kernels::load(&ctx, None).context("loading the kernels")?;
+    let stream = ctx.new_stream().context("creating a stream")?;
+    // Llama-3-8B projections: qkv, o, gate_up, down; and the f32 LM head.
+    let mut shapes = Vec::new();
+    for &m in rows {
+        for (n, k) in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)] {
+            shapes.push((m, n, k, false));
+        }
+        shapes.push((m, 128_256, 4096, true));
+    }
+    let variants = [GemvVariant::Fma, GemvVariant::Mma];
+    let timings = strata_kernels::bench::gemv_timings(&kernels, &stream, &shapes, &variants)?;
+    println!(
+        "{:<7} {:>3} {:>7} {:>6} {:>4} {:>9} {:>8}",
+        "variant", "m", "n", "k", "out", "us", "GB/s"
+    );
+    for t in timings {
+        println!(
+            "{:<7} {:>3} {:>7} {:>6} {:>4} {:>9.2} {:>8.0}",
+            format!("{:?}", t.variant),
+            t.m,
+            t.n,
+            t.k,
+            if t.f32_out { "f32" } else { "bf16" },
+            t.micros,
+            t.gbytes_per_s
+        );
+    }
+    Ok(())
+}
+
+fn check(arches: &[String]) -> Result<()> {
+    let arches: Vec<&str> = arches.iter().map(String::as_str).collect();
+    let report = strata_kernels::check(&arches);
+    print!("{}", report.table());
+    if !report.ok() {
+        bail!("{} module(s) failed to compile", report.failures.len());
+    }
+    Ok(())
+}
+
+fn run_selftest(device: usize, seed: Option<u64>, cache_dir: Option<PathBuf>) -> Result<()> {
+    libs::ensure_driver().context("strata kernels selftest needs a GPU")?;
+    let ctx = CudaContext::new(device).with_context(|| format!("opening CUDA device {device}"))?;
+    let name = ctx.name().unwrap_or_else(|_| "unknown GPU".to_string());
+    let kernels = Kernels::load(&ctx, cache_dir.as_deref()).context("loading the kernels")?;
+    let stream = ctx.new_stream().context("creating a stream")?;
+    let seed = seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    println!("{name} ({}), seed {seed:#x}", kernels.arch());
+    let results = selftest::selftest_with_seed(&kernels, &stream, seed);
+    print_table(&results);
+    let failed = results.iter().filter(|r| !r.ok).count();
+    if failed > 0 {
+        bail!("{failed} of {} checks failed", results.len());
+    }
+    println!("all {} checks passed", results.len());
+    Ok(())
+}
+
+fn print_table(results: &[CheckResult]) {
+    println!(
+        "{:<4} {:<14} {:<6} {:>10} {:>8} {:<7} {:<48} detail",
+        "", "kernel", "arm", "rel err", "tol", "written", "case"
+    );
+    for r in results {
+        println!(
+            "{:<4} {:<14} {:<6} {:>10.2e} {:>8.1e} {:<7} {:<48} {}",
+            if r.ok { "ok" } else { "FAIL" },
+            r.kernel,
+            if r.canary { "canary" } else { "check" },
+            r.max_rel_err,
+            r.tolerance,
+            if r.all_written { "yes" } else { "NO" },
+            r.case,
+            r.detail
+        );
+    }
+}

@@ -1,0 +1,328 @@
+//! `strata serve` as a process on 127.0.0.1: the config file (unknown keys refused, settings
+//! applied, flags winning), keys revoked while it runs, and SIGTERM draining a stream before a
+//! clean exit.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+fn strata(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .expect("run strata")
+}
+
+fn success(o: &Output) -> String {
+    assert!(
+        o.status.success(),
+        "strata failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+/// A tiny Qwen3 with a window of 4096 tokens.
+fn synth(dir: &Path) {
+    success(&strata(&[
+        "model",
+        "synth",
+        "--arch",
+        "qwen3",
+        "--out",
+        dir.to_str().unwrap(),
+        "--layers",
+        "2",
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--intermediate",
+        "128",
+        "--max-position",
+        "4096",
+    ]));
+}
+
+/// A running `strata serve`, killed when dropped; its log lines arrive on `log`.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    log: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Server {
+    /// Starts `strata serve ARGS` and waits for the address it announces.
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .arg("serve")
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run strata serve");
+        let (tx, log) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut server = Self {
+            child,
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            log,
+            seen: Vec::new(),
+        };
+        let line = server.wait_for_log("serving `", Duration::from_secs(120));
+        let at = line.find("on http://").expect("an address") + "on http://".len();
+        let addr = line[at..].split_whitespace().next().unwrap();
+        server.addr = addr.parse().unwrap();
+        server
+    }
+
+    /// The first log line (from now on) containing `needle`.
+    fn wait_for_log(&mut self, needle: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.log.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no log line with {needle:?} within {limit:?}; the log:\n{}",
+                    self.seen.join("\n")
+                ),
+            }
+        }
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit on its own.
+    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "still running after {limit:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Status, head and body of one request on a fresh connection (bodies read to the close).
+fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: &str,
+) -> (u16, String) {
+    let mut conn = TcpStream::connect(addr).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    conn.write_all(request(method, path, key, body).as_bytes())
+        .unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, raw)
+}
+
+fn request(method: &str, path: &str, key: Option<&str>, body: &str) -> String {
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{auth}\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+#[test]
+fn a_config_file_with_an_unknown_key_is_refused_by_name() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("serve.toml");
+    std::fs::write(&config, "port = 0\nmax_inflights = 4\n").unwrap();
+    let o = strata(&["serve", "--config", config.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        stderr.contains("max_inflights") && stderr.contains("serve.toml"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_config_file_sets_serve_and_flags_win_over_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    synth(&tmp.path().join("m"));
+    let config = tmp.path().join("serve.toml");
+    // Relative paths are the file's; port 1 would fail to bind unless --port wins.
+    std::fs::write(
+        &config,
+        "model = \"m\"\nhost = \"127.0.0.1\"\nport = 1\nkv_cache_mib = 8\nblock_size = 16\n\
+         cache_dir = \"cache\"\nkeys_file = \"keys.json\"\nmax_inflight = 2\nmax_queued = 2\n\
+         max_body_bytes = 1000\n",
+    )
+    .unwrap();
+    let server = Server::start(&["--config", config.to_str().unwrap(), "--port", "0"]);
+    let (status, raw) = http(server.addr, "GET", "/health", None, "");
+    assert_eq!(status, 200, "{raw}");
+    assert!(raw.to_ascii_lowercase().contains("x-request-id: "), "{raw}");
+    let (status, raw) = http(server.addr, "GET", "/v1/models", None, "");
+    assert_eq!(status, 200, "{raw}");
+    assert!(
+        raw.contains("\"id\":\"m\""),
+        "the file's model is served: {raw}"
+    );
+    // max_body_bytes from the file.
+    let big = format!(r#"{{"model":"m","prompt":"{}"}}"#, "a".repeat(2000));
+    let (status, raw) = http(server.addr, "POST", "/v1/completions", None, &big);
+    assert_eq!(status, 413, "{raw}");
+}
+
+#[test]
+fn a_revoked_key_is_refused_within_seconds_without_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let keys_file = tmp.path().join("keys.json");
+    let keys = |args: &[&str]| {
+        let mut all = vec!["keys"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--keys-file", keys_file.to_str().unwrap()]);
+        success(&strata(&all))
+    };
+    let key = keys(&["add", "--tenant", "acme"]).trim().to_string();
+    let id = key["sk-strata-".len()..][..8].to_string();
+    let server = Server::start(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "--keys-file",
+        keys_file.to_str().unwrap(),
+    ]);
+    let models = |key: &str| http(server.addr, "GET", "/v1/models", Some(key), "").0;
+    assert_eq!(models(&key), 200);
+
+    keys(&["revoke", &id]);
+    let revoked_at = Instant::now();
+    while models(&key) != 401 {
+        assert!(
+            revoked_at.elapsed() < Duration::from_secs(5),
+            "the revoked key still works after 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The last key gone: the server refuses everyone rather than opening; a new key works.
+    let (status, _) = http(server.addr, "GET", "/v1/models", None, "");
+    assert_eq!(status, 401);
+    let fresh = keys(&["add", "--tenant", "acme"]).trim().to_string();
+    let added_at = Instant::now();
+    while models(&fresh) != 200 {
+        assert!(
+            added_at.elapsed() < Duration::from_secs(5),
+            "a new key is not accepted after 5 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn sigterm_finishes_the_stream_in_flight_then_exits_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let mut server = Server::start(&[
+        "--model",
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "--keys-file",
+        tmp.path().join("keys.json").to_str().unwrap(),
+    ]);
+    let addr = server.addr;
+
+    // A long greedy stream that cannot end early: the end-of-sequence ids are biased away.
+    let max_tokens = 3000;
+    let body = serde_json::json!({
+        "model": "m", "prompt": "hello", "max_tokens": max_tokens, "temperature": 0,
+        "stream": true, "stream_options": {"include_usage": true},
+        "logit_bias": {"257": -100, "259": -100},
+    })
+    .to_string();
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    stream
+        .write_all(request("POST", "/v1/completions", None, &body).as_bytes())
+        .unwrap();
+    let mut received = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&received).contains("data: {") {
+        let n = stream.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before the first chunk");
+        received.extend_from_slice(&buf[..n]);
+    }
+
+    server.signal("TERM");
+    server.wait_for_log("SIGTERM", Duration::from_secs(10));
+    // New connections are refused from now on, while the stream goes on.
+    let refused_at = Instant::now();
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+        assert!(
+            refused_at.elapsed() < Duration::from_secs(5),
+            "still accepting connections 5 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let before_refusal = received.len();
+    stream.read_to_end(&mut received).unwrap();
+    let text = String::from_utf8_lossy(&received);
+    assert!(
+        received.len() > before_refusal,
+        "the stream had already ended before the drain began: make it longer"
+    );
+    assert!(text.contains("data: [DONE]"), "the stream was cut: {text}");
+    let usage = text
+        .split("data: ")
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d.lines().next()?).ok())
+        .find_map(|chunk| chunk["usage"]["completion_tokens"].as_u64());
+    assert_eq!(usage, Some(max_tokens), "{text}");
+
+    let status = server.wait(Duration::from_secs(30));
+    assert!(status.success(), "exit status {status}");
+    assert!(TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err());
+}
