@@ -20,13 +20,16 @@ enum Command {
     /// Work with checkpoints: synthesize, inspect.
     #[command(subcommand)]
     Model(commands::model::ModelCommand),
-    /// Generate text from a prompt with the CPU reference engine.
+    /// Generate text from a prompt (CPU reference engine, or a GPU with --device).
     Generate(commands::generate::GenerateArgs),
     /// Serve the OpenAI API (router and engine in one process).
     Serve(commands::serve::ServeArgs),
     /// Manage the API keys `strata serve` accepts.
     #[command(subcommand)]
     Keys(commands::keys::KeysCommand),
+    /// GPU checks and benchmarks of the CUDA backend (run by scripts/device/battery.sh).
+    #[command(subcommand)]
+    Gpu(commands::gpu::GpuCommand),
     /// Compile-check the CUDA kernels, or run them against the CPU reference on a GPU.
     #[command(subcommand)]
     Kernels(commands::kernels::KernelsCommand),
@@ -41,6 +44,7 @@ fn main() {
         Command::Serve(args) => commands::serve::run(args),
         Command::Keys(cmd) => commands::keys::run(cmd),
         Command::Kernels(cmd) => commands::kernels::run(cmd),
+        Command::Gpu(cmd) => commands::gpu::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -128,16 +128,16 @@ GEMV_ENTRIES(16)
 // ---------------------------------------------------------------------------------------------
 // Tensor-core variant: one kernel for every M in 1..=16, rows padded to the m16n8k16 MMA shape.
 //
-// A block of 8 warps owns 8 * MMA_TILES consecutive rows of W; warp w owns the 32-wide k-steps
-// w, w + 8, w + 16, ... Lane (g = lane / 4, t = lane % 4) streams 16 bytes of W row n0 + g at
+// A block of 16 warps owns 8 * MMA_TILES consecutive rows of W; warp w owns the 32-wide k-steps
+// w, w + 16, w + 32, ... Lane (g = lane / 4, t = lane % 4) streams 16 bytes of W row n0 + g at
 // k = 32 s + 8 t and the matching 16 bytes of x rows g and g + 8. The MMA's k slots are a
 // permutation of the actual k (the same for A and B, so the dot product is unchanged): the first
 // MMA of a step takes each lane's elements 0..3, the second its elements 4..7.
 //
 // Batch invariance: every M runs this same kernel, rows of x beyond M are zeros, and a tensor-core
 // dot product of one output row never reads another row. Per (m, n) the order is fixed by K:
-// k-steps in ascending order within a warp, then the 8 warp totals in warp order.
-constexpr int MMA_WARPS = 8;
+// k-steps in ascending order within a warp, then the 16 warp totals in warp order.
+constexpr int MMA_WARPS = 16;
 constexpr int MMA_TILES = 2;
 constexpr int MMA_UNROLL = 4;
 constexpr int MMA_ROWS = 8 * MMA_TILES;

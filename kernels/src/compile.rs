@@ -252,3 +252,33 @@ pub fn entry_names(ptx: &str) -> Vec<String> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_names_reads_visible_entries_in_order() {
+        let ptx = ".version 8.8\n.visible .entry rmsnorm(\n\t.param .u64 a\n)\n\
+                   .entry gemv_f32_m1(\n.func helper(\n";
+        assert_eq!(entry_names(ptx), vec!["rmsnorm", "gemv_f32_m1"]);
+    }
+
+    #[test]
+    fn the_cache_key_changes_with_source_arch_options_and_compiler() {
+        let opts = options("sm_90a", Path::new("/inc"));
+        let base = cache_key("a", "sm_90a", &opts, (13, 0));
+        assert_eq!(base, cache_key("a", "sm_90a", &opts, (13, 0)));
+        assert_ne!(base, cache_key("b", "sm_90a", &opts, (13, 0)));
+        assert_ne!(base, cache_key("a", "sm_100a", &opts, (13, 0)));
+        assert_ne!(base, cache_key("a", "sm_90a", &opts[1..], (13, 0)));
+        assert_ne!(base, cache_key("a", "sm_90a", &opts, (13, 1)));
+    }
+
+    #[test]
+    fn no_option_trades_exactness_for_speed() {
+        let opts = options("sm_90a", Path::new("/inc")).join(" ");
+        assert!(!opts.contains("fast-math") && opts.contains("--ftz=false"));
+        assert!(opts.contains("--prec-div=true") && opts.contains("--prec-sqrt=true"));
+    }
+}

@@ -50,6 +50,8 @@ pub enum GemvVariant {
 
 /// Rows of W per block of the MMA variant; mirrors `MMA_ROWS` in `cuda/gemv.cu`.
 const MMA_ROWS: u32 = 16;
+/// Threads per block of the MMA variant (16 warps); mirrors `MMA_WARPS` in `cuda/gemv.cu`.
+const MMA_THREADS: u32 = 512;
 
 /// Rows of W per block for `m` rows of x; mirrors `GemvRows<M>` in `cuda/gemv.cu`.
 fn rows_per_block(m: usize) -> u32 {
@@ -127,9 +129,13 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (name, blocks) = match variant {
-            GemvVariant::Fma => (format!("{prefix}_m{m}"), n32.div_ceil(rows_per_block(m))),
-            GemvVariant::Mma => (T::MMA_NAME.to_string(), n32.div_ceil(MMA_ROWS)),
+        let (name, blocks, threads) = match variant {
+            GemvVariant::Fma => (
+                format!("{prefix}_m{m}"),
+                n32.div_ceil(rows_per_block(m)),
+                THREADS,
+            ),
+            GemvVariant::Mma => (T::MMA_NAME.to_string(), n32.div_ceil(MMA_ROWS), MMA_THREADS),
         };
         let f = self.function(MODULE, &name)?;
         let (yp, _y) = y.device_ptr_mut(stream);
@@ -145,7 +151,7 @@ impl Kernels {
         }
         b.arg(&n32).arg(&k32);
         // SAFETY: lengths, alignment and argument types checked above match the kernel.
-        unsafe { b.launch(grid(blocks, THREADS)) }?;
+        unsafe { b.launch(grid(blocks, threads)) }?;
         Ok(())
     }
 }

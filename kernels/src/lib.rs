@@ -35,6 +35,9 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DriverError};
 /// The cudarc this crate is built against, so callers name the same types.
 pub use cudarc;
 
+pub use attention::{
+    AttentionHeads, DECODE_SPLIT_TOKENS, DecodeBatch, PagedKv, PrefillChunk, decode_workspace_elems,
+};
 pub use check::{FunctionResources, Report, check};
 pub use elementwise::RopeKvShape;
 pub use gemm::{GemmOut, LtGemm};
@@ -287,5 +290,54 @@ impl Kernels {
             .unwrap_or_default();
         names.sort_unstable();
         names
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_for_maps_known_gpus_to_their_arch_specific_targets() {
+        assert_eq!(arch_for(9, 0), "sm_90a");
+        assert_eq!(arch_for(10, 0), "sm_100a");
+        assert_eq!(arch_for(12, 0), "sm_120a");
+        assert_eq!(arch_for(8, 6), "sm_86");
+        assert_eq!(arch_for(7, 5), "unsupported");
+    }
+
+    #[test]
+    fn a_canary_is_ok_only_when_its_comparison_fails() {
+        let pass = |canary| {
+            CheckResult::compare("k", String::new(), canary, 1e-4, 1e-3, true, String::new())
+        };
+        let fail = |canary| {
+            CheckResult::compare("k", String::new(), canary, 1e-2, 1e-3, true, String::new())
+        };
+        assert!(pass(false).ok && !fail(false).ok);
+        assert!(!pass(true).ok && fail(true).ok);
+        let unwritten =
+            CheckResult::compare("k", String::new(), false, 0.0, 1e-3, false, String::new());
+        assert!(!unwritten.ok);
+        assert!(
+            !CheckResult::compare(
+                "k",
+                String::new(),
+                false,
+                f64::NAN,
+                1e-3,
+                true,
+                String::new()
+            )
+            .ok
+        );
+    }
+
+    #[test]
+    fn every_source_has_a_distinct_module_name() {
+        let mut names: Vec<_> = SOURCES.iter().map(|s| s.module).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), SOURCES.len());
     }
 }

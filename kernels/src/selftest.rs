@@ -545,3 +545,42 @@ fn check_silu_mul(
         TOL_BF16,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_inputs_are_never_zero_and_repeat_by_seed() {
+        let (mut a, mut b) = (Rng::new(7), Rng::new(7));
+        let va = a.bf16_vec(10_000, 1.0, 0.0);
+        assert!(
+            va.iter()
+                .all(|v| v.to_f64() != 0.0 && v.to_f64().abs() <= 1.0)
+        );
+        assert_eq!(va, b.bf16_vec(10_000, 1.0, 0.0));
+    }
+
+    #[test]
+    fn rel_err_is_zero_for_equal_and_infinite_for_nan() {
+        assert_eq!(rel_err(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!((rel_err(&[1.1, 2.0], &[1.0, 2.0]) - 0.1 / 5f64.sqrt()).abs() < 1e-12);
+        assert_eq!(rel_err(&[f64::NAN, 2.0], &[1.0, 2.0]), f64::INFINITY);
+    }
+
+    #[test]
+    fn the_rmsnorm_reference_normalises_to_unit_rms() {
+        let x = [3.0, 4.0, 0.0, 0.0];
+        let out = rmsnorm_ref(&x, &[1.0; 4], 0.0);
+        // rms = sqrt(25 / 4) = 2.5
+        assert_eq!(out, vec![round_bf16(1.2), round_bf16(1.6), 0.0, 0.0]);
+    }
+
+    #[test]
+    fn the_rope_reference_rotates_pairs_half_a_head_apart() {
+        // One head of d = 4, angle 90° for pair 0 and 0° for pair 1.
+        let cs = [0.0f32, 1.0, 1.0, 0.0];
+        let out = rope_ref(&[1.0, 2.0, 3.0, 4.0], 1, 4, &[&cs], false);
+        assert_eq!(out, vec![-3.0, 2.0, 1.0, 4.0]);
+    }
+}

@@ -359,3 +359,25 @@ pub(crate) fn check_gemm(
     }
     Ok(results)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_reference_skips_nan_and_takes_the_lowest_tie() {
+        assert_eq!(argmax_ref(&[1.0, 3.0, f32::NAN, 3.0], false), 1);
+        assert_eq!(argmax_ref(&[1.0, 3.0, f32::NAN, 3.0], true), 3);
+        assert_eq!(argmax_ref(&[f32::NAN, f32::NAN], false), NO_TOKEN);
+        assert_eq!(argmax_ref(&[f32::NEG_INFINITY, f32::NAN], false), 0);
+    }
+
+    #[test]
+    fn matmul_reference_is_x_times_w_transposed() {
+        let b = |v: &[f64]| v.iter().map(|&x| bf16::from_f64(x)).collect::<Vec<_>>();
+        let x = b(&[1.0, 2.0]);
+        let w = b(&[1.0, 0.0, 0.0, 1.0, 1.0, 1.0]);
+        assert_eq!(matmul_ref(&x, &w, (1, 3, 2), 0), vec![1.0, 2.0, 3.0]);
+        assert_eq!(matmul_ref(&x, &w, (1, 3, 2), 1), vec![2.0, 3.0, 1.0]);
+    }
+}

@@ -97,3 +97,30 @@ fn a_broken_kernel_fails_check_with_nvrtcs_message() {
         "NVRTC's log missing from the failure: {message}"
     );
 }
+
+#[test]
+fn compiled_ptx_is_cached_on_disk_and_reused() {
+    if !use_wheels() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let compiler =
+        strata_kernels::compile::Compiler::new(Some(dir.path().to_path_buf())).expect("NVRTC");
+    let source = strata_kernels::SOURCES
+        .iter()
+        .find(|s| s.module == "sampling")
+        .expect("sampling source");
+    let first = compiler.compile(source, "sm_90a").expect("compiles");
+    let cached: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("cache dir")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(cached.len(), 1, "one PTX file cached: {cached:?}");
+    // A cache hit returns the file's contents: prove it by planting a marker in the file.
+    let marked = format!("{first}\n// cached\n");
+    std::fs::write(&cached[0], &marked).expect("write");
+    assert_eq!(compiler.compile(source, "sm_90a").expect("hit"), marked);
+    // Another arch is another key.
+    compiler.compile(source, "sm_100a").expect("compiles");
+    assert_eq!(std::fs::read_dir(dir.path()).expect("cache dir").count(), 2);
+}

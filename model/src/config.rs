@@ -452,6 +452,26 @@ impl GenerationConfig {
 mod tests {
     use super::*;
 
+    /// The benchmark shapes committed under configs/ parse, with the parameter counts of the
+    /// published models.
+    #[test]
+    fn committed_benchmark_configs_parse() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        for (file, billions) in [
+            ("llama-3.1-8b.json", 8.03),
+            ("qwen3-32b.json", 32.76),
+            ("llama-3.3-70b.json", 70.55),
+        ] {
+            let text = std::fs::read_to_string(root.join(file)).unwrap();
+            let config = ModelConfig::from_json(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
+            let params = crate::weights::parameter_count(&config) as f64 / 1e9;
+            assert!(
+                (params - billions).abs() < 0.02,
+                "{file}: {params} B parameters"
+            );
+        }
+    }
+
     fn base() -> serde_json::Map<String, Value> {
         serde_json::from_str(
             r#"{"architectures":["LlamaForCausalLM"],"vocab_size":320,"hidden_size":64,

@@ -216,6 +216,7 @@ impl Scheduler {
                 StepSeq {
                     tokens: &s.tokens[s.computed..s.computed + p.chunk],
                     first_position: s.computed,
+                    prompt_len: s.request.prompt.len(),
                     block_table: &s.blocks,
                     want_logits: s.computed + p.chunk == s.tokens.len(),
                 }

@@ -161,6 +161,7 @@ fn paged_backend_matches_the_reference_forward_pass() {
         let seq = StepSeq {
             tokens,
             first_position: first,
+            prompt_len: prompt.len(),
             block_table: &table,
             want_logits: true,
         };

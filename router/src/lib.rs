@@ -28,7 +28,9 @@ use crate::admission::{Admission, AdmissionLimits};
 use crate::auth::{KeyRing, KeyStore, KeysFileWatch, LiveKeys};
 use crate::error::ApiError;
 use crate::request_id::RequestIds;
-pub use crate::state::{AppState, LoadedModel, ModelLoadError, ServedModel, eos_ids};
+pub use crate::state::{
+    AppState, Device, LoadedModel, ModelLoadError, ServedModel, eos_ids, start_engine_on,
+};
 
 /// Everything `strata serve` needs to start.
 #[derive(Debug, Clone)]
@@ -42,6 +44,8 @@ pub struct ServeConfig {
     pub addr: SocketAddr,
     pub kv_cache_mib: usize,
     pub block_size: usize,
+    /// Where the engine runs.
+    pub device: Device,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,10 +70,13 @@ pub fn load_state(config: &ServeConfig) -> Result<AppState, ServeError> {
         path: config.model_dir.clone(),
         source,
     };
-    let loaded = LoadedModel::load(&config.model_dir).map_err(model_err)?;
-    let (engine, parts) = loaded
-        .start_engine(config.block_size, config.kv_cache_mib << 20)
-        .map_err(model_err)?;
+    let (engine, parts) = start_engine_on(
+        &config.model_dir,
+        config.device,
+        config.block_size,
+        config.kv_cache_mib << 20,
+    )
+    .map_err(model_err)?;
     Ok(Arc::new(ServedModel::new(
         config.model_name.clone(),
         config.owned_by.clone(),

@@ -10,8 +10,9 @@ use strata_model::chat::{ChatTemplate, TemplateError};
 use strata_model::cpu::{CpuModel, LoadError};
 use strata_model::grammar::{GrammarCompiler, vocabulary_bytes};
 use strata_model::tokenizer::{Tokenizer, TokenizerError};
+use strata_model::weights::Checkpoint;
 use strata_model::{ConfigError, GenerationConfig, ModelConfig};
-use strata_node::backend::CpuBackend;
+use strata_node::backend::{CpuBackend, CudaBackend, CudaOptions, WeightSource};
 use strata_node::kv::KvError;
 use strata_node::scheduler::SchedulerLimits;
 use strata_node::{Engine, EngineConfig};
@@ -33,6 +34,90 @@ pub enum ModelLoadError {
     Engine(#[from] KvError),
     #[error("block size must be at least 1")]
     BlockSize,
+    #[error("{0}")]
+    Device(String),
+}
+
+/// Where the engine runs: the CPU reference or a CUDA GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    /// `cpu`, `cuda` (device 0) or `cuda:N`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("unknown device {s:?}: use cpu, cuda or cuda:N")),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// Starts an engine for the checkpoint in `dir` on `device`, with `kv_cache_bytes` of KV cache
+/// in blocks of `block_size` tokens.
+pub fn start_engine_on(
+    dir: &Path,
+    device: Device,
+    block_size: usize,
+    kv_cache_bytes: usize,
+) -> Result<(Engine, ServingParts), ModelLoadError> {
+    let Device::Cuda(ordinal) = device else {
+        return LoadedModel::load(dir)?.start_engine(block_size, kv_cache_bytes);
+    };
+    if block_size == 0 {
+        return Err(ModelLoadError::BlockSize);
+    }
+    let config = ModelConfig::from_dir(dir)?;
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    let template = ChatTemplate::from_dir(dir)?;
+    let generation_config = GenerationConfig::from_dir(dir)?;
+    let eos_token_ids = eos_ids(&config, &generation_config, &tokenizer);
+    let checkpoint = Checkpoint::open(dir).map_err(|e| ModelLoadError::Device(e.to_string()))?;
+    let options = CudaOptions {
+        device: ordinal,
+        block_size,
+        kv_cache_bytes,
+        kernel_cache: None,
+        max_positions: None,
+    };
+    let backend = CudaBackend::new(&config, WeightSource::Checkpoint(&checkpoint), &options)
+        .map_err(|e| ModelLoadError::Device(format!("{device}: {e}")))?;
+    let grammar = grammar_compiler(&tokenizer, config.vocab_size, &eos_token_ids);
+    let engine = Engine::start(
+        Box::new(backend),
+        EngineConfig {
+            limits: SchedulerLimits::default(),
+            host_blocks: 0,
+            disk: None,
+            eos_token_ids,
+            grammar,
+        },
+    )?;
+    let parts = ServingParts {
+        tokenizer,
+        template,
+        generation_config,
+    };
+    Ok((engine, parts))
 }
 
 /// A checkpoint directory read into memory: weights, tokenizer, chat template, decoding defaults.

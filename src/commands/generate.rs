@@ -12,7 +12,7 @@ use strata_model::synth::ensure_demo_model;
 use strata_model::text_stream::TextStream;
 use strata_model::tokenizer::Tokenizer;
 use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
-use strata_router::LoadedModel;
+use strata_router::{Device, start_engine_on};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -54,6 +54,9 @@ pub struct GenerateArgs {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     block_size: usize,
+    /// Where the engine runs: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    device: Device,
 }
 
 pub fn default_cache_dir() -> PathBuf {
@@ -74,15 +77,14 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             dir
         }
     };
-    let loaded = LoadedModel::load(&dir)?;
-    let prompt = encode_prompt(&args, &dir, loaded.template.as_ref(), &loaded.tokenizer)?;
-    let sampling = sampling_params(&args, &loaded.generation_config);
-    let stops = sampling.stop.clone();
-
     if args.block_size == 0 {
         bail!("--block-size must be at least 1");
     }
-    let (engine, parts) = loaded.start_engine(args.block_size, args.kv_cache_mib << 20)?;
+    let (engine, parts) =
+        start_engine_on(&dir, args.device, args.block_size, args.kv_cache_mib << 20)?;
+    let prompt = encode_prompt(&args, &dir, parts.template.as_ref(), &parts.tokenizer)?;
+    let sampling = sampling_params(&args, &parts.generation_config);
+    let stops = sampling.stop.clone();
     let tokenizer = parts.tokenizer;
     let prompt_tokens = prompt.len();
     let start = Instant::now();

@@ -73,12 +73,11 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
         shapes.push((m, 128_256, 4096, true));
     }
     let variants = [GemvVariant::Fma, GemvVariant::Mma];
-    let timings = strata_kernels::bench::gemv_timings(&kernels, &stream, &shapes, &variants)?;
     println!(
         "{:<7} {:>3} {:>7} {:>6} {:>4} {:>9} {:>8}",
         "variant", "m", "n", "k", "out", "us", "GB/s"
     );
-    for t in timings {
+    let mut print = |t: &strata_kernels::bench::GemvTiming| {
         println!(
             "{:<7} {:>3} {:>7} {:>6} {:>4} {:>9.2} {:>8.0}",
             format!("{:?}", t.variant),
@@ -89,7 +88,8 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
             t.micros,
             t.gbytes_per_s
         );
-    }
+    };
+    strata_kernels::bench::gemv_timings(&kernels, &stream, &shapes, &variants, &mut print)?;
     Ok(())
 }
 

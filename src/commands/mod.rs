@@ -1,4 +1,5 @@
 pub mod generate;
+pub mod gpu;
 pub mod kernels;
 pub mod keys;
 pub mod model;

@@ -50,6 +50,9 @@ struct ServeSettings {
     /// Tokens per KV block [default: 16].
     #[arg(long)]
     block_size: Option<usize>,
+    /// Where the engine runs: cpu, cuda or cuda:N [default: cpu].
+    #[arg(long)]
+    device: Option<String>,
     /// Where the demo model is kept (default: $XDG_CACHE_HOME/strata or ~/.cache/strata).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
@@ -99,6 +102,7 @@ impl ServeSettings {
             port: self.port.or(fallback.port),
             kv_cache_mib: self.kv_cache_mib.or(fallback.kv_cache_mib),
             block_size: self.block_size.or(fallback.block_size),
+            device: self.device.or(fallback.device),
             cache_dir: self.cache_dir.or(fallback.cache_dir),
             keys_file: self.keys_file.or(fallback.keys_file),
             max_inflight: self.max_inflight.or(fallback.max_inflight),
@@ -159,6 +163,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ),
         kv_cache_mib: settings.kv_cache_mib.unwrap_or(DEFAULT_KV_CACHE_MIB),
         block_size: settings.block_size.unwrap_or(DEFAULT_BLOCK_SIZE),
+        device: match &settings.device {
+            Some(d) => d.parse().map_err(anyhow::Error::msg)?,
+            None => Default::default(),
+        },
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -2,8 +2,10 @@
 //! chunks and decode tokens — with their KV block tables in, logits of the requested rows out.
 
 mod cpu;
+mod cuda;
 
 pub use cpu::CpuBackend;
+pub use cuda::{CudaBackend, CudaError, CudaOptions, WeightSource};
 
 use strata_model::ModelConfig;
 
@@ -15,6 +17,10 @@ pub struct StepSeq<'a> {
     /// Tokens to compute, at positions `first_position..first_position + tokens.len()`.
     pub tokens: &'a [u32],
     pub first_position: usize,
+    /// The sequence's prompt length: positions below it are prompt rows, the others generated
+    /// (decode) rows. A backend may compute the two kinds differently, but each kind the same
+    /// way whatever else is in the step (batch invariance, DESIGN.md §3).
+    pub prompt_len: usize,
     /// The sequence's blocks: position `p` lives in `block_table[p / block_size]`, which must
     /// cover every position up to the last token of this step.
     pub block_table: &'a [BlockId],
@@ -26,6 +32,8 @@ pub struct StepSeq<'a> {
 pub enum BackendError {
     #[error(transparent)]
     Forward(#[from] strata_model::cpu::ForwardError),
+    #[error("device: {0}")]
+    Device(String),
     #[error(
         "block table of {blocks} blocks cannot hold position {position} (block size {block_size})"
     )]

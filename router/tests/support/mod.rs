@@ -53,6 +53,7 @@ pub fn run_sdk_script(marker: &str, script: &str, base_path: &str) {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         kv_cache_mib: 16,
         block_size: 16,
+        device: Default::default(),
     };
     let state = load_state(&config).unwrap();
 
