@@ -121,13 +121,15 @@ for path in sorted(glob.glob(os.path.join(out, "*.json"))):
         receipt[name] = json.load(open(path))
 json.dump(receipt, open(os.path.join(out, "receipt.json"), "w"), indent=2)
 PY
-tar -czf "$OUT/logs.tar.gz" -C "$OUT" logs && rm -rf "$OUT/logs"
+# Few files come back from the device machine: the receipt, the machine, and the rest packed.
+(cd "$OUT" && tar -czf logs.tar.gz logs $(ls *.json | grep -v '^receipt.json$') && rm -rf logs \
+    $(ls *.json | grep -v '^receipt.json$'))
 
 echo
 echo "== battery =="
 printf '%s\n' "${TABLE[@]}"
 python3 - "$OUT/receipt.json" <<'PY'
-import json, sys
+import json, sys  # the summary, from the receipt
 r = json.load(open(sys.argv[1]))
 torch = {d["batch"]: d for d in r.get("torch", {}).get("decode", [])}
 for d in r.get("decode", {}).get("results", []):
