@@ -1,6 +1,10 @@
 // Small-M GEMM for decode: y[m, n] = sum_k x[m, k] * w[n, k] for M = 1..16 rows of x, with W
 // row-major [N, K] (the HF Linear layout), bf16 in, f32 accumulation, bf16 or f32 out.
 //
+// Two variants, each batch-invariant on its own (a backend uses one; src/gemv.rs picks the
+// default): the FMA kernels here, one per M, and the tensor-core kernel further down, one for
+// every M.
+//
 // Memory-bound: every weight byte is read once per launch, with 16-byte streaming loads, several
 // in flight per thread, for all M rows at once. A block of 256 threads owns R consecutive rows
 // of W (R depends on M, for registers only); thread t owns the 8-element chunks

@@ -90,6 +90,10 @@ pub struct LtGemm {
     rejected: HashSet<(usize, usize, GemmOut, usize)>,
 }
 
+// SAFETY: a cuBLASLt handle and its descriptors may be used from any thread, one at a time;
+// every use goes through `&mut self`, so moving the whole value to another thread is sound.
+unsafe impl Send for LtGemm {}
+
 impl LtGemm {
     /// Creates the handle for `stream` and preallocates [`WORKSPACE_BYTES`] of workspace.
     pub fn new(stream: &Arc<CudaStream>) -> Result<LtGemm, KernelError> {

@@ -138,7 +138,8 @@ pub struct CheckResult {
     /// The case: shapes and variant, e.g. `rows=7 h=4096`.
     pub case: String,
     pub canary: bool,
-    /// max |out − ref| / max(|ref|, floor) over all elements (see [`selftest::max_rel_err`]).
+    /// The check's error measure: normally ‖out − ref‖₂ / ‖ref‖₂; for bitwise and exact checks
+    /// the count of differing elements (with tolerance 0). NaN when the check could not run.
     pub max_rel_err: f64,
     pub tolerance: f64,
     /// Every output element was overwritten (none still holds the NaN poison).
@@ -331,6 +332,14 @@ mod tests {
             )
             .ok
         );
+    }
+
+    #[test]
+    fn kernels_can_be_shared_across_rank_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<Kernels>();
+        send::<LtGemm>();
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Each check draws its inputs from a seeded RNG (never zeros), fills every output with NaN
 //! before the launch, and compares against a reference computed on the host in f64 with bf16
 //! rounding at the same points as the kernel. It reports the relative error
-//! ‖out − ref‖₂ / ‖ref‖₂ ([`rel_err`]) against a stated tolerance and whether every output
+//! ‖out − ref‖₂ / ‖ref‖₂ (`rel_err`) against a stated tolerance and whether every output
 //! element was written. Each category has a canary arm: the same output against a deliberately
 //! wrong reference, which must fail. The numbers only mean something on a GPU; without one,
 //! the caller never gets a [`Kernels`] to test.
