@@ -15,6 +15,7 @@
 use std::sync::Arc;
 
 use half::bf16;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use strata_kernels::cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use strata_kernels::{
     AttentionHeads, DecodeBatch, GEMV_MAX_M, GemmOut, KernelError, Kernels, LtGemm, PagedKv,
@@ -669,9 +670,19 @@ fn upload_checkpoint(
         let t = ckpt.get_shaped(name, shape)?;
         Ok(stream.clone_htod(&to_bf16(&t))?)
     };
+    // A progress bar on a terminal (stderr); nothing otherwise.
+    let bar = ProgressBar::with_draw_target(
+        Some(config.num_layers as u64 + 2),
+        ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) = ProgressStyle::with_template("uploading weights {bar:30} {pos}/{len}") {
+        bar.set_style(style);
+    }
     let embed = get(EMBED, &[config.vocab_size, h])?;
+    bar.inc(1);
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
+        bar.inc(1);
         let n = LayerNames::new(i);
         let mut gate_up = to_bf16(&ckpt.get_shaped(&n.gate, &[inter, h])?);
         gate_up.extend(to_bf16(&ckpt.get_shaped(&n.up, &[inter, h])?));
@@ -711,6 +722,7 @@ fn upload_checkpoint(
     } else {
         Some(get(LM_HEAD, &[config.vocab_size, h])?)
     };
+    bar.finish_and_clear();
     Ok(Weights {
         embed,
         layers,
