@@ -129,10 +129,6 @@ pub struct CudaBackend {
     scratch: Scratch,
 }
 
-// SAFETY: the cuBLASLt handle inside `LtGemm` is only used from the thread that owns the
-// backend (the engine thread), one call at a time; cudarc's own types are Send.
-unsafe impl Send for CudaBackend {}
-
 /// One row of a step, in device order (prompt rows first).
 #[derive(Debug, Clone, Copy)]
 struct Row {
