@@ -1,5 +1,5 @@
 //! strata-router: the HTTP front door. Today it serves one model through an in-process engine
-//! (`strata serve`) over the OpenAI surface; see docs/SERVING.md.
+//! (`strata serve`) over the OpenAI, Anthropic and Bedrock Converse surfaces; see docs/SERVING.md.
 
 pub mod admission;
 pub mod anthropic;
