@@ -7,7 +7,6 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 
 use strata_router::anthropic::stream::frame_offline;
 use strata_router::tools::ToolFormat;
@@ -65,27 +64,5 @@ fn write_framed(dir: &Path) {
 
 #[test]
 fn tool_use_framing_parses_with_the_official_anthropic_sdk() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let packages = root.join("../target/test-data/py");
-    assert!(
-        packages.join("anthropic/_version.py").is_file(),
-        "the anthropic SDK is missing from {}: run scripts/fetch-test-data.sh",
-        packages.display()
-    );
-    let framed = tempfile::tempdir().unwrap();
-    write_framed(framed.path());
-    let output = Command::new("python3")
-        .arg(root.join("tests/anthropic_tools.py"))
-        .arg("--framed")
-        .arg(framed.path())
-        .env("PYTHONPATH", &packages)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run python3 ({e})"));
-    assert!(
-        output.status.success(),
-        "anthropic_tools.py --framed failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr),
-    );
+    support::run_framed_script("anthropic/_version.py", "anthropic_tools.py", write_framed);
 }

@@ -32,6 +32,29 @@ fn python_packages(marker: &str) -> PathBuf {
     dir
 }
 
+/// Writes framed outputs with `write` into a fresh directory and runs `router/tests/<script>
+/// --framed DIR` against them; the test fails with the script's output unless it exits 0.
+#[allow(dead_code)] // each test crate includes this module; not all use every helper
+pub fn run_framed_script(marker: &str, script: &str, write: impl FnOnce(&Path)) {
+    let packages = python_packages(marker);
+    let framed = tempfile::tempdir().unwrap();
+    write(framed.path());
+    let output = Command::new("python3")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(script))
+        .arg("--framed")
+        .arg(framed.path())
+        .env("PYTHONPATH", &packages)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run python3 ({e})"));
+    assert!(
+        output.status.success(),
+        "{script} --framed failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+}
+
 /// Serves a tiny Qwen3 as `tiny-qwen3` and runs `router/tests/<script>` with
 /// `--base-url http://127.0.0.1:PORT<base_path> --model tiny-qwen3 --context-window N`;
 /// the test fails with the script's output unless it exits 0.
