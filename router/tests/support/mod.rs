@@ -40,7 +40,11 @@ pub fn run_framed_script(marker: &str, script: &str, write: impl FnOnce(&Path)) 
     let framed = tempfile::tempdir().unwrap();
     write(framed.path());
     let output = Command::new("python3")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join(script))
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests")
+                .join(script),
+        )
         .arg("--framed")
         .arg(framed.path())
         .env("PYTHONPATH", &packages)
