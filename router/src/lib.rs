@@ -46,6 +46,8 @@ pub struct ServeConfig {
     pub block_size: usize,
     /// Where the engine runs.
     pub device: Device,
+    /// Tensor-parallel ranks (1 = none).
+    pub tp: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +75,7 @@ pub fn load_state(config: &ServeConfig) -> Result<AppState, ServeError> {
     let (engine, parts) = start_engine_on(
         &config.model_dir,
         config.device,
+        config.tp,
         config.block_size,
         config.kv_cache_mib << 20,
     )

@@ -12,7 +12,9 @@ use strata_model::grammar::{GrammarCompiler, vocabulary_bytes};
 use strata_model::tokenizer::{Tokenizer, TokenizerError};
 use strata_model::weights::Checkpoint;
 use strata_model::{ConfigError, GenerationConfig, ModelConfig};
-use strata_node::backend::{CpuBackend, CudaBackend, CudaOptions, WeightSource};
+use strata_node::backend::{
+    Backend, CpuBackend, CpuTpBackend, CudaBackend, CudaOptions, WeightSource,
+};
 use strata_node::kv::KvError;
 use strata_node::scheduler::SchedulerLimits;
 use strata_node::{Engine, EngineConfig};
@@ -72,20 +74,41 @@ impl std::fmt::Display for Device {
     }
 }
 
-/// Starts an engine for the checkpoint in `dir` on `device`, with `kv_cache_bytes` of KV cache
-/// in blocks of `block_size` tokens.
+/// Starts an engine for the checkpoint in `dir` on `device` over `tp` tensor-parallel ranks,
+/// with `kv_cache_bytes` of KV cache (over all ranks) in blocks of `block_size` tokens.
 pub fn start_engine_on(
     dir: &Path,
     device: Device,
+    tp: usize,
     block_size: usize,
     kv_cache_bytes: usize,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
-    let Device::Cuda(ordinal) = device else {
-        return LoadedModel::load(dir)?.start_engine(block_size, kv_cache_bytes);
-    };
     if block_size == 0 {
         return Err(ModelLoadError::BlockSize);
     }
+    let ordinal = match (device, tp) {
+        (_, 0) => return Err(ModelLoadError::Device("--tp must be at least 1".into())),
+        (Device::Cpu, 1) => {
+            return LoadedModel::load(dir)?.start_engine(block_size, kv_cache_bytes);
+        }
+        (Device::Cpu, _) => {
+            let loaded = LoadedModel::load(dir)?;
+            let backend = CpuTpBackend::new(loaded.model, tp, block_size, kv_cache_bytes)
+                .map_err(|e| ModelLoadError::Device(format!("--tp {tp}: {e}")))?;
+            let parts = ServingParts {
+                tokenizer: loaded.tokenizer,
+                template: loaded.template,
+                generation_config: loaded.generation_config,
+            };
+            return start_parts(Box::new(backend), parts, loaded.eos_token_ids);
+        }
+        (Device::Cuda(ordinal), 1) => ordinal,
+        (Device::Cuda(_), _) => {
+            return Err(ModelLoadError::Device(
+                "tensor parallelism on CUDA needs the NCCL communicator, not built yet".into(),
+            ));
+        }
+    };
     let config = ModelConfig::from_dir(dir)?;
     let tokenizer = Tokenizer::from_dir(dir)?;
     let template = ChatTemplate::from_dir(dir)?;
@@ -101,9 +124,24 @@ pub fn start_engine_on(
     };
     let backend = CudaBackend::new(&config, WeightSource::Checkpoint(&checkpoint), &options)
         .map_err(|e| ModelLoadError::Device(format!("{device}: {e}")))?;
-    let grammar = grammar_compiler(&tokenizer, config.vocab_size, &eos_token_ids);
+    let parts = ServingParts {
+        tokenizer,
+        template,
+        generation_config,
+    };
+    start_parts(Box::new(backend), parts, eos_token_ids)
+}
+
+/// The engine over `backend`, with a grammar compiler from the parts' tokenizer.
+fn start_parts(
+    backend: Box<dyn Backend>,
+    parts: ServingParts,
+    eos_token_ids: Vec<u32>,
+) -> Result<(Engine, ServingParts), ModelLoadError> {
+    let vocab = backend.model_config().vocab_size;
+    let grammar = grammar_compiler(&parts.tokenizer, vocab, &eos_token_ids);
     let engine = Engine::start(
-        Box::new(backend),
+        backend,
         EngineConfig {
             limits: SchedulerLimits::default(),
             host_blocks: 0,
@@ -112,11 +150,6 @@ pub fn start_engine_on(
             grammar,
         },
     )?;
-    let parts = ServingParts {
-        tokenizer,
-        template,
-        generation_config,
-    };
     Ok((engine, parts))
 }
 

@@ -57,6 +57,9 @@ pub struct GenerateArgs {
     /// Where the engine runs: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: Device,
+    /// Tensor-parallel ranks (CPU today); output is byte-identical to 1.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
 }
 
 pub fn default_cache_dir() -> PathBuf {
@@ -80,8 +83,13 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     if args.block_size == 0 {
         bail!("--block-size must be at least 1");
     }
-    let (engine, parts) =
-        start_engine_on(&dir, args.device, args.block_size, args.kv_cache_mib << 20)?;
+    let (engine, parts) = start_engine_on(
+        &dir,
+        args.device,
+        args.tp,
+        args.block_size,
+        args.kv_cache_mib << 20,
+    )?;
     let prompt = encode_prompt(&args, &dir, parts.template.as_ref(), &parts.tokenizer)?;
     let sampling = sampling_params(&args, &parts.generation_config);
     let stops = sampling.stop.clone();

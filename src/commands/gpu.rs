@@ -164,8 +164,8 @@ fn generate(engine: &Engine, prompt: Vec<u32>, tokens: u32) -> Result<(Vec<u32>,
 
 fn parity(args: ParityArgs) -> Result<()> {
     let reference_dir = args.reference_model.as_deref().unwrap_or(&args.model);
-    let (cpu, _) = start_engine_on(reference_dir, Device::Cpu, 16, 64 << 20)?;
-    let (gpu, _) = start_engine_on(&args.model, args.device, 16, 256 << 20)?;
+    let (cpu, _) = start_engine_on(reference_dir, Device::Cpu, 1, 16, 64 << 20)?;
+    let (gpu, _) = start_engine_on(&args.model, args.device, 1, 16, 256 << 20)?;
     let vocab = cpu.model_config().vocab_size;
     let (mut exact, mut near_ties, mut failures) = (0usize, Vec::new(), Vec::new());
     let mut compared = 0usize;
@@ -220,7 +220,7 @@ fn parity(args: ParityArgs) -> Result<()> {
 }
 
 fn invariance(args: InvarianceArgs) -> Result<()> {
-    let (engine, _) = start_engine_on(&args.model, args.device, 16, 512 << 20)?;
+    let (engine, _) = start_engine_on(&args.model, args.device, 1, 16, 512 << 20)?;
     let vocab = engine.model_config().vocab_size;
     let alone: Vec<Vec<u32>> = (0..args.batch)
         .map(|i| generate(&engine, prompt(i, vocab), args.tokens).map(|(ids, _)| ids))

@@ -53,6 +53,10 @@ struct ServeSettings {
     /// Where the engine runs: cpu, cuda or cuda:N [default: cpu].
     #[arg(long)]
     device: Option<String>,
+    /// Tensor-parallel ranks: the model's heads and MLP split over this many workers (CPU
+    /// today), with output byte-identical to 1 [default: 1].
+    #[arg(long)]
+    tp: Option<usize>,
     /// Where the demo model is kept (default: $XDG_CACHE_HOME/strata or ~/.cache/strata).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
@@ -103,6 +107,7 @@ impl ServeSettings {
             kv_cache_mib: self.kv_cache_mib.or(fallback.kv_cache_mib),
             block_size: self.block_size.or(fallback.block_size),
             device: self.device.or(fallback.device),
+            tp: self.tp.or(fallback.tp),
             cache_dir: self.cache_dir.or(fallback.cache_dir),
             keys_file: self.keys_file.or(fallback.keys_file),
             max_inflight: self.max_inflight.or(fallback.max_inflight),
@@ -167,6 +172,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             Some(d) => d.parse().map_err(anyhow::Error::msg)?,
             None => Default::default(),
         },
+        tp: settings.tp.unwrap_or(1),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

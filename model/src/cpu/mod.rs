@@ -6,15 +6,24 @@
 //! - Llama / Mistral: the plain pre-norm block (Mistral may restrict attention to a window);
 //! - Qwen2: biases on the q/k/v projections;
 //! - Qwen3: RMSNorm of each q and k head before the rotary embedding.
+//!
+//! The row-parallel projections (o and down) reduce in the canonical tensor-parallel order: as
+//! [`ROW_PARALLEL_SHARDS`] contiguous K-shards added in shard order (`ops`), so [`TpShard`] ranks
+//! reproduce this pass bit for bit.
 
 mod attention;
 mod ops;
+mod tp;
 mod weights;
 
 use std::path::Path;
 
 pub use attention::{AttentionShape, KvAccess, QueryPos, causal_attention};
-pub use ops::{Matrix, dot, dot_bf16, linear, rms_norm};
+pub use ops::{
+    Matrix, ROW_PARALLEL_SHARDS, dot, dot_bf16, linear, linear_partials, linear_row_parallel,
+    rms_norm, row_parallel_shards, sum_partials,
+};
+pub use tp::{PartialsFault, TpCollectives, TpError, TpShard};
 pub use weights::{CpuWeights, LayerWeights};
 
 use crate::config::{ConfigError, ModelConfig};
@@ -181,55 +190,18 @@ impl CpuModel {
         kv: &mut dyn KvAccess,
     ) -> Result<Vec<f32>, ForwardError> {
         let c = &self.config;
-        let mut queries = Vec::new();
-        let mut tokens = Vec::new();
-        for (seq, chunk) in chunks.iter().enumerate() {
-            if chunk.tokens.is_empty() {
-                return Err(ForwardError::Empty);
-            }
-            if chunk.first_position + chunk.tokens.len() > c.max_position_embeddings {
-                return Err(ForwardError::ContextOverflow {
-                    cached: chunk.first_position,
-                    new: chunk.tokens.len(),
-                    window: c.max_position_embeddings,
-                });
-            }
-            if let Some(&token) = chunk.tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-                return Err(ForwardError::TokenOutOfRange {
-                    token,
-                    vocab_size: c.vocab_size,
-                });
-            }
-            tokens.extend_from_slice(chunk.tokens);
-            queries.extend((0..chunk.tokens.len()).map(|i| QueryPos {
-                seq,
-                position: chunk.first_position + i,
-            }));
-        }
-        if tokens.is_empty() {
-            return Err(ForwardError::Empty);
-        }
+        let (tokens, queries) = validate_chunks(c, chunks)?;
         let h = c.hidden_size;
         let mut x = vec![0.0; tokens.len() * h];
         for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(h)) {
             self.weights.embed.row_into(t as usize, h, row);
         }
-        let (cos, sin) = self.rope_tables(&queries);
+        let (cos, sin) = rope_tables(&self.rope, c.head_dim, &queries);
         for (i, layer) in self.weights.layers.iter().enumerate() {
             self.layer(i, layer, &mut x, &queries, kv, &cos, &sin);
         }
 
-        let mut keep = Vec::new();
-        let mut start = 0;
-        for chunk in chunks {
-            let n = chunk.tokens.len();
-            match chunk.logits {
-                LogitRows::None => {}
-                LogitRows::Last => keep.extend_from_slice(&x[(start + n - 1) * h..(start + n) * h]),
-                LogitRows::All => keep.extend_from_slice(&x[start * h..(start + n) * h]),
-            }
-            start += n;
-        }
+        let keep = logit_rows(chunks, &x, h);
         let mut normed = vec![0.0; keep.len()];
         rms_norm(
             &keep,
@@ -240,21 +212,6 @@ impl CpuModel {
         let mut logits = vec![0.0; keep.len() / h * c.vocab_size];
         linear(&normed, self.weights.lm_head(), None, h, &mut logits);
         Ok(logits)
-    }
-
-    /// cos/sin for each query's position, `head_dim/2` each.
-    fn rope_tables(&self, queries: &[QueryPos]) -> (Vec<f32>, Vec<f32>) {
-        let half = self.config.head_dim / 2;
-        let mut cos = vec![0.0; queries.len() * half];
-        let mut sin = vec![0.0; queries.len() * half];
-        for ((c, s), q) in cos
-            .chunks_exact_mut(half)
-            .zip(sin.chunks_exact_mut(half))
-            .zip(queries)
-        {
-            self.rope.cos_sin(q.position, c, s);
-        }
-        (cos, sin)
     }
 
     /// One pre-norm decoder block, updating the residual stream `x` (`n × hidden`) in place.
@@ -287,17 +244,7 @@ impl CpuModel {
             ops::rms_norm_in_place(&mut q, qn, eps);
             ops::rms_norm_in_place(&mut k, kn, eps);
         }
-        let half = hd / 2;
-        for (t, query) in queries.iter().enumerate() {
-            let (ct, st) = (
-                &cos[t * half..(t + 1) * half],
-                &sin[t * half..(t + 1) * half],
-            );
-            Rope::apply(&mut q[t * qd..(t + 1) * qd], hd, ct, st);
-            Rope::apply(&mut k[t * kvd..(t + 1) * kvd], hd, ct, st);
-            let (kt, vt) = (&k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
-            kv.write(query.seq, index, query.position, kt, vt);
-        }
+        rotate_and_cache(index, &mut q, &mut k, &v, queries, kv, hd, cos, sin);
 
         let shape = AttentionShape {
             num_heads: c.num_heads,
@@ -308,7 +255,7 @@ impl CpuModel {
         let mut attn = vec![0.0; n * qd];
         causal_attention(shape, index, &q, queries, kv, &mut attn);
         let mut o = vec![0.0; n * h];
-        linear(&attn, &w.o, w.o_bias.as_deref(), qd, &mut o);
+        ops::linear_row_parallel(&attn, &w.o, w.o_bias.as_deref(), qd, &mut o);
         ops::add_in_place(x, &o);
 
         rms_norm(x, &w.post_attention_norm, eps, &mut normed);
@@ -317,7 +264,108 @@ impl CpuModel {
         linear(&normed, &w.gate, None, h, &mut gate);
         linear(&normed, &w.up, None, h, &mut up);
         ops::silu_mul(&mut gate, &up);
-        linear(&gate, &w.down, None, c.intermediate_size, &mut o);
+        ops::linear_row_parallel(&gate, &w.down, None, c.intermediate_size, &mut o);
         ops::add_in_place(x, &o);
     }
+}
+
+/// Checks every chunk against `config` and flattens them: the tokens of the pass and each one's
+/// (sequence, position).
+fn validate_chunks(
+    config: &ModelConfig,
+    chunks: &[SeqChunk<'_>],
+) -> Result<(Vec<u32>, Vec<QueryPos>), ForwardError> {
+    let mut queries = Vec::new();
+    let mut tokens = Vec::new();
+    for (seq, chunk) in chunks.iter().enumerate() {
+        if chunk.tokens.is_empty() {
+            return Err(ForwardError::Empty);
+        }
+        if chunk.first_position + chunk.tokens.len() > config.max_position_embeddings {
+            return Err(ForwardError::ContextOverflow {
+                cached: chunk.first_position,
+                new: chunk.tokens.len(),
+                window: config.max_position_embeddings,
+            });
+        }
+        if let Some(&token) = chunk
+            .tokens
+            .iter()
+            .find(|&&t| t as usize >= config.vocab_size)
+        {
+            return Err(ForwardError::TokenOutOfRange {
+                token,
+                vocab_size: config.vocab_size,
+            });
+        }
+        tokens.extend_from_slice(chunk.tokens);
+        queries.extend((0..chunk.tokens.len()).map(|i| QueryPos {
+            seq,
+            position: chunk.first_position + i,
+        }));
+    }
+    if tokens.is_empty() {
+        return Err(ForwardError::Empty);
+    }
+    Ok((tokens, queries))
+}
+
+/// cos/sin for each query's position, `head_dim/2` each.
+fn rope_tables(rope: &Rope, head_dim: usize, queries: &[QueryPos]) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
+    let mut cos = vec![0.0; queries.len() * half];
+    let mut sin = vec![0.0; queries.len() * half];
+    for ((c, s), q) in cos
+        .chunks_exact_mut(half)
+        .zip(sin.chunks_exact_mut(half))
+        .zip(queries)
+    {
+        rope.cos_sin(q.position, c, s);
+    }
+    (cos, sin)
+}
+
+/// Applies the rotary embedding to each token's q and k heads and writes its K/V to the cache.
+#[allow(clippy::too_many_arguments)]
+fn rotate_and_cache(
+    layer: usize,
+    q: &mut [f32],
+    k: &mut [f32],
+    v: &[f32],
+    queries: &[QueryPos],
+    kv: &mut dyn KvAccess,
+    head_dim: usize,
+    cos: &[f32],
+    sin: &[f32],
+) {
+    let (qd, kvd) = (q.len() / queries.len(), k.len() / queries.len());
+    let half = head_dim / 2;
+    for (t, query) in queries.iter().enumerate() {
+        let (ct, st) = (
+            &cos[t * half..(t + 1) * half],
+            &sin[t * half..(t + 1) * half],
+        );
+        Rope::apply(&mut q[t * qd..(t + 1) * qd], head_dim, ct, st);
+        Rope::apply(&mut k[t * kvd..(t + 1) * kvd], head_dim, ct, st);
+        let (kt, vt) = (&k[t * kvd..(t + 1) * kvd], &v[t * kvd..(t + 1) * kvd]);
+        kv.write(query.seq, layer, query.position, kt, vt);
+    }
+}
+
+/// The residual rows of `x` (`hidden` wide) that the chunks want logits for, in order.
+fn logit_rows(chunks: &[SeqChunk<'_>], x: &[f32], hidden: usize) -> Vec<f32> {
+    let mut keep = Vec::new();
+    let mut start = 0;
+    for chunk in chunks {
+        let n = chunk.tokens.len();
+        match chunk.logits {
+            LogitRows::None => {}
+            LogitRows::Last => {
+                keep.extend_from_slice(&x[(start + n - 1) * hidden..(start + n) * hidden])
+            }
+            LogitRows::All => keep.extend_from_slice(&x[start * hidden..(start + n) * hidden]),
+        }
+        start += n;
+    }
+    keep
 }

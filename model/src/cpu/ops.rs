@@ -39,11 +39,35 @@ fn finish_dot(mut acc: [f32; LANES], a_tail: &[f32], b_tail: &[f32]) -> f32 {
             acc[l] += acc[l + width];
         }
     }
+    acc[0] + tail_dot(a_tail, b_tail)
+}
+
+/// The elements past the last full group of lanes, summed in order.
+#[inline(always)]
+fn tail_dot(a_tail: &[f32], b_tail: &[f32]) -> f32 {
     let mut tail = 0.0f32;
     for (x, y) in a_tail.iter().zip(b_tail) {
         tail += x * y;
     }
-    acc[0] + tail
+    tail
+}
+
+/// `finish_dot`'s pairwise tree on the four registers holding lanes 0–7, 8–15, 16–23, 24–31:
+/// the same additions of the same lanes, so the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn tree_avx(s: [std::arch::x86_64::__m256; 4]) -> f32 {
+    use std::arch::x86_64::*;
+    // Width 16, then 8: lanes l += l + 16, then l += l + 8.
+    let w16 = [_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3])];
+    let w8 = _mm256_add_ps(w16[0], w16[1]);
+    // Width 4: lanes 0–3 += lanes 4–7.
+    let w4 = _mm_add_ps(_mm256_castps256_ps128(w8), _mm256_extractf128_ps(w8, 1));
+    // Width 2: lanes 0–1 += lanes 2–3.
+    let w2 = _mm_add_ps(w4, _mm_movehl_ps(w4, w4));
+    // Width 1: lane 0 += lane 1.
+    let w1 = _mm_add_ss(w2, _mm_shuffle_ps(w2, w2, 1));
+    _mm_cvtss_f32(w1)
 }
 
 /// The same lanes held in four 8-wide AVX registers: separate multiply and add, no FMA, so each
@@ -54,9 +78,9 @@ fn dot_avx(a: &[f32], b: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let n = a.len().min(b.len());
     let chunks = n / LANES;
-    let mut acc = [0.0f32; LANES];
+    let acc0;
     // SAFETY: every load reads 8 floats at offsets below `chunks * LANES <= n` of both slices;
-    // the stores write the 32-float `acc`.
+    // `tree_avx` needs only the AVX feature of this function.
     unsafe {
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         let mut s = [_mm256_setzero_ps(); 4];
@@ -68,11 +92,9 @@ fn dot_avx(a: &[f32], b: &[f32]) -> f32 {
                 *sr = _mm256_add_ps(*sr, _mm256_mul_ps(x, y));
             }
         }
-        for (r, sr) in s.iter().enumerate() {
-            _mm256_storeu_ps(acc.as_mut_ptr().add(8 * r), *sr);
-        }
+        acc0 = tree_avx(s);
     }
-    finish_dot(acc, &a[chunks * LANES..n], &b[chunks * LANES..n])
+    acc0 + tail_dot(&a[chunks * LANES..n], &b[chunks * LANES..n])
 }
 
 /// `Σ a[i]·w[i]` with `w` in bf16 bits: the same lanes and order as `dot_portable` over the
@@ -114,9 +136,9 @@ fn dot_bf16_avx2(a: &[f32], w: &[u16]) -> f32 {
     use std::arch::x86_64::*;
     let n = a.len().min(w.len());
     let chunks = n / LANES;
-    let mut acc = [0.0f32; LANES];
+    let acc0;
     // SAFETY: loads read 8 floats / 8 u16 at offsets below `chunks * LANES <= n` of both slices;
-    // the stores write the 32-float `acc`.
+    // `tree_avx` needs only the AVX feature of this function.
     unsafe {
         let (pa, pw) = (a.as_ptr(), w.as_ptr());
         let mut s = [_mm256_setzero_ps(); 4];
@@ -129,11 +151,14 @@ fn dot_bf16_avx2(a: &[f32], w: &[u16]) -> f32 {
                 *sr = _mm256_add_ps(*sr, _mm256_mul_ps(x, y));
             }
         }
-        for (r, sr) in s.iter().enumerate() {
-            _mm256_storeu_ps(acc.as_mut_ptr().add(8 * r), *sr);
-        }
+        acc0 = tree_avx(s);
     }
-    finish_dot_bf16(acc, &a[chunks * LANES..n], &w[chunks * LANES..n])
+    let mut tail = [0.0f32; LANES];
+    let w_tail = &w[chunks * LANES..n];
+    for (t, w) in tail.iter_mut().zip(w_tail) {
+        *t = bf16_to_f32(*w);
+    }
+    acc0 + tail_dot(&a[chunks * LANES..n], &tail[..w_tail.len()])
 }
 
 /// [`dot`] with bf16 weights.
@@ -239,6 +264,100 @@ fn linear_with<W: Sync>(
     }
 }
 
+/// The number of K-shards of every row-parallel reduction (the o and down projections): the
+/// largest tensor-parallel degree supported. Each output element is the sum, in shard order, of
+/// the dots over `ROW_PARALLEL_SHARDS` contiguous K-ranges — at any TP degree, including 1 — so a
+/// rank holding some of the shards computes exactly the partials TP=1 computes, and adding all of
+/// them in shard order reproduces TP=1 bit for bit (docs/DECISIONS.md).
+pub const ROW_PARALLEL_SHARDS: usize = 8;
+
+/// The shard count of a row-parallel reduction over `k`: [`ROW_PARALLEL_SHARDS`] when it divides
+/// `k`, else 1 (one plain dot; such a model cannot be split for tensor parallelism).
+pub fn row_parallel_shards(k: usize) -> usize {
+    if k.is_multiple_of(ROW_PARALLEL_SHARDS) {
+        ROW_PARALLEL_SHARDS
+    } else {
+        1
+    }
+}
+
+/// Shard partials of `y = x · wᵀ` without summing them: `w` is `[n, k]`, `x` is `[m, k]`, and
+/// `partials[s][r][c]` (`shards × m × n`) is the dot of row `r` of `x` with row `c` of `w` over
+/// the `s`-th of `shards` contiguous K-ranges, in the order of [`dot`].
+pub fn linear_partials(x: &[f32], w: &Matrix, k: usize, shards: usize, partials: &mut [f32]) {
+    match w {
+        Matrix::F32(w) => partials_with(x, w, k, shards, partials, dot),
+        Matrix::Bf16(w) => partials_with(x, w, k, shards, partials, dot_bf16),
+    }
+}
+
+fn partials_with<W: Sync>(
+    x: &[f32],
+    w: &[W],
+    k: usize,
+    shards: usize,
+    partials: &mut [f32],
+    dot: impl Fn(&[f32], &[W]) -> f32 + Sync,
+) {
+    let m = x.len() / k;
+    let n = w.len() / k;
+    let ks = k / shards;
+    debug_assert_eq!(ks * shards, k);
+    debug_assert_eq!(partials.len(), shards * m * n);
+    let blocks: Vec<Vec<f32>> = w
+        .par_chunks(COLUMN_BLOCK * k)
+        .map(|wb| {
+            let mut out = Vec::with_capacity(shards * m * wb.len() / k);
+            for s in 0..shards {
+                for xr in x.chunks_exact(k) {
+                    let xs = &xr[s * ks..(s + 1) * ks];
+                    for wr in wb.chunks_exact(k) {
+                        out.push(dot(xs, &wr[s * ks..(s + 1) * ks]));
+                    }
+                }
+            }
+            out
+        })
+        .collect();
+    for (bi, block) in blocks.iter().enumerate() {
+        let cols = block.len() / (shards * m).max(1);
+        for (sr, vals) in block.chunks_exact(cols.max(1)).enumerate() {
+            // `sr` runs over (shard, row) pairs, which is also the row of `partials` seen as
+            // `[shards · m, n]`.
+            let start = sr * n + bi * COLUMN_BLOCK;
+            partials[start..start + cols].copy_from_slice(vals);
+        }
+    }
+}
+
+/// `y[i] = ((p₀[i] + p₁[i]) + …) + p₍ₛ₋₁₎[i]`, then `+ bias` once: the shard partials of
+/// [`linear_partials`] (`shards × y.len()`) added in shard order, starting from shard 0's value.
+pub fn sum_partials(partials: &[f32], shards: usize, bias: Option<&[f32]>, y: &mut [f32]) {
+    let len = y.len();
+    debug_assert_eq!(partials.len(), shards * len);
+    y.copy_from_slice(&partials[..len]);
+    for p in partials.chunks_exact(len).skip(1) {
+        add_in_place(y, p);
+    }
+    if let Some(b) = bias {
+        for row in y.chunks_exact_mut(b.len()) {
+            add_in_place(row, b);
+        }
+    }
+}
+
+/// A row-parallel projection (o, down) in the canonical order: [`row_parallel_shards`]`(k)`
+/// shard partials, added in shard order, then the bias. With one shard it is [`linear`].
+pub fn linear_row_parallel(x: &[f32], w: &Matrix, bias: Option<&[f32]>, k: usize, y: &mut [f32]) {
+    let shards = row_parallel_shards(k);
+    if shards == 1 {
+        return linear(x, w, bias, k, y);
+    }
+    let mut partials = vec![0.0; shards * y.len()];
+    linear_partials(x, w, k, shards, &mut partials);
+    sum_partials(&partials, shards, bias, y);
+}
+
 /// RMSNorm of each `weight.len()`-long row of `x` into `out`: `x / sqrt(mean(x²) + eps) · weight`.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
@@ -325,6 +444,51 @@ mod tests {
                 let mut one = vec![0.0; n];
                 linear(xr, &Matrix::F32(w.clone()), Some(&bias), k, &mut one);
                 assert_eq!(one.as_slice(), &y[r * n..(r + 1) * n], "row {r} of m={m}");
+            }
+        }
+    }
+
+    #[test]
+    fn row_parallel_is_the_shard_sum_in_order_and_row_invariant() {
+        let (k, n) = (8 * 40, 70);
+        let w = fill(n * k, 5);
+        let bias = fill(n, 9);
+        let ks = k / ROW_PARALLEL_SHARDS;
+        for m in [1, 4] {
+            let x = fill(m * k, 13);
+            let mut y = vec![0.0; m * n];
+            linear_row_parallel(&x, &Matrix::F32(w.clone()), Some(&bias), k, &mut y);
+            for r in 0..m {
+                for c in 0..n {
+                    let (xr, wr) = (&x[r * k..(r + 1) * k], &w[c * k..(c + 1) * k]);
+                    let mut want = dot(&xr[..ks], &wr[..ks]);
+                    for s in 1..ROW_PARALLEL_SHARDS {
+                        want += dot(&xr[s * ks..(s + 1) * ks], &wr[s * ks..(s + 1) * ks]);
+                    }
+                    want += bias[c];
+                    assert_eq!(y[r * n + c].to_bits(), want.to_bits(), "m={m} r={r} c={c}");
+                }
+            }
+        }
+        // A K that 8 does not divide falls back to one plain dot.
+        let (k, x) = (77, fill(77, 1));
+        let w = fill(3 * 77, 2);
+        let (mut a, mut b) = (vec![0.0; 3], vec![0.0; 3]);
+        linear_row_parallel(&x, &Matrix::F32(w.clone()), None, k, &mut a);
+        linear(&x, &Matrix::F32(w), None, k, &mut b);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn dot_avx_tree_matches_portable_over_many_inputs() {
+        for seed in 0..64 {
+            let (a, b) = (fill(640, seed), fill(640, seed ^ 0x5bd1));
+            for n in [32, 64, 96, 100, 640] {
+                assert_eq!(
+                    dot(&a[..n], &b[..n]).to_bits(),
+                    dot_portable(&a[..n], &b[..n]).to_bits(),
+                    "seed={seed} n={n}"
+                );
             }
         }
     }

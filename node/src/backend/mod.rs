@@ -2,9 +2,11 @@
 //! chunks and decode tokens — with their KV block tables in, logits of the requested rows out.
 
 mod cpu;
+mod cpu_tp;
 mod cuda;
 
 pub use cpu::CpuBackend;
+pub use cpu_tp::CpuTpBackend;
 pub use cuda::{CudaBackend, CudaError, CudaOptions, WeightSource};
 
 use strata_model::ModelConfig;

@@ -81,6 +81,7 @@ pub fn run_sdk_script(marker: &str, script: &str, base_path: &str) {
         kv_cache_mib: 16,
         block_size: 16,
         device: Default::default(),
+        tp: 1,
     };
     let state = load_state(&config).unwrap();
 

@@ -1,0 +1,380 @@
+//! One rank's share of the reference forward pass under tensor parallelism (DESIGN.md §5).
+//!
+//! Megatron layout over `world` ranks, every rank holding the full residual stream:
+//! - q/k/v and gate/up are column-parallel: a rank holds the rows of its query heads (and the kv
+//!   heads they read), and its `intermediate / world` rows of gate and up;
+//! - o and down are row-parallel: a rank holds the K-columns matching its heads / intermediate
+//!   rows, computes the [`ROW_PARALLEL_SHARDS`]` / world` shard partials of those columns
+//!   *unsummed*, and an all-gather (rank order = shard order) lets every rank add all shards in
+//!   shard order — the very additions [`CpuModel`](super::CpuModel) makes, so TP=N is
+//!   byte-identical to TP=1;
+//! - the embedding and LM head are vocab-parallel: a token outside a rank's vocab rows embeds as
+//!   `-0.0` (the exact additive identity) and the all-reduce sums one real row with identities;
+//!   logits are all-gathered in rank order.
+//!
+//! Norms (including the per-head q/k norm) are replicated. The weights are sliced from a loaded
+//! [`CpuModel`], so building all ranks holds the full model once plus one copy of each shard.
+
+use std::ops::Range;
+
+use super::ops::{self, Matrix, ROW_PARALLEL_SHARDS};
+use super::{
+    AttentionShape, CpuModel, ForwardError, KvAccess, LayerWeights, QueryPos, SeqChunk,
+    causal_attention, linear, rms_norm,
+};
+use crate::config::ModelConfig;
+use crate::rope::Rope;
+
+/// The collectives a rank's forward pass issues; every rank issues the same ones in the same
+/// order. Implemented over `strata-collective` by the node, which this crate does not depend on.
+pub trait TpCollectives {
+    /// Element-wise sum over ranks, added in rank order; the same bits on every rank.
+    fn all_reduce_sum(&self, buf: &mut [f32]) -> Result<(), String>;
+    /// Rank `r`'s `input` lands at `output[r * input.len()..]` on every rank.
+    fn all_gather(&self, input: &[f32], output: &mut [f32]) -> Result<(), String>;
+}
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TpError {
+    #[error(
+        "tensor parallelism of {world} needs a degree dividing {ROW_PARALLEL_SHARDS}, \
+         {world} | num_heads ({heads}), {world} | intermediate ({inter}), \
+         8 | q_dim ({q_dim}) and 8 | intermediate, and kv heads ({kv_heads}) divisible by \
+         or dividing {world}"
+    )]
+    Unsupported {
+        world: usize,
+        heads: usize,
+        kv_heads: usize,
+        q_dim: usize,
+        inter: usize,
+    },
+    #[error(transparent)]
+    Forward(#[from] ForwardError),
+    #[error("collective failed: {0}")]
+    Collective(String),
+}
+
+/// A deliberately wrong reduction of the row-parallel partials, for canaries that prove the
+/// byte-identity tests can fail. Never set outside tests.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PartialsFault {
+    #[default]
+    None,
+    /// Skip the all-gather: each rank adds only its own shards.
+    LocalSumOnly,
+    /// Sum the own shards, then all-reduce the per-rank sums (the plain Megatron order).
+    SumThenAllReduce,
+}
+
+struct ShardLayer {
+    input_norm: Vec<f32>,
+    q: Matrix,
+    k: Matrix,
+    v: Matrix,
+    qkv_bias: Option<[Vec<f32>; 3]>,
+    qk_norm: Option<[Vec<f32>; 2]>,
+    o: Matrix,
+    o_bias: Option<Vec<f32>>,
+    post_attention_norm: Vec<f32>,
+    gate: Matrix,
+    up: Matrix,
+    down: Matrix,
+}
+
+/// Rank `rank` of `world`: its weight shards and the shapes they imply.
+pub struct TpShard {
+    config: ModelConfig,
+    rank: usize,
+    world: usize,
+    rope: Rope,
+    embed: Matrix,
+    /// `None` when tied to the embedding shard.
+    lm_head: Option<Matrix>,
+    final_norm: Vec<f32>,
+    layers: Vec<ShardLayer>,
+    heads: usize,
+    kv_heads: usize,
+    inter: usize,
+    /// This rank's vocabulary rows; every rank's range is `vocab_per_rank` long except the last.
+    vocab: Range<usize>,
+    vocab_per_rank: usize,
+    fault: PartialsFault,
+}
+
+impl TpShard {
+    /// Whether `config` can be split over `world` ranks byte-identically.
+    pub fn check(config: &ModelConfig, world: usize) -> Result<(), TpError> {
+        let (heads, kv_heads, inter) = (
+            config.num_heads,
+            config.num_kv_heads,
+            config.intermediate_size,
+        );
+        let ok = world > 0
+            && ROW_PARALLEL_SHARDS.is_multiple_of(world)
+            && heads.is_multiple_of(world)
+            && inter.is_multiple_of(world)
+            && ops::row_parallel_shards(config.q_dim()) == ROW_PARALLEL_SHARDS
+            && ops::row_parallel_shards(inter) == ROW_PARALLEL_SHARDS
+            && (kv_heads.is_multiple_of(world) || world.is_multiple_of(kv_heads));
+        if ok {
+            Ok(())
+        } else {
+            Err(TpError::Unsupported {
+                world,
+                heads,
+                kv_heads,
+                q_dim: config.q_dim(),
+                inter,
+            })
+        }
+    }
+
+    /// Slices rank `rank`'s shard out of `model`.
+    pub fn new(model: &CpuModel, rank: usize, world: usize) -> Result<Self, TpError> {
+        let c = &model.config;
+        Self::check(c, world)?;
+        let (h, hd) = (c.hidden_size, c.head_dim);
+        let heads = c.num_heads / world;
+        let kv_heads = if c.num_kv_heads.is_multiple_of(world) {
+            c.num_kv_heads / world
+        } else {
+            1
+        };
+        // The kv heads this rank's query heads read: its own when they shard, else the one
+        // shared by all its query heads (kv heads dividing `world` puts them in one group).
+        let first_kv = rank * heads / (c.num_heads / c.num_kv_heads);
+        let q_rows = rank * heads * hd..(rank + 1) * heads * hd;
+        let kv_rows = first_kv * hd..(first_kv + kv_heads) * hd;
+        let inter = c.intermediate_size / world;
+        let i_rows = rank * inter..(rank + 1) * inter;
+        let per = c.vocab_size.div_ceil(world);
+        let vocab = (rank * per).min(c.vocab_size)..((rank + 1) * per).min(c.vocab_size);
+        let w = &model.weights;
+        let layers = w
+            .layers
+            .iter()
+            .map(|l: &LayerWeights| ShardLayer {
+                input_norm: l.input_norm.clone(),
+                q: rows(&l.q, h, q_rows.clone()),
+                k: rows(&l.k, h, kv_rows.clone()),
+                v: rows(&l.v, h, kv_rows.clone()),
+                qkv_bias: l.qkv_bias.as_ref().map(|[q, k, v]| {
+                    [
+                        q[q_rows.clone()].to_vec(),
+                        k[kv_rows.clone()].to_vec(),
+                        v[kv_rows.clone()].to_vec(),
+                    ]
+                }),
+                qk_norm: l.qk_norm.clone(),
+                o: columns(&l.o, c.q_dim(), q_rows.clone()),
+                o_bias: l.o_bias.clone(),
+                post_attention_norm: l.post_attention_norm.clone(),
+                gate: rows(&l.gate, h, i_rows.clone()),
+                up: rows(&l.up, h, i_rows.clone()),
+                down: columns(&l.down, c.intermediate_size, i_rows.clone()),
+            })
+            .collect();
+        Ok(Self {
+            config: c.clone(),
+            rank,
+            world,
+            rope: Rope::new(c),
+            embed: rows(&w.embed, h, vocab.clone()),
+            lm_head: w.lm_head.as_ref().map(|m| rows(m, h, vocab.clone())),
+            final_norm: w.final_norm.clone(),
+            layers,
+            heads,
+            kv_heads,
+            inter,
+            vocab,
+            vocab_per_rank: per,
+            fault: PartialsFault::None,
+        })
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// K/V floats per position in this rank's cache: its kv heads only.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.config.head_dim
+    }
+
+    #[doc(hidden)]
+    pub fn inject_partials_fault(&mut self, fault: PartialsFault) {
+        self.fault = fault;
+    }
+
+    /// [`CpuModel::forward_batch`] over this rank's shard: every rank of the group calls it with
+    /// the same chunks (and its own cache of its kv heads); every rank returns the same logits.
+    pub fn forward_batch(
+        &self,
+        chunks: &[SeqChunk<'_>],
+        kv: &mut dyn KvAccess,
+        comm: &dyn TpCollectives,
+    ) -> Result<Vec<f32>, TpError> {
+        let c = &self.config;
+        let (tokens, queries) = super::validate_chunks(c, chunks)?;
+        let h = c.hidden_size;
+        let mut x = vec![-0.0; tokens.len() * h];
+        for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(h)) {
+            let t = t as usize;
+            if self.vocab.contains(&t) {
+                self.embed.row_into(t - self.vocab.start, h, row);
+            }
+        }
+        comm.all_reduce_sum(&mut x).map_err(TpError::Collective)?;
+        let (cos, sin) = super::rope_tables(&self.rope, c.head_dim, &queries);
+        for (i, layer) in self.layers.iter().enumerate() {
+            self.layer(i, layer, &mut x, &queries, kv, comm, (&cos, &sin))?;
+        }
+
+        let keep = super::logit_rows(chunks, &x, h);
+        let mut normed = vec![0.0; keep.len()];
+        rms_norm(&keep, &self.final_norm, c.rms_norm_eps as f32, &mut normed);
+        let rows = keep.len() / h;
+        let per = self.vocab_per_rank;
+        let mut local = vec![0.0; rows * per];
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let own = self.vocab.len();
+        let mut own_logits = vec![0.0; rows * own];
+        linear(&normed, head, None, h, &mut own_logits);
+        for (dst, src) in local
+            .chunks_exact_mut(per)
+            .zip(own_logits.chunks_exact(own.max(1)))
+        {
+            dst[..own].copy_from_slice(src);
+        }
+        let mut gathered = vec![0.0; self.world * rows * per];
+        comm.all_gather(&local, &mut gathered)
+            .map_err(TpError::Collective)?;
+        let vocab = c.vocab_size;
+        let mut logits = vec![0.0; rows * vocab];
+        for (r, part) in gathered.chunks_exact(rows * per).enumerate() {
+            let start = r * per;
+            let len = per.min(vocab.saturating_sub(start));
+            for (dst, src) in logits.chunks_exact_mut(vocab).zip(part.chunks_exact(per)) {
+                dst[start..start + len].copy_from_slice(&src[..len]);
+            }
+        }
+        Ok(logits)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn layer(
+        &self,
+        index: usize,
+        w: &ShardLayer,
+        x: &mut [f32],
+        queries: &[QueryPos],
+        kv: &mut dyn KvAccess,
+        comm: &dyn TpCollectives,
+        (cos, sin): (&[f32], &[f32]),
+    ) -> Result<(), TpError> {
+        let c = &self.config;
+        let hd = c.head_dim;
+        let (h, qd, kvd) = (c.hidden_size, self.heads * hd, self.kv_heads * hd);
+        let n = x.len() / h;
+        let eps = c.rms_norm_eps as f32;
+
+        let mut normed = vec![0.0; n * h];
+        rms_norm(x, &w.input_norm, eps, &mut normed);
+        let mut q = vec![0.0; n * qd];
+        let mut k = vec![0.0; n * kvd];
+        let mut v = vec![0.0; n * kvd];
+        let bias = |i: usize| w.qkv_bias.as_ref().map(|b| b[i].as_slice());
+        linear(&normed, &w.q, bias(0), h, &mut q);
+        linear(&normed, &w.k, bias(1), h, &mut k);
+        linear(&normed, &w.v, bias(2), h, &mut v);
+        if let Some([qn, kn]) = &w.qk_norm {
+            ops::rms_norm_in_place(&mut q, qn, eps);
+            ops::rms_norm_in_place(&mut k, kn, eps);
+        }
+        super::rotate_and_cache(index, &mut q, &mut k, &v, queries, kv, hd, cos, sin);
+        let shape = AttentionShape {
+            num_heads: self.heads,
+            num_kv_heads: self.kv_heads,
+            head_dim: hd,
+            sliding_window: c.sliding_window,
+        };
+        let mut attn = vec![0.0; n * qd];
+        causal_attention(shape, index, &q, queries, kv, &mut attn);
+        let mut o = vec![0.0; n * h];
+        self.row_parallel(&attn, &w.o, w.o_bias.as_deref(), qd, comm, &mut o)?;
+        ops::add_in_place(x, &o);
+
+        rms_norm(x, &w.post_attention_norm, eps, &mut normed);
+        let mut gate = vec![0.0; n * self.inter];
+        let mut up = vec![0.0; n * self.inter];
+        linear(&normed, &w.gate, None, h, &mut gate);
+        linear(&normed, &w.up, None, h, &mut up);
+        ops::silu_mul(&mut gate, &up);
+        self.row_parallel(&gate, &w.down, None, self.inter, comm, &mut o)?;
+        ops::add_in_place(x, &o);
+        Ok(())
+    }
+
+    /// This rank's shard partials of a row-parallel projection, gathered from every rank and
+    /// added in shard order (then the bias): the canonical reduction of `ops`.
+    fn row_parallel(
+        &self,
+        x: &[f32],
+        w: &Matrix,
+        bias: Option<&[f32]>,
+        k: usize,
+        comm: &dyn TpCollectives,
+        y: &mut [f32],
+    ) -> Result<(), TpError> {
+        let local = ROW_PARALLEL_SHARDS / self.world;
+        let mut partials = vec![0.0; local * y.len()];
+        ops::linear_partials(x, w, k, local, &mut partials);
+        match self.fault {
+            PartialsFault::None => {
+                let mut all = vec![0.0; ROW_PARALLEL_SHARDS * y.len()];
+                comm.all_gather(&partials, &mut all)
+                    .map_err(TpError::Collective)?;
+                ops::sum_partials(&all, ROW_PARALLEL_SHARDS, bias, y);
+            }
+            PartialsFault::LocalSumOnly => ops::sum_partials(&partials, local, bias, y),
+            PartialsFault::SumThenAllReduce => {
+                ops::sum_partials(&partials, local, None, y);
+                comm.all_reduce_sum(y).map_err(TpError::Collective)?;
+                if let Some(b) = bias {
+                    for row in y.chunks_exact_mut(b.len()) {
+                        ops::add_in_place(row, b);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Rows `range` of a `[_, k]` matrix.
+fn rows(m: &Matrix, k: usize, range: Range<usize>) -> Matrix {
+    let span = range.start * k..range.end * k;
+    match m {
+        Matrix::F32(v) => Matrix::F32(v[span].to_vec()),
+        Matrix::Bf16(v) => Matrix::Bf16(v[span].to_vec()),
+    }
+}
+
+/// Columns `range` of a `[_, k]` matrix.
+fn columns(m: &Matrix, k: usize, range: Range<usize>) -> Matrix {
+    fn pick<T: Copy>(v: &[T], k: usize, range: &Range<usize>) -> Vec<T> {
+        v.chunks_exact(k)
+            .flat_map(|row| row[range.clone()].iter().copied())
+            .collect()
+    }
+    match m {
+        Matrix::F32(v) => Matrix::F32(pick(v, k, &range)),
+        Matrix::Bf16(v) => Matrix::Bf16(pick(v, k, &range)),
+    }
+}
