@@ -43,13 +43,14 @@ impl CpuBackend {
     }
 }
 
-/// The pool seen through the block tables of one step's sequences.
-struct PagedView<'a> {
-    pool: &'a mut [f32],
-    tables: Vec<&'a [BlockId]>,
-    block_size: usize,
-    layers: usize,
-    kv_dim: usize,
+/// A pool laid out `[block][layer][k|v][slot][kv_dim]`, seen through the block tables of one
+/// step's sequences (the TP backend's ranks use it over their own pools).
+pub(super) struct PagedView<'a> {
+    pub(super) pool: &'a mut [f32],
+    pub(super) tables: Vec<&'a [BlockId]>,
+    pub(super) block_size: usize,
+    pub(super) layers: usize,
+    pub(super) kv_dim: usize,
 }
 
 impl PagedView<'_> {

@@ -11,9 +11,10 @@ use std::thread::JoinHandle;
 use strata_collective::{Communicator, LocalCommunicator, LocalGroup};
 use strata_model::ModelConfig;
 use strata_model::cpu::{
-    CpuModel, KvAccess, LogitRows, PartialsFault, SeqChunk, TpCollectives, TpError, TpShard,
+    CpuModel, LogitRows, PartialsFault, SeqChunk, TpCollectives, TpError, TpShard,
 };
 
+use super::cpu::PagedView;
 use super::{Backend, BackendError, StepSeq};
 use crate::kv::{BlockId, KvBlockIo};
 
@@ -217,42 +218,6 @@ impl RankWorker {
 /// it leaves plain floats behind, so a poisoned lock is still usable.
 fn lock(pool: &Pool) -> MutexGuard<'_, Vec<f32>> {
     pool.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// A rank's pool seen through the block tables of one step's sequences.
-struct PagedView<'a> {
-    pool: &'a mut [f32],
-    tables: Vec<&'a [BlockId]>,
-    block_size: usize,
-    layers: usize,
-    kv_dim: usize,
-}
-
-impl PagedView<'_> {
-    fn offset(&self, seq: usize, layer: usize, kind: usize, position: usize) -> usize {
-        let block = self.tables[seq][position / self.block_size] as usize;
-        let slot = position % self.block_size;
-        (((block * self.layers + layer) * 2 + kind) * self.block_size + slot) * self.kv_dim
-    }
-}
-
-impl KvAccess for PagedView<'_> {
-    fn key(&self, seq: usize, layer: usize, position: usize) -> &[f32] {
-        let o = self.offset(seq, layer, 0, position);
-        &self.pool[o..o + self.kv_dim]
-    }
-
-    fn value(&self, seq: usize, layer: usize, position: usize) -> &[f32] {
-        let o = self.offset(seq, layer, 1, position);
-        &self.pool[o..o + self.kv_dim]
-    }
-
-    fn write(&mut self, seq: usize, layer: usize, position: usize, key: &[f32], value: &[f32]) {
-        let k = self.offset(seq, layer, 0, position);
-        self.pool[k..k + self.kv_dim].copy_from_slice(key);
-        let v = self.offset(seq, layer, 1, position);
-        self.pool[v..v + self.kv_dim].copy_from_slice(value);
-    }
 }
 
 /// A block's bytes are the ranks' parts of it, concatenated in rank order.
