@@ -231,19 +231,7 @@ impl CpuModel {
         let n = x.len() / h;
         let eps = c.rms_norm_eps as f32;
 
-        let mut normed = vec![0.0; n * h];
-        rms_norm(x, &w.input_norm, eps, &mut normed);
-        let mut q = vec![0.0; n * qd];
-        let mut k = vec![0.0; n * kvd];
-        let mut v = vec![0.0; n * kvd];
-        let bias = |i: usize| w.qkv_bias.as_ref().map(|b| b[i].as_slice());
-        linear(&normed, &w.q, bias(0), h, &mut q);
-        linear(&normed, &w.k, bias(1), h, &mut k);
-        linear(&normed, &w.v, bias(2), h, &mut v);
-        if let Some([qn, kn]) = &w.qk_norm {
-            ops::rms_norm_in_place(&mut q, qn, eps);
-            ops::rms_norm_in_place(&mut k, kn, eps);
-        }
+        let (mut normed, mut q, mut k, v) = project_qkv(w, x, h, qd, kvd, eps);
         rotate_and_cache(index, &mut q, &mut k, &v, queries, kv, hd, cos, sin);
 
         let shape = AttentionShape {
@@ -323,6 +311,35 @@ fn rope_tables(rope: &Rope, head_dim: usize, queries: &[QueryPos]) -> (Vec<f32>,
         rope.cos_sin(q.position, c, s);
     }
     (cos, sin)
+}
+
+/// The attention inputs of a decoder block over the residual stream `x` (`n × hidden`): the
+/// input-normed rows, then q, k and v (`qd`, `kvd` wide: the whole model's, or one rank's
+/// heads) with their biases and q/k norms. Shared by the reference and its TP shards, so both
+/// compute these in one order.
+pub(crate) fn project_qkv(
+    w: &LayerWeights,
+    x: &[f32],
+    h: usize,
+    qd: usize,
+    kvd: usize,
+    eps: f32,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let n = x.len() / h;
+    let mut normed = vec![0.0; n * h];
+    rms_norm(x, &w.input_norm, eps, &mut normed);
+    let mut q = vec![0.0; n * qd];
+    let mut k = vec![0.0; n * kvd];
+    let mut v = vec![0.0; n * kvd];
+    let bias = |i: usize| w.qkv_bias.as_ref().map(|b| b[i].as_slice());
+    linear(&normed, &w.q, bias(0), h, &mut q);
+    linear(&normed, &w.k, bias(1), h, &mut k);
+    linear(&normed, &w.v, bias(2), h, &mut v);
+    if let Some([qn, kn]) = &w.qk_norm {
+        ops::rms_norm_in_place(&mut q, qn, eps);
+        ops::rms_norm_in_place(&mut k, kn, eps);
+    }
+    (normed, q, k, v)
 }
 
 /// Applies the rotary embedding to each token's q and k heads and writes its K/V to the cache.

@@ -68,21 +68,6 @@ pub enum PartialsFault {
     SumThenAllReduce,
 }
 
-struct ShardLayer {
-    input_norm: Vec<f32>,
-    q: Matrix,
-    k: Matrix,
-    v: Matrix,
-    qkv_bias: Option<[Vec<f32>; 3]>,
-    qk_norm: Option<[Vec<f32>; 2]>,
-    o: Matrix,
-    o_bias: Option<Vec<f32>>,
-    post_attention_norm: Vec<f32>,
-    gate: Matrix,
-    up: Matrix,
-    down: Matrix,
-}
-
 /// Rank `rank` of `world`: its weight shards and the shapes they imply.
 pub struct TpShard {
     config: ModelConfig,
@@ -93,7 +78,7 @@ pub struct TpShard {
     /// `None` when tied to the embedding shard.
     lm_head: Option<Matrix>,
     final_norm: Vec<f32>,
-    layers: Vec<ShardLayer>,
+    layers: Vec<LayerWeights>,
     heads: usize,
     kv_heads: usize,
     inter: usize,
@@ -155,7 +140,7 @@ impl TpShard {
         let layers = w
             .layers
             .iter()
-            .map(|l: &LayerWeights| ShardLayer {
+            .map(|l: &LayerWeights| LayerWeights {
                 input_norm: l.input_norm.clone(),
                 q: rows(&l.q, h, q_rows.clone()),
                 k: rows(&l.k, h, kv_rows.clone()),
@@ -271,7 +256,7 @@ impl TpShard {
     fn layer(
         &self,
         index: usize,
-        w: &ShardLayer,
+        w: &LayerWeights,
         x: &mut [f32],
         queries: &[QueryPos],
         kv: &mut dyn KvAccess,
@@ -284,19 +269,7 @@ impl TpShard {
         let n = x.len() / h;
         let eps = c.rms_norm_eps as f32;
 
-        let mut normed = vec![0.0; n * h];
-        rms_norm(x, &w.input_norm, eps, &mut normed);
-        let mut q = vec![0.0; n * qd];
-        let mut k = vec![0.0; n * kvd];
-        let mut v = vec![0.0; n * kvd];
-        let bias = |i: usize| w.qkv_bias.as_ref().map(|b| b[i].as_slice());
-        linear(&normed, &w.q, bias(0), h, &mut q);
-        linear(&normed, &w.k, bias(1), h, &mut k);
-        linear(&normed, &w.v, bias(2), h, &mut v);
-        if let Some([qn, kn]) = &w.qk_norm {
-            ops::rms_norm_in_place(&mut q, qn, eps);
-            ops::rms_norm_in_place(&mut k, kn, eps);
-        }
+        let (mut normed, mut q, mut k, v) = super::project_qkv(w, x, h, qd, kvd, eps);
         super::rotate_and_cache(index, &mut q, &mut k, &v, queries, kv, hd, cos, sin);
         let shape = AttentionShape {
             num_heads: self.heads,
