@@ -607,3 +607,333 @@ extern "C" __global__ void __launch_bounds__(128) attn_decode_combine(
         dst[d] = __float2bfloat16_rn(__fdiv_rn(A, L));
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core prefill (FlashAttention-2 style), head_dim 64 and 128: the default prefill kernel.
+//
+// Block (query tile, q head): 4 warps own 64 consecutive tokens of the chunk for one q head;
+// warp w owns tokens 16w .. 16w + 15, one m16 MMA row each (lane g = lane / 4 holds rows g and
+// g + 8, lane t = lane % 4 holds key/dim columns 2t, 2t + 1 of every n8 tile). Keys are visited in
+// tiles of BK = 64 positions aligned at absolute multiples of 64, ascending; each tile's K and V
+// ([BK][D + 8] bf16, padded so ldmatrix rows hit distinct banks) are staged by cp.async, double
+// buffered, with the row offsets from the block table computed one tile ahead.
+// Per tile and row:
+//   S = Q·Kᵀ by m16n8k16 bf16 MMAs (f32 accumulate; k-steps over dims in ascending order);
+//   s = S * (scale * log2 e), masked keys (outside (pos - W, pos]) set to -inf;
+//   m' = max(m, tile max over the row's quad); p = 2^(s - m'); alpha = 2^(m - m');
+//   l = l * alpha + (this lane's 16 p in key order); acc = acc * alpha + bf16(P)·V by MMA.
+// A tile with no visible key for a row leaves its (m, l, acc) unchanged: alpha is exactly 1,
+// every p is 0 (2^-inf), and P·V adds exact zeros (unloaded keys are zero-filled, so 0 · V
+// never meets a NaN); no -inf - -inf is ever formed. A warp whose rows all see nothing of a tile
+// skips it, which is the same no-op.
+// Invariance: an MMA output row depends only on its own A row, the quad reductions (max, final
+// l) are fixed butterflies, and the column a lane handles does not depend on the row. So a row's
+// output depends on its q, its absolute position, the window and the cache alone: bit-identical
+// however the prompt is chunked, wherever the row sits in its tile, and whatever else runs. It
+// is not bit-identical to the f32 kernels above (decode included): a different computation.
+namespace attn_mma {
+
+constexpr int BQ = 64;  // query rows per block
+constexpr int BK = 64;  // keys per tile: part of the numerics (tile boundaries fix the rescales)
+constexpr int WARPS = 4;
+constexpr int THREADS = WARPS * 32;
+
+template <int D>
+struct Shape {
+    static constexpr int ROW = D + 8;  // smem row stride (bf16): 16-byte rows at odd 16-byte units
+    static constexpr int CHUNKS = D / 8;
+    // Dynamic shared memory, mirrored by `mma_smem_bytes` in src/attention.rs:
+    //   [2][BK][ROW] bf16 K | [2][BK][ROW] bf16 V
+    static constexpr int SMEM = 4 * BK * ROW * 2;
+};
+
+__device__ __forceinline__ void mma16816(float c[4], const unsigned int a[4], unsigned int b0,
+                                         unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned int r[4], const void* smem) {
+    const unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned int r[4], const void* smem) {
+    const unsigned int addr = static_cast<unsigned int>(__cvta_generic_to_shared(smem));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+template <int D>
+__device__ __forceinline__ void prefill(
+    const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k_cache,
+    const __nv_bfloat16* __restrict__ v_cache, const unsigned int* __restrict__ block_table,
+    __nv_bfloat16* __restrict__ out, int n_new, int start, int n_q, int n_kv, int block_size,
+    unsigned int num_blocks, int window, float scale) {
+    constexpr int ROW = Shape<D>::ROW;
+    constexpr int CHUNKS = Shape<D>::CHUNKS;
+    constexpr int KSTEPS = D / 16;  // S = Q·Kᵀ: k-steps over dims
+    constexpr int DTILES = D / 8;   // P·V: n8 tiles over dims
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16* Ks = reinterpret_cast<__nv_bfloat16*>(smem);  // [2][BK][ROW]
+    __nv_bfloat16* Vs = Ks + 2 * BK * ROW;                      // [2][BK][ROW]
+    __shared__ long long row_off[2][BK];  // element offset of each key of a tile; -1: not loaded
+    __shared__ int bad_table;
+
+    const int tid = threadIdx.x;
+    const int lane = tid & 31;
+    const int warp = tid >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    // Heavy (late) query tiles first: causal work grows with the tile index.
+    const int tok0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+    const int h = blockIdx.y;
+    const int kvh = h / (n_q / n_kv);
+    const int n_tok = min(BQ, n_new - tok0);
+    const int pos0 = start + tok0;
+    const int key_first = window > 0 ? max(0, pos0 - window + 1) : 0;
+    const int key_last = pos0 + n_tok - 1;
+    const int tile_first = key_first / BK;
+    const int n_tiles = key_last / BK - tile_first + 1;
+
+    // This lane's rows (i = 0: row g, i = 1: row g + 8 of the warp) and their visible keys.
+    int lo[2], hi[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = warp * 16 + g + 8 * i;
+        const int pos = pos0 + r;
+        hi[i] = r < n_tok ? pos : -1;  // dead rows see nothing
+        lo[i] = window > 0 ? pos - window + 1 : 0;
+    }
+    // The warp's extremes: rows ascend with position, so row 16w has the smallest lo and hi.
+    const int w_row0 = warp * 16;
+    const int w_last = min(w_row0 + 15, n_tok - 1);  // < w_row0 when the warp has no live row
+    const int w_min_lo = window > 0 ? pos0 + w_row0 - window + 1 : 0;
+    const int w_max_lo = window > 0 ? pos0 + w_row0 + 15 - window + 1 : 0;
+    const int w_min_hi = w_row0 + 15 < n_tok ? pos0 + w_row0 : -1;
+    const int w_max_hi = w_last >= w_row0 ? pos0 + w_last : -1;
+
+    // Q fragments (A operand, row-major 16 x 16 per k-step), straight from global memory.
+    unsigned int qa[KSTEPS][4];
+    {
+        const long long tok_stride = (long long)n_q * D;
+        const bool live0 = w_row0 + g < n_tok;
+        const bool live1 = w_row0 + g + 8 < n_tok;
+        const unsigned int* q0 = reinterpret_cast<const unsigned int*>(
+            q + (long long)(tok0 + w_row0 + g) * tok_stride + (long long)h * D);
+        const unsigned int* q1 = q0 + 8 * tok_stride / 2;
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            const int w0 = ks * 8 + t;  // word of dims ks * 16 + 2t, 2t + 1
+            qa[ks][0] = live0 ? q0[w0] : 0u;
+            qa[ks][1] = live1 ? q1[w0] : 0u;
+            qa[ks][2] = live0 ? q0[w0 + 4] : 0u;
+            qa[ks][3] = live1 ? q1[w0 + 4] : 0u;
+        }
+    }
+
+    // Row offsets of tile i's keys, in two steps so the block-table read runs a tile ahead of its
+    // use: `fetch` reads the physical block of this thread's key (threads tid < BK, one key
+    // each), `place` turns it into an element offset: -1 outside the block's keys, flagging
+    // entries >= num_blocks.
+    auto in_range = [&](int i) {
+        const int kp = (tile_first + i) * BK + tid;
+        return tid < BK && i < n_tiles && kp >= key_first && kp <= key_last;
+    };
+    auto fetch = [&](int i) -> unsigned int {
+        return in_range(i) ? block_table[((tile_first + i) * BK + tid) / block_size] : 0u;
+    };
+    auto place = [&](int i, unsigned int phys, long long* dst) {
+        if (tid >= BK || i >= n_tiles) return;
+        const int kp = (tile_first + i) * BK + tid;
+        long long off = -1;
+        if (in_range(i)) {
+            if (phys < num_blocks) {
+                off = (((long long)phys * block_size + kp % block_size) * n_kv + kvh) * (long long)D;
+            } else {
+                bad_table = 1;
+            }
+        }
+        dst[tid] = off;
+    };
+    auto load = [&](int buf, const long long* offs) {
+        static_assert(BK * CHUNKS % THREADS == 0, "whole chunks per thread");
+#pragma unroll
+        for (int it = 0; it < BK * CHUNKS / THREADS; ++it) {
+            const int c = tid + it * THREADS;
+            const int key = c / CHUNKS;
+            const int part = c % CHUNKS;
+            const long long off = offs[key];
+            const bool valid = off >= 0;
+            const long long src = valid ? off + part * 8 : 0;
+            const int dst = (buf * BK + key) * ROW + part * 8;
+            attn::cp_async16(Ks + dst, k_cache + src, valid);
+            attn::cp_async16(Vs + dst, v_cache + src, valid);
+        }
+    };
+
+    if (tid == 0) bad_table = 0;
+    __syncthreads();  // bad_table is cleared before any thread may set it
+    place(0, fetch(0), row_off[0]);
+    place(1, fetch(1), row_off[1]);
+    unsigned int phys_next = fetch(2);
+    __syncthreads();
+    load(0, row_off[0]);
+    attn::cp_async_commit();
+
+    const float scale_log2 = __fmul_rn(scale, attn::LOG2E);
+    float m[2] = {attn::neg_inf(), attn::neg_inf()};
+    float l[2] = {0.f, 0.f};
+    float acc[DTILES][4];
+#pragma unroll
+    for (int n = 0; n < DTILES; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+
+    // ldmatrix lane roles: lane supplies row (lane & 7) of 8x8 matrix (lane >> 3).
+    const int mat = lane >> 3;
+    const int mrow = lane & 7;
+
+    for (int i = 0; i < n_tiles; ++i) {
+        const int buf = i & 1;
+        if (i + 1 < n_tiles) load(buf ^ 1, row_off[buf ^ 1]);
+        attn::cp_async_commit();  // possibly empty: keeps the group count uniform
+        attn::cp_async_wait_all_but_one();  // tile i has landed
+        __syncthreads();
+        // Tile i's offsets were consumed by its load (before the barrier above); tile i + 2's
+        // are read after the barrier that ends this iteration.
+        place(i + 2, phys_next, row_off[buf]);
+        phys_next = fetch(i + 3);
+
+        const int base = (tile_first + i) * BK;
+        const bool skip = base > w_max_hi || base + BK - 1 < w_min_lo;
+        if (!skip) {
+            const __nv_bfloat16* Kt = Ks + buf * BK * ROW;
+            const __nv_bfloat16* Vt = Vs + buf * BK * ROW;
+
+            // S = Q·Kᵀ: s[j] is the n8 tile of keys 8j .. 8j + 7.
+            float s[BK / 8][4];
+#pragma unroll
+            for (int j = 0; j < BK / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ++ks) {
+#pragma unroll
+                for (int j = 0; j < BK / 8; j += 2) {
+                    // Matrices: (keys of tile j, dims lo), (j, dims hi), (j + 1, lo), (j + 1, hi).
+                    unsigned int b[4];
+                    ldmatrix_x4(b, Kt + ((j + (mat >> 1)) * 8 + mrow) * ROW + ks * 16 + (mat & 1) * 8);
+                    mma16816(s[j], qa[ks], b[0], b[1]);
+                    mma16816(s[j + 1], qa[ks], b[2], b[3]);
+                }
+            }
+
+            // Scale, mask, online softmax per row (i = 0: row g, elements 0, 1; i = 1: row g + 8,
+            // elements 2, 3).
+            const bool full = base >= w_max_lo && base + BK - 1 <= w_min_hi;
+            float alpha[2];
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                float tmax = attn::neg_inf();
+#pragma unroll
+                for (int j = 0; j < BK / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int kp = base + j * 8 + 2 * t + e;
+                        const bool visible = full || (kp >= lo[r] && kp <= hi[r]);
+                        const float v = visible ? __fmul_rn(s[j][2 * r + e], scale_log2) : attn::neg_inf();
+                        s[j][2 * r + e] = v;
+                        tmax = fmaxf(tmax, v);
+                    }
+                }
+                tmax = quad_max(tmax);
+                const float m_new = fmaxf(m[r], tmax);
+                const float ref = m_new == attn::neg_inf() ? 0.f : m_new;
+                alpha[r] = tmax == attn::neg_inf() ? 1.f : attn::ex2(__fsub_rn(m[r], ref));
+                m[r] = m_new;
+                float sum = 0.f;
+#pragma unroll
+                for (int j = 0; j < BK / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float p = attn::ex2(__fsub_rn(s[j][2 * r + e], ref));
+                        s[j][2 * r + e] = p;
+                        sum = __fadd_rn(sum, p);
+                    }
+                }
+                l[r] = __fadd_rn(__fmul_rn(l[r], alpha[r]), sum);
+            }
+#pragma unroll
+            for (int n = 0; n < DTILES; ++n) {
+                acc[n][0] = __fmul_rn(acc[n][0], alpha[0]);
+                acc[n][1] = __fmul_rn(acc[n][1], alpha[0]);
+                acc[n][2] = __fmul_rn(acc[n][2], alpha[1]);
+                acc[n][3] = __fmul_rn(acc[n][3], alpha[1]);
+            }
+
+            // acc += bf16(P)·V: the S accumulators of key tiles 2kk, 2kk + 1 are the A fragment
+            // of k-step kk; V fragments by transposing ldmatrix.
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; ++kk) {
+                unsigned int pa[4];
+                pa[0] = attn::bf16x2_bits(s[2 * kk][0], s[2 * kk][1]);
+                pa[1] = attn::bf16x2_bits(s[2 * kk][2], s[2 * kk][3]);
+                pa[2] = attn::bf16x2_bits(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pa[3] = attn::bf16x2_bits(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+                for (int n = 0; n < DTILES; n += 2) {
+                    // Matrices: (keys lo, dims of tile n), (keys hi, n), (lo, n + 1), (hi, n + 1).
+                    unsigned int b[4];
+                    ldmatrix_x4_trans(b, Vt + (kk * 16 + (mat & 1) * 8 + mrow) * ROW + (n + (mat >> 1)) * 8);
+                    mma16816(acc[n], pa, b[0], b[1]);
+                    mma16816(acc[n + 1], pa, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();  // buffer `buf` and row_off[buf ^ 1] are free for the next iteration
+    }
+
+    // out = acc / l, rounded to bf16; NaN for every row when the block met a bad table entry.
+    const bool bad = bad_table != 0;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const float total = quad_sum(l[r]);
+        const int row = w_row0 + g + 8 * r;
+        if (row >= n_tok) continue;
+        unsigned int* dst = reinterpret_cast<unsigned int*>(
+            out + ((long long)(tok0 + row) * n_q + h) * D);
+#pragma unroll
+        for (int n = 0; n < DTILES; ++n) {
+            const float o0 = bad ? attn::quiet_nan() : __fdiv_rn(acc[n][2 * r], total);
+            const float o1 = bad ? attn::quiet_nan() : __fdiv_rn(acc[n][2 * r + 1], total);
+            dst[n * 4 + t] = attn::bf16x2_bits(o0, o1);
+        }
+    }
+}
+
+}  // namespace attn_mma
+
+#define ATTN_PREFILL_MMA(D)                                                                     \
+    extern "C" __global__ void __launch_bounds__(attn_mma::THREADS) attn_prefill_mma_d##D(     \
+        const __nv_bfloat16* q, const __nv_bfloat16* k_cache, const __nv_bfloat16* v_cache,     \
+        const unsigned int* block_table, __nv_bfloat16* out, int n_new, int start, int n_q,     \
+        int n_kv, int block_size, unsigned int num_blocks, int window, float scale) {           \
+        attn_mma::prefill<D>(q, k_cache, v_cache, block_table, out, n_new, start, n_q, n_kv,    \
+                             block_size, num_blocks, window, scale);                            \
+    }
+
+ATTN_PREFILL_MMA(64)
+ATTN_PREFILL_MMA(128)

@@ -159,13 +159,13 @@ template <typename Out>
 __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
                                               const __nv_bfloat16* __restrict__ x,
                                               const __nv_bfloat16* __restrict__ w, u32 m_rows,
-                                              u32 n_rows, u32 k) {
+                                              u32 n_rows, u32 k, u32 block) {
     __shared__ float partial[MMA_WARPS][16][MMA_ROWS + 1];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const u32 n0 = blockIdx.x * MMA_ROWS;
+    const u32 n0 = block * MMA_ROWS;
     const u32 steps = k / 32;
     const bool x_lo = (u32)g < m_rows;
     const bool x_hi = (u32)(g + 8) < m_rows;
@@ -228,11 +228,33 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
 extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
 gemv_mma_bf16(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,
               const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {
-    gemv_mma_body(y, x, w, m, n, k);
+    gemv_mma_body(y, x, w, m, n, k, blockIdx.x);
 }
 
 extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
 gemv_mma_f32(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,
              const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {
-    gemv_mma_body(y, x, w, m, n, k);
+    gemv_mma_body(y, x, w, m, n, k, blockIdx.x);
+}
+
+// Three GEMVs of the same x in one launch (the q, k and v projections): blocks
+// 0 .. ceil(n0 / 16) compute y0 = x · w0ᵀ, the next ceil(n1 / 16) y1, the rest y2. Each block
+// runs the single-GEMV body unchanged, so every output is bitwise what `gemv_mma_bf16` gives; the
+// point is one launch wide enough to fill the GPU where the k and v projections alone (1024 rows
+// on an 8B shape: 64 blocks) leave half of it idle.
+extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
+gemv_mma3_bf16(__nv_bfloat16* __restrict__ y0, __nv_bfloat16* __restrict__ y1,
+               __nv_bfloat16* __restrict__ y2, const __nv_bfloat16* __restrict__ x,
+               const __nv_bfloat16* __restrict__ w0, const __nv_bfloat16* __restrict__ w1,
+               const __nv_bfloat16* __restrict__ w2, u32 m, u32 n0, u32 n1, u32 n2, u32 k) {
+    const u32 blocks0 = (n0 + MMA_ROWS - 1) / MMA_ROWS;
+    const u32 blocks1 = (n1 + MMA_ROWS - 1) / MMA_ROWS;
+    const u32 b = blockIdx.x;
+    if (b < blocks0) {
+        gemv_mma_body(y0, x, w0, m, n0, k, b);
+    } else if (b < blocks0 + blocks1) {
+        gemv_mma_body(y1, x, w1, m, n1, k, b - blocks0);
+    } else {
+        gemv_mma_body(y2, x, w2, m, n2, k, b - blocks0 - blocks1);
+    }
 }

@@ -11,34 +11,49 @@
 //!   the query at position `p` see keys in `(p - W, p]`; `W = 0` is full causal attention.
 //!
 //! # Numerics: what is bit-identical
-//! Every (query row, head) runs one canonical computation, whichever kernel, batch or chunk it is
-//! in: keys in tiles of `8192 / head_dim` positions aligned at absolute multiples of the tile,
-//! grouped in splits of [`DECODE_SPLIT_TOKENS`] aligned at absolute multiples of 512; each score a
-//! single fma chain over the dims in order; an online softmax per tile with per-key sequential
-//! sums; splits merged in split order. All of it uses explicit round-to-nearest operations, and
-//! masked keys are skipped, not multiplied by zero. Hence, for the same cache contents, scale,
+//! Decode and the f32 prefill kernel ([`PrefillVariant::F32`]) run one canonical computation
+//! per (query row, head), whichever kernel, batch or chunk it is in: keys in tiles of
+//! `8192 / head_dim` positions aligned at absolute multiples of the tile, grouped in splits of
+//! [`DECODE_SPLIT_TOKENS`] aligned at absolute multiples of 512; each score a single fma chain over
+//! the dims in order; an online softmax per tile with per-key sequential sums; splits merged in
+//! split order. All of it uses explicit round-to-nearest operations, and masked keys are skipped,
+//! not multiplied by zero.
+//!
+//! The tensor-core prefill kernel ([`PrefillVariant::Mma`], the default for head_dim 64 and 128)
+//! is FlashAttention-2 style: keys in tiles of 64 positions aligned at absolute multiples of 64,
+//! visited in ascending order; scores and P·V by m16n8k16 bf16 MMAs with f32 accumulation; an
+//! online softmax per tile and row in f32; the probabilities rounded to bf16 for P·V. Masked
+//! keys get probability exactly 0 and a tile a row cannot see leaves its state unchanged, and an
+//! MMA output row depends on its own query row only. Hence, for the same cache contents, scale,
 //! window and head shape:
 //! - decode output of a sequence is bit-identical whatever the batch size, the other sequences
 //!   and `max_context` (it depends on its own context length only);
-//! - prefill output of a token is bit-identical however the prompt is chunked (`start`, `n_new`);
-//! - prefill's row for position `p` is bit-identical to decode with context length `p + 1`.
+//! - prefill output of a token is bit-identical however the prompt is chunked (`start`, `n_new`),
+//!   with either variant;
+//! - with [`PrefillVariant::F32`] only, prefill's row for position `p` is bit-identical to decode
+//!   with context length `p + 1`. The engine does not rely on it: prompt rows always take the
+//!   prefill kernel and generated rows the decode kernel (DECISIONS: batch invariance by row
+//!   role).
 //!
-//! Not identical: results across GPU architectures or CUDA versions (`ex2.approx` and the
-//! compiler's instruction choice may differ), across head dims, or after any change to the
-//! tile/split constants; and the result only ever equals the exact softmax to within bf16/f32
-//! rounding (the self-test measures it against an f64 reference).
+//! Not identical: results across GPU architectures or CUDA versions (`ex2.approx`, the MMA unit
+//! and the compiler's instruction choice may differ), across head dims or prefill variants, or
+//! after any change to the tile/split constants; and the result only ever equals the exact
+//! softmax to within bf16/f32 rounding (the self-test measures it against an f64 reference).
 //!
 //! Invalid device-side data never reads out of bounds: a decode context length of 0 or beyond the
 //! block table or `max_context`, or a block-table entry `>= num_blocks`, yields NaN rows instead
-//! (in prefill, every row of the kernel block that met the bad entry: up to 32 query rows).
+//! (in prefill, every row of the kernel block that met the bad entry: up to 64 query rows).
 //!
 //! # Performance shape
 //! Decode: one block per (split, kv head, sequence) reads each K/V byte of the split once for the
 //! whole GQA group (up to 8 query heads per block, 16 at head_dim 128; larger groups take
 //! several blocks, each reading the split again), staging
 //! 16 KB tiles through `cp.async`; the grid is `ceil(max_context / 512)` splits, so a small batch
-//! of short contexts fills few SMs. Prefill: plain f32 FMA (no tensor cores yet), 32 query rows
-//! (16 at head_dim 256) per block sharing each K/V tile.
+//! of short contexts fills few SMs. Prefill (tensor cores): one block of 4 warps per (64 query
+//! tokens, q head), each warp 16 rows; K/V tiles double-buffered through `cp.async` and read by
+//! `ldmatrix`; a warp skips the tiles none of its rows can see (the causal upper triangle, keys
+//! before the window). Prefill (f32): plain FMA, 32 query rows (16 at head_dim 256) per block
+//! sharing each K/V tile.
 
 use std::sync::Arc;
 
@@ -58,6 +73,37 @@ const PREFILL_THREADS: u32 = 256;
 const COMBINE_THREADS: u32 = 128;
 /// Dynamic shared memory a launch may use without opting in.
 const DEFAULT_SMEM_LIMIT: usize = 48 * 1024;
+/// Threads, query rows per block and keys per tile of the tensor-core prefill kernel (mirrors
+/// `attn_mma::THREADS`, `BQ` and `BK` in attention.cu).
+const MMA_THREADS: u32 = 128;
+const MMA_QUERY_ROWS: usize = 64;
+const MMA_TILE_KEYS: usize = 64;
+
+/// The two prefill kernels. Each is chunk- and batch-invariant on its own; their results differ
+/// in the last bits, so a backend uses one for every prompt row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillVariant {
+    /// Tensor cores (m16n8k16 bf16 MMA, FlashAttention-2 style; P rounded to bf16 for P·V) for
+    /// head_dim 64 and 128; the f32 kernel for head_dim 256.
+    Mma,
+    /// f32 FMA, the same canonical computation as decode: its row for position `p` is
+    /// bit-identical to decode at context length `p + 1`.
+    F32,
+}
+
+/// The prefill kernel [`Kernels::prefill_attention`] uses.
+pub const DEFAULT_PREFILL_VARIANT: PrefillVariant = PrefillVariant::Mma;
+
+/// Whether the tensor-core prefill kernel exists for `head_dim`.
+fn mma_applies(head_dim: usize) -> bool {
+    matches!(head_dim, 64 | 128)
+}
+
+/// Dynamic shared memory of the tensor-core prefill kernel: double-buffered K and V tiles of
+/// [`MMA_TILE_KEYS`] rows of `head_dim + 8` bf16 (`attn_mma::Shape::SMEM`).
+fn mma_smem_bytes(head_dim: usize) -> usize {
+    4 * MMA_TILE_KEYS * (head_dim + 8) * 2
+}
 
 /// The head geometry of one layer's attention (per tensor-parallel rank).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -388,8 +434,23 @@ impl Kernels {
 
     /// Prefill attention for one sequence's chunk into `out` `[n_new, n_q_heads, head_dim]`:
     /// causal over positions `0 ..= start + i` (and the window), keys read from the cache.
+    /// Uses [`DEFAULT_PREFILL_VARIANT`].
     pub fn prefill_attention(
         &self,
+        stream: &Arc<CudaStream>,
+        heads: &AttentionHeads,
+        cache: &PagedKv<'_>,
+        chunk: &PrefillChunk<'_>,
+        out: &mut CudaViewMut<'_, bf16>,
+    ) -> Result<(), KernelError> {
+        self.prefill_attention_with(DEFAULT_PREFILL_VARIANT, stream, heads, cache, chunk, out)
+    }
+
+    /// [`Kernels::prefill_attention`] with an explicit kernel. [`PrefillVariant::Mma`] runs the
+    /// f32 kernel where the tensor-core one does not apply (head_dim 256).
+    pub fn prefill_attention_with(
+        &self,
+        variant: PrefillVariant,
         stream: &Arc<CudaStream>,
         heads: &AttentionHeads,
         cache: &PagedKv<'_>,
@@ -433,7 +494,98 @@ impl Kernels {
             K,
             "out must be 4-byte aligned"
         );
+        let args = PrefillArgs {
+            n_new: to_i32(chunk.n_new, K, "n_new")?,
+            start: to_i32(chunk.start, K, "start")?,
+            n_q: to_i32(heads.n_q_heads, K, "n_q_heads")?,
+            n_kv: to_i32(heads.n_kv_heads, K, "n_kv_heads")?,
+            block_size: to_i32(cache.block_size, K, "block_size")?,
+            num_blocks: cache.num_blocks as u32, // checked in check_heads_and_cache
+            window: to_i32(heads.window, K, "window")?,
+            scale: heads.scale,
+        };
+        match variant {
+            PrefillVariant::Mma if mma_applies(d) => {
+                self.prefill_mma(stream, heads, cache, chunk, out, &args)
+            }
+            _ => self.prefill_f32(stream, heads, cache, chunk, out, &args),
+        }
+    }
 
+    /// The tensor-core kernel: one block per (64 query tokens, q head).
+    fn prefill_mma(
+        &self,
+        stream: &Arc<CudaStream>,
+        heads: &AttentionHeads,
+        cache: &PagedKv<'_>,
+        chunk: &PrefillChunk<'_>,
+        out: &mut CudaViewMut<'_, bf16>,
+        args: &PrefillArgs,
+    ) -> Result<(), KernelError> {
+        const K: &str = "prefill_attention";
+        let d = heads.head_dim;
+        ensure_shape!(
+            heads.n_q_heads <= 65535,
+            K,
+            "n_q_heads {} > 65535",
+            heads.n_q_heads
+        );
+        let name = if d == 64 {
+            "attn_prefill_mma_d64"
+        } else {
+            "attn_prefill_mma_d128"
+        };
+        let func = self.function("attention", name)?;
+        let smem = mma_smem_bytes(d);
+        if smem > DEFAULT_SMEM_LIMIT {
+            func.set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )?;
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (
+                chunk.n_new.div_ceil(MMA_QUERY_ROWS) as u32, // n_new < 2^31 (checked)
+                heads.n_q_heads as u32,
+                1,
+            ),
+            block_dim: (MMA_THREADS, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let mut launch = stream.launch_builder(func);
+        launch
+            .arg(&chunk.q)
+            .arg(&cache.k)
+            .arg(&cache.v)
+            .arg(&chunk.block_table)
+            .arg(&mut *out)
+            .arg(&args.n_new)
+            .arg(&args.start)
+            .arg(&args.n_q)
+            .arg(&args.n_kv)
+            .arg(&args.block_size)
+            .arg(&args.num_blocks)
+            .arg(&args.window)
+            .arg(&args.scale);
+        // SAFETY: the argument list matches `attn_prefill_mma_d*` in attention.cu; buffer lengths
+        // and alignment were checked by the caller, the block table covers every position read,
+        // and the kernel bounds each table entry by `num_blocks` before reading the cache.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// The f32 kernel: one block per (tokens, kv head x head chunk), 32 rows (16 at d = 256).
+    fn prefill_f32(
+        &self,
+        stream: &Arc<CudaStream>,
+        heads: &AttentionHeads,
+        cache: &PagedKv<'_>,
+        chunk: &PrefillChunk<'_>,
+        out: &mut CudaViewMut<'_, bf16>,
+        args: &PrefillArgs,
+    ) -> Result<(), KernelError> {
+        const K: &str = "prefill_attention";
+        let d = heads.head_dim;
         let group = heads.n_q_heads / heads.n_kv_heads;
         let rows = if d == 256 { 16 } else { 32 };
         let (gc, n_chunks) = head_chunks(group, rows);
@@ -445,17 +597,8 @@ impl Kernels {
             K,
             "n_kv_heads x head chunks {grid_y} > 65535"
         );
-
-        let n_new = to_i32(chunk.n_new, K, "n_new")?;
-        let start = to_i32(chunk.start, K, "start")?;
-        let n_q = to_i32(heads.n_q_heads, K, "n_q_heads")?;
-        let n_kv = to_i32(heads.n_kv_heads, K, "n_kv_heads")?;
         let gc_i = to_i32(gc, K, "heads per block")?;
         let n_chunks_i = to_i32(n_chunks, K, "head chunks")?;
-        let block_size = to_i32(cache.block_size, K, "block_size")?;
-        let num_blocks = cache.num_blocks as u32; // checked in check_heads_and_cache
-        let window = to_i32(heads.window, K, "window")?;
-        let scale = heads.scale;
 
         let name = match d {
             64 => "attn_prefill_d64_r32",
@@ -482,22 +625,34 @@ impl Kernels {
             .arg(&cache.v)
             .arg(&chunk.block_table)
             .arg(&mut *out)
-            .arg(&n_new)
-            .arg(&start)
-            .arg(&n_q)
-            .arg(&n_kv)
+            .arg(&args.n_new)
+            .arg(&args.start)
+            .arg(&args.n_q)
+            .arg(&args.n_kv)
             .arg(&gc_i)
             .arg(&n_chunks_i)
-            .arg(&block_size)
-            .arg(&num_blocks)
-            .arg(&window)
-            .arg(&scale);
+            .arg(&args.block_size)
+            .arg(&args.num_blocks)
+            .arg(&args.window)
+            .arg(&args.scale);
         // SAFETY: the argument list matches `attn_prefill_d*_r*` in attention.cu; buffer lengths
-        // and alignment were checked above, the block table covers every position read, and the
-        // kernel bounds each table entry by `num_blocks` before reading the cache.
+        // and alignment were checked by the caller, the block table covers every position read,
+        // and the kernel bounds each table entry by `num_blocks` before reading the cache.
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }
+}
+
+/// The scalar launch arguments both prefill kernels take, converted and checked once.
+struct PrefillArgs {
+    n_new: i32,
+    start: i32,
+    n_q: i32,
+    n_kv: i32,
+    block_size: i32,
+    num_blocks: u32,
+    window: i32,
+    scale: f32,
 }
 
 #[cfg(test)]
@@ -528,6 +683,18 @@ mod tests {
             let rows = if d == 256 { 16 } else { 32 };
             assert!(smem_bytes(d, rows, true) <= 99 * 1024, "d={d}");
         }
+        // The tensor-core prefill: its 1040 bytes of static shared memory (row offsets) beside.
+        for d in [64, 128] {
+            assert!(mma_smem_bytes(d) + 1040 <= 99 * 1024, "mma d={d}");
+        }
+        assert!(mma_smem_bytes(64) <= DEFAULT_SMEM_LIMIT);
+    }
+
+    #[test]
+    fn the_mma_kernel_takes_head_dims_64_and_128_only() {
+        assert!(mma_applies(64) && mma_applies(128));
+        assert!(!mma_applies(256) && !mma_applies(96));
+        assert_eq!(DEFAULT_PREFILL_VARIANT, PrefillVariant::Mma);
     }
 
     #[test]

@@ -1,7 +1,8 @@
-//! Timing of the decode GEMV on the device: achieved bandwidth against the bytes it must move.
+//! Timing on the device: the decode GEMV's achieved bandwidth against the bytes it must move, and
+//! prefill attention's achieved FLOP rate, each variant in the same run.
 //!
-//! Weights are random (never zeros: they can run faster than real data) and rotate over enough
-//! copies to exceed the L2 cache, so every launch streams its weights from device memory.
+//! GEMV weights are random (never zeros: they can run faster than real data) and rotate over
+//! enough copies to exceed the L2 cache, so every launch streams its weights from device memory.
 //! Times come from CUDA events around batches of launches after a warm-up; the median batch is
 //! reported.
 
@@ -14,7 +15,9 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 
 use crate::selftest::{Rng, upload};
-use crate::{GemvVariant, KernelError, Kernels};
+use crate::{
+    AttentionHeads, GemvVariant, KernelError, Kernels, PagedKv, PrefillChunk, PrefillVariant,
+};
 
 /// One timed shape.
 #[derive(Debug, Clone)]
@@ -124,4 +127,110 @@ fn rotated_copies(
             upload(stream, &host)
         })
         .collect()
+}
+
+/// One timed prefill attention shape: a whole prompt of `tokens` as one chunk from position 0.
+#[derive(Debug, Clone)]
+pub struct PrefillTiming {
+    pub variant: PrefillVariant,
+    pub n_q_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub tokens: usize,
+    /// Median time per launch, microseconds.
+    pub micros: f64,
+    /// Causal attention FLOPs (QKᵀ and PV over the visible keys only) over the median time.
+    pub tflops: f64,
+}
+
+const PREFILL_BATCH: usize = 5;
+const PREFILL_BATCHES: usize = 9;
+const PREFILL_BLOCK: usize = 16;
+
+/// Times prefill attention for each `(n_q_heads, n_kv_heads, head_dim, tokens)` (no window, scale
+/// `1 / sqrt(head_dim)`, block size 16, blocks in order) with each variant, in the same run,
+/// handing each timing to `report` as soon as it is measured.
+pub fn prefill_attention_timings(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    shapes: &[(usize, usize, usize, usize)],
+    variants: &[PrefillVariant],
+    report: &mut dyn FnMut(&PrefillTiming),
+) -> Result<Vec<PrefillTiming>, KernelError> {
+    let mut rng = Rng::new(0xa77e);
+    let mut out = Vec::new();
+    for &(n_q, n_kv, d, tokens) in shapes {
+        let heads = AttentionHeads {
+            n_q_heads: n_q,
+            n_kv_heads: n_kv,
+            head_dim: d,
+            window: 0,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
+        let num_blocks = tokens.div_ceil(PREFILL_BLOCK).max(1);
+        let cache_len = num_blocks * PREFILL_BLOCK * n_kv * d;
+        let k = upload(stream, &rng.bf16_vec(cache_len, 1.0, 0.0))?;
+        let v = upload(stream, &rng.bf16_vec(cache_len, 1.0, 0.0))?;
+        let table: Vec<u32> = (0..num_blocks as u32).collect();
+        let table = upload(stream, &table)?;
+        let q = upload(stream, &rng.bf16_vec(tokens * n_q * d, 1.0, 0.0))?;
+        let mut o = stream.alloc_zeros::<bf16>(tokens * n_q * d)?;
+        let cache = PagedKv {
+            k: k.as_view(),
+            v: v.as_view(),
+            block_size: PREFILL_BLOCK,
+            num_blocks,
+        };
+        let chunk = PrefillChunk {
+            q: q.as_view(),
+            block_table: table.as_view(),
+            start: 0,
+            n_new: tokens,
+        };
+        // Row i sees keys 0..=i: tokens (tokens + 1) / 2 score and PV products per head, each
+        // 2 d FLOPs twice.
+        let flops = (tokens * (tokens + 1) / 2 * n_q * d * 4) as f64;
+        for &variant in variants {
+            let mut launch = || {
+                kernels.prefill_attention_with(
+                    variant,
+                    stream,
+                    &heads,
+                    &cache,
+                    &chunk,
+                    &mut o.as_view_mut(),
+                )
+            };
+            for _ in 0..PREFILL_BATCH {
+                launch()?;
+            }
+            let ctx = stream.context();
+            let mut per_launch = Vec::with_capacity(PREFILL_BATCHES);
+            for _ in 0..PREFILL_BATCHES {
+                let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+                let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+                start.record(stream)?;
+                for _ in 0..PREFILL_BATCH {
+                    launch()?;
+                }
+                end.record(stream)?;
+                end.synchronize()?;
+                per_launch.push(start.elapsed_ms(&end)? as f64 * 1e3 / PREFILL_BATCH as f64);
+            }
+            per_launch.sort_by(f64::total_cmp);
+            let micros = per_launch[PREFILL_BATCHES / 2];
+            let timing = PrefillTiming {
+                variant,
+                n_q_heads: n_q,
+                n_kv_heads: n_kv,
+                head_dim: d,
+                tokens,
+                micros,
+                tflops: flops / (micros * 1e-6) / 1e12,
+            };
+            report(&timing);
+            out.push(timing);
+        }
+    }
+    Ok(out)
 }

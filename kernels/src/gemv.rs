@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use cudarc::driver::{
+    CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg,
+};
 use half::bf16;
 
 use crate::launch::{aligned16, grid, need_len, product, to_u32};
@@ -156,6 +158,66 @@ impl Kernels {
         b.arg(&n32).arg(&k32);
         // SAFETY: lengths, alignment and argument types checked above match the kernel.
         unsafe { b.launch(grid(blocks, threads)) }?;
+        Ok(())
+    }
+
+    /// Three bf16 GEMVs of one `x` in a single launch: `ys[i][m, ns[i]] = x[m, k] · ws[i]ᵀ`
+    /// (the q, k and v projections). Every output is bitwise what [`Kernels::gemv`] gives for
+    /// the same operands; one launch fills the GPU where the narrow k and v projections alone
+    /// would not. Same contract as [`Kernels::gemv`] for each of the three.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv3(
+        &self,
+        stream: &Arc<CudaStream>,
+        ys: [&mut CudaViewMut<'_, bf16>; 3],
+        x: &impl DevicePtr<bf16>,
+        ws: [&CudaView<'_, bf16>; 3],
+        m: usize,
+        ns: [usize; 3],
+        k: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "gemv_mma3_bf16";
+        ensure_shape!(
+            (1..=GEMV_MAX_M).contains(&m),
+            K,
+            "m = {m} is outside 1..={GEMV_MAX_M} (use the cuBLASLt GEMM for more rows)"
+        );
+        ensure_shape!(
+            k.is_multiple_of(32) && k > 0,
+            K,
+            "k = {k} is not a positive multiple of 32"
+        );
+        need_len(K, "x", x.len(), product(K, &[m, k])?)?;
+        let mut blocks = 0u32;
+        for i in 0..3 {
+            need_len(K, "y", ys[i].len(), product(K, &[m, ns[i]])?)?;
+            need_len(K, "w", ws[i].len(), product(K, &[ns[i], k])?)?;
+            blocks += to_u32(K, "n", ns[i])?.div_ceil(MMA_ROWS);
+        }
+        if blocks == 0 {
+            return Ok(());
+        }
+        let f = self.function(MODULE, K)?;
+        let [y0, y1, y2] = ys;
+        let (y0p, _y0) = y0.device_ptr_mut(stream);
+        let (y1p, _y1) = y1.device_ptr_mut(stream);
+        let (y2p, _y2) = y2.device_ptr_mut(stream);
+        let (xp, _x) = x.device_ptr(stream);
+        let (w0p, _w0) = ws[0].device_ptr(stream);
+        let (w1p, _w1) = ws[1].device_ptr(stream);
+        let (w2p, _w2) = ws[2].device_ptr(stream);
+        aligned16(K, "x", xp)?;
+        for (what, p) in [("w0", w0p), ("w1", w1p), ("w2", w2p)] {
+            aligned16(K, what, p)?;
+        }
+        let (m32, k32) = (m as u32, k as u32);
+        let (n0, n1, n2) = (ns[0] as u32, ns[1] as u32, ns[2] as u32);
+        let mut b = stream.launch_builder(f);
+        b.arg(&y0p).arg(&y1p).arg(&y2p).arg(&xp);
+        b.arg(&w0p).arg(&w1p).arg(&w2p);
+        b.arg(&m32).arg(&n0).arg(&n1).arg(&n2).arg(&k32);
+        // SAFETY: lengths, alignment and argument types checked above match the kernel.
+        unsafe { b.launch(grid(blocks, MMA_THREADS)) }?;
         Ok(())
     }
 }

@@ -50,6 +50,7 @@ pub fn selftest_with_seed(
         ("silu_mul", check_silu_mul),
         ("gemv", gemv_checks::check_gemv),
         ("gemv batch invariance", gemv_checks::check_gemv_invariance),
+        ("gemv3 fused q/k/v", gemv_checks::check_gemv3),
         ("argmax", gemv_checks::check_argmax),
         ("gemm", gemv_checks::check_gemm),
     ];

@@ -5,7 +5,8 @@
 //! shows up as NaN), poisons outputs and the decode workspace with NaN, and compares with an f64
 //! softmax computed from the same bf16 values. Besides accuracy it checks the bit-identities the
 //! kernels promise (see `attention.rs`): a decode row alone vs in a batch, prefill chunked vs
-//! whole, and prefill's row vs decode at the same position. Canaries prove the comparisons fail.
+//! whole (both prefill variants), and the f32 prefill's row vs decode at the same position.
+//! Canaries prove the comparisons fail.
 
 use std::sync::Arc;
 
@@ -13,15 +14,25 @@ use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 
 use crate::attention::{
-    AttentionHeads, DECODE_SPLIT_TOKENS, DecodeBatch, PagedKv, PrefillChunk, decode_workspace_elems,
+    AttentionHeads, DECODE_SPLIT_TOKENS, DecodeBatch, PagedKv, PrefillChunk, PrefillVariant,
+    decode_workspace_elems,
 };
-use crate::selftest::{Rng, download, poisoned_bf16, poisoned_f32, upload};
+use crate::selftest::{
+    Rng, download, poisoned_bf16, poisoned_f32, rel_err, round_bf16, to_f64, upload,
+};
 use crate::{CheckResult, KernelError, Kernels};
 
 const DECODE: &str = "decode_attention";
 const PREFILL: &str = "prefill_attention";
 /// bf16 output against an f64 reference, relative to the reference's largest magnitude.
 const TOLERANCE: f64 = 1e-2;
+/// The tensor-core prefill against the f64 reference: ‖out − ref‖₂ / ‖ref‖₂. Each probability is
+/// rounded to bf16 (relative error ≤ 2⁻⁹) before P·V while the normaliser sums the f32 values,
+/// and the output is rounded to bf16 (≤ 2⁻⁹): independent roundings of that size give a relative
+/// L2 error of a few 1e-3 (the CPU emulation in the tests measures 1.7e-3 to 2.4e-3 on these
+/// shapes). A scale wrong by 1.25 moves the output by 6.5e-2 to 9.4e-2 on the same shapes, so
+/// 1e-2 separates the two with a margin of 4 on either side.
+const MMA_TOLERANCE: f64 = 1e-2;
 /// Context lengths that are not multiples of the block or split size.
 const LENS: [usize; 4] = [1, 15, DECODE_SPLIT_TOKENS + 1, 2000];
 
@@ -57,8 +68,66 @@ pub(crate) fn checks(kernels: &Kernels, stream: &Arc<CudaStream>) -> Vec<CheckRe
             kernels, stream, &mut rng, heads, block_size, chunks,
         ));
     }
+    for case in MMA_CASES {
+        results.extend(mma_accuracy(kernels, stream, &mut rng, case));
+    }
+    for (d, n_q, n_kv, block_size, window) in [(128, 8, 2, 16, 0), (64, 8, 1, 16, 100)] {
+        let heads = heads(n_q, n_kv, d, window);
+        results.extend(mma_chunking(
+            kernels,
+            stream,
+            &mut rng,
+            heads,
+            block_size,
+            &[77, 123, 100],
+        ));
+    }
+    results.push(mma_guard(kernels, stream, &mut rng));
     results
 }
+
+/// One tensor-core prefill accuracy case: a chunk of `n_new` tokens from position `start`.
+#[derive(Debug, Clone, Copy)]
+struct MmaCase {
+    head_dim: usize,
+    n_q_heads: usize,
+    n_kv_heads: usize,
+    block_size: usize,
+    window: usize,
+    start: usize,
+    n_new: usize,
+}
+
+const fn mma_case(
+    (head_dim, n_q_heads, n_kv_heads): (usize, usize, usize),
+    block_size: usize,
+    window: usize,
+    start: usize,
+    n_new: usize,
+) -> MmaCase {
+    MmaCase {
+        head_dim,
+        n_q_heads,
+        n_kv_heads,
+        block_size,
+        window,
+        start,
+        n_new,
+    }
+}
+
+/// Head dims 64 and 128, GQA ratios 1, 4 and 8, chunks from 0 and from positions that are not
+/// multiples of 64, 1, 17 and 300 tokens, sliding windows, block sizes that do not divide 64.
+const MMA_CASES: [MmaCase; 8] = [
+    mma_case((128, 32, 8), 16, 0, 0, 300),
+    mma_case((128, 8, 8), 16, 0, 100, 17),
+    mma_case((128, 4, 1), 7, 0, 1000, 1),
+    mma_case((64, 8, 1), 16, 0, 130, 300),
+    mma_case((64, 16, 2), 32, 0, 0, 17),
+    mma_case((64, 4, 4), 16, 0, 777, 1),
+    mma_case((128, 16, 2), 16, 100, 70, 300),
+    mma_case((64, 8, 2), 32, 50, 0, 300),
+];
 
 fn heads(n_q_heads: usize, n_kv_heads: usize, head_dim: usize, window: usize) -> AttentionHeads {
     AttentionHeads {
@@ -220,7 +289,7 @@ fn decode_guards(kernels: &Kernels, stream: &Arc<CudaStream>, rng: &mut Rng) -> 
     )
 }
 
-/// Prefill whole vs reference, chunked vs whole (bitwise), last row vs decode (bitwise).
+/// The f32 prefill: whole vs reference, chunked vs whole (bitwise), last row vs decode (bitwise).
 fn prefill_checks(
     kernels: &Kernels,
     stream: &Arc<CudaStream>,
@@ -231,15 +300,16 @@ fn prefill_checks(
 ) -> Vec<CheckResult> {
     let total: usize = chunks.iter().sum();
     let case = format!(
-        "{} tokens={total} chunks={chunks:?}",
+        "f32 {} tokens={total} chunks={chunks:?}",
         describe(&heads, block_size)
     );
     let cache = HostCache::new(rng, heads, block_size, &[total]);
     let row = heads.n_q_heads * heads.head_dim;
     let q = random_bf16s(rng, total * row);
+    let f32 = PrefillVariant::F32;
     let runs = cache.upload(stream).and_then(|dev| {
-        let whole = run_prefill(kernels, stream, &cache, &dev, &q, &[total])?;
-        let chunked = run_prefill(kernels, stream, &cache, &dev, &q, chunks)?;
+        let whole = run_prefill(kernels, f32, stream, &cache, &dev, &q, 0, &[total])?;
+        let chunked = run_prefill(kernels, f32, stream, &cache, &dev, &q, 0, chunks)?;
         let last = &q[(total - 1) * row..];
         let decode = run_decode(kernels, stream, &cache, &dev, &[0], last, total)?;
         Ok((whole, chunked, decode))
@@ -297,6 +367,159 @@ fn prefill_checks(
             &decode,
         ),
     ]
+}
+
+/// The tensor-core prefill of one chunk against the f64 reference, plus a wrong-scale canary.
+fn mma_accuracy(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    rng: &mut Rng,
+    case: MmaCase,
+) -> Vec<CheckResult> {
+    let heads = heads(case.n_q_heads, case.n_kv_heads, case.head_dim, case.window);
+    let (start, n_new) = (case.start, case.n_new);
+    let name = format!(
+        "mma {} start={start} n_new={n_new}",
+        describe(&heads, case.block_size)
+    );
+    let cache = HostCache::new(rng, heads, case.block_size, &[start + n_new]);
+    let row = heads.n_q_heads * heads.head_dim;
+    let q = random_bf16s(rng, n_new * row);
+    let mma = PrefillVariant::Mma;
+    let out = match cache
+        .upload(stream)
+        .and_then(|dev| run_prefill(kernels, mma, stream, &cache, &dev, &q, start, &[n_new]))
+    {
+        Ok(out) => out,
+        Err(e) => return vec![CheckResult::error(PREFILL, name, false, e)],
+    };
+    let reference = |scale: f32| cache.chunk_reference(start, &q, scale);
+    let (err, written, detail) = compare_l2(&out, &reference(heads.scale));
+    let (canary_err, canary_written, canary_detail) =
+        compare_l2(&out, &reference(heads.scale * 1.25));
+    vec![
+        CheckResult::compare(
+            PREFILL,
+            name.clone(),
+            false,
+            err,
+            MMA_TOLERANCE,
+            written,
+            detail,
+        ),
+        CheckResult::compare(
+            PREFILL,
+            format!("{name} reference scale x1.25"),
+            true,
+            canary_err,
+            MMA_TOLERANCE,
+            canary_written,
+            canary_detail,
+        ),
+    ]
+}
+
+/// The tensor-core prefill of one prompt as a whole and in `chunks` (which do not start at
+/// multiples of 64): bitwise equal, and the whole against the reference.
+fn mma_chunking(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    rng: &mut Rng,
+    heads: AttentionHeads,
+    block_size: usize,
+    chunks: &[usize],
+) -> Vec<CheckResult> {
+    let total: usize = chunks.iter().sum();
+    let case = format!(
+        "mma {} tokens={total} chunks={chunks:?}",
+        describe(&heads, block_size)
+    );
+    let cache = HostCache::new(rng, heads, block_size, &[total]);
+    let row = heads.n_q_heads * heads.head_dim;
+    let q = random_bf16s(rng, total * row);
+    let mma = PrefillVariant::Mma;
+    let runs = cache.upload(stream).and_then(|dev| {
+        let whole = run_prefill(kernels, mma, stream, &cache, &dev, &q, 0, &[total])?;
+        let chunked = run_prefill(kernels, mma, stream, &cache, &dev, &q, 0, chunks)?;
+        Ok((whole, chunked))
+    });
+    let (whole, chunked) = match runs {
+        Ok(runs) => runs,
+        Err(e) => return vec![CheckResult::error(PREFILL, case, false, e)],
+    };
+    let (err, written, detail) = compare_l2(&whole, &cache.chunk_reference(0, &q, heads.scale));
+    vec![
+        CheckResult::compare(
+            PREFILL,
+            case.clone(),
+            false,
+            err,
+            MMA_TOLERANCE,
+            written,
+            detail,
+        ),
+        bitwise(
+            PREFILL,
+            format!("{case}: chunked vs whole"),
+            false,
+            &chunked,
+            &whole,
+        ),
+        bitwise(
+            PREFILL,
+            format!("{case}: chunked vs whole shifted by one token (canary)"),
+            true,
+            &chunked[row..],
+            &whole[..(total - 1) * row],
+        ),
+    ]
+}
+
+/// A block-table entry past `num_blocks` (positions 16..32) must give NaN for the query tile
+/// that reads it (tokens 0..64) and leave the tile that the window keeps away from it correct.
+fn mma_guard(kernels: &Kernels, stream: &Arc<CudaStream>, rng: &mut Rng) -> CheckResult {
+    let heads = heads(8, 2, 128, 16);
+    let total = 100;
+    let case = format!(
+        "mma {} tokens={total} guard: bad table entry for positions 16..32",
+        describe(&heads, 16)
+    );
+    let mut cache = HostCache::new(rng, heads, 16, &[total]);
+    cache.tables[0][1] = cache.num_blocks as u32;
+    let row = heads.n_q_heads * heads.head_dim;
+    let q = random_bf16s(rng, total * row);
+    let run = cache.upload(stream).and_then(|dev| {
+        run_prefill(
+            kernels,
+            PrefillVariant::Mma,
+            stream,
+            &cache,
+            &dev,
+            &q,
+            0,
+            &[total],
+        )
+    });
+    let out = match run {
+        Ok(out) => out,
+        Err(e) => return CheckResult::error(PREFILL, case, false, e),
+    };
+    // The reference never reads the bad entry: rows 64.. see positions 49.. only.
+    let good: Vec<f64> = (64..total)
+        .flat_map(|t| cache.reference(0, t, &q[t * row..(t + 1) * row], heads.scale))
+        .collect();
+    let (err, written, _) = compare_l2(&out[64 * row..], &good);
+    let guarded = out[..64 * row].iter().all(|x| x.is_nan());
+    let measure = if guarded { err } else { f64::INFINITY };
+    CheckResult::compare(
+        PREFILL,
+        case,
+        false,
+        measure,
+        MMA_TOLERANCE,
+        written,
+        format!("good rows error {err:e}; guarded rows all NaN: {guarded}"),
+    )
 }
 
 /// A paged KV cache on the host: sequences' blocks scattered over a shuffled pool; every slot
@@ -378,6 +601,20 @@ impl HostCache {
 
     /// Exact attention output of the query token at `pos` of `seq` (`q`: all its heads).
     fn reference(&self, seq: usize, pos: usize, q: &[bf16], scale: f32) -> Vec<f64> {
+        self.reference_rounding(seq, pos, q, scale, false)
+    }
+
+    /// [`HostCache::reference`]; with `bf16_p`, the tensor-core kernel's roundings: each weight
+    /// rounded to bf16 in P·V (not in the normaliser) and the output rounded to bf16.
+    fn reference_rounding(
+        &self,
+        seq: usize,
+        pos: usize,
+        q: &[bf16],
+        scale: f32,
+        bf16_p: bool,
+    ) -> Vec<f64> {
+        let round = |x: f64| if bf16_p { round_bf16(x) } else { x };
         let d = self.heads.head_dim;
         let group = self.heads.n_q_heads / self.heads.n_kv_heads;
         let lo = match self.heads.window {
@@ -399,11 +636,12 @@ impl HostCache {
             let total: f64 = weights.iter().sum();
             let mut acc = vec![0.0; d];
             for (t, w) in (lo..=pos).zip(&weights) {
+                let w = round(*w);
                 for (a, x) in acc.iter_mut().zip(self.row(&self.v, seq, t, kvh)) {
                     *a += w * x;
                 }
             }
-            out.extend(acc.iter().map(|a| a / total));
+            out.extend(acc.iter().map(|a| round(a / total)));
         }
         out
     }
@@ -411,6 +649,15 @@ impl HostCache {
     /// The reference for decoding `seq`'s last position.
     fn decode_reference(&self, seq: usize, q: &[bf16], scale: f32) -> Vec<f64> {
         self.reference(seq, self.lens[seq] - 1, q, scale)
+    }
+
+    /// The reference for sequence 0's tokens from position `start`, `q` holding all their heads.
+    fn chunk_reference(&self, start: usize, q: &[bf16], scale: f32) -> Vec<f64> {
+        let row = self.heads.n_q_heads * self.heads.head_dim;
+        q.chunks(row)
+            .enumerate()
+            .flat_map(|(i, qt)| self.reference(0, start + i, qt, scale))
+            .collect()
     }
 }
 
@@ -461,13 +708,17 @@ fn run_decode(
     download(stream, &out)
 }
 
-/// Prefills sequence 0 of `cache` in consecutive chunks of the given sizes.
+/// Prefills sequence 0 of `cache` from position `first` in consecutive chunks of the given
+/// sizes; `q` holds the queries of positions `first ..`.
+#[allow(clippy::too_many_arguments)]
 fn run_prefill(
     kernels: &Kernels,
+    variant: PrefillVariant,
     stream: &Arc<CudaStream>,
     cache: &HostCache,
     dev: &DeviceCache,
     q: &[bf16],
+    first: usize,
     chunks: &[usize],
 ) -> Result<Vec<bf16>, KernelError> {
     let heads = &cache.heads;
@@ -475,17 +726,24 @@ fn run_prefill(
     let q_dev = upload(stream, q)?;
     let table_dev = upload(stream, &cache.tables[0])?;
     let mut out = poisoned_bf16(stream, q.len())?;
-    let mut start = 0;
+    let mut at = 0;
     for &n_new in chunks {
         let chunk = PrefillChunk {
-            q: q_dev.slice(start * row..(start + n_new) * row),
+            q: q_dev.slice(at * row..(at + n_new) * row),
             block_table: table_dev.as_view(),
-            start,
+            start: first + at,
             n_new,
         };
-        let mut out_view = out.slice_mut(start * row..(start + n_new) * row);
-        kernels.prefill_attention(stream, heads, &cache.view(dev), &chunk, &mut out_view)?;
-        start += n_new;
+        let mut out_view = out.slice_mut(at * row..(at + n_new) * row);
+        kernels.prefill_attention_with(
+            variant,
+            stream,
+            heads,
+            &cache.view(dev),
+            &chunk,
+            &mut out_view,
+        )?;
+        at += n_new;
     }
     download(stream, &out)
 }
@@ -520,6 +778,17 @@ fn compare(out: &[bf16], reference: &[f64]) -> (f64, bool, String) {
         out.len()
     );
     (err, unwritten == 0 && out.len() == reference.len(), detail)
+}
+
+/// (‖out − ref‖₂ / ‖ref‖₂, no NaN left in `out`, the max-norm error for the detail).
+fn compare_l2(out: &[bf16], reference: &[f64]) -> (f64, bool, String) {
+    let err = rel_err(&to_f64(out), reference);
+    let (max_err, written, detail) = compare(out, reference);
+    (
+        err,
+        written,
+        format!("max-norm error {max_err:e}, {detail}"),
+    )
 }
 
 /// A bit-identity check: `ok` when `a` and `b` hold the same bits (differing, for a canary).
@@ -603,6 +872,34 @@ mod tests {
         assert_eq!(used.len(), 3, "no block is shared");
         let nan = cache.k.iter().filter(|x| x.is_nan()).count();
         assert_eq!(nan, cache.k.len() - 20 * 64);
+    }
+
+    #[test]
+    fn mma_tolerance_separates_bf16_rounding_from_a_wrong_scale() {
+        // Per tensor-core case (two q heads of one kv head: GQA does not change a row's
+        // numerics), the emulated kernel roundings stay well under the tolerance and the canary's
+        // wrong scale well over it.
+        let mut rng = Rng::new(0x7e45_0c0e);
+        for case in MMA_CASES {
+            let heads = heads(2, 1, case.head_dim, case.window);
+            let cache =
+                HostCache::new(&mut rng, heads, case.block_size, &[case.start + case.n_new]);
+            let q = random_bf16s(&mut rng, case.n_new * 2 * case.head_dim);
+            let exact = cache.chunk_reference(case.start, &q, heads.scale);
+            let emulated: Vec<f64> = q
+                .chunks(2 * case.head_dim)
+                .enumerate()
+                .flat_map(|(i, qt)| {
+                    cache.reference_rounding(0, case.start + i, qt, heads.scale, true)
+                })
+                .collect();
+            let wrong = cache.chunk_reference(case.start, &q, heads.scale * 1.25);
+            let rounding = rel_err(&emulated, &exact);
+            let canary = rel_err(&wrong, &exact);
+            eprintln!("{case:?}: bf16 roundings {rounding:e}, scale x1.25 {canary:e}");
+            assert!(rounding <= MMA_TOLERANCE / 3.0, "{case:?}: {rounding:e}");
+            assert!(canary >= 2.0 * MMA_TOLERANCE, "{case:?}: {canary:e}");
+        }
     }
 
     #[test]

@@ -209,6 +209,84 @@ fn gemv_invariance(
     Ok(results)
 }
 
+/// The fused q/k/v launch ([`Kernels::gemv3`]) equals three single launches bitwise, for a
+/// GQA-like shape with narrow k and v; the canary compares against the launches with w1 and w2
+/// swapped.
+pub(crate) fn check_gemv3(
+    kernels: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+) -> Result<Vec<CheckResult>, KernelError> {
+    let k = 1024;
+    let ns = [1024, 264, 264];
+    let mut results = Vec::new();
+    for m in [1, 5, 16] {
+        let x = upload(s, &rng.bf16_vec(m * k, 1.0, 0.0))?;
+        let ws = ns
+            .iter()
+            .map(|&n| upload(s, &rng.bf16_vec(n * k, 1.0, 0.0)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut fused = Vec::new();
+        for &n in &ns {
+            fused.push(poisoned_bf16(s, m * n)?);
+        }
+        {
+            let [a, b, c] = &mut fused[..] else {
+                unreachable!("three outputs")
+            };
+            kernels.gemv3(
+                s,
+                [
+                    &mut a.as_view_mut(),
+                    &mut b.as_view_mut(),
+                    &mut c.as_view_mut(),
+                ],
+                &x,
+                [&ws[0].as_view(), &ws[1].as_view(), &ws[2].as_view()],
+                m,
+                ns,
+                k,
+            )?;
+        }
+        let mut single = Vec::new();
+        let mut swapped = Vec::new();
+        for (i, &n) in ns.iter().enumerate() {
+            let mut y = poisoned_bf16(s, m * n)?;
+            kernels.gemv(s, &mut y, &x, &ws[i], m, n, k)?;
+            single.extend(download(s, &y)?);
+            // w1 and w2 have the same shape: the canary reads the other one.
+            let other = [0, 2, 1][i];
+            let mut y = poisoned_bf16(s, m * n)?;
+            kernels.gemv(s, &mut y, &x, &ws[other], m, n, k)?;
+            swapped.extend(download(s, &y)?);
+        }
+        let mut got = Vec::new();
+        for y in &fused {
+            got.extend(download(s, y)?);
+        }
+        let differ = |a: &[bf16], b: &[bf16]| {
+            a.iter()
+                .zip(b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits() || x.is_nan())
+                .count()
+        };
+        let case = format!("m={m} n={ns:?} k={k}");
+        results.push(invariance_result(
+            "gemv3",
+            format!("{case} vs three gemv launches"),
+            false,
+            differ(&got, &single),
+        ));
+        results.push(invariance_result(
+            "gemv3",
+            format!("{case} vs launches with w1, w2 swapped"),
+            true,
+            differ(&got, &swapped),
+        ));
+    }
+    Ok(results)
+}
+
 /// The reference argmax: NaN never wins, lowest index on ties (`highest_on_ties` is the canary).
 fn argmax_ref(row: &[f32], highest_on_ties: bool) -> u32 {
     let mut best: Option<(f32, usize)> = None;
