@@ -27,6 +27,7 @@ fn starts_on_a_gpu_or_says_why_not() {
         kv_cache_bytes: 16 << 20,
         kernel_cache: None,
         max_positions: None,
+        graphs: true,
     };
     let backend = CudaBackend::new(&config, WeightSource::Checkpoint(&checkpoint), &options);
     // SAFETY: only tries to dlopen libcuda by its known names.

@@ -121,6 +121,7 @@ pub fn start_engine_on(
         kv_cache_bytes,
         kernel_cache: None,
         max_positions: None,
+        graphs: true,
     };
     let backend = CudaBackend::new(&config, WeightSource::Checkpoint(&checkpoint), &options)
         .map_err(|e| ModelLoadError::Device(format!("{device}: {e}")))?;

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The CUDA backend's device battery, run on the GPU machine with the carried release binary:
 #   scripts/device/battery.sh OUT_DIR
-# It builds nothing. In order: the kernel self-test against CPU references (with canaries), greedy
+# It builds nothing. In order: the GPU inventory (`strata node inspect`), the kernel self-test
+# against CPU references (with canaries), the NCCL communicator against the host reference, greedy
 # parity GPU vs the CPU reference on synthesized models (and a canary that must fail), batch
 # invariance on the GPU, a `strata serve --device cuda:0` smoke over the three surfaces, then the
-# benchmarks (strata and the PyTorch eager peer on the same shapes). Logs and JSON go to OUT_DIR;
-# a short table is printed last. Exits non-zero if a check failed (benchmarks still run).
+# benchmarks (kernel timings; decode, whose graph replay is first checked bit for bit against eager
+# launches; prefill; the PyTorch eager peer on the same shapes). A llama.cpp peer result measured
+# earlier on the same machine kind is merged when PEER_DIR (default .device/peer) holds
+# llamacpp.json. Logs and JSON go to OUT_DIR; a short table is printed last. Exits non-zero if a
+# check failed (benchmarks still run).
 set -uo pipefail
 
 OUT=${1:?usage: battery.sh OUT_DIR}
@@ -38,7 +42,10 @@ step() { # name, command...
 } >"$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
+step node-inspect "$BIN" node inspect
+"$BIN" node inspect --json >"$OUT/inventory.json" 2>/dev/null
 step kernels-selftest "$BIN" kernels selftest
+step nccl-1rank "$BIN" gpu nccl --devices 0 --json "$OUT/nccl.json"
 
 # Synthesized checkpoints covering the four families (GQA, qkv bias, q/k norm, sliding window).
 synth() { # name arch extra...
@@ -98,10 +105,15 @@ smoke() {
 }
 step serve-smoke smoke
 
-# Benchmarks (not gates).
-"$BIN" gpu decode --config "$BENCH_CONFIG" --json "$OUT/decode.json" 2>&1 | tee "$OUT/logs/decode.log"
+# Benchmarks. Decode is also a gate: graph replay must equal eager launches bit for bit.
+"$BIN" kernels bench 2>&1 | tee "$OUT/logs/kernels-bench.log"
+step decode-graphs "$BIN" gpu decode --config "$BENCH_CONFIG" --profile --json "$OUT/decode.json"
+cat "$OUT/logs/decode-graphs.log"
 "$BIN" gpu prefill --config "$BENCH_CONFIG" --json "$OUT/prefill.json" 2>&1 | tee "$OUT/logs/prefill.log"
 python3 scripts/device/torch_peer.py "$BENCH_CONFIG" "$OUT/torch.json" 2>&1 | tee "$OUT/logs/torch.log"
+
+PEER_DIR=${PEER_DIR:-.device/peer}
+[[ -s $PEER_DIR/llamacpp.json ]] && cp "$PEER_DIR/llamacpp.json" "$OUT/llamacpp.json"
 
 # One receipt with everything measured, the machine and the binary.
 python3 - "$OUT" "$BENCH_CONFIG" "$failed" <<'PY'
@@ -132,12 +144,16 @@ python3 - "$OUT/receipt.json" <<'PY'
 import json, sys  # the summary, from the receipt
 r = json.load(open(sys.argv[1]))
 torch = {d["batch"]: d for d in r.get("torch", {}).get("decode", [])}
+lc = r.get("llamacpp", {}).get("summary", {})
+nan = float("nan")
 for d in r.get("decode", {}).get("results", []):
-    t = torch.get(d["batch"], {}).get("tokens_per_s", float("nan"))
-    print(f"decode b={d['batch']:>3}: {d['tokens_per_s']:8.0f} tok/s  {100*d['roofline_fraction']:5.1f} % of roofline  torch {t:8.0f} tok/s")
+    t = torch.get(d["batch"], {}).get("tokens_per_s", nan)
+    l = lc.get("decode_tok_s", {}).get(str(d["batch"])) or nan
+    print(f"decode b={d['batch']:>3}: {d['tokens_per_s']:8.0f} tok/s  {100*d['roofline_fraction']:5.1f} % of roofline  torch {t:8.0f}  llama.cpp {l:8.0f}")
 tp = {d["prompt"]: d for d in r.get("torch", {}).get("prefill", [])}
 for d in r.get("prefill", {}).get("results", []):
-    t = tp.get(d["prompt"], {}).get("tokens_per_s", float("nan"))
-    print(f"prefill {d['prompt']:>5}: {d['tokens_per_s']:8.0f} tok/s  {100*d['peak_fraction']:5.1f} % of bf16 peak  torch {t:8.0f} tok/s")
+    t = tp.get(d["prompt"], {}).get("tokens_per_s", nan)
+    l = lc.get("prefill_tok_s", {}).get(str(d["prompt"])) or nan
+    print(f"prefill {d['prompt']:>5}: {d['tokens_per_s']:8.0f} tok/s  {100*d['peak_fraction']:5.1f} % of bf16 peak  torch {t:8.0f}  llama.cpp {l:8.0f}")
 PY
 exit $failed

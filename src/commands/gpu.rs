@@ -25,6 +25,8 @@ pub enum GpuCommand {
     Decode(DecodeArgs),
     /// Prefill tokens/s of a config.json shape with synthetic weights, for several prompt lengths.
     Prefill(PrefillArgs),
+    /// NCCL collectives against the host reference bit for bit, then all-reduce latency.
+    Nccl(super::gpu_nccl::NcclArgs),
 }
 
 #[derive(Args)]
@@ -81,6 +83,14 @@ pub struct DecodeArgs {
     /// Measured HBM bandwidth (bytes/s) for the roofline.
     #[arg(long, default_value_t = 4.22e12)]
     bandwidth: f64,
+    /// Batch sizes at which graph replay is checked bit for bit against eager launches before
+    /// timing (odd sizes exercise the padding rows); empty skips the check.
+    #[arg(long, value_delimiter = ',', default_value = "1,3,8,33")]
+    check_graphs: Vec<usize>,
+    /// Also time every batch with graphs off, and print one profiled step per batch by kernel
+    /// family.
+    #[arg(long)]
+    profile: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -110,6 +120,7 @@ pub fn run(command: GpuCommand) -> Result<()> {
         GpuCommand::Invariance(args) => invariance(args),
         GpuCommand::Decode(args) => decode(args),
         GpuCommand::Prefill(args) => prefill(args),
+        GpuCommand::Nccl(args) => super::gpu_nccl::run(args),
     }
 }
 
@@ -293,6 +304,7 @@ fn synthetic_backend(
         kv_cache_bytes: kv_bytes,
         kernel_cache: None,
         max_positions: Some(positions),
+        graphs: true,
     };
     Ok(CudaBackend::new(
         config,
@@ -306,9 +318,144 @@ fn median(mut xs: Vec<f64>) -> (f64, f64, f64) {
     (xs[0], xs[xs.len() / 2], xs[xs.len() - 1])
 }
 
+/// Fills each table's sequence with `context` prompt tokens, in 512-token chunks.
+fn fill_contexts(
+    backend: &mut CudaBackend,
+    tables: &[Vec<u32>],
+    contexts: &[usize],
+    vocab: usize,
+) -> Result<()> {
+    for (table, &context) in tables.iter().zip(contexts) {
+        let prompt: Vec<u32> = (0..context as u32)
+            .map(|i| (i * 31 + 7) % vocab as u32)
+            .collect();
+        for (c, chunk) in prompt.chunks(512).enumerate() {
+            backend.step(&[StepSeq {
+                tokens: chunk,
+                first_position: c * 512,
+                prompt_len: context,
+                block_table: table,
+                want_logits: false,
+            }])?;
+        }
+    }
+    Ok(())
+}
+
+/// One decode step of every sequence at its own position.
+fn decode_step(
+    backend: &mut CudaBackend,
+    tables: &[Vec<u32>],
+    positions: &[usize],
+    tokens: &[u32],
+) -> Result<Vec<f32>> {
+    let tokens: Vec<[u32; 1]> = tokens.iter().map(|&t| [t]).collect();
+    let seqs: Vec<StepSeq<'_>> = tables
+        .iter()
+        .zip(positions)
+        .zip(&tokens)
+        .map(|((table, &position), token)| StepSeq {
+            tokens: token,
+            first_position: position,
+            prompt_len: position,
+            block_table: table,
+            want_logits: true,
+        })
+        .collect();
+    Ok(backend.step(&seqs)?)
+}
+
+fn tables_for(batch: usize, blocks_per_seq: usize) -> Vec<Vec<u32>> {
+    (0..batch)
+        .map(|b| ((b * blocks_per_seq) as u32..((b + 1) * blocks_per_seq) as u32).collect())
+        .collect()
+}
+
+/// Graph replay against eager launches, bit for bit, at each batch size: sequences of staggered
+/// context lengths (so the padded rows, the table width and the split counts all vary), the same
+/// step run with graphs on and off. The canary changes one row's token in the eager run and
+/// must be told apart.
+fn check_graphs(
+    backend: &mut CudaBackend,
+    batches: &[usize],
+    context: usize,
+    blocks_per_seq: usize,
+    vocab: usize,
+) -> Result<Value> {
+    let mut checks = Vec::new();
+    for &batch in batches {
+        let tables = tables_for(batch, blocks_per_seq);
+        let contexts: Vec<usize> = (0..batch).map(|b| 1 + (b * 97 + 13) % context).collect();
+        fill_contexts(backend, &tables, &contexts, vocab)?;
+        let tokens: Vec<u32> = (0..batch as u32)
+            .map(|b| (b * 7919 + 3) % vocab as u32)
+            .collect();
+        backend.set_graphs(true);
+        let graphs_before = backend.captured_graphs();
+        let replayed = decode_step(backend, &tables, &contexts, &tokens)?;
+        // A second replay of the same graph, after its capture.
+        let replayed_again = decode_step(backend, &tables, &contexts, &tokens)?;
+        backend.set_graphs(false);
+        let eager = decode_step(backend, &tables, &contexts, &tokens)?;
+        let mut canary_tokens = tokens.clone();
+        canary_tokens[0] = (canary_tokens[0] + 1) % vocab as u32;
+        let canary = decode_step(backend, &tables, &contexts, &canary_tokens)?;
+        backend.set_graphs(true);
+        let same = |a: &[f32], b: &[f32]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+        };
+        let identical = same(&replayed, &eager) && same(&replayed_again, &eager);
+        let canary_caught = !same(&canary, &eager);
+        let captured = backend.captured_graphs() > graphs_before;
+        println!(
+            "  graphs batch {batch:>3}: replay {} eager, canary {}, {} graph(s) cached",
+            if identical { "==" } else { "!=" },
+            if canary_caught { "caught" } else { "MISSED" },
+            backend.captured_graphs()
+        );
+        ensure!(
+            identical,
+            "batch {batch}: graph replay differs from eager launches"
+        );
+        ensure!(
+            canary_caught,
+            "batch {batch}: the canary was not told apart"
+        );
+        checks.push(json!({"batch": batch, "bitwise_identical": identical,
+            "canary_caught": canary_caught, "captured_new_graph": captured}));
+    }
+    Ok(Value::Array(checks))
+}
+
+/// Median, min and max seconds per decode step of `tables`, `steps` timed after 8 warm-ups.
+fn time_decode(
+    backend: &mut CudaBackend,
+    tables: &[Vec<u32>],
+    context: usize,
+    steps: usize,
+) -> Result<(f64, f64, f64)> {
+    let tokens = vec![11u32; tables.len()];
+    let mut times = Vec::new();
+    for s in 0..steps + 8 {
+        let positions = vec![context + s; tables.len()];
+        let start = Instant::now();
+        decode_step(backend, tables, &positions, &tokens)?;
+        if s >= 8 {
+            times.push(start.elapsed().as_secs_f64());
+        }
+    }
+    Ok(median(times))
+}
+
 fn decode(args: DecodeArgs) -> Result<()> {
     let config = read_config(&args.config)?;
-    let max_batch = args.batch.iter().copied().max().unwrap_or(1);
+    let max_batch = args
+        .batch
+        .iter()
+        .chain(&args.check_graphs)
+        .copied()
+        .max()
+        .unwrap_or(1);
     let positions = args.context + args.steps + 16;
     let blocks_per_seq = positions.div_ceil(16);
     let mut backend = synthetic_backend(&config, args.device, positions, max_batch * positions)?;
@@ -322,45 +469,18 @@ fn decode(args: DecodeArgs) -> Result<()> {
         weight_bytes / 1e9,
         args.context
     );
+    let graph_checks = check_graphs(
+        &mut backend,
+        &args.check_graphs,
+        args.context,
+        blocks_per_seq,
+        vocab,
+    )?;
     for &batch in &args.batch {
-        let tables: Vec<Vec<u32>> = (0..batch)
-            .map(|b| ((b * blocks_per_seq) as u32..((b + 1) * blocks_per_seq) as u32).collect())
-            .collect();
-        // Fill each sequence's cache with a prompt of `context` tokens, in chunks.
-        let prompt: Vec<u32> = (0..args.context as u32)
-            .map(|i| (i * 31 + 7) % vocab as u32)
-            .collect();
-        for table in &tables {
-            for (c, chunk) in prompt.chunks(512).enumerate() {
-                backend.step(&[StepSeq {
-                    tokens: chunk,
-                    first_position: c * 512,
-                    prompt_len: args.context,
-                    block_table: table,
-                    want_logits: false,
-                }])?;
-            }
-        }
-        let token = [11u32];
-        let mut times = Vec::new();
-        for s in 0..args.steps + 8 {
-            let seqs: Vec<StepSeq<'_>> = tables
-                .iter()
-                .map(|table| StepSeq {
-                    tokens: &token,
-                    first_position: args.context + s,
-                    prompt_len: args.context,
-                    block_table: table,
-                    want_logits: true,
-                })
-                .collect();
-            let start = Instant::now();
-            backend.step(&seqs)?;
-            if s >= 8 {
-                times.push(start.elapsed().as_secs_f64());
-            }
-        }
-        let (min, med, max) = median(times);
+        let tables = tables_for(batch, blocks_per_seq);
+        fill_contexts(&mut backend, &tables, &vec![args.context; batch], vocab)?;
+        backend.set_graphs(true);
+        let (min, med, max) = time_decode(&mut backend, &tables, args.context, args.steps)?;
         let kv_bytes =
             (batch * (args.context + args.steps / 2) * config.num_layers * 2 * config.kv_dim() * 2)
                 as f64;
@@ -375,18 +495,55 @@ fn decode(args: DecodeArgs) -> Result<()> {
             ideal * 1e3,
             100.0 * ideal / med
         );
-        results.push(
-            json!({"batch": batch, "step_ms": {"min": min * 1e3, "median": med * 1e3,
+        let mut result = json!({"batch": batch, "step_ms": {"min": min * 1e3, "median": med * 1e3,
             "max": max * 1e3}, "tokens_per_s": tps, "roofline_ms": ideal * 1e3,
-            "roofline_fraction": ideal / med, "runs": args.steps}),
-        );
+            "roofline_fraction": ideal / med, "runs": args.steps, "graphs": true});
+        if args.profile {
+            backend.set_graphs(false);
+            let (_, eager, _) = time_decode(&mut backend, &tables, args.context, args.steps)?;
+            backend.profile_next_step();
+            decode_step(
+                &mut backend,
+                &tables,
+                &vec![args.context; batch],
+                &vec![11; batch],
+            )?;
+            backend.set_graphs(true);
+            let profile = backend
+                .take_profile()
+                .context("the profiled step left no profile")?;
+            let total: f64 = profile.families.iter().map(|f| f.1).sum();
+            println!(
+                "             eager {:.3} ms (graphs save {:.1} %); profiled step {:.3} ms:",
+                eager * 1e3,
+                100.0 * (1.0 - med / eager),
+                total
+            );
+            for (family, ms, launches) in &profile.families {
+                println!(
+                    "               {family:<14} {ms:>8.3} ms {:>5.1} % ({launches} launches)",
+                    100.0 * ms / total
+                );
+            }
+            result["eager_step_ms"] = json!(eager * 1e3);
+            result["profile_ms"] = Value::Object(
+                profile
+                    .families
+                    .iter()
+                    .map(|(family, ms, launches)| {
+                        (family.to_string(), json!({"ms": ms, "launches": launches}))
+                    })
+                    .collect(),
+            );
+        }
+        results.push(result);
     }
     write_json(
         args.json.as_deref(),
         &json!({"config": args.config, "device": backend.device_name(),
                 "weight_bytes": weight_bytes, "context": args.context,
                 "bandwidth_bytes_per_s": args.bandwidth, "includes": "host copy of f32 logits each step",
-                "results": results}),
+                "graph_checks": graph_checks, "results": results}),
     )
 }
 

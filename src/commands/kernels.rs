@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use strata_kernels::cudarc::driver::CudaContext;
-use strata_kernels::{CheckResult, GemvVariant, Kernels, libs, selftest};
+use strata_kernels::{CheckResult, GemvVariant, Kernels, PrefillVariant, libs, selftest};
 
 #[derive(Subcommand)]
 pub enum KernelsCommand {
@@ -90,6 +90,29 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
         );
     };
     strata_kernels::bench::gemv_timings(&kernels, &stream, &shapes, &variants, &mut print)?;
+
+    // Prefill attention of the 8B shape (32 query heads, 8 KV heads, head_dim 128).
+    println!(
+        "\n{:<7} {:>5} {:>4} {:>4} {:>6} {:>10} {:>8}",
+        "prefill", "q", "kv", "d", "tokens", "us", "TFLOP/s"
+    );
+    let shapes = [(32, 8, 128, 512), (32, 8, 128, 4096)];
+    let variants = [PrefillVariant::F32, PrefillVariant::Mma];
+    let mut print = |t: &strata_kernels::bench::PrefillTiming| {
+        println!(
+            "{:<7} {:>5} {:>4} {:>4} {:>6} {:>10.1} {:>8.1}",
+            format!("{:?}", t.variant),
+            t.n_q_heads,
+            t.n_kv_heads,
+            t.head_dim,
+            t.tokens,
+            t.micros,
+            t.tflops
+        );
+    };
+    strata_kernels::bench::prefill_attention_timings(
+        &kernels, &stream, &shapes, &variants, &mut print,
+    )?;
     Ok(())
 }
 
