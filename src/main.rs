@@ -33,6 +33,9 @@ enum Command {
     /// Compile-check the CUDA kernels, or run them against the CPU reference on a GPU.
     #[command(subcommand)]
     Kernels(commands::kernels::KernelsCommand),
+    /// This machine's GPUs and the links between them.
+    #[command(subcommand)]
+    Node(commands::node::NodeCommand),
 }
 
 fn main() {
@@ -45,6 +48,7 @@ fn main() {
         Command::Keys(cmd) => commands::keys::run(cmd),
         Command::Kernels(cmd) => commands::kernels::run(cmd),
         Command::Gpu(cmd) => commands::gpu::run(cmd),
+        Command::Node(cmd) => commands::node::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -5,10 +5,14 @@ use crate::CollectiveKind;
 
 /// Everything a collective can fail with.
 ///
-/// The mismatch variants (and `ConcurrentCall`) leave the group usable: a mismatch is found once
-/// every rank has arrived, reported identically on every rank, and no buffer is touched. The
-/// others (`PeerGone`, `Timeout`, `Panicked`) break the group for good: every later call, on every
-/// rank, returns the error that broke it.
+/// In the `local` communicator, the mismatch variants (and `ConcurrentCall`) leave the group
+/// usable: a mismatch is found once every rank has arrived, reported identically on every rank,
+/// and no buffer is touched. The others (`PeerGone`, `Timeout`, `Panicked`) break the group for
+/// good: every later call, on every rank, returns the error that broke it.
+///
+/// In the NCCL communicator, the checks a rank makes alone (`GatherOutputLength`,
+/// `RootOutOfRange`, `DtypeMismatch`, `WrongDevice`) fail before anything is enqueued and leave it
+/// usable; a failed NCCL or CUDA call breaks it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CollectiveError {
     #[error("ranks out of step: rank {rank} issued {found} where rank 0 issued {expected}")]
@@ -58,6 +62,40 @@ pub enum CollectiveError {
     },
     #[error("a thread panicked inside a collective; the group is broken")]
     Panicked,
+    /// A shared library the GPU communicator needs (libcuda, libnccl, libnvrtc) could not be
+    /// loaded; `looked` says where it was searched.
+    #[error("{library} not found; looked in: {}", looked.join(", "))]
+    LibraryMissing {
+        library: String,
+        looked: Vec<String>,
+    },
+    /// The device list given to a GPU group is unusable (empty, repeated or absent devices).
+    #[error("invalid device list: {0}")]
+    InvalidDevices(String),
+    /// A CUDA driver, NVRTC or kernel-loading step failed.
+    #[error("CUDA: {context}: {message}")]
+    Cuda { context: String, message: String },
+    /// An NCCL call failed. After one fails the communicator is broken: every later call returns
+    /// this error.
+    #[error("NCCL {call} failed: {result}")]
+    Nccl { call: &'static str, result: String },
+    #[error("{kind}: rank {rank} passed {found} buffers where {expected} were needed")]
+    DtypeMismatch {
+        kind: CollectiveKind,
+        rank: usize,
+        expected: crate::Dtype,
+        found: crate::Dtype,
+    },
+    #[error(
+        "{kind}: a buffer of rank {rank} lives on device {found}, its communicator on device \
+         {expected}"
+    )]
+    WrongDevice {
+        kind: CollectiveKind,
+        rank: usize,
+        expected: usize,
+        found: usize,
+    },
 }
 
 /// Where a collective stands: a call of its own, or one of the collectives of a group. Ranks must

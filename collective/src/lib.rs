@@ -13,35 +13,49 @@
 //! `((x₀[i] + x₁[i]) + x₂[i]) + … + x₍ₙ₋₁₎[i]` in f32, where `xᵣ` is rank `r`'s buffer — rank order,
 //! starting from rank 0's value (not from `0.0`, which would turn `-0.0` into `0.0`). The result
 //! is bit-identical on every rank and independent of which rank arrives first or how threads are
-//! scheduled. With one rank it is the input, bit for bit.
+//! scheduled. With one rank it is the input, bit for bit. The device all-reduce
+//! ([`DeviceCommunicator::all_reduce_sum`]) keeps the same order; bf16 buffers are widened to f32,
+//! added in that order and rounded to bf16 once ([`ordered`] is the host reference).
 //!
 //! # Errors
 //!
-//! Every call returns `Result<(), CollectiveError>`. Disagreements between ranks (different
-//! collectives, lengths, roots, group shapes) are detected once every rank has arrived and are
-//! reported as the same error on every rank; buffers are left untouched and the group stays
-//! usable. A rank that drops its handle (including by panicking) or never arrives breaks the group:
-//! the others get an error instead of hanging, and every later call fails the same way.
+//! Every call returns `Result<(), CollectiveError>`. In the `local` communicator, disagreements
+//! between ranks (different collectives, lengths, roots, group shapes) are detected once every
+//! rank has arrived and are reported as the same error on every rank; buffers are left untouched
+//! and the group stays usable. A rank that drops its handle (including by panicking) or never
+//! arrives breaks the group: the others get an error instead of hanging, and every later call
+//! fails the same way. The NCCL communicator checks what one rank can see before enqueuing
+//! anything; agreement between ranks is the program's (see [`DeviceCommunicator`]).
 //!
 //! # Implementations
 //!
 //! - [`local`]: ranks are threads of one process sharing memory. It runs the sharded math of the
 //!   CPU backend, so tensor-parallel correctness is tested without GPUs.
-//! - NCCL: **not implemented yet**; it is the next step, for the CUDA backend. Plan: rank 0 creates
-//!   the `ncclUniqueId` and hands it to the other rank threads in-process; one communicator per
-//!   GPU with its own stream; groups map onto `ncclGroupStart`/`ncclGroupEnd`. NCCL's own
-//!   `ncclAllReduce` sums in an order chosen by its algorithm (ring or tree, channel count), which
-//!   is not rank order, so the NCCL communicator will keep the contract above by gathering the
-//!   partial sums and adding them in rank order in a kernel of its own — and test that against
-//!   this crate's `local` implementation bit for bit.
+//! - [`nccl`]: ranks are threads of one process, one GPU each, with device buffers
+//!   ([`DeviceCommunicator`]). Rank 0 creates the `ncclUniqueId` and hands it to the other ranks
+//!   in-process; each rank has its own context and stream; groups map onto
+//!   `ncclGroupStart`/`ncclGroupEnd`. NCCL's own `ncclAllReduce` sums in an order chosen by its
+//!   algorithm (ring or tree, channel count), which is not rank order, so the all-reduce here
+//!   keeps the contract above another way: an NCCL all-gather of every rank's buffer, then a
+//!   small kernel that adds the gathered rows in rank order — checked bit for bit on a GPU against
+//!   [`ordered`], the host reference that the `local` communicator also matches
+//!   (`strata gpu nccl`).
+//!
+//! [`inventory`] lists the machine's GPUs and the links between them, for placing TP ranks.
 
+mod device;
 mod error;
+pub mod inventory;
 pub mod local;
+pub mod nccl;
+pub mod ordered;
 
 use std::fmt;
 
+pub use device::{DeviceBuf, DeviceBufMut, DeviceCollective, DeviceCommunicator, Dtype};
 pub use error::{CollectiveError, GroupPosition};
 pub use local::{DEFAULT_TIMEOUT, LocalCommunicator, LocalGroup};
+pub use nccl::{NcclCommunicator, NcclGroup};
 
 /// One rank's handle on a communicator group.
 ///
