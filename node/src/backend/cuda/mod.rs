@@ -598,6 +598,9 @@ impl CudaBackend {
                 .slice(..logits * v),
             logits_host,
         )?;
+        // Event tracking is off, so the pinned slice cannot wait for its own copy: wait for the
+        // stream before reading it.
+        self.stream.synchronize()?;
         let host = logits_host.as_slice()?;
         // Device logits row of each wanted entry.
         let mut order: Vec<(usize, usize)> = wanted
