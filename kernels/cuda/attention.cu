@@ -7,7 +7,7 @@
 //
 // One canonical computation per (query row, head), shared by both kernels through one body:
 //   - keys are visited in tiles of TK = 8192 / D positions aligned at absolute multiples of TK,
-//     grouped into splits of SPLIT = 512 positions aligned at absolute multiples of 512;
+//     grouped into splits of SPLIT = 128 positions aligned at absolute multiples of 128;
 //   - score s = (sum over dims 0..D-1, one fma chain in dim order) * (scale * log2 e);
 //   - per tile: m' = max(m, tile max); alpha = 2^(m - m'); p = 2^(s - m');
 //     l = l * alpha, then + p key by key; acc = acc * alpha, then fma(p, v, acc) key by key;
@@ -24,7 +24,7 @@
 
 namespace attn {
 
-constexpr int SPLIT = 512;  // keys per split: a constant, never derived from the batch or grid
+constexpr int SPLIT = 128;  // keys per split: a constant, never derived from the batch or grid
 constexpr float LOG2E = 1.4426950408889634f;
 
 template <int D>

@@ -14,7 +14,7 @@
 //! Decode and the f32 prefill kernel ([`PrefillVariant::F32`]) run one canonical computation
 //! per (query row, head), whichever kernel, batch or chunk it is in: keys in tiles of
 //! `8192 / head_dim` positions aligned at absolute multiples of the tile, grouped in splits of
-//! [`DECODE_SPLIT_TOKENS`] aligned at absolute multiples of 512; each score a single fma chain over
+//! [`DECODE_SPLIT_TOKENS`] aligned at absolute multiples of 128; each score a single fma chain over
 //! the dims in order; an online softmax per tile with per-key sequential sums; splits merged in
 //! split order. All of it uses explicit round-to-nearest operations, and masked keys are skipped,
 //! not multiplied by zero.
@@ -48,7 +48,7 @@
 //! Decode: one block per (split, kv head, sequence) reads each K/V byte of the split once for the
 //! whole GQA group (up to 8 query heads per block, 16 at head_dim 128; larger groups take
 //! several blocks, each reading the split again), staging
-//! 16 KB tiles through `cp.async`; the grid is `ceil(max_context / 512)` splits, so a small batch
+//! 16 KB tiles through `cp.async`; the grid is `ceil(max_context / 128)` splits, so a small batch
 //! of short contexts fills few SMs. Prefill (tensor cores): one block of 4 warps per (64 query
 //! tokens, q head), each warp 16 rows; K/V tiles double-buffered through `cp.async` and read by
 //! `ldmatrix`; a warp skips the tiles none of its rows can see (the causal upper triangle, keys
@@ -65,7 +65,7 @@ use crate::launch::aligned16;
 use crate::{KernelError, Kernels, ensure_shape};
 
 /// Keys per decode split: a constant, so a sequence's reduction order never depends on the batch.
-pub const DECODE_SPLIT_TOKENS: usize = 512;
+pub const DECODE_SPLIT_TOKENS: usize = 128;
 
 /// Threads of a decode block and of a prefill block (fixed by the kernels' launch bounds).
 const DECODE_THREADS: u32 = 128;
@@ -662,8 +662,8 @@ mod tests {
     #[test]
     fn workspace_counts_splits_per_row() {
         assert_eq!(decode_workspace_elems(2, 4, 128, 1), 2 * 4 * 130);
-        assert_eq!(decode_workspace_elems(2, 4, 128, 512), 2 * 4 * 130);
-        assert_eq!(decode_workspace_elems(2, 4, 128, 513), 2 * 4 * 2 * 130);
+        assert_eq!(decode_workspace_elems(2, 4, 128, 128), 2 * 4 * 130);
+        assert_eq!(decode_workspace_elems(2, 4, 128, 129), 2 * 4 * 2 * 130);
         assert_eq!(decode_workspace_elems(0, 4, 128, 4096), 0);
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use strata_collective::nccl::NcclGroup;
 use strata_model::chat::{ChatTemplate, TemplateError};
 use strata_model::cpu::{CpuModel, LoadError};
 use strata_model::grammar::{GrammarCompiler, vocabulary_bytes};
@@ -105,10 +106,29 @@ pub fn start_engine_on(
         (Device::Cuda(ordinal), 1) => ordinal,
         (Device::Cuda(_), _) => {
             return Err(ModelLoadError::Device(
-                "tensor parallelism on CUDA needs the NCCL communicator, not built yet".into(),
+                "tensor parallelism on CUDA needs weights sharded per GPU, not built yet \
+                 (the CUDA backend runs as one rank)"
+                    .into(),
             ));
         }
     };
+    start_cuda_engine(dir, ordinal, block_size, kv_cache_bytes, false)
+}
+
+/// The engine on CUDA device `ordinal`. With `through_nccl`, the backend is the one rank of an
+/// NCCL group on its own stream and its row-parallel outputs go through the group's
+/// all-reduce: the TP=1 path of tensor parallelism, which must give the same bits as without.
+pub fn start_cuda_engine(
+    dir: &Path,
+    ordinal: usize,
+    block_size: usize,
+    kv_cache_bytes: usize,
+    through_nccl: bool,
+) -> Result<(Engine, ServingParts), ModelLoadError> {
+    if block_size == 0 {
+        return Err(ModelLoadError::BlockSize);
+    }
+    let device = Device::Cuda(ordinal);
     let config = ModelConfig::from_dir(dir)?;
     let tokenizer = Tokenizer::from_dir(dir)?;
     let template = ChatTemplate::from_dir(dir)?;
@@ -123,8 +143,17 @@ pub fn start_engine_on(
         max_positions: None,
         graphs: true,
     };
-    let backend = CudaBackend::new(&config, WeightSource::Checkpoint(&checkpoint), &options)
+    let mut backend = CudaBackend::new(&config, WeightSource::Checkpoint(&checkpoint), &options)
         .map_err(|e| ModelLoadError::Device(format!("{device}: {e}")))?;
+    if through_nccl {
+        let comm = NcclGroup::on_streams(vec![backend.stream().clone()])
+            .map_err(|e| ModelLoadError::Device(format!("{device}: NCCL: {e}")))?
+            .pop()
+            .expect("one communicator per stream");
+        backend
+            .attach_communicator(Box::new(comm))
+            .map_err(|e| ModelLoadError::Device(format!("{device}: {e}")))?;
+    }
     let parts = ServingParts {
         tokenizer,
         template,

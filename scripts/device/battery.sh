@@ -79,6 +79,8 @@ if "$BIN" gpu parity --model "$MODELS/llama" --reference-model "$MODELS/llama-ca
 else
     TABLE+=("$(printf '%-28s PASS  (the canary failed, as it must)' parity-canary)")
 fi
+# The TP=1 path of tensor parallelism: the engine as the one rank of an NCCL group.
+step parity-llama-nccl "$BIN" gpu parity --model "$MODELS/llama" --nccl --json "$OUT/parity-llama-nccl.json"
 for m in llama qwen3; do
     step "invariance-$m" "$BIN" gpu invariance --model "$MODELS/$m" --json "$OUT/invariance-$m.json"
 done

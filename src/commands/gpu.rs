@@ -13,7 +13,7 @@ use strata_model::weights::parameter_count;
 use strata_node::Engine;
 use strata_node::backend::{Backend, CudaBackend, CudaOptions, StepSeq, WeightSource};
 use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
-use strata_router::{Device, start_engine_on};
+use strata_router::{Device, start_cuda_engine, start_engine_on};
 
 #[derive(Subcommand)]
 pub enum GpuCommand {
@@ -46,6 +46,10 @@ pub struct ParityArgs {
     /// A flip is a near tie when the reference's top-2 log-probability margin is below this.
     #[arg(long, default_value_t = 0.1)]
     near_tie: f32,
+    /// Run the GPU engine as the one rank of an NCCL group (its o and down outputs all-reduced
+    /// through NCCL), and also require its tokens to equal the GPU engine without the group.
+    #[arg(long)]
+    nccl: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -176,14 +180,31 @@ fn generate(engine: &Engine, prompt: Vec<u32>, tokens: u32) -> Result<(Vec<u32>,
 fn parity(args: ParityArgs) -> Result<()> {
     let reference_dir = args.reference_model.as_deref().unwrap_or(&args.model);
     let (cpu, _) = start_engine_on(reference_dir, Device::Cpu, 1, 16, 64 << 20)?;
-    let (gpu, _) = start_engine_on(&args.model, args.device, 1, 16, 256 << 20)?;
+    let gpu = match (args.nccl, args.device) {
+        (false, device) => start_engine_on(&args.model, device, 1, 16, 256 << 20)?.0,
+        (true, Device::Cuda(ordinal)) => {
+            start_cuda_engine(&args.model, ordinal, 16, 256 << 20, true)?.0
+        }
+        (true, Device::Cpu) => bail!("--nccl needs a CUDA device"),
+    };
+    // With --nccl, the same GPU without the group: the communicator must change no bit.
+    let direct = if args.nccl {
+        Some(start_engine_on(&args.model, args.device, 1, 16, 256 << 20)?.0)
+    } else {
+        None
+    };
     let vocab = cpu.model_config().vocab_size;
     let (mut exact, mut near_ties, mut failures) = (0usize, Vec::new(), Vec::new());
-    let mut compared = 0usize;
+    let (mut compared, mut direct_differs) = (0usize, Vec::new());
     for i in 0..args.prompts {
         let p = prompt(i, vocab);
         let (want, margins) = generate(&cpu, p.clone(), args.tokens)?;
-        let (got, _) = generate(&gpu, p, args.tokens)?;
+        let (got, _) = generate(&gpu, p.clone(), args.tokens)?;
+        if let Some(direct) = &direct
+            && generate(direct, p, args.tokens)?.0 != got
+        {
+            direct_differs.push(i);
+        }
         match want.iter().zip(&got).position(|(a, b)| a != b) {
             None => {
                 exact += 1;
@@ -202,11 +223,20 @@ fn parity(args: ParityArgs) -> Result<()> {
             }
         }
     }
-    let passed = failures.is_empty();
+    let passed = failures.is_empty() && direct_differs.is_empty();
     println!(
-        "parity {}: {} prompts, {exact} identical, {} near-tie flips, {} flips beyond a margin \
+        "parity {}{}: {} prompts, {exact} identical, {} near-tie flips, {} flips beyond a margin \
          of {} ({compared} tokens compared) — {}",
         args.model.display(),
+        if args.nccl {
+            format!(
+                " through a 1-rank NCCL group ({} of {} streams differ from the direct GPU run)",
+                direct_differs.len(),
+                args.prompts
+            )
+        } else {
+            String::new()
+        },
         args.prompts,
         near_ties.len(),
         failures.len(),
@@ -221,11 +251,16 @@ fn parity(args: ParityArgs) -> Result<()> {
         &json!({"model": args.model, "reference": reference_dir, "prompts": args.prompts,
                 "tokens": args.tokens, "identical": exact, "tokens_compared": compared,
                 "near_tie_threshold": args.near_tie, "near_ties": near_ties,
-                "failures": failures, "passed": passed}),
+                "failures": failures, "nccl": args.nccl,
+                "streams_differing_from_direct_gpu": direct_differs, "passed": passed}),
     )?;
     ensure!(
-        passed,
+        failures.is_empty(),
         "GPU tokens differ from the reference beyond near ties"
+    );
+    ensure!(
+        direct_differs.is_empty(),
+        "the NCCL group changed the GPU's tokens (prompts {direct_differs:?})"
     );
     Ok(())
 }

@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use half::bf16;
+use strata_collective::{CollectiveError, DeviceCommunicator};
 use strata_kernels::cudarc::driver::sys::{
     CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode,
 };
@@ -47,6 +48,8 @@ pub enum CudaError {
     Weights(#[from] WeightError),
     #[error("{0}")]
     Unsupported(String),
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
 }
 
 impl From<strata_kernels::cudarc::driver::DriverError> for CudaError {
@@ -204,6 +207,9 @@ pub struct CudaBackend {
     scratch: Scratch,
     graphs_enabled: bool,
     graphs: HashMap<GraphKey, SendGraph>,
+    /// The tensor-parallel group this backend is a rank of: the row-parallel o and down
+    /// projections are all-reduced through it. `None` runs alone with no collective calls.
+    comm: Option<Box<dyn DeviceCommunicator>>,
     /// Host staging of the packed inputs.
     host_inputs: Vec<u32>,
     /// Set by [`CudaBackend::profile_next_step`]: the next step runs eagerly with events.
@@ -288,6 +294,7 @@ impl CudaBackend {
             scratch: Scratch::default(),
             graphs_enabled: options.graphs,
             graphs: HashMap::new(),
+            comm: None,
             host_inputs: Vec::new(),
             profile: None,
             last_profile: None,
@@ -315,6 +322,40 @@ impl CudaBackend {
     /// step's logits are bitwise the same either way (`strata gpu decode` checks it).
     pub fn set_graphs(&mut self, enabled: bool) {
         self.graphs_enabled = enabled;
+    }
+
+    /// Makes this backend a rank of `comm`'s group: from the next step on, the outputs of the
+    /// row-parallel o and down projections are all-reduced through it (DESIGN.md §5). The
+    /// communicator must enqueue on this backend's stream, so the collectives need no
+    /// cross-stream waits and are captured into the decode graphs with everything else. This
+    /// backend holds every weight, so only a one-rank group is accepted; a rank of a larger
+    /// group needs weights sharded to its slice, which the backend does not load yet.
+    pub fn attach_communicator(
+        &mut self,
+        comm: Box<dyn DeviceCommunicator>,
+    ) -> Result<(), CudaError> {
+        if comm.world_size() != 1 {
+            return Err(CudaError::Unsupported(format!(
+                "a CUDA backend holds every weight, so it can only be the one rank of a group; \
+                 this group has {} ranks (sharded CUDA weights are not built yet)",
+                comm.world_size()
+            )));
+        }
+        if **comm.stream() != *self.stream {
+            return Err(CudaError::Unsupported(
+                "the communicator must enqueue on the backend's stream \
+                 (make it with NcclGroup::on_streams(vec![backend.stream().clone()]))"
+                    .into(),
+            ));
+        }
+        self.graphs.clear();
+        self.comm = Some(comm);
+        Ok(())
+    }
+
+    /// Whether the row-parallel outputs go through a communicator.
+    pub fn has_communicator(&self) -> bool {
+        self.comm.is_some()
     }
 
     /// Decode graphs captured so far.
@@ -660,6 +701,7 @@ impl CudaBackend {
             num_blocks,
             scratch: s,
             profile,
+            comm,
             ..
         } = self;
         let bs = *bs;
@@ -837,6 +879,11 @@ impl CudaBackend {
                 h,
                 qd,
             )?;
+            // Row-parallel: each rank holds a partial sum until the all-reduce (before the
+            // bias, which is added once).
+            if let Some(comm) = comm.as_deref_mut() {
+                comm.all_reduce_sum(buf!(proj).slice_mut(..t * h).into())?;
+            }
             if let Some(bias) = &layer.o_bias {
                 k.add_bias(stream, buf!(proj), bias, t, h)?;
             }
@@ -893,6 +940,9 @@ impl CudaBackend {
                     h,
                     inter,
                 )?;
+            }
+            if let Some(comm) = comm.as_deref_mut() {
+                comm.all_reduce_sum(buf!(proj).slice_mut(..t * h).into())?;
             }
             mark(profile, stream, "down")?;
             let next_norm = w
