@@ -1,9 +1,9 @@
-// Small-M GEMM for decode: y[m, n] = sum_k x[m, k] * w[n, k] for M = 1..16 rows of x, with W
+// Small-M GEMM for decode: y[m, n] = sum_k x[m, k] * w[n, k] for M = 1..64 rows of x, with W
 // row-major [N, K] (the HF Linear layout), bf16 in, f32 accumulation, bf16 or f32 out.
 //
 // Two variants, each batch-invariant on its own (a backend uses one; src/gemv.rs picks the
-// default): the FMA kernels here, one per M, and the tensor-core kernel further down, one for
-// every M.
+// default): the FMA kernels here, one per M up to 16, and the tensor-core kernels further down,
+// up to 64 rows.
 //
 // Memory-bound: every weight byte is read once per launch, with 16-byte streaming loads, several
 // in flight per thread, for all M rows at once. A block of 256 threads owns R consecutive rows
@@ -130,21 +130,30 @@ GEMV_ENTRIES(15)
 GEMV_ENTRIES(16)
 
 // ---------------------------------------------------------------------------------------------
-// Tensor-core variant: one kernel for every M in 1..=16, rows padded to the m16n8k16 MMA shape.
+// Tensor-core variant: one kernel family for every M in 1..=64, rows padded to the m16n8k16 MMA
+// shape in XT = ceil(M / 16) tiles of 16 rows (`gemv_mma_{bf16,f32}_x{XT}`).
 //
 // A block of 16 warps owns 8 * MMA_TILES consecutive rows of W; warp w owns the 32-wide k-steps
 // w, w + 16, w + 32, ... Lane (g = lane / 4, t = lane % 4) streams 16 bytes of W row n0 + g at
-// k = 32 s + 8 t and the matching 16 bytes of x rows g and g + 8. The MMA's k slots are a
-// permutation of the actual k (the same for A and B, so the dot product is unchanged): the first
-// MMA of a step takes each lane's elements 0..3, the second its elements 4..7.
+// k = 32 s + 8 t, and for every x tile j the matching 16 bytes of x rows 16 j + g and
+// 16 j + g + 8. Each weight fragment feeds the MMAs of every x tile, so W is read once for up to
+// 64 rows. The MMA's k slots are a permutation of the actual k (the same for A and B, so the dot
+// product is unchanged): the first MMA of a step takes each lane's elements 0..3, the second its
+// elements 4..7.
 //
-// Batch invariance: every M runs this same kernel, rows of x beyond M are zeros, and a tensor-core
-// dot product of one output row never reads another row. Per (m, n) the order is fixed by K:
-// k-steps in ascending order within a warp, then the 16 warp totals in warp order.
+// Batch invariance: rows of x beyond M are zeros, a tensor-core dot product of one output row
+// never reads another row, and per (m, n) the order is fixed by K alone: k-steps in ascending
+// order within a warp (UNROLL only changes how many loads are in flight), then the 16 warp totals
+// in warp order. So row m gets the same bits from every XT, every M and every grid.
 constexpr int MMA_WARPS = 16;
 constexpr int MMA_TILES = 2;
-constexpr int MMA_UNROLL = 4;
 constexpr int MMA_ROWS = 8 * MMA_TILES;
+
+// Loads in flight per warp step for XT x tiles: fewer as the x fragments take registers.
+template <int XT>
+struct MmaUnroll {
+    static constexpr int U = XT == 1 ? 4 : (XT == 2 ? 2 : 1);
+};
 
 __device__ __forceinline__ void mma_bf16_16816(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
                                                u32 b1) {
@@ -155,11 +164,12 @@ __device__ __forceinline__ void mma_bf16_16816(float c[4], u32 a0, u32 a1, u32 a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <typename Out>
+template <int XT, typename Out>
 __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
                                               const __nv_bfloat16* __restrict__ x,
                                               const __nv_bfloat16* __restrict__ w, u32 m_rows,
                                               u32 n_rows, u32 k, u32 block) {
+    constexpr int U = MmaUnroll<XT>::U;
     __shared__ float partial[MMA_WARPS][16][MMA_ROWS + 1];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -167,20 +177,19 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
     const int t = lane & 3;
     const u32 n0 = block * MMA_ROWS;
     const u32 steps = k / 32;
-    const bool x_lo = (u32)g < m_rows;
-    const bool x_hi = (u32)(g + 8) < m_rows;
-    const __nv_bfloat16* x_g = x + (u64)g * k + t * 8;
-    const __nv_bfloat16* x_g8 = x + (u64)(g + 8) * k + t * 8;
 
-    float c[MMA_TILES][4];
+    float c[XT][MMA_TILES][4];
 #pragma unroll
-    for (int i = 0; i < MMA_TILES; ++i) c[i][0] = c[i][1] = c[i][2] = c[i][3] = 0.0f;
+    for (int j = 0; j < XT; ++j) {
+#pragma unroll
+        for (int i = 0; i < MMA_TILES; ++i) c[j][i][0] = c[j][i][1] = c[j][i][2] = c[j][i][3] = 0.0f;
+    }
 
-    for (u32 s0 = warp; s0 < steps; s0 += MMA_WARPS * MMA_UNROLL) {
-        uint4 wv[MMA_UNROLL][MMA_TILES];
-        uint4 xl[MMA_UNROLL], xh[MMA_UNROLL];
+    for (u32 s0 = warp; s0 < steps; s0 += MMA_WARPS * U) {
+        uint4 wv[U][MMA_TILES];
+        uint4 xl[U][XT], xh[U][XT];
 #pragma unroll
-        for (int u = 0; u < MMA_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             const u32 s = s0 + u * MMA_WARPS;
             const bool live = s < steps;
 #pragma unroll
@@ -190,71 +199,93 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
                                ? load_stream(w + (u64)n * k + (u64)s * 32 + t * 8)
                                : make_uint4(0, 0, 0, 0);
             }
-            xl[u] = live && x_lo ? load16(x_g + (u64)s * 32) : make_uint4(0, 0, 0, 0);
-            xh[u] = live && x_hi ? load16(x_g8 + (u64)s * 32) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int j = 0; j < XT; ++j) {
+                const u32 lo = 16 * j + g;
+                const u32 hi = lo + 8;
+                xl[u][j] = live && lo < m_rows ? load16(x + (u64)lo * k + (u64)s * 32 + t * 8)
+                                               : make_uint4(0, 0, 0, 0);
+                xh[u][j] = live && hi < m_rows ? load16(x + (u64)hi * k + (u64)s * 32 + t * 8)
+                                               : make_uint4(0, 0, 0, 0);
+            }
         }
 #pragma unroll
-        for (int u = 0; u < MMA_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             if (s0 + u * MMA_WARPS < steps) {
 #pragma unroll
-                for (int i = 0; i < MMA_TILES; ++i) {
-                    mma_bf16_16816(c[i], xl[u].x, xh[u].x, xl[u].y, xh[u].y, wv[u][i].x, wv[u][i].y);
-                    mma_bf16_16816(c[i], xl[u].z, xh[u].z, xl[u].w, xh[u].w, wv[u][i].z, wv[u][i].w);
+                for (int j = 0; j < XT; ++j) {
+#pragma unroll
+                    for (int i = 0; i < MMA_TILES; ++i) {
+                        mma_bf16_16816(c[j][i], xl[u][j].x, xh[u][j].x, xl[u][j].y, xh[u][j].y,
+                                       wv[u][i].x, wv[u][i].y);
+                        mma_bf16_16816(c[j][i], xl[u][j].z, xh[u][j].z, xl[u][j].w, xh[u][j].w,
+                                       wv[u][i].z, wv[u][i].w);
+                    }
                 }
             }
         }
     }
 
+    // One x tile at a time through the same shared buffer: warp totals in warp order.
 #pragma unroll
-    for (int i = 0; i < MMA_TILES; ++i) {
-        const int col = i * 8 + t * 2;
-        partial[warp][g][col] = c[i][0];
-        partial[warp][g][col + 1] = c[i][1];
-        partial[warp][g + 8][col] = c[i][2];
-        partial[warp][g + 8][col + 1] = c[i][3];
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < 16 * MMA_ROWS; e += blockDim.x) {
-        const int row = e / MMA_ROWS;
-        const int col = e % MMA_ROWS;
-        float total = 0.0f;
+    for (int j = 0; j < XT; ++j) {
+        if (j > 0) __syncthreads();  // the previous tile's reads are done
 #pragma unroll
-        for (int wi = 0; wi < MMA_WARPS; ++wi) total += partial[wi][row][col];
-        const u32 n = n0 + col;
-        if ((u32)row < m_rows && n < n_rows) store_out(y + (u64)row * n_rows + n, total);
+        for (int i = 0; i < MMA_TILES; ++i) {
+            const int col = i * 8 + t * 2;
+            partial[warp][g][col] = c[j][i][0];
+            partial[warp][g][col + 1] = c[j][i][1];
+            partial[warp][g + 8][col] = c[j][i][2];
+            partial[warp][g + 8][col + 1] = c[j][i][3];
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < 16 * MMA_ROWS; e += blockDim.x) {
+            const int row = e / MMA_ROWS;
+            const int col = e % MMA_ROWS;
+            float total = 0.0f;
+#pragma unroll
+            for (int wi = 0; wi < MMA_WARPS; ++wi) total += partial[wi][row][col];
+            const u32 m = 16 * j + row;
+            const u32 n = n0 + col;
+            if (m < m_rows && n < n_rows) store_out(y + (u64)m * n_rows + n, total);
+        }
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
-gemv_mma_bf16(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,
-              const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {
-    gemv_mma_body(y, x, w, m, n, k, blockIdx.x);
-}
-
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
-gemv_mma_f32(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,
-             const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {
-    gemv_mma_body(y, x, w, m, n, k, blockIdx.x);
-}
-
-// Three GEMVs of the same x in one launch (the q, k and v projections): blocks
-// 0 .. ceil(n0 / 16) compute y0 = x · w0ᵀ, the next ceil(n1 / 16) y1, the rest y2. Each block
-// runs the single-GEMV body unchanged, so every output is bitwise what `gemv_mma_bf16` gives; the
-// point is one launch wide enough to fill the GPU where the k and v projections alone (1024 rows
-// on an 8B shape: 64 blocks) leave half of it idle.
-extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)
-gemv_mma3_bf16(__nv_bfloat16* __restrict__ y0, __nv_bfloat16* __restrict__ y1,
-               __nv_bfloat16* __restrict__ y2, const __nv_bfloat16* __restrict__ x,
-               const __nv_bfloat16* __restrict__ w0, const __nv_bfloat16* __restrict__ w1,
-               const __nv_bfloat16* __restrict__ w2, u32 m, u32 n0, u32 n1, u32 n2, u32 k) {
-    const u32 blocks0 = (n0 + MMA_ROWS - 1) / MMA_ROWS;
-    const u32 blocks1 = (n1 + MMA_ROWS - 1) / MMA_ROWS;
-    const u32 b = blockIdx.x;
-    if (b < blocks0) {
-        gemv_mma_body(y0, x, w0, m, n0, k, b);
-    } else if (b < blocks0 + blocks1) {
-        gemv_mma_body(y1, x, w1, m, n1, k, b - blocks0);
-    } else {
-        gemv_mma_body(y2, x, w2, m, n2, k, b - blocks0 - blocks1);
+// Per XT: the bf16 and f32 GEMVs, and three bf16 GEMVs of the same x in one launch (the q, k
+// and v projections): blocks 0 .. ceil(n0 / 16) compute y0 = x * w0^T, the next ceil(n1 / 16)
+// y1, the rest y2. Each block runs the single-GEMV body unchanged, so every output is bitwise
+// what the single launch gives; the point is one launch wide enough to fill the GPU where the
+// narrow k and v projections alone (1024 rows on an 8B shape: 64 blocks) leave half of it idle.
+#define GEMV_MMA_ENTRIES(XT)                                                                    \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                \
+        gemv_mma_bf16_x##XT(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x, \
+                            const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {         \
+        gemv_mma_body<XT>(y, x, w, m, n, k, blockIdx.x);                                        \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                \
+        gemv_mma_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,          \
+                           const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {          \
+        gemv_mma_body<XT>(y, x, w, m, n, k, blockIdx.x);                                        \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) gemv_mma3_bf16_x##XT(          \
+        __nv_bfloat16* __restrict__ y0, __nv_bfloat16* __restrict__ y1,                         \
+        __nv_bfloat16* __restrict__ y2, const __nv_bfloat16* __restrict__ x,                    \
+        const __nv_bfloat16* __restrict__ w0, const __nv_bfloat16* __restrict__ w1,             \
+        const __nv_bfloat16* __restrict__ w2, u32 m, u32 n0, u32 n1, u32 n2, u32 k) {           \
+        const u32 blocks0 = (n0 + MMA_ROWS - 1) / MMA_ROWS;                                     \
+        const u32 blocks1 = (n1 + MMA_ROWS - 1) / MMA_ROWS;                                     \
+        const u32 b = blockIdx.x;                                                               \
+        if (b < blocks0) {                                                                      \
+            gemv_mma_body<XT>(y0, x, w0, m, n0, k, b);                                          \
+        } else if (b < blocks0 + blocks1) {                                                     \
+            gemv_mma_body<XT>(y1, x, w1, m, n1, k, b - blocks0);                                \
+        } else {                                                                                \
+            gemv_mma_body<XT>(y2, x, w2, m, n2, k, b - blocks0 - blocks1);                      \
+        }                                                                                       \
     }
-}
+
+GEMV_MMA_ENTRIES(1)
+GEMV_MMA_ENTRIES(2)
+GEMV_MMA_ENTRIES(3)
+GEMV_MMA_ENTRIES(4)

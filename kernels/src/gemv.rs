@@ -32,16 +32,22 @@ pub trait GemvOut: DeviceRepr {
 
 impl GemvOut for bf16 {
     const PREFIX: &'static str = "gemv_bf16";
-    const MMA_NAME: &'static str = "gemv_mma_bf16";
+    const MMA_NAME: &'static str = "gemv_mma_bf16_x";
 }
 
 impl GemvOut for f32 {
     const PREFIX: &'static str = "gemv_f32";
-    const MMA_NAME: &'static str = "gemv_mma_f32";
+    const MMA_NAME: &'static str = "gemv_mma_f32_x";
 }
 
-/// The largest M one launch takes.
-pub const GEMV_MAX_M: usize = 16;
+/// The largest M one launch of the default (tensor-core) variant takes.
+pub const GEMV_MAX_M: usize = 64;
+
+/// The largest M one launch of the FMA variant takes.
+pub const GEMV_FMA_MAX_M: usize = 16;
+
+/// Rows of x per MMA tile; a launch of M rows runs the kernel for `ceil(M / 16)` tiles.
+const MMA_X_ROWS: usize = 16;
 
 /// The two implementations of the decode GEMV. Each is batch-invariant on its own; mixing them
 /// across launches is not (their reduction orders differ), so a backend uses one.
@@ -49,7 +55,8 @@ pub const GEMV_MAX_M: usize = 16;
 pub enum GemvVariant {
     /// f32 fused multiply-adds, one kernel per M (`gemv_{bf16,f32}_m{M}`); `k % 8 == 0`.
     Fma,
-    /// Tensor-core m16n8k16 MMAs, one kernel for every M (`gemv_mma_{bf16,f32}`); `k % 32 == 0`.
+    /// Tensor-core m16n8k16 MMAs, one kernel per 16-row tile count (`gemv_mma_{bf16,f32}_x{1..4}`),
+    /// every row's reduction order the same in all of them; `k % 32 == 0`.
     Mma,
 }
 
@@ -70,7 +77,7 @@ fn rows_per_block(m: usize) -> u32 {
 impl Kernels {
     /// `y[m, n] = bf16(Σ_k x[m, k] · w[n, k])`, f32 accumulation.
     ///
-    /// `x` `[m, k]`, `w` `[n, k]` row-major (HF Linear layout), `y` `[m, n]`; `1 ≤ m ≤ 16`,
+    /// `x` `[m, k]`, `w` `[n, k]` row-major (HF Linear layout), `y` `[m, n]`; `1 ≤ m ≤ 64`,
     /// `k % 32 == 0` ([`DEFAULT_VARIANT`]; the FMA variant needs `k % 8 == 0`), `x` and `w`
     /// 16-byte aligned. Row `m` of `y` is bitwise the same for any `m` count (same variant).
     #[allow(clippy::too_many_arguments)]
@@ -114,14 +121,15 @@ impl Kernels {
         (m, n, k): (usize, usize, usize),
     ) -> Result<(), KernelError> {
         let prefix = T::PREFIX;
-        let step = match variant {
-            GemvVariant::Fma => 8,
-            GemvVariant::Mma => 32,
+        let (step, max_m) = match variant {
+            GemvVariant::Fma => (8, GEMV_FMA_MAX_M),
+            GemvVariant::Mma => (32, GEMV_MAX_M),
         };
         ensure_shape!(
-            (1..=GEMV_MAX_M).contains(&m),
+            (1..=max_m).contains(&m),
             prefix,
-            "m = {m} is outside 1..={GEMV_MAX_M} (use the cuBLASLt GEMM for more rows)"
+            "m = {m} is outside 1..={max_m} for the {variant:?} variant (use the cuBLASLt GEMM \
+             for more rows)"
         );
         ensure_shape!(
             k.is_multiple_of(step) && k > 0,
@@ -141,7 +149,11 @@ impl Kernels {
                 n32.div_ceil(rows_per_block(m)),
                 THREADS,
             ),
-            GemvVariant::Mma => (T::MMA_NAME.to_string(), n32.div_ceil(MMA_ROWS), MMA_THREADS),
+            GemvVariant::Mma => (
+                format!("{}{}", T::MMA_NAME, m.div_ceil(MMA_X_ROWS)),
+                n32.div_ceil(MMA_ROWS),
+                MMA_THREADS,
+            ),
         };
         let f = self.function(MODULE, &name)?;
         let (yp, _y) = y.device_ptr_mut(stream);
@@ -176,7 +188,7 @@ impl Kernels {
         ns: [usize; 3],
         k: usize,
     ) -> Result<(), KernelError> {
-        const K: &str = "gemv_mma3_bf16";
+        const K: &str = "gemv_mma3_bf16_x";
         ensure_shape!(
             (1..=GEMV_MAX_M).contains(&m),
             K,
@@ -197,7 +209,7 @@ impl Kernels {
         if blocks == 0 {
             return Ok(());
         }
-        let f = self.function(MODULE, K)?;
+        let f = self.function(MODULE, &format!("{K}{}", m.div_ceil(MMA_X_ROWS)))?;
         let [y0, y1, y2] = ys;
         let (y0p, _y0) = y0.device_ptr_mut(stream);
         let (y1p, _y1) = y1.device_ptr_mut(stream);

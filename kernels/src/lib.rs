@@ -42,7 +42,7 @@ pub use attention::{
 pub use check::{FunctionResources, Report, check};
 pub use elementwise::RopeKvShape;
 pub use gemm::{GemmOut, LtGemm};
-pub use gemv::{DEFAULT_VARIANT, GEMV_MAX_M, GemvOut, GemvVariant};
+pub use gemv::{DEFAULT_VARIANT, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvOut, GemvVariant};
 pub use sampling::NO_TOKEN;
 pub use selftest::selftest;
 

@@ -11,7 +11,7 @@ use crate::selftest::{
     Rng, TOL_BF16, TOL_F32, compare_with_canary, download, poisoned_bf16, poisoned_f32, round_bf16,
     to_f64, upload,
 };
-use crate::{CheckResult, GemvVariant, KernelError, Kernels, NO_TOKEN};
+use crate::{CheckResult, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvVariant, KernelError, Kernels, NO_TOKEN};
 
 const VARIANTS: [GemvVariant; 2] = [GemvVariant::Fma, GemvVariant::Mma];
 
@@ -43,10 +43,14 @@ pub(crate) fn check_gemv(
         (3, 1030, 4096),
         (8, 515, 1056),
         (16, 1030, 4096),
+        (17, 515, 1056),
+        (40, 515, 1056),
+        (64, 1030, 4096),
     ];
     for (variant, (m, n, k)) in VARIANTS
         .into_iter()
         .flat_map(|v| shapes.map(|shape| (v, shape)))
+        .filter(|&(v, (m, _, _))| m <= max_rows(v))
     {
         let x = rng.bf16_vec(m * k, 1.0, 0.0);
         let w = rng.bf16_vec(n * k, 1.0, 0.0);
@@ -105,8 +109,18 @@ fn invariance_result(kernel: &str, case: String, canary: bool, mismatches: usize
     )
 }
 
-/// Row `m` of M=1 launches and of an M=8 launch equals row `m` of an M=16 launch, bitwise, for
-/// the f32 and the bf16 output. The canary perturbs one x element by one bf16 ulp per row.
+/// The most rows one launch of `variant` takes.
+fn max_rows(variant: GemvVariant) -> usize {
+    match variant {
+        GemvVariant::Fma => GEMV_FMA_MAX_M,
+        GemvVariant::Mma => GEMV_MAX_M,
+    }
+}
+
+/// Row `m` of M=1 launches and of narrower launches (M=8, and for the MMA variant M=16, 33 and
+/// 48, each a different tile count) equals row `m` of the widest launch (M=16 FMA, M=64 MMA),
+/// bitwise, for the f32 and the bf16 output. The canary perturbs one x element by one bf16 ulp
+/// per row.
 pub(crate) fn check_gemv_invariance(
     kernels: &Kernels,
     s: &Arc<CudaStream>,
@@ -126,17 +140,18 @@ fn gemv_invariance(
     variant: GemvVariant,
 ) -> Result<Vec<CheckResult>, KernelError> {
     let (n, k) = (1030, 4096);
-    let x = rng.bf16_vec(16 * k, 1.0, 0.0);
+    let wide = max_rows(variant);
+    let x = rng.bf16_vec(wide * k, 1.0, 0.0);
     let w = rng.bf16_vec(n * k, 1.0, 0.0);
     let (dx, dw) = (upload(s, &x)?, upload(s, &w)?);
     let mut perturbed = x.clone();
-    for m in 0..16 {
+    for m in 0..wide {
         let e = &mut perturbed[m * k + rng.below(k)];
         *e = bf16::from_bits(e.to_bits() ^ 1);
     }
     let dp = upload(s, &perturbed)?;
 
-    // f32 outputs: row-by-row M=1 and M=8 against M=16.
+    // f32 outputs: row-by-row M=1 and the narrower launches against the widest.
     let launch = |x: &cudarc::driver::CudaSlice<bf16>, first: usize, m: usize| {
         let mut y = poisoned_f32(s, m * n)?;
         kernels.gemv_f32(
@@ -150,40 +165,44 @@ fn gemv_invariance(
         )?;
         download(s, &y)
     };
-    let full = launch(&dx, 0, 16)?;
+    let full = launch(&dx, 0, wide)?;
     let (mut ones, mut ones_canary) = (Vec::new(), Vec::new());
-    for m in 0..16 {
+    for m in 0..wide {
         ones.extend(launch(&dx, m, 1)?);
         ones_canary.extend(launch(&dp, m, 1)?);
     }
-    let eight = launch(&dx, 0, 8)?;
     let mut results = vec![
         invariance_result(
             "gemv_f32",
-            format!("{variant:?} n={n} k={k} M=1 rows vs M=16"),
+            format!("{variant:?} n={n} k={k} M=1 rows vs M={wide}"),
             false,
             bit_mismatches(&ones, &full),
         ),
         invariance_result(
             "gemv_f32",
-            format!("{variant:?} n={n} k={k} M=8 rows vs M=16"),
-            false,
-            bit_mismatches(&eight, &full[..8 * n]),
-        ),
-        invariance_result(
-            "gemv_f32",
-            format!("{variant:?} n={n} k={k} M=1 rows (x perturbed) vs M=16"),
+            format!("{variant:?} n={n} k={k} M=1 rows (x perturbed) vs M={wide}"),
             true,
             bit_mismatches(&ones_canary, &full),
         ),
     ];
+    for narrow in [8, 16, 33, 48].into_iter().filter(|&m| m < wide) {
+        // Rows from an offset, so a row sits at another place of its tile than in the wide launch.
+        let first = (wide - narrow).min(5);
+        let got = launch(&dx, first, narrow)?;
+        results.push(invariance_result(
+            "gemv_f32",
+            format!("{variant:?} n={n} k={k} M={narrow} rows {first}.. vs M={wide}"),
+            false,
+            bit_mismatches(&got, &full[first * n..(first + narrow) * n]),
+        ));
+    }
 
-    // bf16 outputs: M=1 rows against M=16.
-    let mut y16 = poisoned_bf16(s, 16 * n)?;
-    kernels.gemv_with(variant, s, &mut y16, &dx, &dw, (16, n, k))?;
+    // bf16 outputs: M=1 rows against the widest launch.
+    let mut y16 = poisoned_bf16(s, wide * n)?;
+    kernels.gemv_with(variant, s, &mut y16, &dx, &dw, (wide, n, k))?;
     let y16 = download(s, &y16)?;
     let mut mismatches = 0;
-    for m in 0..16 {
+    for m in 0..wide {
         let mut y1 = poisoned_bf16(s, n)?;
         kernels.gemv_with(
             variant,
@@ -202,7 +221,7 @@ fn gemv_invariance(
     }
     results.push(invariance_result(
         "gemv",
-        format!("{variant:?} n={n} k={k} M=1 rows vs M=16 (bf16)"),
+        format!("{variant:?} n={n} k={k} M=1 rows vs M={wide} (bf16)"),
         false,
         mismatches,
     ));
@@ -220,7 +239,7 @@ pub(crate) fn check_gemv3(
     let k = 1024;
     let ns = [1024, 264, 264];
     let mut results = Vec::new();
-    for m in [1, 5, 16] {
+    for m in [1, 5, 16, 40, 64] {
         let x = upload(s, &rng.bf16_vec(m * k, 1.0, 0.0))?;
         let ws = ns
             .iter()

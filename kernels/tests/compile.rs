@@ -43,8 +43,11 @@ fn expected_functions() -> Vec<String> {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    names.push("gemv_mma_bf16".to_string());
-    names.push("gemv_mma_f32".to_string());
+    for xt in 1..=4 {
+        names.push(format!("gemv_mma_bf16_x{xt}"));
+        names.push(format!("gemv_mma_f32_x{xt}"));
+        names.push(format!("gemv_mma3_bf16_x{xt}"));
+    }
     for m in 1..=16 {
         names.push(format!("gemv_bf16_m{m}"));
         names.push(format!("gemv_f32_m{m}"));

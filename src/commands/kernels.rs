@@ -7,7 +7,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use strata_kernels::cudarc::driver::CudaContext;
-use strata_kernels::{CheckResult, GemvVariant, Kernels, PrefillVariant, libs, selftest};
+use strata_kernels::{
+    CheckResult, GEMV_FMA_MAX_M, GemvVariant, Kernels, PrefillVariant, libs, selftest,
+};
 
 #[derive(Subcommand)]
 pub enum KernelsCommand {
@@ -37,7 +39,7 @@ pub enum KernelsCommand {
         #[arg(long, default_value_t = 0)]
         device: usize,
         /// Comma-separated row counts M (1..=16).
-        #[arg(long, value_delimiter = ',', default_value = "1,4,8,16")]
+        #[arg(long, value_delimiter = ',', default_value = "1,4,8,16,32,64")]
         m: Vec<usize>,
     },
 }
@@ -89,7 +91,12 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
             t.gbytes_per_s
         );
     };
-    strata_kernels::bench::gemv_timings(&kernels, &stream, &shapes, &variants, &mut print)?;
+    // The FMA variant takes at most GEMV_FMA_MAX_M rows; wider shapes run the MMA variant only.
+    let (narrow, wide): (Vec<_>, Vec<_>) = shapes
+        .into_iter()
+        .partition(|&(m, ..)| m <= GEMV_FMA_MAX_M);
+    strata_kernels::bench::gemv_timings(&kernels, &stream, &narrow, &variants, &mut print)?;
+    strata_kernels::bench::gemv_timings(&kernels, &stream, &wide, &[GemvVariant::Mma], &mut print)?;
 
     // Prefill attention of the 8B shape (32 query heads, 8 KV heads, head_dim 128).
     println!(
