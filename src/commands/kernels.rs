@@ -92,9 +92,8 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
         );
     };
     // The FMA variant takes at most GEMV_FMA_MAX_M rows; wider shapes run the MMA variant only.
-    let (narrow, wide): (Vec<_>, Vec<_>) = shapes
-        .into_iter()
-        .partition(|&(m, ..)| m <= GEMV_FMA_MAX_M);
+    let (narrow, wide): (Vec<_>, Vec<_>) =
+        shapes.into_iter().partition(|&(m, ..)| m <= GEMV_FMA_MAX_M);
     strata_kernels::bench::gemv_timings(&kernels, &stream, &narrow, &variants, &mut print)?;
     strata_kernels::bench::gemv_timings(&kernels, &stream, &wide, &[GemvVariant::Mma], &mut print)?;
 
