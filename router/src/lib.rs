@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod openai;
 pub mod openapi;
 pub mod request_id;
+pub mod routing;
 pub mod state;
 pub mod tools;
 

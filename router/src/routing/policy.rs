@@ -1,0 +1,247 @@
+//! Choosing a node for a request (DESIGN.md §6): cache-aware by default — credit for the prefix a
+//! node already holds, minus its load — and, for a prefix no node holds, the prefix's owner on a
+//! rendezvous ring with bounded load. Round-robin and least-loaded exist for comparison.
+
+use serde::{Deserialize, Serialize};
+use strata_node::kv::BlockHash;
+
+use super::index::{MAX_NODES, PrefixIndex, Slot};
+
+/// The cache-aware policy's parameters (router configuration).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoutingConfig {
+    /// Credit per cached prefix block on the device, host and disk tiers.
+    pub credits: [f32; 3],
+    /// Blocks of credit a fully loaded node loses per block of the request: at 1.0 a node
+    /// holding the whole prefix but fully busy ties with an idle node holding none of it.
+    pub load_weight: f32,
+    /// Bounded load for ring placement: the owner is skipped while its load exceeds
+    /// `(1 + epsilon) × mean load`, and the next node on the ring is tried.
+    pub bounded_load_epsilon: f32,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            credits: [1.0, 0.75, 0.25],
+            load_weight: 1.0,
+            bounded_load_epsilon: 0.25,
+        }
+    }
+}
+
+/// How a router picks nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "policy", rename_all = "snake_case")]
+pub enum Policy {
+    CacheAware(RoutingConfig),
+    RoundRobin,
+    LeastLoaded,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy::CacheAware(RoutingConfig::default())
+    }
+}
+
+/// A node's load as it last reported it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct NodeLoad {
+    /// Prompt tokens admitted but not yet prefilled.
+    pub queued_prefill_tokens: u64,
+    /// KV blocks held by running sequences.
+    pub active_blocks: u64,
+    /// KV blocks the node has in all.
+    pub capacity_blocks: u64,
+}
+
+impl NodeLoad {
+    /// Demand over capacity, both in blocks (queued prompt tokens count as the blocks they will
+    /// take); a node reporting no capacity is fully loaded.
+    pub fn utilization(&self, block_size: usize) -> f32 {
+        if self.capacity_blocks == 0 {
+            return 1.0;
+        }
+        let queued = self
+            .queued_prefill_tokens
+            .div_ceil(block_size.max(1) as u64);
+        (queued + self.active_blocks) as f32 / self.capacity_blocks as f32
+    }
+}
+
+/// A node the router may send to.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate {
+    pub slot: Slot,
+    /// The node's stable identity on the ring (a hash of its id).
+    pub ring_key: u64,
+    pub load: NodeLoad,
+}
+
+/// Why a node was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// It held the best-scoring cached prefix.
+    Cache,
+    /// No node held the prefix: its ring owner, or the next one under the load bound.
+    Ring,
+    RoundRobin,
+    LeastLoaded,
+}
+
+/// The node a request goes to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Decision {
+    pub slot: Slot,
+    /// Leading blocks of the request already cached there.
+    pub cached_blocks: u32,
+    pub reason: Reason,
+}
+
+/// Picks nodes by a [`Policy`]. `route` takes `&mut self` only for the round-robin cursor.
+#[derive(Debug, Clone, Default)]
+pub struct Router {
+    policy: Policy,
+    next: usize,
+}
+
+/// A 64-bit mix (splitmix64's finalizer) for rendezvous scores.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl Router {
+    pub fn new(policy: Policy) -> Self {
+        Self { policy, next: 0 }
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The node for a request whose prompt has the block hashes `chain` (full blocks only) and
+    /// whose ring key is `prefix_key` (its first block's hash, or a hash of its tokens when it
+    /// is shorter than a block). `None` when there is no candidate. Ties go to the lower slot.
+    pub fn route(
+        &mut self,
+        index: &PrefixIndex,
+        nodes: &[Candidate],
+        chain: &[BlockHash],
+        prefix_key: u128,
+        block_size: usize,
+    ) -> Option<Decision> {
+        if nodes.is_empty() {
+            return None;
+        }
+        match &self.policy {
+            Policy::RoundRobin => {
+                let node = nodes[self.next % nodes.len()];
+                self.next = self.next.wrapping_add(1);
+                Some(self.decide(index, node.slot, chain, Reason::RoundRobin))
+            }
+            Policy::LeastLoaded => {
+                let node = least_loaded(nodes, block_size);
+                Some(self.decide(index, node.slot, chain, Reason::LeastLoaded))
+            }
+            Policy::CacheAware(config) => {
+                let overlap = index.overlap(chain, config.credits);
+                let request_blocks = chain.len().max(1) as f32;
+                let mut best: Option<(f32, &Candidate)> = None;
+                for node in nodes {
+                    let credit = overlap.credit[node.slot.index()];
+                    if credit <= 0.0 {
+                        continue;
+                    }
+                    let score = credit
+                        - config.load_weight * request_blocks * node.load.utilization(block_size);
+                    if best.is_none_or(|(b, n)| score > b || (score == b && node.slot < n.slot)) {
+                        best = Some((score, node));
+                    }
+                }
+                // A cached prefix wins only if it beats sending the request where nothing is
+                // cached and the load is lowest (score of that option: minus its load).
+                let idle = least_loaded(nodes, block_size);
+                let idle_score =
+                    -config.load_weight * request_blocks * idle.load.utilization(block_size);
+                match best {
+                    Some((score, node)) if score >= idle_score => Some(Decision {
+                        slot: node.slot,
+                        cached_blocks: overlap.blocks[node.slot.index()],
+                        reason: Reason::Cache,
+                    }),
+                    Some(_) => Some(Decision {
+                        slot: idle.slot,
+                        cached_blocks: overlap.blocks[idle.slot.index()],
+                        reason: Reason::LeastLoaded,
+                    }),
+                    None => {
+                        let node = ring_owner(nodes, prefix_key, config, block_size);
+                        Some(Decision {
+                            slot: node.slot,
+                            cached_blocks: 0,
+                            reason: Reason::Ring,
+                        })
+                    }
+                }
+            }
+        }
+    }
+
+    fn decide(
+        &self,
+        index: &PrefixIndex,
+        slot: Slot,
+        chain: &[BlockHash],
+        reason: Reason,
+    ) -> Decision {
+        Decision {
+            slot,
+            cached_blocks: index.overlap(chain, [1.0; 3]).blocks[slot.index()],
+            reason,
+        }
+    }
+}
+
+fn least_loaded(nodes: &[Candidate], block_size: usize) -> Candidate {
+    *nodes
+        .iter()
+        .min_by(|a, b| {
+            a.load
+                .utilization(block_size)
+                .total_cmp(&b.load.utilization(block_size))
+                .then(a.slot.cmp(&b.slot))
+        })
+        .expect("nodes is not empty")
+}
+
+/// The prefix's owner by rendezvous hashing, skipping owners above the load bound.
+fn ring_owner(
+    nodes: &[Candidate],
+    prefix_key: u128,
+    config: &RoutingConfig,
+    block_size: usize,
+) -> Candidate {
+    let key = (prefix_key as u64) ^ ((prefix_key >> 64) as u64);
+    let mut ranked: Vec<(u64, &Candidate)> = nodes
+        .iter()
+        .map(|n| (mix(key ^ mix(n.ring_key)), n))
+        .collect();
+    ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.slot.cmp(&b.1.slot)));
+    let mean = nodes
+        .iter()
+        .map(|n| n.load.utilization(block_size))
+        .sum::<f32>()
+        / nodes.len() as f32;
+    let bound = (1.0 + config.bounded_load_epsilon) * mean;
+    ranked
+        .iter()
+        .find(|(_, n)| n.load.utilization(block_size) <= bound)
+        .map_or(*ranked[0].1, |(_, n)| **n)
+}
+
+const _: () = assert!(MAX_NODES <= 64, "node sets are u64 bitmaps");
