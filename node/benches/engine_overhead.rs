@@ -408,24 +408,9 @@ fn event_log() -> Value {
     out
 }
 
-fn machine() -> Value {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, name)| name.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    json!({ "cores": cores, "cpu": cpu, "arch": std::env::consts::ARCH })
-}
-
 fn main() -> BenchResult<()> {
     let report = json!({
         "bench": "engine_overhead",
-        "machine": machine(),
         "scheduler_decode_step": scheduler_step()?,
         "prefix_index": prefix_index()?,
         "event_log": event_log(),

@@ -2,7 +2,8 @@
 //! routing decisions with 64 nodes and 1 M indexed blocks): the prefix index fed by KV events,
 //! then the cache-aware policy choosing among 64 loaded nodes for 2048-token prompts.
 //!
-//! Prints one JSON object to stdout (`scripts/bench/router.sh` turns it into a receipt).
+//! Prints one JSON object to stdout (`scripts/bench/router.sh` turns it into a receipt, adding
+//! the machine).
 //! Single-threaded: one router core. Figures are min / median / max over `REPS` repetitions.
 
 use std::hint::black_box;
@@ -200,26 +201,11 @@ fn routing(index: &PrefixIndex, slots: &[Slot]) -> Value {
     })
 }
 
-fn machine() -> Value {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, name)| name.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    json!({ "cores": cores, "cpu": cpu, "arch": std::env::consts::ARCH })
-}
-
 fn main() {
     let events = events();
     let (ingest, index, slots) = ingest(&events);
     let report = json!({
         "bench": "routing",
-        "machine": machine(),
         "ingest": ingest,
         "routing": routing(&index, &slots),
     });

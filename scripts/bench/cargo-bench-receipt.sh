@@ -35,6 +35,9 @@ if binary and os.path.isfile(binary):
     head["binary_sha256"] = hashlib.sha256(open(binary, "rb").read()).hexdigest()
 else:
     head["binary_sha256_note"] = "bench executable not found in cargo's build output"
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
+           "unknown") if os.path.exists("/proc/cpuinfo") else "unknown"
+head["machine"] = {"cores": os.cpu_count(), "cpu": cpu, "arch": os.uname().machine}
 head["command"] = command
 head["date"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 head.update(report)
