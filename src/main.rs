@@ -33,6 +33,9 @@ enum Command {
     /// Compile-check the CUDA kernels, or run them against the CPU reference on a GPU.
     #[command(subcommand)]
     Kernels(commands::kernels::KernelsCommand),
+    /// The topology group: init, join, serve, status, members, placement, leave.
+    #[command(subcommand)]
+    Cluster(commands::cluster::ClusterCommand),
     /// This machine's GPUs and the links between them.
     #[command(subcommand)]
     Node(commands::node::NodeCommand),
@@ -49,6 +52,7 @@ fn main() {
         Command::Kernels(cmd) => commands::kernels::run(cmd),
         Command::Gpu(cmd) => commands::gpu::run(cmd),
         Command::Node(cmd) => commands::node::run(cmd),
+        Command::Cluster(cmd) => commands::cluster::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

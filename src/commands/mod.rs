@@ -1,3 +1,4 @@
+pub mod cluster;
 pub mod generate;
 pub mod gpu;
 pub mod gpu_nccl;

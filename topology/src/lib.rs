@@ -7,8 +7,10 @@
 //! - [`store`]: the durable raft log and state machine on one redb file, with snapshots and
 //!   log purge, refusing a corrupt file at open; and the feed of committed changes.
 //! - [`lease_driver`]: proposes lease evaluations while its member leads.
-//! - [`network`]: the raft transport; today the in-process channel network used by tests.
+//! - [`network`]: the in-process channel network used by tests.
+//! - [`transport`]: the QUIC transport with mutual TLS, for raft and for clients.
 //! - [`read`]: linearizable reads (read index).
+//! - [`server`]: a member process: raft, endpoints, lease driver, graceful shutdown.
 
 use std::io::Cursor;
 
@@ -16,8 +18,10 @@ pub mod lease_driver;
 pub mod network;
 pub mod read;
 pub mod ring;
+pub mod server;
 pub mod state;
 pub mod store;
+pub mod transport;
 
 pub use state::NodeId;
 

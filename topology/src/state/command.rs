@@ -73,6 +73,15 @@ pub enum Change {
     DeregisterRouter {
         id: String,
     },
+    /// Records a join token by the SHA-256 of its secret.
+    PutJoinToken {
+        sha256: String,
+    },
+    /// Spends a join token, admitting member `id`.
+    ConsumeJoinToken {
+        sha256: String,
+        id: NodeId,
+    },
 }
 
 /// What an applied entry did.

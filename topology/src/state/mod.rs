@@ -6,6 +6,7 @@
 
 mod command;
 mod health;
+mod join_tokens;
 mod members;
 mod placement;
 mod routers;
@@ -17,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use command::{Applied, Change, Command, Outcome, Rejection};
 pub use health::{Health, HealthPolicy, HealthTransition, Lease};
+pub use join_tokens::{JoinToken, JoinTokens};
 pub use members::{Capacity, Gpu, Member, MemberAddresses, MemberSpec, NodeId, RaftRole};
 pub use placement::{ModelPlacement, PlacementRequest, TpGroup, place};
 pub use routers::{RouterRegistration, RouterRegistry};
@@ -38,6 +40,9 @@ pub struct ClusterState {
     ring: OwnershipRing,
     tenants: TenantRegistry,
     routers: RouterRegistry,
+    /// Absent in states written before join tokens existed.
+    #[serde(default)]
+    join_tokens: JoinTokens,
 }
 
 impl ClusterState {
@@ -67,6 +72,10 @@ impl ClusterState {
 
     pub fn routers(&self) -> &RouterRegistry {
         &self.routers
+    }
+
+    pub fn join_tokens(&self) -> &JoinTokens {
+        &self.join_tokens
     }
 
     /// Applies one command. A rejected command leaves the state as it was, except that group
@@ -107,6 +116,13 @@ impl ClusterState {
                 self.routers.register(id, http_addr, now)?
             }
             Change::DeregisterRouter { id } => self.routers.deregister(id)?,
+            Change::PutJoinToken { sha256 } => self.join_tokens.put(sha256, now)?,
+            Change::ConsumeJoinToken { sha256, id } => {
+                if self.members.contains_key(id) {
+                    return Err(Rejection::MemberExists(*id));
+                }
+                self.join_tokens.consume(sha256, *id)?
+            }
         }
         self.ring.update(self.live_ring_members());
         applied.ring_epoch = self.ring.epoch();

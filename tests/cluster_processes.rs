@@ -1,0 +1,208 @@
+//! `strata cluster` as real processes on 127.0.0.1: `init` and two `join --voter`, the
+//! leader SIGKILLed and a new leader committing writes, then every member SIGKILLed and
+//! restarted from disk with the same `cluster members --json`.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running member, SIGKILLed when dropped; its log goes to `<data>.log`.
+struct Member {
+    child: Child,
+    data: PathBuf,
+}
+
+impl Member {
+    fn spawn(data: &Path, args: &[&str]) -> Self {
+        let log = File::create(data.with_extension("log")).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .arg("cluster")
+            .args(args)
+            .args(["--data", data.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn strata");
+        Self {
+            child,
+            data: data.to_path_buf(),
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.data.with_extension("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A loopback UDP port nothing is bound to right now.
+fn free_port() -> u16 {
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.local_addr().unwrap().port()
+}
+
+fn cli(data: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .arg("cluster")
+        .args(args)
+        .args(["--data", data.to_str().unwrap()])
+        .output()
+        .expect("run strata")
+}
+
+/// `cluster <what> --json` through the member in `data`, once it answers.
+fn view(data: &Path, what: &str) -> Option<Value> {
+    let out = cli(data, &[what, "--json"]);
+    if !out.status.success() {
+        return None;
+    }
+    serde_json::from_slice(&out.stdout).ok()
+}
+
+/// Polls until `check` accepts the status read through one of `datas`; on timeout the
+/// panic shows the members' logs.
+fn wait_status(datas: &[&Path], what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        for data in datas {
+            if let Some(status) = view(data, "status")
+                && check(&status)
+            {
+                return status;
+            }
+        }
+        if Instant::now() >= deadline {
+            let logs: Vec<String> = datas
+                .iter()
+                .map(|d| {
+                    let log = std::fs::read_to_string(d.with_extension("log")).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                    format!(
+                        "== {}\n{}",
+                        d.display(),
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    )
+                })
+                .collect();
+            panic!("never: {what}\n{}", logs.join("\n"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn voters(status: &Value) -> Vec<u64> {
+    status["voters"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn three_processes_survive_a_leader_kill_and_a_full_restart() {
+    let root = tempfile::tempdir().unwrap();
+    let datas: Vec<PathBuf> = (1..=3).map(|i| root.path().join(format!("m{i}"))).collect();
+    let listens: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let join = format!("127.0.0.1:{}", free_port());
+
+    let mut members = vec![Member::spawn(
+        &datas[0],
+        &["init", "--listen", &listens[0], "--join-listen", &join],
+    )];
+    wait_status(&[&datas[0]], "member 1 leads", |s| s["leader"] == 1);
+    for i in 1..3 {
+        // Each join spends a token: `init` wrote the first, `cluster token` issues the next.
+        let token = if i == 1 {
+            datas[0].join("join-token")
+        } else {
+            let file = root.path().join(format!("token-{i}"));
+            let out = cli(&datas[0], &["token", "--out", file.to_str().unwrap()]);
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            file
+        };
+        members.push(Member::spawn(
+            &datas[i],
+            &[
+                "join",
+                "--listen",
+                &listens[i],
+                "--seed",
+                &join,
+                "--token",
+                token.to_str().unwrap(),
+                "--voter",
+            ],
+        ));
+        let want = i + 1;
+        wait_status(&[&datas[0]], "the joiner becomes a voter", |s| {
+            voters(s).len() == want && s["members"] == want
+        });
+    }
+    let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
+    let before = view(&datas[0], "members").expect("members");
+    assert_eq!(before["members"].as_array().unwrap().len(), 3);
+
+    // SIGKILL the leader: the other two elect a new leader that commits (lease renewals are
+    // writes through the leader).
+    let status = wait_status(&paths, "a leader", |s| s["leader"].is_u64());
+    let old = status["leader"].as_u64().unwrap() as usize;
+    let applied = status["last_applied"].as_u64().unwrap();
+    let killed_at = Instant::now();
+    members[old - 1].kill();
+    let survivors: Vec<&Path> = paths
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != old - 1)
+        .map(|(_, p)| *p)
+        .collect();
+    let after = wait_status(&survivors, "a new leader commits", |s| {
+        s["leader"].as_u64().is_some_and(|l| l as usize != old)
+            && s["last_applied"].as_u64().is_some_and(|a| a > applied + 2)
+    });
+    eprintln!(
+        "new leader {} committing {:?} after the kill",
+        after["leader"],
+        killed_at.elapsed()
+    );
+
+    // Kill everyone, restart every member from its data directory: the same members.
+    for member in &mut members {
+        member.kill();
+    }
+    let restarted: Vec<Member> = datas.iter().map(|d| Member::spawn(d, &["serve"])).collect();
+    wait_status(&paths, "a leader after the restart", |s| {
+        s["leader"].is_u64() && voters(s).len() == 3
+    });
+    let again = view(&datas[0], "members").expect("members after the restart");
+    assert_eq!(
+        again,
+        before,
+        "members changed across the restart; logs:\n{}",
+        restarted
+            .iter()
+            .map(Member::log)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}

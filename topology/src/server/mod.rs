@@ -1,0 +1,273 @@
+//! A member process: its raft node, the QUIC endpoints, the lease driver and the renewal of
+//! its own lease, started together and stopped together.
+//!
+//! [`run`] is the whole life of a member: start, serve until SIGTERM or ctrl-c, stop. The
+//! pieces are public so that `cluster init` can bootstrap a new group between start and serve.
+
+pub mod config;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::{BasicNode, ServerState};
+use tokio::task::JoinHandle;
+
+pub use config::{DataLayout, ServerConfig, Timing};
+
+use crate::lease_driver::{Clock, LeaseDriver, SystemClock};
+use crate::state::{Change, Command, MemberSpec};
+use crate::store::{self, StateReader, StoreError};
+use crate::transport::ca::CA_KEY_FILE;
+use crate::transport::client::commit_via_leader;
+use crate::transport::join::JoinAuthority;
+use crate::transport::{
+    CaError, Client, ClusterCa, EndpointError, MemberIdentity, QuicNetworkFactory, Service,
+    join_endpoint, member_endpoint, serve,
+};
+use crate::{NodeId, Raft};
+
+/// The raft cluster name every member uses.
+pub const CLUSTER_NAME: &str = "strata";
+
+/// How long a bootstrap waits for the new group's first leader.
+const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long shutdown waits for peers to acknowledge the endpoint's close.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("member identity: {0}")]
+    Identity(#[from] CaError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("bootstrap: {0}")]
+    Bootstrap(String),
+}
+
+/// A running member.
+pub struct Server {
+    pub id: NodeId,
+    pub raft: Raft,
+    pub state: StateReader,
+    pub client: Client,
+    /// The address other members dial.
+    pub addr: String,
+    endpoint: quinn::Endpoint,
+    join_endpoint: Option<quinn::Endpoint>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Opens the store, binds the endpoints and starts raft and the background tasks. The
+    /// member must already hold its identity in `<data>/tls`.
+    pub async fn start(config: &ServerConfig) -> Result<Self, ServerError> {
+        let layout = config.layout();
+        let identity = MemberIdentity::load(&layout.tls_dir())?;
+        let (log, state_machine) = store::open(&layout.store())?;
+        let state = state_machine.reader();
+        let endpoint = member_endpoint(config.listen, &identity)?;
+        let bound = endpoint
+            .local_addr()
+            .map_err(|source| EndpointError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| bound.to_string());
+        let timing = config.timing;
+        let client = Client::new(endpoint.clone(), timing.rpc_timeout());
+        let raft_config = timing
+            .raft_config(CLUSTER_NAME)
+            .map_err(ServerError::Raft)?;
+        let network = QuicNetworkFactory::new(client.clone());
+        let raft = Raft::new(identity.id, raft_config, network, log, state_machine)
+            .await
+            .map_err(|e| ServerError::Raft(e.to_string()))?;
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let join = if layout.ca_dir().join(CA_KEY_FILE).exists() {
+            let ca = ClusterCa::load(&layout.ca_dir())?;
+            Some(Arc::new(JoinAuthority::new(
+                ca,
+                client.clone(),
+                clock.clone(),
+            )))
+        } else {
+            None
+        };
+        let service = Service {
+            raft: raft.clone(),
+            state: state.clone(),
+            join,
+        };
+        let mut tasks = vec![tokio::spawn(serve(endpoint.clone(), service.clone(), true))];
+        let join_endpoint = match config.join_listen {
+            Some(listen) if service.join.is_some() => {
+                let join_endpoint = join_endpoint(listen, &identity)?;
+                tasks.push(tokio::spawn(serve(join_endpoint.clone(), service, false)));
+                Some(join_endpoint)
+            }
+            Some(listen) => {
+                tracing::warn!(%listen, "no CA key in this data directory; not serving joins");
+                None
+            }
+            None => None,
+        };
+        let driver = LeaseDriver::new(
+            raft.clone(),
+            state.clone(),
+            clock.clone(),
+            Duration::from_millis(timing.lease_check_ms),
+        );
+        tasks.push(tokio::spawn(driver.run()));
+        tasks.push(tokio::spawn(renew_lease(
+            identity.id,
+            raft.clone(),
+            state.clone(),
+            client.clone(),
+            clock,
+            Duration::from_millis(timing.lease_renew_ms),
+        )));
+        tracing::info!(member = identity.id, %addr, "member started");
+        Ok(Self {
+            id: identity.id,
+            raft,
+            state,
+            client,
+            addr,
+            endpoint,
+            join_endpoint,
+            tasks,
+        })
+    }
+
+    /// The address the join endpoint is bound to, if this member serves joins.
+    pub fn join_addr(&self) -> Option<SocketAddr> {
+        self.join_endpoint.as_ref()?.local_addr().ok()
+    }
+
+    /// Makes a new one-voter group of this member (unless the store already holds a group),
+    /// then records the member and, if given, a join token's hash.
+    pub async fn bootstrap(
+        &self,
+        spec: MemberSpec,
+        join_token_sha256: Option<String>,
+    ) -> Result<(), ServerError> {
+        let bootstrap = |e: String| ServerError::Bootstrap(e);
+        let initialized = self
+            .raft
+            .is_initialized()
+            .await
+            .map_err(|e| bootstrap(e.to_string()))?;
+        if !initialized {
+            let mut voters = BTreeMap::new();
+            voters.insert(self.id, BasicNode::new(&self.addr));
+            self.raft
+                .initialize(voters)
+                .await
+                .map_err(|e| bootstrap(e.to_string()))?;
+        }
+        self.raft
+            .wait(Some(BOOTSTRAP_TIMEOUT))
+            .state(ServerState::Leader, "the new group elects its member")
+            .await
+            .map_err(|e| bootstrap(e.to_string()))?;
+        let now = SystemClock.now_ms();
+        let known = self
+            .state
+            .with(|s| s.cluster.members().contains_key(&spec.id));
+        let mut changes = Vec::new();
+        if !known {
+            changes.push(Change::AddMember(spec));
+        }
+        if let Some(sha256) = join_token_sha256 {
+            changes.push(Change::PutJoinToken { sha256 });
+        }
+        for change in changes {
+            commit_via_leader(&self.raft, &self.client, Command::new(now, change))
+                .await
+                .map_err(|e| bootstrap(e.to_string()))?
+                .map_err(|e| bootstrap(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Stops the background tasks and raft, and closes the endpoints.
+    pub async fn shutdown(self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft did not stop cleanly");
+        }
+        for endpoint in std::iter::once(&self.endpoint).chain(self.join_endpoint.as_ref()) {
+            endpoint.close(0u32.into(), b"member shutting down");
+            let _ = tokio::time::timeout(CLOSE_GRACE, endpoint.wait_idle()).await;
+        }
+        tracing::info!(member = self.id, "member stopped");
+    }
+}
+
+/// Renews this member's own health lease while the group knows it.
+async fn renew_lease(
+    id: NodeId,
+    raft: Raft,
+    state: StateReader,
+    client: Client,
+    clock: Arc<dyn Clock>,
+    every: Duration,
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if raft.metrics().borrow().running_state.is_err() {
+            return;
+        }
+        if !state.with(|s| s.cluster.members().contains_key(&id)) {
+            continue;
+        }
+        let command = Command::new(clock.now_ms(), Change::Heartbeat { id });
+        if let Err(e) = commit_via_leader(&raft, &client, command).await {
+            tracing::debug!(error = %e, "lease renewal not committed");
+        }
+    }
+}
+
+/// Resolves on SIGTERM or ctrl-c.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch SIGTERM; only ctrl-c stops the member");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}
+
+/// Runs a member until SIGTERM or ctrl-c, then stops it.
+pub async fn run(config: ServerConfig) -> Result<(), ServerError> {
+    let server = Server::start(&config).await?;
+    shutdown_signal().await;
+    tracing::info!(member = server.id, "stopping on signal");
+    server.shutdown().await;
+    Ok(())
+}

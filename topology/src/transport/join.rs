@@ -1,0 +1,263 @@
+//! Admitting a new member: a one-use token, a certificate request, a certificate back.
+//!
+//! `cluster init` writes a token holding the CA certificate's fingerprint and a random secret,
+//! and commits the secret's SHA-256. The joiner dials the join endpoint of the member holding
+//! the CA key, verifying that member's chain against the pinned fingerprint (it has no
+//! certificate of its own yet), and sends the secret with a CSR. That member commits
+//! `ConsumeJoinToken` with the id it assigns — through the leader, so the token is spent once
+//! for the whole group — then signs the CSR for that id, and adds the joiner as a learner.
+
+use std::fs;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ClientWriteError, RaftError};
+use rcgen::{CertificateParams, CertificateSigningRequestParams, KeyPair};
+use ring::rand::SecureRandom;
+use rustls::pki_types::pem::PemObject;
+
+use super::ca::{
+    CA_CERT_FILE, CaError, ClusterCa, MEMBER_CERT_FILE, MEMBER_KEY_FILE, MemberIdentity, sha256_hex,
+};
+use super::client::{Client, ClientError, commit_via_leader};
+use super::tls::{TlsError, pinned_client_config};
+use super::wire::{JoinGrant, JoinRequest, Refusal, Request, Response, node};
+use crate::Raft;
+use crate::lease_driver::Clock;
+use crate::state::{Change, Command};
+use crate::store::StateReader;
+
+/// What a joiner must present: which CA to trust and the secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinToken {
+    pub ca_fingerprint: String,
+    pub secret: String,
+}
+
+const TOKEN_PREFIX: &str = "strata-join-1";
+
+impl JoinToken {
+    /// A fresh token for the CA with this fingerprint.
+    pub fn generate(ca_fingerprint: &str) -> Result<Self, JoinError> {
+        let mut bytes = [0u8; 32];
+        ring::rand::SystemRandom::new()
+            .fill(&mut bytes)
+            .map_err(|_| JoinError::Token("the system random source failed".into()))?;
+        Ok(Self {
+            ca_fingerprint: ca_fingerprint.to_string(),
+            secret: bytes.iter().map(|b| format!("{b:02x}")).collect(),
+        })
+    }
+
+    /// What the group stores: the secret's SHA-256.
+    pub fn secret_sha256(&self) -> String {
+        sha256_hex(self.secret.as_bytes())
+    }
+
+    /// `strata-join-1.<fingerprint>.<secret>`
+    pub fn encode(&self) -> String {
+        format!("{TOKEN_PREFIX}.{}.{}", self.ca_fingerprint, self.secret)
+    }
+
+    pub fn parse(text: &str) -> Result<Self, JoinError> {
+        let bad = || JoinError::Token("expected strata-join-1.<fingerprint>.<secret>".into());
+        let mut parts = text.trim().split('.');
+        if parts.next() != Some(TOKEN_PREFIX) {
+            return Err(bad());
+        }
+        let hex64 = |s: &str| s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit());
+        match (parts.next(), parts.next(), parts.next()) {
+            (Some(fp), Some(secret), None) if hex64(fp) && hex64(secret) => Ok(Self {
+                ca_fingerprint: fp.to_ascii_lowercase(),
+                secret: secret.to_string(),
+            }),
+            _ => Err(bad()),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JoinError {
+    #[error("join token: {0}")]
+    Token(String),
+    #[error(transparent)]
+    Ca(#[from] CaError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("cannot open a QUIC endpoint: {0}")]
+    Endpoint(std::io::Error),
+    #[error("certificate request: {0}")]
+    Request(#[from] rcgen::Error),
+    #[error("the seed answered with a CA other than the token's")]
+    WrongCa,
+    #[error("{}: {source}", path.display())]
+    Write {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// Held by the member with the CA key: admits joiners.
+pub struct JoinAuthority {
+    ca: ClusterCa,
+    client: Client,
+    clock: Arc<dyn Clock>,
+}
+
+impl JoinAuthority {
+    pub fn new(ca: ClusterCa, client: Client, clock: Arc<dyn Clock>) -> Self {
+        Self { ca, client, clock }
+    }
+
+    /// Checks and spends the token, signs the request, adds the joiner as a learner.
+    pub async fn admit(
+        &self,
+        raft: &Raft,
+        state: &StateReader,
+        join: JoinRequest,
+    ) -> Result<JoinGrant, Refusal> {
+        CertificateSigningRequestParams::from_pem(&join.csr_pem)
+            .map_err(|e| Refusal::Malformed(format!("certificate request: {e}")))?;
+        if join.raft_addr.parse::<SocketAddr>().is_err() {
+            return Err(Refusal::Malformed(format!(
+                "raft address {:?} is not host:port",
+                join.raft_addr
+            )));
+        }
+        let id = state.with(|applied| {
+            let members = applied.cluster.members().keys().copied();
+            let nodes = applied.membership.membership().nodes().map(|(id, _)| *id);
+            let admitted = applied
+                .cluster
+                .join_tokens()
+                .tokens()
+                .values()
+                .filter_map(|t| t.consumed_by);
+            members.chain(nodes).chain(admitted).max().unwrap_or(0) + 1
+        });
+        let sha256 = sha256_hex(join.secret.as_bytes());
+        let consume = Command::new(self.clock.now_ms(), Change::ConsumeJoinToken { sha256, id });
+        commit_via_leader(raft, &self.client, consume)
+            .await?
+            .map_err(|rejection| Refusal::Failed(format!("join refused: {rejection}")))?;
+        let cert_pem = self
+            .ca
+            .sign_request(&join.csr_pem, id)
+            .map_err(|e| Refusal::Failed(e.to_string()))?;
+        // Not blocking: the joiner starts its member endpoint only once it has the certificate.
+        let added = match raft.add_learner(id, node(&join.raft_addr), false).await {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                match forward.leader_node {
+                    Some(leader) => self
+                        .client
+                        .add_learner(&leader.addr, id, &join.raft_addr)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    None => Err("no leader".to_string()),
+                }
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        added.map_err(|e| Refusal::Failed(format!("member {id} admitted, not added: {e}")))?;
+        tracing::info!(member = id, addr = %join.raft_addr, "admitted a joiner as a learner");
+        Ok(JoinGrant {
+            id,
+            cert_pem,
+            ca_pem: self.ca.cert_pem().to_string(),
+        })
+    }
+}
+
+/// The joiner's side: asks the member at `seed` (its join endpoint) for a certificate, writes
+/// the new identity into `tls_dir` and returns it.
+pub async fn request_membership(
+    seed: &str,
+    token: &JoinToken,
+    raft_addr: &str,
+    tls_dir: &Path,
+    timeout: Duration,
+) -> Result<MemberIdentity, JoinError> {
+    let key = KeyPair::generate()?;
+    let csr_pem = CertificateParams::new(Vec::<String>::new())?
+        .serialize_request(&key)?
+        .pem()?;
+    let seed_addr: SocketAddr = tokio::net::lookup_host(seed)
+        .await
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| ClientError::Resolve {
+            addr: seed.to_string(),
+            detail: "no address".into(),
+        })?;
+    let local: SocketAddr = if seed_addr.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    }
+    .parse()
+    .map_err(|_| JoinError::Token("unreachable: a literal address".into()))?;
+    let mut endpoint = quinn::Endpoint::client(local).map_err(JoinError::Endpoint)?;
+    endpoint.set_default_client_config(pinned_client_config(&token.ca_fingerprint)?);
+    let client = Client::new(endpoint.clone(), timeout);
+    let request = Request::Join(JoinRequest {
+        secret: token.secret.clone(),
+        csr_pem,
+        raft_addr: raft_addr.to_string(),
+    });
+    let response = client.call(seed, &request).await;
+    endpoint.close(0u32.into(), b"joined");
+    let grant = match response? {
+        Response::Joined(grant) => grant,
+        Response::Refused(refusal) => {
+            return Err(ClientError::Refused {
+                addr: seed.to_string(),
+                refusal,
+            }
+            .into());
+        }
+        other => {
+            return Err(ClientError::Unexpected {
+                addr: seed.to_string(),
+                what: format!("{other:?}").chars().take(200).collect(),
+            }
+            .into());
+        }
+    };
+    let ca_der = rustls::pki_types::CertificateDer::from_pem_slice(grant.ca_pem.as_bytes())
+        .map_err(|_| JoinError::WrongCa)?;
+    if sha256_hex(&ca_der) != token.ca_fingerprint {
+        return Err(JoinError::WrongCa);
+    }
+    write_identity(tls_dir, &grant, &key)?;
+    Ok(MemberIdentity::load(tls_dir)?)
+}
+
+fn write_identity(dir: &Path, grant: &JoinGrant, key: &KeyPair) -> Result<(), JoinError> {
+    let write_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| JoinError::Write { path, source }
+    };
+    fs::create_dir_all(dir).map_err(write_err(dir))?;
+    let key_path = dir.join(MEMBER_KEY_FILE);
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(&key_path).map_err(write_err(&key_path))?;
+    std::io::Write::write_all(&mut file, key.serialize_pem().as_bytes())
+        .map_err(write_err(&key_path))?;
+    for (name, contents) in [
+        (MEMBER_CERT_FILE, &grant.cert_pem),
+        (CA_CERT_FILE, &grant.ca_pem),
+    ] {
+        let path = dir.join(name);
+        fs::write(&path, contents).map_err(write_err(&path))?;
+    }
+    Ok(())
+}

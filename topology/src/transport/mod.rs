@@ -1,0 +1,90 @@
+//! The topology transport: QUIC (quinn) with mutual TLS from the cluster CA.
+//!
+//! - [`ca`]: the cluster CA and member identities (the member id lives in the certificate).
+//! - [`tls`]: rustls configurations — mutual TLS for members, server-only TLS for joiners.
+//! - [`wire`]: requests, responses and their length-prefixed JSON frames.
+//! - [`service`]: the member side; [`client`]: the calling side.
+//! - [`raft_network`]: openraft's `RaftNetworkFactory` over the client.
+//! - [`join`]: admitting a member with a one-use token.
+//!
+//! One bidirectional stream carries one call. Raft RPCs and client calls share the member
+//! endpoint; joins have their own endpoint because a joiner has no certificate yet, and the
+//! member endpoint refuses every peer without one at the handshake.
+
+pub mod ca;
+pub mod client;
+pub mod join;
+pub mod raft_network;
+pub mod service;
+pub mod tls;
+pub mod wire;
+
+use std::net::SocketAddr;
+
+pub use ca::{CaError, ClusterCa, MemberIdentity};
+pub use client::{Client, ClientError, Subscription};
+pub use raft_network::QuicNetworkFactory;
+pub use service::{Service, serve};
+pub use tls::TlsError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// The member endpoint on `listen`: accepts members (mutual TLS) and dials them as `identity`.
+pub fn member_endpoint(
+    listen: SocketAddr,
+    identity: &MemberIdentity,
+) -> Result<quinn::Endpoint, EndpointError> {
+    let mut endpoint = quinn::Endpoint::server(tls::member_server_config(identity)?, listen)
+        .map_err(|source| EndpointError::Bind {
+            addr: listen,
+            source,
+        })?;
+    endpoint.set_default_client_config(tls::member_client_config(identity)?);
+    Ok(endpoint)
+}
+
+/// The join endpoint on `listen`: server-authenticated TLS, serving only joins.
+pub fn join_endpoint(
+    listen: SocketAddr,
+    identity: &MemberIdentity,
+) -> Result<quinn::Endpoint, EndpointError> {
+    quinn::Endpoint::server(tls::join_server_config(identity)?, listen).map_err(|source| {
+        EndpointError::Bind {
+            addr: listen,
+            source,
+        }
+    })
+}
+
+/// A dial-only endpoint for tools that hold a member identity (the operator CLI).
+pub fn client_endpoint(
+    identity: &MemberIdentity,
+    local: SocketAddr,
+) -> Result<quinn::Endpoint, EndpointError> {
+    let mut endpoint = quinn::Endpoint::client(local).map_err(|source| EndpointError::Bind {
+        addr: local,
+        source,
+    })?;
+    endpoint.set_default_client_config(tls::member_client_config(identity)?);
+    Ok(endpoint)
+}
+
+/// Turns a dial-only endpoint (a joiner's, before it had a certificate) into a member
+/// endpoint on the same socket, so that the address it announced stays valid.
+pub fn upgrade_to_member(
+    endpoint: &mut quinn::Endpoint,
+    identity: &MemberIdentity,
+) -> Result<(), EndpointError> {
+    endpoint.set_server_config(Some(tls::member_server_config(identity)?));
+    endpoint.set_default_client_config(tls::member_client_config(identity)?);
+    Ok(())
+}

@@ -1,0 +1,281 @@
+//! The member side of the endpoint: accepts connections, reads one request per stream and
+//! answers it from the local raft node.
+//!
+//! Nothing a peer sends can take the member down: a frame that is too large, does not decode
+//! or names an unknown message type is answered with `Refused` and logged with the peer's
+//! address, and the connection keeps serving its other streams. Raft RPCs are accepted only
+//! from the member their certificate names.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use openraft::ChangeMembers;
+use openraft::error::{ClientWriteError, RaftError};
+
+use super::client::peer_member;
+use super::join::JoinAuthority;
+use super::wire::{
+    ClusterView, FeedItem, FrameError, MembershipChange, Refusal, Request, Response, node,
+    read_frame_bytes, write_frame,
+};
+use crate::store::{FeedError, StateReader};
+use crate::{NodeId, Raft};
+
+/// What a member serves.
+#[derive(Clone)]
+pub struct Service {
+    pub raft: Raft,
+    pub state: StateReader,
+    /// Set on members that hold the CA key and may admit joiners.
+    pub join: Option<Arc<JoinAuthority>>,
+}
+
+/// Accepts connections on `endpoint` until it is closed. `mutual` says whether the endpoint
+/// authenticates clients (the member endpoint) or not (the join endpoint, which serves only
+/// `Join`).
+pub async fn serve(endpoint: quinn::Endpoint, service: Service, mutual: bool) {
+    while let Some(incoming) = endpoint.accept().await {
+        let service = service.clone();
+        tokio::spawn(async move {
+            let remote = incoming.remote_address();
+            match incoming.await {
+                Ok(connection) => serve_connection(connection, service, mutual).await,
+                Err(e) => log_failed_handshake(remote, &e),
+            }
+        });
+    }
+}
+
+async fn serve_connection(connection: quinn::Connection, service: Service, mutual: bool) {
+    let remote = connection.remote_address();
+    let peer = peer_member(&connection);
+    if mutual && peer.is_none() {
+        // The CA issued a certificate without a member id: not one of ours to trust.
+        tracing::warn!(peer = %remote, "peer certificate names no member; closing");
+        connection.close(1u32.into(), b"certificate names no member");
+        return;
+    }
+    loop {
+        match connection.accept_bi().await {
+            Ok((send, recv)) => {
+                let service = service.clone();
+                tokio::spawn(async move {
+                    serve_stream(send, recv, &service, peer, remote, mutual).await;
+                });
+            }
+            Err(e) => {
+                tracing::debug!(peer = %remote, error = %e, "connection ended");
+                return;
+            }
+        }
+    }
+}
+
+async fn serve_stream(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    service: &Service,
+    peer: Option<NodeId>,
+    remote: SocketAddr,
+    mutual: bool,
+) {
+    let refused = match read_frame_bytes(&mut recv).await {
+        Ok(Some(body)) => match serde_json::from_slice::<Request>(&body) {
+            Ok(request) => match admit(&request, peer, mutual) {
+                Ok(()) => {
+                    if let Err(e) = answer(request, &mut send, service).await {
+                        tracing::debug!(peer = %remote, error = %e, "answer not delivered");
+                    }
+                    let _ = send.finish();
+                    return;
+                }
+                Err(refusal) => refusal,
+            },
+            Err(e) => Refusal::Malformed(e.to_string()),
+        },
+        Ok(None) => Refusal::Malformed("the stream ended before a request".into()),
+        Err(FrameError::Oversize(len)) => Refusal::Oversize(len),
+        Err(e) => Refusal::Malformed(e.to_string()),
+    };
+    tracing::warn!(peer = %remote, member = ?peer, refusal = %refused, "refused a request");
+    let _ = write_frame(&mut send, &Response::Refused(refused)).await;
+    let _ = send.finish();
+    // Whatever else the peer sends on this stream is not read.
+    let _ = recv.stop(0u32.into());
+}
+
+/// A handshake this member refused (a TLS failure: no certificate, another CA) or that the
+/// peer refused is a warning; one the peer abandoned (it gave up, or timed out) is not.
+fn log_failed_handshake(remote: SocketAddr, e: &quinn::ConnectionError) {
+    match e {
+        quinn::ConnectionError::TransportError(_) | quinn::ConnectionError::ConnectionClosed(_) => {
+            tracing::warn!(peer = %remote, error = %e, "refused a connection at the handshake");
+        }
+        _ => tracing::debug!(peer = %remote, error = %e, "handshake abandoned"),
+    }
+}
+
+/// Whether this peer may make this request.
+fn admit(request: &Request, peer: Option<NodeId>, mutual: bool) -> Result<(), Refusal> {
+    if !mutual {
+        return match request {
+            Request::Join(_) => Ok(()),
+            _ => Err(Refusal::Failed(
+                "this endpoint serves only joins; use the member endpoint".into(),
+            )),
+        };
+    }
+    if let Some(claimed) = request.raft_sender() {
+        let peer = peer.unwrap_or_default();
+        if claimed != peer {
+            return Err(Refusal::WrongSender { claimed, peer });
+        }
+    }
+    Ok(())
+}
+
+/// Turns a raft API error into a refusal, naming the leader where raft knows it.
+fn refusal<E>(e: RaftError<NodeId, E>) -> Refusal
+where
+    E: std::error::Error + TryAsForward,
+{
+    match e {
+        RaftError::APIError(api) => match api.forward() {
+            Some((leader, addr)) => Refusal::NotLeader { leader, addr },
+            None => Refusal::Failed(api.to_string()),
+        },
+        RaftError::Fatal(fatal) => Refusal::Failed(fatal.to_string()),
+    }
+}
+
+/// The API errors that can mean "ask the leader instead".
+trait TryAsForward {
+    fn forward(&self) -> Option<(Option<NodeId>, Option<String>)>;
+}
+
+impl TryAsForward for ClientWriteError<NodeId, openraft::BasicNode> {
+    fn forward(&self) -> Option<(Option<NodeId>, Option<String>)> {
+        match self {
+            ClientWriteError::ForwardToLeader(f) => {
+                Some((f.leader_id, f.leader_node.as_ref().map(|n| n.addr.clone())))
+            }
+            ClientWriteError::ChangeMembershipError(_) => None,
+        }
+    }
+}
+
+impl TryAsForward for openraft::error::CheckIsLeaderError<NodeId, openraft::BasicNode> {
+    fn forward(&self) -> Option<(Option<NodeId>, Option<String>)> {
+        match self {
+            openraft::error::CheckIsLeaderError::ForwardToLeader(f) => {
+                Some((f.leader_id, f.leader_node.as_ref().map(|n| n.addr.clone())))
+            }
+            openraft::error::CheckIsLeaderError::QuorumNotEnough(_) => None,
+        }
+    }
+}
+
+async fn answer(
+    request: Request,
+    send: &mut quinn::SendStream,
+    service: &Service,
+) -> Result<(), FrameError> {
+    let raft = &service.raft;
+    let response = match request {
+        Request::AppendEntries(rpc) => Response::AppendEntries(raft.append_entries(rpc).await),
+        Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
+        Request::InstallSnapshot(rpc) => {
+            Response::InstallSnapshot(raft.install_snapshot(rpc).await)
+        }
+        Request::Propose(command) => match raft.client_write(command).await {
+            Ok(written) => Response::Proposed {
+                log_id: written.log_id,
+                outcome: written.data,
+            },
+            Err(e) => Response::Refused(refusal(e)),
+        },
+        Request::Read => match raft.ensure_linearizable().await {
+            Ok(_) => Response::View(Box::new(view(service))),
+            Err(e) => Response::Refused(refusal(e)),
+        },
+        Request::Subscribe => return stream_feed(send, &service.state).await,
+        Request::AddLearner { id, addr } => {
+            membership_response(raft.add_learner(id, node(&addr), true).await)
+        }
+        Request::ChangeMembership(change) => {
+            let changes = match change {
+                MembershipChange::AddVoters(ids) => ChangeMembers::AddVoterIds(ids),
+                MembershipChange::RemoveVoters(ids) => ChangeMembers::RemoveVoters(ids),
+                MembershipChange::RemoveLearners(ids) => ChangeMembers::RemoveNodes(ids),
+            };
+            membership_response(raft.change_membership(changes, false).await)
+        }
+        Request::Join(join) => match &service.join {
+            Some(authority) => match authority.admit(raft, &service.state, join).await {
+                Ok(grant) => Response::Joined(grant),
+                Err(refused) => Response::Refused(refused),
+            },
+            None => Response::Refused(Refusal::Failed(
+                "this member does not hold the cluster CA key; join through the one that does"
+                    .into(),
+            )),
+        },
+    };
+    write_frame(send, &response).await
+}
+
+fn membership_response(
+    result: Result<
+        openraft::raft::ClientWriteResponse<crate::TypeConfig>,
+        RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>,
+    >,
+) -> Response {
+    match result {
+        Ok(written) => Response::MembershipChanged {
+            log_id: written.log_id,
+        },
+        Err(e) => Response::Refused(refusal(e)),
+    }
+}
+
+/// The applied state with raft's view of the group.
+pub fn view(service: &Service) -> ClusterView {
+    let leader = service.raft.metrics().borrow().current_leader;
+    service.state.with(|applied| {
+        let membership = applied.membership.membership();
+        ClusterView {
+            leader,
+            last_applied: applied.last_applied,
+            voters: membership.voter_ids().collect::<BTreeSet<_>>(),
+            nodes: membership
+                .nodes()
+                .map(|(id, n)| (*id, n.addr.clone()))
+                .collect(),
+            cluster: applied.cluster.clone(),
+        }
+    })
+}
+
+/// Sends the applied state, then every committed change, until the subscriber goes away or
+/// has to start over.
+async fn stream_feed(send: &mut quinn::SendStream, state: &StateReader) -> Result<(), FrameError> {
+    let (applied, mut feed) = state.subscribe();
+    let start = FeedItem::Start {
+        last_applied: applied.last_applied,
+        cluster: applied.cluster,
+    };
+    write_frame(send, &Response::Feed(start)).await?;
+    loop {
+        let item = match feed.recv().await {
+            Ok(event) => FeedItem::from(event),
+            Err(FeedError::Lagged(_)) => FeedItem::Restart,
+            Err(FeedError::Closed) => return Ok(()),
+        };
+        let restart = item == FeedItem::Restart;
+        write_frame(send, &Response::Feed(item)).await?;
+        if restart {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! What travels on a stream: one request frame from the caller, then one response frame (or,
+//! for a subscription, a sequence of them) from the member.
+//!
+//! A frame is a 4-byte big-endian length followed by that many bytes of JSON. Lengths above
+//! [`MAX_FRAME`] are refused before anything is read or allocated, so a peer cannot make a
+//! member buffer an arbitrary amount.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use openraft::error::{InstallSnapshotError, RaftError};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, LogId};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::state::{ClusterState, Command, Outcome};
+use crate::store::CommittedEvent;
+use crate::{NodeId, TypeConfig};
+
+/// The largest frame either side accepts: far above any snapshot of the cluster state this
+/// group keeps (members, placements, keys), far below what would hurt a member.
+pub const MAX_FRAME: usize = 16 * 1024 * 1024;
+
+/// A call on one stream.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", content = "body")]
+pub enum Request {
+    AppendEntries(AppendEntriesRequest<TypeConfig>),
+    Vote(VoteRequest<NodeId>),
+    InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+    /// Commit a command; only the leader accepts it.
+    Propose(Command),
+    /// A linearizable read of the whole view; only the leader answers.
+    Read,
+    /// The applied state, then every committed change after it, until either side closes.
+    Subscribe,
+    AddLearner {
+        id: NodeId,
+        addr: String,
+    },
+    ChangeMembership(MembershipChange),
+    /// Present a join token and a certificate request; answered with a certificate.
+    Join(JoinRequest),
+}
+
+impl Request {
+    /// The member on whose behalf a raft RPC claims to speak.
+    pub fn raft_sender(&self) -> Option<NodeId> {
+        match self {
+            Request::AppendEntries(rpc) => rpc.vote.leader_id().voted_for(),
+            Request::Vote(rpc) => rpc.vote.leader_id().voted_for(),
+            Request::InstallSnapshot(rpc) => rpc.vote.leader_id().voted_for(),
+            _ => None,
+        }
+    }
+}
+
+/// Changes to the raft voter set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MembershipChange {
+    /// Makes learners voters.
+    AddVoters(BTreeSet<NodeId>),
+    /// Removes voters from the group altogether.
+    RemoveVoters(BTreeSet<NodeId>),
+    /// Removes learners.
+    RemoveLearners(BTreeSet<NodeId>),
+}
+
+/// A joiner's token and certificate request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinRequest {
+    pub secret: String,
+    pub csr_pem: String,
+    /// Where the joiner will listen for raft and client RPCs.
+    pub raft_addr: String,
+}
+
+/// What a join returns: the id the group chose and a certificate naming it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JoinGrant {
+    pub id: NodeId,
+    pub cert_pem: String,
+    pub ca_pem: String,
+}
+
+/// The linearizable view clients read: the cluster state and raft's view of the group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    pub leader: Option<NodeId>,
+    pub last_applied: Option<LogId<NodeId>>,
+    pub voters: BTreeSet<NodeId>,
+    /// Every raft node (voters and learners) with its address.
+    pub nodes: BTreeMap<NodeId, String>,
+    pub cluster: ClusterState,
+}
+
+/// One item of a subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FeedItem {
+    /// The first item: the applied state the changes continue from.
+    Start {
+        last_applied: Option<LogId<NodeId>>,
+        cluster: ClusterState,
+    },
+    Applied {
+        log_id: LogId<NodeId>,
+        command: Option<Command>,
+        outcome: Outcome,
+    },
+    /// The state was replaced by a snapshot, or the subscriber fell behind: subscribe again.
+    Restart,
+}
+
+impl From<CommittedEvent> for FeedItem {
+    fn from(event: CommittedEvent) -> Self {
+        match event {
+            CommittedEvent::Applied {
+                log_id,
+                command,
+                outcome,
+            } => FeedItem::Applied {
+                log_id,
+                command,
+                outcome,
+            },
+            CommittedEvent::Replaced { .. } => FeedItem::Restart,
+        }
+    }
+}
+
+/// Why a member refused or failed a request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    #[error("malformed request: {0}")]
+    Malformed(String),
+    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME}")]
+    Oversize(u64),
+    #[error("raft RPC claims sender {claimed} but the peer certificate names member {peer}")]
+    WrongSender { claimed: NodeId, peer: NodeId },
+    #[error("not the leader; the leader is {leader:?} at {addr:?}")]
+    NotLeader {
+        leader: Option<NodeId>,
+        addr: Option<String>,
+    },
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// A member's answer.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "type", content = "body")]
+pub enum Response {
+    AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    InstallSnapshot(
+        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
+    ),
+    Proposed {
+        log_id: LogId<NodeId>,
+        outcome: Outcome,
+    },
+    View(Box<ClusterView>),
+    Feed(FeedItem),
+    /// A membership change or learner addition committed at this log id.
+    MembershipChanged {
+        log_id: LogId<NodeId>,
+    },
+    Joined(JoinGrant),
+    Refused(Refusal),
+}
+
+/// The node record raft keeps for a member: its address.
+pub fn node(addr: &str) -> BasicNode {
+    BasicNode::new(addr)
+}
+
+/// Why a frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    #[error("stream read: {0}")]
+    Read(#[from] quinn::ReadExactError),
+    #[error("stream write: {0}")]
+    Write(#[from] quinn::WriteError),
+    #[error("stream closed: {0}")]
+    Closed(#[from] quinn::ClosedStream),
+    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME}")]
+    Oversize(u64),
+    #[error("frame does not decode: {0}")]
+    Decode(serde_json::Error),
+    #[error("frame does not encode: {0}")]
+    Encode(serde_json::Error),
+}
+
+/// Writes one frame.
+pub async fn write_frame<T: Serialize>(
+    send: &mut quinn::SendStream,
+    value: &T,
+) -> Result<(), FrameError> {
+    let body = serde_json::to_vec(value).map_err(FrameError::Encode)?;
+    if body.len() > MAX_FRAME {
+        return Err(FrameError::Oversize(body.len() as u64));
+    }
+    let len = u32::try_from(body.len()).map_err(|_| FrameError::Oversize(body.len() as u64))?;
+    send.write_all(&len.to_be_bytes()).await?;
+    send.write_all(&body).await?;
+    Ok(())
+}
+
+/// Reads one frame's bytes; `Ok(None)` when the stream ended cleanly before a frame began.
+pub async fn read_frame_bytes(recv: &mut quinn::RecvStream) -> Result<Option<Vec<u8>>, FrameError> {
+    let mut len = [0u8; 4];
+    match recv.read_exact(&mut len).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::Oversize(len as u64));
+    }
+    let mut body = vec![0u8; len];
+    recv.read_exact(&mut body).await?;
+    Ok(Some(body))
+}
+
+/// Reads and decodes one frame; `Ok(None)` at a clean end of stream.
+pub async fn read_frame<T: DeserializeOwned>(
+    recv: &mut quinn::RecvStream,
+) -> Result<Option<T>, FrameError> {
+    match read_frame_bytes(recv).await? {
+        None => Ok(None),
+        Some(body) => serde_json::from_slice(&body)
+            .map(Some)
+            .map_err(FrameError::Decode),
+    }
+}
