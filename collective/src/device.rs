@@ -168,6 +168,13 @@ pub trait DeviceCommunicator: Send {
     /// The stream every collective of this rank is enqueued on.
     fn stream(&self) -> &Arc<CudaStream>;
 
+    /// Whether the collectives only enqueue work on [`DeviceCommunicator::stream`] (no host
+    /// synchronization), so a caller may capture them into a CUDA graph. NCCL's do; the
+    /// host-staged communicator's ([`crate::StagedCommunicator`]) do not.
+    fn capturable(&self) -> bool {
+        true
+    }
+
     /// Replaces `buf` on every rank by the element-wise sum of all ranks' `buf`, in rank order
     /// starting from rank 0's value: in f32 for f32 buffers; for bf16 buffers widened to f32,
     /// added in the same order, and rounded to bf16 once. Bit-identical on every rank; with one

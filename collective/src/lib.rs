@@ -49,6 +49,7 @@ pub mod inventory;
 pub mod local;
 pub mod nccl;
 pub mod ordered;
+pub mod staged;
 
 use std::fmt;
 
@@ -56,6 +57,7 @@ pub use device::{DeviceBuf, DeviceBufMut, DeviceCollective, DeviceCommunicator, 
 pub use error::{CollectiveError, GroupPosition};
 pub use local::{DEFAULT_TIMEOUT, LocalCommunicator, LocalGroup};
 pub use nccl::{NcclCommunicator, NcclGroup};
+pub use staged::{StagedCommunicator, StagedGroup};
 
 /// One rank's handle on a communicator group.
 ///

@@ -7,22 +7,40 @@
 
 constexpr int NORM_THREADS = 256;
 
-// out[t, :] = table[ids[t], :]. One block per token, 16-byte copies (hidden % 8 == 0).
-// An id >= vocab writes a zero row (the launcher cannot see device ids; zero is detectable
-// upstream and never reads out of bounds).
+// out[t, :] = table[ids[t] - first, :] for ids in first .. first + rows. One block per token,
+// 16-byte copies (hidden % 8 == 0). Any other id writes a row of `fill` (bf16 bits): zero for a
+// whole table (the launcher cannot see device ids; zero is detectable upstream and never reads
+// out of bounds), -0.0 for a rank's vocabulary shard, the exact additive identity, so the
+// all-reduce of the ranks' rows returns the owner's row bit for bit.
 extern "C" __global__ void __launch_bounds__(256)
 embed(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ table,
-      const u32* __restrict__ ids, u32 hidden, u32 vocab) {
+      const u32* __restrict__ ids, u32 hidden, u32 first, u32 rows, u32 fill) {
     const u32 t = blockIdx.x;
     const u32 id = ids[t];
     const u32 chunks = hidden / 8;
     uint4* dst = reinterpret_cast<uint4*>(out + (u64)t * hidden);
-    if (id >= vocab) {
-        for (u32 c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = make_uint4(0, 0, 0, 0);
+    if (id < first || id - first >= rows) {
+        const u32 word = fill | (fill << 16);
+        for (u32 c = threadIdx.x; c < chunks; c += blockDim.x) {
+            dst[c] = make_uint4(word, word, word, word);
+        }
         return;
     }
-    const uint4* src = reinterpret_cast<const uint4*>(table + (u64)id * hidden);
+    const uint4* src = reinterpret_cast<const uint4*>(table + (u64)(id - first) * hidden);
     for (u32 c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = src[c];
+}
+
+// out[i] = bf16(((p[0][i] + p[1][i]) + p[2][i]) + ...) for i < n, shard s at p + s * stride:
+// the row-parallel partials added in shard order, in f32, rounded once.
+extern "C" __global__ void __launch_bounds__(256)
+sum_shards_bf16(__nv_bfloat16* __restrict__ out, const float* __restrict__ partials, u32 shards,
+                u64 stride, u64 n) {
+    const u64 step = (u64)gridDim.x * blockDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        float acc = partials[i];
+        for (u32 s = 1; s < shards; ++s) acc += partials[(u64)s * stride + i];
+        out[i] = f32_to_bf16(acc);
+    }
 }
 
 // 1 / sqrt(mean + eps) with IEEE sqrt and division (no approximate rsqrt).

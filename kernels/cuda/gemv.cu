@@ -164,11 +164,14 @@ __device__ __forceinline__ void mma_bf16_16816(float c[4], u32 a0, u32 a1, u32 a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <int XT, typename Out>
+// Rows of x and w are `ld` apart when SLICED (a K-slice of wider rows), else `k` apart: the
+// whole-row kernels compile exactly as before the slice parameter existed.
+template <int XT, bool SLICED, typename Out>
 __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
                                               const __nv_bfloat16* __restrict__ x,
                                               const __nv_bfloat16* __restrict__ w, u32 m_rows,
-                                              u32 n_rows, u32 k, u32 block) {
+                                              u32 n_rows, u32 k, u32 ld_arg, u32 block) {
+    const u32 ld = SLICED ? ld_arg : k;
     constexpr int U = MmaUnroll<XT>::U;
     __shared__ float partial[MMA_WARPS][16][MMA_ROWS + 1];
     const int lane = threadIdx.x & 31;
@@ -196,16 +199,16 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
             for (int i = 0; i < MMA_TILES; ++i) {
                 const u32 n = n0 + i * 8 + g;
                 wv[u][i] = live && n < n_rows
-                               ? load_stream(w + (u64)n * k + (u64)s * 32 + t * 8)
+                               ? load_stream(w + (u64)n * ld + (u64)s * 32 + t * 8)
                                : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
             for (int j = 0; j < XT; ++j) {
                 const u32 lo = 16 * j + g;
                 const u32 hi = lo + 8;
-                xl[u][j] = live && lo < m_rows ? load16(x + (u64)lo * k + (u64)s * 32 + t * 8)
+                xl[u][j] = live && lo < m_rows ? load16(x + (u64)lo * ld + (u64)s * 32 + t * 8)
                                                : make_uint4(0, 0, 0, 0);
-                xh[u][j] = live && hi < m_rows ? load16(x + (u64)hi * k + (u64)s * 32 + t * 8)
+                xh[u][j] = live && hi < m_rows ? load16(x + (u64)hi * ld + (u64)s * 32 + t * 8)
                                                : make_uint4(0, 0, 0, 0);
             }
         }
@@ -257,16 +260,22 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
 // y1, the rest y2. Each block runs the single-GEMV body unchanged, so every output is bitwise
 // what the single launch gives; the point is one launch wide enough to fill the GPU where the
 // narrow k and v projections alone (1024 rows on an 8B shape: 64 blocks) leave half of it idle.
+//
+// The shard GEMV (the row-parallel o and down projections, DESIGN.md §5): block (b, s) computes
+// rows b of the f32 partial y_s = x[:, s*kslice .. (s+1)*kslice] * w[:, same]^T, x and w rows
+// `ld` apart, y_s at y + s * y_stride. A shard's partial depends only on its own K-slice (the
+// steps are counted from the slice's start), so it is bitwise the same whether the launch covers
+// all eight shards of the full K (TP = 1) or a rank's share of them (TP = N, ld = its K).
 #define GEMV_MMA_ENTRIES(XT)                                                                    \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                \
         gemv_mma_bf16_x##XT(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x, \
                             const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {         \
-        gemv_mma_body<XT>(y, x, w, m, n, k, blockIdx.x);                                        \
+        gemv_mma_body<XT, false>(y, x, w, m, n, k, k, blockIdx.x);                                 \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                \
         gemv_mma_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,          \
                            const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {          \
-        gemv_mma_body<XT>(y, x, w, m, n, k, blockIdx.x);                                        \
+        gemv_mma_body<XT, false>(y, x, w, m, n, k, k, blockIdx.x);                                 \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) gemv_mma3_bf16_x##XT(          \
         __nv_bfloat16* __restrict__ y0, __nv_bfloat16* __restrict__ y1,                         \
@@ -277,12 +286,20 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
         const u32 blocks1 = (n1 + MMA_ROWS - 1) / MMA_ROWS;                                     \
         const u32 b = blockIdx.x;                                                               \
         if (b < blocks0) {                                                                      \
-            gemv_mma_body<XT>(y0, x, w0, m, n0, k, b);                                          \
+            gemv_mma_body<XT, false>(y0, x, w0, m, n0, k, k, b);                                   \
         } else if (b < blocks0 + blocks1) {                                                     \
-            gemv_mma_body<XT>(y1, x, w1, m, n1, k, b - blocks0);                                \
+            gemv_mma_body<XT, false>(y1, x, w1, m, n1, k, k, b - blocks0);                         \
         } else {                                                                                \
-            gemv_mma_body<XT>(y2, x, w2, m, n2, k, b - blocks0 - blocks1);                      \
+            gemv_mma_body<XT, false>(y2, x, w2, m, n2, k, k, b - blocks0 - blocks1);               \
         }                                                                                       \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) gemv_mma_shards_f32_x##XT(     \
+        float* __restrict__ y, const __nv_bfloat16* __restrict__ x,                             \
+        const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 kslice, u32 ld,                  \
+        u64 y_stride) {                                                                         \
+        const u32 s = blockIdx.y;                                                               \
+        gemv_mma_body<XT, true>(y + (u64)s * y_stride, x + (u64)s * kslice,                        \
+                                w + (u64)s * kslice, m, n, kslice, ld, blockIdx.x);             \
     }
 
 GEMV_MMA_ENTRIES(1)

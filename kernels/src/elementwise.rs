@@ -51,6 +51,32 @@ impl Kernels {
         hidden: usize,
         vocab: usize,
     ) -> Result<(), KernelError> {
+        self.embed_rows(
+            stream,
+            out,
+            table,
+            ids,
+            tokens,
+            hidden,
+            0..vocab,
+            bf16::ZERO,
+        )
+    }
+
+    /// A vocabulary shard's embedding: `out[t, :] = table[ids[t] - rows.start, :]` for ids in
+    /// `rows`, a row of `fill` for any other id (`-0.0` for tensor-parallel ranks: the exact
+    /// additive identity). `table` `[rows.len(), hidden]`; otherwise as [`Kernels::embed`].
+    pub fn embed_rows(
+        &self,
+        stream: &Arc<CudaStream>,
+        out: &mut impl DevicePtrMut<bf16>,
+        table: &impl DevicePtr<bf16>,
+        ids: &impl DevicePtr<u32>,
+        tokens: usize,
+        hidden: usize,
+        rows: std::ops::Range<usize>,
+        fill: bf16,
+    ) -> Result<(), KernelError> {
         const K: &str = "embed";
         ensure_shape!(
             hidden.is_multiple_of(8),
@@ -58,9 +84,14 @@ impl Kernels {
             "hidden = {hidden} is not a multiple of 8"
         );
         need_len(K, "out", out.len(), product(K, &[tokens, hidden])?)?;
-        need_len(K, "table", table.len(), product(K, &[vocab, hidden])?)?;
+        need_len(K, "table", table.len(), product(K, &[rows.len(), hidden])?)?;
         need_len(K, "ids", ids.len(), tokens)?;
-        let (hidden32, vocab32) = (to_u32(K, "hidden", hidden)?, to_u32(K, "vocab", vocab)?);
+        let hidden32 = to_u32(K, "hidden", hidden)?;
+        let (first, count) = (
+            to_u32(K, "first row", rows.start)?,
+            to_u32(K, "rows", rows.len())?,
+        );
+        let fill_bits = u32::from(fill.to_bits());
         let blocks = to_u32(K, "tokens", tokens)?;
         if tokens == 0 {
             return Ok(());
@@ -72,9 +103,50 @@ impl Kernels {
         aligned16(K, "out", o)?;
         aligned16(K, "table", t)?;
         let mut b = stream.launch_builder(f);
-        b.arg(&o).arg(&t).arg(&i).arg(&hidden32).arg(&vocab32);
+        b.arg(&o).arg(&t).arg(&i).arg(&hidden32);
+        b.arg(&first).arg(&count).arg(&fill_bits);
         // SAFETY: lengths, alignment and argument types checked above match the kernel.
         unsafe { b.launch(grid(blocks, THREADS)) }?;
+        Ok(())
+    }
+
+    /// `out[i] = bf16(Σ_s partials[s * stride + i])` for `i < n`, added in f32 in shard order
+    /// starting from shard 0 and rounded once: the row-parallel projections' shard partials
+    /// (DESIGN.md §5). `partials` holds `shards` runs of `stride ≥ n` values.
+    pub fn sum_shards(
+        &self,
+        stream: &Arc<CudaStream>,
+        out: &mut impl DevicePtrMut<bf16>,
+        partials: &impl DevicePtr<f32>,
+        shards: usize,
+        stride: usize,
+        n: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "sum_shards_bf16";
+        ensure_shape!(
+            shards > 0 && stride >= n,
+            K,
+            "{shards} shards of stride {stride} cannot hold {n} values"
+        );
+        need_len(K, "out", out.len(), n)?;
+        need_len(
+            K,
+            "partials",
+            partials.len(),
+            product(K, &[shards - 1, stride])? + n,
+        )?;
+        if n == 0 {
+            return Ok(());
+        }
+        let shards32 = to_u32(K, "shards", shards)?;
+        let (stride64, n64) = (stride as u64, n as u64);
+        let f = self.function(MODULE, K)?;
+        let (o, _o) = out.device_ptr_mut(stream);
+        let (p, _p) = partials.device_ptr(stream);
+        let mut b = stream.launch_builder(f);
+        b.arg(&o).arg(&p).arg(&shards32).arg(&stride64).arg(&n64);
+        // SAFETY: lengths and argument types checked above match the kernel.
+        unsafe { b.launch(grid(stride_blocks(n, THREADS), THREADS)) }?;
         Ok(())
     }
 

@@ -10,6 +10,13 @@
 //! workspace holds cross-block partial sums), and only verified with `cublasLtMatmulAlgoCheck`
 //! for each actual M. The device self-test checks the invariance bitwise.
 //!
+//! Tensor parallelism (DESIGN.md §5) needs the same bits from a rank's slice of a weight as from
+//! the whole weight: a [`GemmShape`] can read `x` and `w` rows `ld` apart (a K-slice of the
+//! row-parallel projections) and take the algorithm chosen for a wider `algo_n` (a column
+//! slice): the heuristic always runs on the contiguous shape `(algo_n, k)`, so every TP degree
+//! pins the same algorithm, and without split-K every output element's reduction is that
+//! algorithm's over its own K-slice.
+//!
 //! Row-major to cuBLASLt's column-major: `yᵀ (N×M) = op(W)·xᵀ` with `W` seen as a K×N
 //! column-major matrix (ld K) transposed, `xᵀ` as K×M (ld K), `yᵀ` as N×M (ld N).
 
@@ -53,14 +60,37 @@ fn lt_err(call: &str) -> impl Fn(lt::CublasError) -> KernelError + '_ {
     move |e| KernelError::Cublas(format!("{call}: {e}"))
 }
 
+/// One weight shape of [`LtGemm`]: `w` is `n` rows of `k` values, rows `ld` apart (`ld = k`
+/// for a whole weight), `x` rows likewise `ld` apart; the algorithm is the one pinned for the
+/// contiguous `(algo_n, k)` shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GemmShape {
+    pub n: usize,
+    pub k: usize,
+    pub ld: usize,
+    pub out: GemmOut,
+    pub algo_n: usize,
+}
+
+impl GemmShape {
+    /// A whole `[n, k]` weight.
+    pub fn new(n: usize, k: usize, out: GemmOut) -> Self {
+        GemmShape {
+            n,
+            k,
+            ld: k,
+            out,
+            algo_n: n,
+        }
+    }
+}
+
 /// The pinned algorithm and descriptors of one weight shape.
 struct Plan {
     desc: sys::cublasLtMatmulDesc_t,
     a: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
-    out: GemmOut,
-    n: usize,
-    k: usize,
+    shape: GemmShape,
     /// Row counts the algorithm was verified for, with their B and D layouts.
     per_m: HashMap<usize, (sys::cublasLtMatrixLayout_t, sys::cublasLtMatrixLayout_t)>,
 }
@@ -85,9 +115,9 @@ pub struct LtGemm {
     handle: sys::cublasLtHandle_t,
     stream: Arc<CudaStream>,
     workspace: CudaSlice<u8>,
-    plans: HashMap<(usize, usize, GemmOut), Plan>,
+    plans: HashMap<GemmShape, Plan>,
     /// Row counts that failed the algorithm check, so the error repeats without re-checking.
-    rejected: HashSet<(usize, usize, GemmOut, usize)>,
+    rejected: HashSet<(GemmShape, usize)>,
 }
 
 // SAFETY: a cuBLASLt handle and its descriptors may be used from any thread, one at a time;
@@ -125,9 +155,14 @@ impl LtGemm {
     /// Pins the algorithm for weight shape `[n, k]` and `out` now (otherwise the first
     /// [`LtGemm::matmul`] of that shape does). Idempotent.
     pub fn pin(&mut self, n: usize, k: usize, out: GemmOut) -> Result<(), KernelError> {
-        if !self.plans.contains_key(&(n, k, out)) {
-            let plan = self.choose(n, k, out)?;
-            self.plans.insert((n, k, out), plan);
+        self.pin_shape(GemmShape::new(n, k, out))
+    }
+
+    /// [`LtGemm::pin`] for any [`GemmShape`].
+    pub fn pin_shape(&mut self, shape: GemmShape) -> Result<(), KernelError> {
+        if !self.plans.contains_key(&shape) {
+            let plan = self.choose(shape)?;
+            self.plans.insert(shape, plan);
         }
         Ok(())
     }
@@ -148,7 +183,21 @@ impl LtGemm {
         k: usize,
         out: GemmOut,
     ) -> Result<(), KernelError> {
+        self.matmul_shape(y, x, w, m, GemmShape::new(n, k, out))
+    }
+
+    /// [`LtGemm::matmul`] for any [`GemmShape`]: `x` `[m, ld]` and `w` `[n, ld]` read over
+    /// their first `k` columns, `y` `[m, n]` contiguous; `ld % 8 == 0`, `ld ≥ k`.
+    pub fn matmul_shape<T: DeviceRepr>(
+        &mut self,
+        y: &mut impl DevicePtrMut<T>,
+        x: &impl DevicePtr<bf16>,
+        w: &impl DevicePtr<bf16>,
+        m: usize,
+        shape: GemmShape,
+    ) -> Result<(), KernelError> {
         const K: &str = "gemm";
+        let GemmShape { n, k, ld, out, .. } = shape;
         let want = match out {
             GemmOut::Bf16 => size_of::<bf16>(),
             GemmOut::F32 => size_of::<f32>(),
@@ -164,32 +213,44 @@ impl LtGemm {
             K,
             "n = {n}, k = {k} must be positive multiples of 8"
         );
+        ensure_shape!(
+            ld >= k && ld.is_multiple_of(8) && shape.algo_n >= n,
+            K,
+            "ld = {ld} must be a multiple of 8 and at least k = {k}, algo_n = {} at least n",
+            shape.algo_n
+        );
+        let strided = |rows: usize| -> Result<usize, KernelError> {
+            Ok(match rows {
+                0 => 0,
+                _ => product(K, &[rows - 1, ld])? + k,
+            })
+        };
         need_len(K, "y", y.len(), product(K, &[m, n])?)?;
-        need_len(K, "x", x.len(), product(K, &[m, k])?)?;
-        need_len(K, "w", w.len(), product(K, &[n, k])?)?;
+        need_len(K, "x", x.len(), strided(m)?)?;
+        need_len(K, "w", w.len(), strided(n)?)?;
         if m == 0 {
             return Ok(());
         }
         ensure_shape!(
-            !self.rejected.contains(&(n, k, out, m)),
+            !self.rejected.contains(&(shape, m)),
             K,
-            "the pinned algorithm for n={n} k={k} {out:?} does not support m={m}"
+            "the pinned algorithm for {shape:?} does not support m={m}"
         );
-        self.pin(n, k, out)?;
+        self.pin_shape(shape)?;
         let (handle, ws_len) = (self.handle, self.workspace.len());
-        let plan = self.plans.get_mut(&(n, k, out)).expect("pinned just above");
+        let plan = self.plans.get_mut(&shape).expect("pinned just above");
         if !plan.per_m.contains_key(&m) {
             match verify(handle, plan, m, ws_len) {
                 Ok(layouts) => {
                     plan.per_m.insert(m, layouts);
                 }
                 Err(e) => {
-                    self.rejected.insert((n, k, out, m));
+                    self.rejected.insert((shape, m));
                     return Err(e);
                 }
             }
         }
-        let plan = &self.plans[&(n, k, out)];
+        let plan = &self.plans[&shape];
         let (b_layout, d_layout) = plan.per_m[&m];
         let stream = &self.stream;
         let (yp, _y) = y.device_ptr_mut(stream);
@@ -223,8 +284,16 @@ impl LtGemm {
         .map_err(lt_err("cublasLtMatmul"))
     }
 
-    /// Builds the descriptors for `(n, k, out)` and picks its algorithm at [`REPRESENTATIVE_M`].
-    fn choose(&self, n: usize, k: usize, out: GemmOut) -> Result<Plan, KernelError> {
+    /// Builds the descriptors for `shape` and picks its algorithm at [`REPRESENTATIVE_M`] on the
+    /// contiguous `(algo_n, k)` shape.
+    fn choose(&self, shape: GemmShape) -> Result<Plan, KernelError> {
+        let GemmShape {
+            n,
+            k,
+            ld,
+            out,
+            algo_n,
+        } = shape;
         let desc = lt::create_matmul_desc(
             sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
             sys::cudaDataType::CUDA_R_32F,
@@ -234,9 +303,7 @@ impl LtGemm {
             desc,
             a: std::ptr::null_mut(),
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
-            out,
-            n,
-            k,
+            shape,
             per_m: HashMap::new(),
         };
         let transpose = cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_T;
@@ -250,14 +317,16 @@ impl LtGemm {
             )
         }
         .map_err(lt_err("TRANSA"))?;
-        plan.a = layout(sys::cudaDataType::CUDA_R_16BF, k, n, k)?;
-        let (b, d) = (
+        plan.a = layout(sys::cudaDataType::CUDA_R_16BF, k, n, ld)?;
+        let (a, b, d) = (
+            layout(sys::cudaDataType::CUDA_R_16BF, k, algo_n, k)?,
             layout(sys::cudaDataType::CUDA_R_16BF, k, REPRESENTATIVE_M, k)?,
-            layout(out.data_type(), n, REPRESENTATIVE_M, n)?,
+            layout(out.data_type(), algo_n, REPRESENTATIVE_M, algo_n)?,
         );
-        let candidates = heuristic(self.handle, &plan, b, d, self.workspace.len());
+        let candidates = heuristic(self.handle, plan.desc, a, b, d, self.workspace.len());
         // SAFETY: created just above, destroyed once.
         unsafe {
+            let _ = lt::destroy_matrix_layout(a);
             let _ = lt::destroy_matrix_layout(b);
             let _ = lt::destroy_matrix_layout(d);
         }
@@ -294,14 +363,14 @@ impl LtGemm {
 
     /// A one-line description of the pinned algorithm of a shape, for logs and receipts.
     pub fn describe(&self, n: usize, k: usize, out: GemmOut) -> Option<String> {
-        let plan = self.plans.get(&(n, k, out))?;
+        let plan = self.plans.get(&GemmShape::new(n, k, out))?;
         let attr = |a| config_u32(&plan.algo, a).unwrap_or(u32::MAX);
         use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
         Some(format!(
             "n={} k={} {:?}: algo {} tile {} stages {} split-k {}",
-            plan.n,
-            plan.k,
-            plan.out,
+            plan.shape.n,
+            plan.shape.k,
+            plan.shape.out,
             attr(A::CUBLASLT_ALGO_CONFIG_ID),
             attr(A::CUBLASLT_ALGO_CONFIG_TILE_ID),
             attr(A::CUBLASLT_ALGO_CONFIG_STAGES_ID),
@@ -333,7 +402,8 @@ fn layout(
 /// without a split-K reduction and within the workspace.
 fn heuristic(
     handle: sys::cublasLtHandle_t,
-    plan: &Plan,
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
     b: sys::cublasLtMatrixLayout_t,
     d: sys::cublasLtMatrixLayout_t,
     workspace: usize,
@@ -365,8 +435,8 @@ fn heuristic(
         let status = set.and_then(|_| {
             sys::cublasLtMatmulAlgoGetHeuristic(
                 handle,
-                plan.desc,
-                plan.a,
+                desc,
+                a,
                 b,
                 d,
                 d,
@@ -392,8 +462,9 @@ fn verify(
     m: usize,
     workspace: usize,
 ) -> Result<(sys::cublasLtMatrixLayout_t, sys::cublasLtMatrixLayout_t), KernelError> {
-    let b = layout(sys::cudaDataType::CUDA_R_16BF, plan.k, m, plan.k)?;
-    let d = match layout(plan.out.data_type(), plan.n, m, plan.n) {
+    let GemmShape { n, k, ld, out, .. } = plan.shape;
+    let b = layout(sys::cudaDataType::CUDA_R_16BF, k, m, ld)?;
+    let d = match layout(out.data_type(), n, m, n) {
         Ok(d) => d,
         Err(e) => {
             // SAFETY: created above, destroyed once.
@@ -420,8 +491,8 @@ fn verify(
             let _ = lt::destroy_matrix_layout(d);
         }
         return Err(KernelError::Cublas(format!(
-            "the algorithm pinned for n={} k={} {:?} fails its check at m={m}: {problem}",
-            plan.n, plan.k, plan.out
+            "the algorithm pinned for {:?} fails its check at m={m}: {problem}",
+            plan.shape
         )));
     }
     Ok((b, d))

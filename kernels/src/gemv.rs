@@ -232,4 +232,74 @@ impl Kernels {
         unsafe { b.launch(grid(blocks, MMA_THREADS)) }?;
         Ok(())
     }
+
+    /// The row-parallel shard partials (DESIGN.md §5): for every shard `s < shards`,
+    /// `y[s * y_stride + i * n + j] = Σ_{c < kslice} x[i, s * kslice + c] · w[j, s * kslice + c]`
+    /// in f32, with `x` `[m, ld]` and `w` `[n, ld]` row-major (`shards * kslice ≤ ld`). Shard
+    /// `s`'s partial depends only on its K-slice, never on `ld`, `shards` or `m` (the same
+    /// reduction order as [`Kernels::gemv`] over `kslice` columns), so a rank holding some of
+    /// the shards computes bitwise what one GPU holding all of them does.
+    /// `1 ≤ m ≤ 64`, `kslice % 32 == 0`, `ld % 8 == 0`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_shards(
+        &self,
+        stream: &Arc<CudaStream>,
+        y: &mut impl DevicePtrMut<f32>,
+        x: &impl DevicePtr<bf16>,
+        w: &impl DevicePtr<bf16>,
+        (m, n): (usize, usize),
+        (shards, kslice, ld): (usize, usize, usize),
+        y_stride: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "gemv_mma_shards_f32_x";
+        ensure_shape!(
+            (1..=GEMV_MAX_M).contains(&m),
+            K,
+            "m = {m} is outside 1..={GEMV_MAX_M} (use the cuBLASLt GEMM for more rows)"
+        );
+        ensure_shape!(
+            kslice.is_multiple_of(32) && kslice > 0 && ld.is_multiple_of(8),
+            K,
+            "kslice = {kslice} must be a positive multiple of 32 and ld = {ld} a multiple of 8"
+        );
+        ensure_shape!(
+            shards > 0 && shards * kslice <= ld && y_stride >= m * n,
+            K,
+            "{shards} shards of {kslice} columns do not fit rows of {ld}, or a stride of \
+             {y_stride} cannot hold {m} x {n} outputs"
+        );
+        need_len(K, "x", x.len(), product(K, &[m, ld])?)?;
+        need_len(K, "w", w.len(), product(K, &[n, ld])?)?;
+        need_len(
+            K,
+            "y",
+            y.len(),
+            product(K, &[shards - 1, y_stride])? + m * n,
+        )?;
+        let n32 = to_u32(K, "n", n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (m32, kslice32, ld32) = (m as u32, kslice as u32, to_u32(K, "ld", ld)?);
+        let shards32 = to_u32(K, "shards", shards)?;
+        let stride64 = y_stride as u64;
+        let f = self.function(MODULE, &format!("{K}{}", m.div_ceil(MMA_X_ROWS)))?;
+        let (yp, _y) = y.device_ptr_mut(stream);
+        let (xp, _x) = x.device_ptr(stream);
+        let (wp, _w) = w.device_ptr(stream);
+        aligned16(K, "x", xp)?;
+        aligned16(K, "w", wp)?;
+        let mut b = stream.launch_builder(f);
+        b.arg(&yp).arg(&xp).arg(&wp);
+        b.arg(&m32)
+            .arg(&n32)
+            .arg(&kslice32)
+            .arg(&ld32)
+            .arg(&stride64);
+        let mut config = grid(n32.div_ceil(MMA_ROWS), MMA_THREADS);
+        config.grid_dim.1 = shards32;
+        // SAFETY: lengths, alignment and argument types checked above match the kernel.
+        unsafe { b.launch(config) }?;
+        Ok(())
+    }
 }

@@ -25,6 +25,7 @@ mod sampling;
 pub mod selftest;
 mod selftest_attention;
 mod selftest_gemv;
+mod selftest_tp;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -41,7 +42,7 @@ pub use attention::{
 };
 pub use check::{FunctionResources, Report, check};
 pub use elementwise::RopeKvShape;
-pub use gemm::{GemmOut, LtGemm};
+pub use gemm::{GemmOut, GemmShape, LtGemm};
 pub use gemv::{DEFAULT_VARIANT, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvOut, GemvVariant};
 pub use sampling::NO_TOKEN;
 pub use selftest::selftest;

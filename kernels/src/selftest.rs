@@ -14,7 +14,7 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use half::bf16;
 
 use crate::selftest_gemv as gemv_checks;
-use crate::{CheckResult, KernelError, Kernels, RopeKvShape, selftest_attention};
+use crate::{CheckResult, KernelError, Kernels, RopeKvShape, selftest_attention, selftest_tp};
 
 /// Tolerance for bf16 outputs whose reference rounds at the kernel's rounding points: only an
 /// f32-vs-f64 difference flipping a rounding remains, far under one bf16 ulp (2⁻⁸) overall.
@@ -53,6 +53,9 @@ pub fn selftest_with_seed(
         ("gemv3 fused q/k/v", gemv_checks::check_gemv3),
         ("argmax", gemv_checks::check_argmax),
         ("gemm", gemv_checks::check_gemm),
+        ("gemv shards", selftest_tp::check_gemv_shards),
+        ("gemm slices", selftest_tp::check_gemm_slices),
+        ("embed rows", selftest_tp::check_embed_rows),
     ];
     for (name, check) in checks {
         match check(kernels, stream, &mut rng) {

@@ -16,7 +16,12 @@ use crate::{CheckResult, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvVariant, KernelError, K
 const VARIANTS: [GemvVariant; 2] = [GemvVariant::Fma, GemvVariant::Mma];
 
 /// `y[m, n] = Σ_k x[m, k] · w[(n + shift) % rows, k]` in f64 (`shift` 1 is the canary).
-fn matmul_ref(x: &[bf16], w: &[bf16], (m, n, k): (usize, usize, usize), shift: usize) -> Vec<f64> {
+pub(crate) fn matmul_ref(
+    x: &[bf16],
+    w: &[bf16],
+    (m, n, k): (usize, usize, usize),
+    shift: usize,
+) -> Vec<f64> {
     let (xf, wf) = (to_f64(x), to_f64(w));
     let mut y = vec![0.0; m * n];
     for (i, row) in xf.chunks(k).take(m).enumerate() {
@@ -89,7 +94,7 @@ pub(crate) fn check_gemv(
 }
 
 /// Positions where `a` and `b` differ bitwise (NaN counts as different).
-fn bit_mismatches(a: &[f32], b: &[f32]) -> usize {
+pub(crate) fn bit_mismatches(a: &[f32], b: &[f32]) -> usize {
     a.iter()
         .zip(b)
         .filter(|(x, y)| x.to_bits() != y.to_bits() || x.is_nan())
@@ -97,7 +102,12 @@ fn bit_mismatches(a: &[f32], b: &[f32]) -> usize {
 }
 
 /// The result of comparing rows against the same rows of a wider launch, bit for bit.
-fn invariance_result(kernel: &str, case: String, canary: bool, mismatches: usize) -> CheckResult {
+pub(crate) fn invariance_result(
+    kernel: &str,
+    case: String,
+    canary: bool,
+    mismatches: usize,
+) -> CheckResult {
     CheckResult::compare(
         kernel,
         case,

@@ -39,6 +39,7 @@ fn expected_functions() -> Vec<String> {
         "rope_kv_write",
         "silu_mul",
         "argmax_f32",
+        "sum_shards_bf16",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -47,6 +48,7 @@ fn expected_functions() -> Vec<String> {
         names.push(format!("gemv_mma_bf16_x{xt}"));
         names.push(format!("gemv_mma_f32_x{xt}"));
         names.push(format!("gemv_mma3_bf16_x{xt}"));
+        names.push(format!("gemv_mma_shards_f32_x{xt}"));
     }
     for m in 1..=16 {
         names.push(format!("gemv_bf16_m{m}"));

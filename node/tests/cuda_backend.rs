@@ -28,6 +28,9 @@ fn starts_on_a_gpu_or_says_why_not() {
         kernel_cache: None,
         max_positions: None,
         graphs: true,
+        tp_rank: 0,
+        tp_world: 1,
+        sharded_reduction: false,
     };
     let backend = CudaBackend::new(&config, WeightSource::Checkpoint(&checkpoint), &options);
     // SAFETY: only tries to dlopen libcuda by its known names.

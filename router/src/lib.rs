@@ -30,8 +30,8 @@ use crate::auth::{KeyRing, KeyStore, KeysFileWatch, LiveKeys};
 use crate::error::ApiError;
 use crate::request_id::RequestIds;
 pub use crate::state::{
-    AppState, Device, LoadedModel, ModelLoadError, ServedModel, eos_ids, start_cuda_engine,
-    start_engine_on,
+    AppState, CudaPlacement, Device, LoadedModel, ModelLoadError, ServedModel, eos_ids,
+    start_cuda_engine, start_engine_on,
 };
 
 /// Everything `strata serve` needs to start.

@@ -8,13 +8,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use strata_collective::nccl::NcclGroup;
 use strata_model::chat::{ChatTemplate, TemplateError};
+use strata_model::cpu::PartialsFault;
 use strata_model::cpu::{CpuModel, LoadError};
 use strata_model::grammar::{GrammarCompiler, vocabulary_bytes};
 use strata_model::tokenizer::{Tokenizer, TokenizerError};
 use strata_model::weights::Checkpoint;
 use strata_model::{ConfigError, GenerationConfig, ModelConfig};
 use strata_node::backend::{
-    Backend, CpuBackend, CpuTpBackend, CudaBackend, CudaOptions, WeightSource,
+    Backend, CpuBackend, CpuTpBackend, CudaBackend, CudaOptions, CudaTpBackend, TpTransport,
+    WeightSource,
 };
 use strata_node::kv::KvError;
 use strata_node::scheduler::SchedulerLimits;
@@ -87,7 +89,7 @@ pub fn start_engine_on(
     if block_size == 0 {
         return Err(ModelLoadError::BlockSize);
     }
-    let ordinal = match (device, tp) {
+    let placement = match (device, tp) {
         (_, 0) => return Err(ModelLoadError::Device("--tp must be at least 1".into())),
         (Device::Cpu, 1) => {
             return LoadedModel::load(dir)?.start_engine(block_size, kv_cache_bytes);
@@ -103,32 +105,73 @@ pub fn start_engine_on(
             };
             return start_parts(Box::new(backend), parts, loaded.eos_token_ids);
         }
-        (Device::Cuda(ordinal), 1) => ordinal,
-        (Device::Cuda(_), _) => {
-            return Err(ModelLoadError::Device(
-                "tensor parallelism on CUDA needs weights sharded per GPU, not built yet \
-                 (the CUDA backend runs as one rank)"
-                    .into(),
-            ));
-        }
+        (Device::Cuda(first), tp) => CudaPlacement {
+            devices: (first..first + tp).collect(),
+            ..CudaPlacement::single(first)
+        },
     };
-    start_cuda_engine(dir, ordinal, block_size, kv_cache_bytes, false)
+    start_cuda_engine(dir, &placement, block_size, kv_cache_bytes)
 }
 
-/// The engine on CUDA device `ordinal`. With `through_nccl`, the backend is the one rank of an
-/// NCCL group on its own stream and its row-parallel outputs go through the group's
-/// all-reduce: the TP=1 path of tensor parallelism, which must give the same bits as without.
+/// How the CUDA engine lays out its tensor-parallel ranks (DESIGN.md §5).
+#[derive(Debug, Clone)]
+pub struct CudaPlacement {
+    /// Rank `r` runs on `devices[r]`; one device runs alone.
+    pub devices: Vec<usize>,
+    /// Alone: run as the one rank of an NCCL group on its own stream, the o and down outputs
+    /// all-reduced through it (the TP = 1 path through the communicator; same bits as without).
+    pub through_nccl: bool,
+    /// Compute o and down in the shard order, byte-identical at every TP degree; always so with
+    /// several ranks.
+    pub sharded_reduction: bool,
+    /// Several ranks: NCCL, or host-staged; by default NCCL when every device is distinct.
+    pub transport: Option<TpTransport>,
+    /// A deliberately wrong reduction of the partials, for the canary of `strata gpu tp`.
+    #[doc(hidden)]
+    pub fault: PartialsFault,
+}
+
+impl CudaPlacement {
+    /// One rank on `ordinal`, the fused order.
+    pub fn single(ordinal: usize) -> Self {
+        CudaPlacement {
+            devices: vec![ordinal],
+            through_nccl: false,
+            sharded_reduction: false,
+            transport: None,
+            fault: PartialsFault::None,
+        }
+    }
+}
+
+/// The engine on the CUDA devices of `placement`.
 pub fn start_cuda_engine(
     dir: &Path,
-    ordinal: usize,
+    placement: &CudaPlacement,
     block_size: usize,
     kv_cache_bytes: usize,
-    through_nccl: bool,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
     if block_size == 0 {
         return Err(ModelLoadError::BlockSize);
     }
-    let device = Device::Cuda(ordinal);
+    let devices = &placement.devices;
+    let (Some(&first), Some(&last)) = (devices.first(), devices.iter().max()) else {
+        return Err(ModelLoadError::Device("no CUDA device given".into()));
+    };
+    let device = Device::Cuda(first);
+    let label = if devices.len() == 1 {
+        device.to_string()
+    } else {
+        format!("cuda:{devices:?} (tensor parallel {})", devices.len())
+    };
+    if let Ok(inventory) = strata_collective::inventory::inspect()
+        && last >= inventory.gpus.len()
+    {
+        let count = inventory.gpus.len();
+        return Err(ModelLoadError::Device(format!(
+            "{label}: device {last} does not exist; this machine has {count} GPU(s)"
+        )));
+    }
     let config = ModelConfig::from_dir(dir)?;
     let tokenizer = Tokenizer::from_dir(dir)?;
     let template = ChatTemplate::from_dir(dir)?;
@@ -136,30 +179,48 @@ pub fn start_cuda_engine(
     let eos_token_ids = eos_ids(&config, &generation_config, &tokenizer);
     let checkpoint = Checkpoint::open(dir).map_err(|e| ModelLoadError::Device(e.to_string()))?;
     let options = CudaOptions {
-        device: ordinal,
+        device: first,
         block_size,
-        kv_cache_bytes,
+        // Over all ranks, as on the CPU.
+        kv_cache_bytes: kv_cache_bytes / devices.len(),
         kernel_cache: None,
         max_positions: None,
         graphs: true,
+        tp_rank: 0,
+        tp_world: 1,
+        sharded_reduction: placement.sharded_reduction,
     };
-    let mut backend = CudaBackend::new(&config, WeightSource::Checkpoint(&checkpoint), &options)
-        .map_err(|e| ModelLoadError::Device(format!("{device}: {e}")))?;
-    if through_nccl {
-        let comm = NcclGroup::on_streams(vec![backend.stream().clone()])
-            .map_err(|e| ModelLoadError::Device(format!("{device}: NCCL: {e}")))?
-            .pop()
-            .expect("one communicator per stream");
-        backend
-            .attach_communicator(Box::new(comm))
-            .map_err(|e| ModelLoadError::Device(format!("{device}: {e}")))?;
-    }
+    let source = WeightSource::Checkpoint(&checkpoint);
+    let failed = |e: &dyn std::fmt::Display| ModelLoadError::Device(format!("{label}: {e}"));
+    let backend: Box<dyn Backend> = if devices.len() > 1 {
+        let transport = placement
+            .transport
+            .unwrap_or_else(|| TpTransport::for_devices(devices));
+        let mut backend = CudaTpBackend::new(&config, source, &options, devices, transport)
+            .map_err(|e| failed(&e))?;
+        if placement.fault != PartialsFault::None {
+            backend.inject_partials_fault(placement.fault);
+        }
+        Box::new(backend)
+    } else {
+        let mut backend = CudaBackend::new(&config, source, &options).map_err(|e| failed(&e))?;
+        if placement.through_nccl {
+            let comm = NcclGroup::on_streams(vec![backend.stream().clone()])
+                .map_err(|e| ModelLoadError::Device(format!("{label}: NCCL: {e}")))?
+                .pop()
+                .expect("one communicator per stream");
+            backend
+                .attach_communicator(Box::new(comm))
+                .map_err(|e| failed(&e))?;
+        }
+        Box::new(backend)
+    };
     let parts = ServingParts {
         tokenizer,
         template,
         generation_config,
     };
-    start_parts(Box::new(backend), parts, eos_token_ids)
+    start_parts(backend, parts, eos_token_ids)
 }
 
 /// The engine over `backend`, with a grammar compiler from the parts' tokenizer.

@@ -84,6 +84,11 @@ step parity-llama-nccl "$BIN" gpu parity --model "$MODELS/llama" --nccl --json "
 for m in llama qwen3; do
     step "invariance-$m" "$BIN" gpu invariance --model "$MODELS/$m" --json "$OUT/invariance-$m.json"
 done
+# Tensor parallelism: ranks holding their slices of the weights (sharing this GPU through the
+# host-staged communicator) against one GPU in the shard order, bit for bit; the canary (ranks
+# that skip the all-gather) must differ. llama's 2 kv heads shard at TP 2 and are shared at 4, 8.
+step tp-llama "$BIN" gpu tp --model "$MODELS/llama" --tp 2,4,8 --json "$OUT/tp-llama.json"
+step tp-qwen3 "$BIN" gpu tp --model "$MODELS/qwen3" --tp 2,4 --json "$OUT/tp-qwen3.json"
 
 # The three surfaces served from the GPU.
 smoke() {
@@ -111,6 +116,10 @@ step serve-smoke smoke
 "$BIN" kernels bench 2>&1 | tee "$OUT/logs/kernels-bench.log"
 step decode-graphs "$BIN" gpu decode --config "$BENCH_CONFIG" --profile --json "$OUT/decode.json"
 cat "$OUT/logs/decode-graphs.log"
+# What the shard order (byte identity across TP degrees) costs at TP = 1.
+step decode-sharded "$BIN" gpu decode --config "$BENCH_CONFIG" --sharded --check-graphs 1,33 \
+    --json "$OUT/decode-sharded.json"
+cat "$OUT/logs/decode-sharded.log"
 "$BIN" gpu prefill --config "$BENCH_CONFIG" --json "$OUT/prefill.json" 2>&1 | tee "$OUT/logs/prefill.log"
 python3 scripts/device/torch_peer.py "$BENCH_CONFIG" "$OUT/torch.json" 2>&1 | tee "$OUT/logs/torch.log"
 
@@ -152,6 +161,8 @@ for d in r.get("decode", {}).get("results", []):
     t = torch.get(d["batch"], {}).get("tokens_per_s", nan)
     l = lc.get("decode_tok_s", {}).get(str(d["batch"])) or nan
     print(f"decode b={d['batch']:>3}: {d['tokens_per_s']:8.0f} tok/s  {100*d['roofline_fraction']:5.1f} % of roofline  torch {t:8.0f}  llama.cpp {l:8.0f}")
+for d in r.get("decode-sharded", {}).get("results", []):
+    print(f"decode b={d['batch']:>3} shard order: {d['tokens_per_s']:8.0f} tok/s  {100*d['roofline_fraction']:5.1f} % of roofline")
 tp = {d["prompt"]: d for d in r.get("torch", {}).get("prefill", [])}
 for d in r.get("prefill", {}).get("results", []):
     t = tp.get(d["prompt"], {}).get("tokens_per_s", nan)

@@ -13,7 +13,7 @@ use strata_model::weights::parameter_count;
 use strata_node::Engine;
 use strata_node::backend::{Backend, CudaBackend, CudaOptions, StepSeq, WeightSource};
 use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
-use strata_router::{Device, start_cuda_engine, start_engine_on};
+use strata_router::{CudaPlacement, Device, start_cuda_engine, start_engine_on};
 
 #[derive(Subcommand)]
 pub enum GpuCommand {
@@ -27,6 +27,8 @@ pub enum GpuCommand {
     Prefill(PrefillArgs),
     /// NCCL collectives against the host reference bit for bit, then all-reduce latency.
     Nccl(super::gpu_nccl::NcclArgs),
+    /// Tensor-parallel ranks (sharded weights) against one GPU in the shard order, bit for bit.
+    Tp(super::gpu_tp::TpArgs),
 }
 
 #[derive(Args)]
@@ -95,6 +97,9 @@ pub struct DecodeArgs {
     /// family.
     #[arg(long)]
     profile: bool,
+    /// Compute o and down in the shard order of tensor parallelism (eight K-slice partials).
+    #[arg(long)]
+    sharded: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -125,10 +130,11 @@ pub fn run(command: GpuCommand) -> Result<()> {
         GpuCommand::Decode(args) => decode(args),
         GpuCommand::Prefill(args) => prefill(args),
         GpuCommand::Nccl(args) => super::gpu_nccl::run(args),
+        GpuCommand::Tp(args) => super::gpu_tp::run(args),
     }
 }
 
-fn write_json(path: Option<&Path>, value: &Value) -> Result<()> {
+pub(super) fn write_json(path: Option<&Path>, value: &Value) -> Result<()> {
     if let Some(path) = path {
         std::fs::write(path, serde_json::to_string_pretty(value)?)
             .with_context(|| format!("writing {}", path.display()))?;
@@ -137,7 +143,7 @@ fn write_json(path: Option<&Path>, value: &Value) -> Result<()> {
 }
 
 /// Deterministic prompts of varied length over the lower vocabulary.
-fn prompt(i: usize, vocab: usize) -> Vec<u32> {
+pub(super) fn prompt(i: usize, vocab: usize) -> Vec<u32> {
     let len = 5 + (i * 7) % 40;
     let span = vocab.clamp(2, 4096) as u64;
     (0..len)
@@ -183,7 +189,11 @@ fn parity(args: ParityArgs) -> Result<()> {
     let gpu = match (args.nccl, args.device) {
         (false, device) => start_engine_on(&args.model, device, 1, 16, 256 << 20)?.0,
         (true, Device::Cuda(ordinal)) => {
-            start_cuda_engine(&args.model, ordinal, 16, 256 << 20, true)?.0
+            let placement = CudaPlacement {
+                through_nccl: true,
+                ..CudaPlacement::single(ordinal)
+            };
+            start_cuda_engine(&args.model, &placement, 16, 256 << 20)?.0
         }
         (true, Device::Cpu) => bail!("--nccl needs a CUDA device"),
     };
@@ -329,6 +339,7 @@ fn synthetic_backend(
     device: usize,
     positions: usize,
     kv_tokens: usize,
+    sharded: bool,
 ) -> Result<CudaBackend> {
     let block_size = 16;
     let kv_bytes =
@@ -340,6 +351,9 @@ fn synthetic_backend(
         kernel_cache: None,
         max_positions: Some(positions),
         graphs: true,
+        tp_rank: 0,
+        tp_world: 1,
+        sharded_reduction: sharded,
     };
     Ok(CudaBackend::new(
         config,
@@ -493,7 +507,13 @@ fn decode(args: DecodeArgs) -> Result<()> {
         .unwrap_or(1);
     let positions = args.context + args.steps + 16;
     let blocks_per_seq = positions.div_ceil(16);
-    let mut backend = synthetic_backend(&config, args.device, positions, max_batch * positions)?;
+    let mut backend = synthetic_backend(
+        &config,
+        args.device,
+        positions,
+        max_batch * positions,
+        args.sharded,
+    )?;
     let weight_bytes = parameter_count(&config) as f64 * 2.0;
     let vocab = config.vocab_size;
     let mut results = Vec::new();
@@ -578,6 +598,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         &json!({"config": args.config, "device": backend.device_name(),
                 "weight_bytes": weight_bytes, "context": args.context,
                 "bandwidth_bytes_per_s": args.bandwidth, "includes": "host copy of f32 logits each step",
+                "sharded_reduction": args.sharded,
                 "graph_checks": graph_checks, "results": results}),
     )
 }
@@ -585,7 +606,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
 fn prefill(args: PrefillArgs) -> Result<()> {
     let config = read_config(&args.config)?;
     let longest = args.prompt.iter().copied().max().unwrap_or(1);
-    let mut backend = synthetic_backend(&config, args.device, longest + 16, longest + 16)?;
+    let mut backend = synthetic_backend(&config, args.device, longest + 16, longest + 16, false)?;
     let params = parameter_count(&config) as f64;
     let vocab = config.vocab_size as u32;
     let table: Vec<u32> = (0..(longest + 16).div_ceil(16) as u32).collect();

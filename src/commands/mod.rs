@@ -2,6 +2,7 @@ pub mod cluster;
 pub mod generate;
 pub mod gpu;
 pub mod gpu_nccl;
+pub mod gpu_tp;
 pub mod kernels;
 pub mod keys;
 pub mod model;

@@ -53,8 +53,9 @@ struct ServeSettings {
     /// Where the engine runs: cpu, cuda or cuda:N [default: cpu].
     #[arg(long)]
     device: Option<String>,
-    /// Tensor-parallel ranks: the model's heads and MLP split over this many workers (CPU
-    /// today), with output byte-identical to 1 [default: 1].
+    /// Tensor-parallel ranks: the model's heads and MLP split over this many workers (threads
+    /// on the CPU; on CUDA one GPU each, cuda:N .. N+tp-1, over NCCL), with output
+    /// byte-identical to 1 [default: 1].
     #[arg(long)]
     tp: Option<usize>,
     /// Where the demo model is kept (default: $XDG_CACHE_HOME/strata or ~/.cache/strata).

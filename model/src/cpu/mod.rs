@@ -23,7 +23,7 @@ pub use ops::{
     Matrix, ROW_PARALLEL_SHARDS, dot, dot_bf16, linear, linear_partials, linear_row_parallel,
     rms_norm, row_parallel_shards, sum_partials,
 };
-pub use tp::{PartialsFault, TpCollectives, TpError, TpShard};
+pub use tp::{PartialsFault, TpCollectives, TpError, TpLayout, TpShard};
 pub use weights::{CpuWeights, LayerWeights};
 
 use crate::config::{ConfigError, ModelConfig};

@@ -68,6 +68,73 @@ pub enum PartialsFault {
     SumThenAllReduce,
 }
 
+/// Which rows and columns of each weight rank `rank` of `world` holds (see the module docs);
+/// shared by the CPU ranks and the CUDA backend's sharded upload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TpLayout {
+    pub rank: usize,
+    pub world: usize,
+    /// Query heads of this rank.
+    pub heads: usize,
+    /// Kv heads this rank holds: its own when they shard, else the one its query heads share.
+    pub kv_heads: usize,
+    /// Rows of q (and of o's columns) of this rank's heads.
+    pub q_rows: Range<usize>,
+    /// Rows of k and v of this rank's kv heads.
+    pub kv_rows: Range<usize>,
+    /// Rows of gate and up (and columns of down).
+    pub inter_rows: Range<usize>,
+    /// Vocabulary rows of the embedding and LM head; every rank's range starts at
+    /// `rank * vocab_per_rank`, the last one may be shorter (or empty).
+    pub vocab: Range<usize>,
+    pub vocab_per_rank: usize,
+}
+
+impl TpLayout {
+    /// The layout of rank `rank` of `world`, vocabulary ranges rounded up to multiples of
+    /// `vocab_align` rows (1 for the CPU; the GPU's tensor-core kernels want 8).
+    pub fn new(
+        config: &ModelConfig,
+        rank: usize,
+        world: usize,
+        vocab_align: usize,
+    ) -> Result<Self, TpError> {
+        TpShard::check(config, world)?;
+        if rank >= world {
+            return Err(TpError::Collective(format!(
+                "rank {rank} is outside a group of {world}"
+            )));
+        }
+        let c = config;
+        let hd = c.head_dim;
+        let heads = c.num_heads / world;
+        let kv_heads = if c.num_kv_heads.is_multiple_of(world) {
+            c.num_kv_heads / world
+        } else {
+            1
+        };
+        // The kv heads this rank's query heads read: its own when they shard, else the one
+        // shared by all its query heads (kv heads dividing `world` puts them in one group).
+        let first_kv = rank * heads / (c.num_heads / c.num_kv_heads);
+        let inter = c.intermediate_size / world;
+        let per = c
+            .vocab_size
+            .div_ceil(world)
+            .next_multiple_of(vocab_align.max(1));
+        Ok(TpLayout {
+            rank,
+            world,
+            heads,
+            kv_heads,
+            q_rows: rank * heads * hd..(rank + 1) * heads * hd,
+            kv_rows: first_kv * hd..(first_kv + kv_heads) * hd,
+            inter_rows: rank * inter..(rank + 1) * inter,
+            vocab: (rank * per).min(c.vocab_size)..((rank + 1) * per).min(c.vocab_size),
+            vocab_per_rank: per,
+        })
+    }
+}
+
 /// Rank `rank` of `world`: its weight shards and the shapes they imply.
 pub struct TpShard {
     config: ModelConfig,
@@ -119,23 +186,19 @@ impl TpShard {
     /// Slices rank `rank`'s shard out of `model`.
     pub fn new(model: &CpuModel, rank: usize, world: usize) -> Result<Self, TpError> {
         let c = &model.config;
-        Self::check(c, world)?;
-        let (h, hd) = (c.hidden_size, c.head_dim);
-        let heads = c.num_heads / world;
-        let kv_heads = if c.num_kv_heads.is_multiple_of(world) {
-            c.num_kv_heads / world
-        } else {
-            1
-        };
-        // The kv heads this rank's query heads read: its own when they shard, else the one
-        // shared by all its query heads (kv heads dividing `world` puts them in one group).
-        let first_kv = rank * heads / (c.num_heads / c.num_kv_heads);
-        let q_rows = rank * heads * hd..(rank + 1) * heads * hd;
-        let kv_rows = first_kv * hd..(first_kv + kv_heads) * hd;
-        let inter = c.intermediate_size / world;
-        let i_rows = rank * inter..(rank + 1) * inter;
-        let per = c.vocab_size.div_ceil(world);
-        let vocab = (rank * per).min(c.vocab_size)..((rank + 1) * per).min(c.vocab_size);
+        let layout = TpLayout::new(c, rank, world, 1)?;
+        let h = c.hidden_size;
+        let TpLayout {
+            heads,
+            kv_heads,
+            q_rows,
+            kv_rows,
+            inter_rows: i_rows,
+            vocab,
+            vocab_per_rank: per,
+            ..
+        } = layout;
+        let inter = i_rows.len();
         let w = &model.weights;
         let layers = w
             .layers
@@ -349,5 +412,63 @@ fn columns(m: &Matrix, k: usize, range: Range<usize>) -> Matrix {
     match m {
         Matrix::F32(v) => Matrix::F32(pick(v, k, &range)),
         Matrix::Bf16(v) => Matrix::Bf16(pick(v, k, &range)),
+    }
+}
+
+#[cfg(test)]
+mod layout_tests {
+    use super::*;
+
+    fn config() -> ModelConfig {
+        ModelConfig::from_json(
+            r#"{"model_type": "llama", "vocab_size": 1001, "hidden_size": 512,
+                "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
+                "num_key_value_heads": 2, "head_dim": 64, "max_position_embeddings": 256,
+                "rms_norm_eps": 1e-6, "rope_theta": 10000.0}"#,
+        )
+        .expect("valid config")
+    }
+
+    #[test]
+    fn ranks_cover_every_row_once_and_share_kv_heads_when_they_must() {
+        let c = config();
+        for world in [1, 2, 4, 8] {
+            let ranks: Vec<TpLayout> = (0..world)
+                .map(|r| TpLayout::new(&c, r, world, 8).expect("supported degree"))
+                .collect();
+            // Vocabulary: contiguous, in rank order, covering 0..vocab, padded to 8 rows.
+            let mut next = 0;
+            for l in &ranks {
+                assert_eq!(l.vocab.start, next.min(c.vocab_size));
+                assert!(l.vocab.len() <= l.vocab_per_rank);
+                assert_eq!(l.vocab_per_rank % 8, 0);
+                next = l.vocab.end;
+            }
+            assert_eq!(next, c.vocab_size);
+            // Query rows and intermediate rows: disjoint slices in rank order.
+            for (r, l) in ranks.iter().enumerate() {
+                assert_eq!(l.q_rows, r * 512 / world..(r + 1) * 512 / world);
+                assert_eq!(l.inter_rows, r * 1024 / world..(r + 1) * 1024 / world);
+            }
+        }
+        // 2 kv heads over 4 ranks: each rank holds the one its two query heads read.
+        let kv: Vec<_> = (0..4)
+            .map(|r| TpLayout::new(&c, r, 4, 8).expect("supported").kv_rows)
+            .collect();
+        assert_eq!(kv, vec![0..64, 0..64, 64..128, 64..128]);
+        assert_eq!(
+            TpLayout::new(&c, 1, 2, 8).expect("supported").kv_rows,
+            64..128
+        );
+    }
+
+    #[test]
+    fn unsupported_degrees_and_ranks_are_refused() {
+        let c = config();
+        assert!(matches!(
+            TpLayout::new(&c, 0, 3, 8),
+            Err(TpError::Unsupported { world: 3, .. })
+        ));
+        assert!(TpLayout::new(&c, 2, 2, 8).is_err());
     }
 }

@@ -15,18 +15,8 @@ use strata_model::cpu::{
 };
 
 use super::cpu::PagedView;
-use super::{Backend, BackendError, StepSeq};
+use super::{Backend, BackendError, OwnedSeq, RankResult, StepSeq, join_ranks};
 use crate::kv::{BlockId, KvBlockIo};
-
-/// One sequence of a step, owned, so that it can be shared with the rank threads.
-struct OwnedSeq {
-    tokens: Vec<u32>,
-    first_position: usize,
-    block_table: Vec<BlockId>,
-    want_logits: bool,
-}
-
-type RankResult = Result<Vec<f32>, BackendError>;
 
 /// A rank's KV pool, laid out like [`CpuBackend`](super::CpuBackend)'s with the rank's kv heads
 /// only: `[block][layer][k|v][slot][rank kv_dim]`.
@@ -185,10 +175,11 @@ impl RankWorker {
     }
 
     fn step(&self, seqs: &[OwnedSeq]) -> RankResult {
-        let chunks: Vec<SeqChunk<'_>> = seqs
+        let steps: Vec<StepSeq<'_>> = seqs.iter().map(OwnedSeq::step).collect();
+        let chunks: Vec<SeqChunk<'_>> = steps
             .iter()
             .map(|s| SeqChunk {
-                tokens: &s.tokens,
+                tokens: s.tokens,
                 first_position: s.first_position,
                 logits: if s.want_logits {
                     LogitRows::Last
@@ -200,7 +191,7 @@ impl RankWorker {
         let mut pool = lock(&self.pool);
         let mut view = PagedView {
             pool: &mut pool,
-            tables: seqs.iter().map(|s| s.block_table.as_slice()).collect(),
+            tables: steps.iter().map(|s| s.block_table).collect(),
             block_size: self.block_size,
             layers: self.shard.config().num_layers,
             kv_dim: self.shard.kv_dim(),
@@ -277,43 +268,13 @@ impl Backend for CpuTpBackend {
                 });
             }
         }
-        let owned: Arc<[OwnedSeq]> = seqs
-            .iter()
-            .map(|s| OwnedSeq {
-                tokens: s.tokens.to_vec(),
-                first_position: s.first_position,
-                block_table: s.block_table.to_vec(),
-                want_logits: s.want_logits,
-            })
-            .collect();
+        let owned: Arc<[OwnedSeq]> = seqs.iter().map(OwnedSeq::from_step).collect();
         for rank in &self.ranks {
             rank.jobs
                 .send(Arc::clone(&owned))
                 .map_err(|_| BackendError::Device("a tensor-parallel rank thread ended".into()))?;
         }
-        // Every rank answers every step (an error included), so the channels stay in step.
-        let mut logits = None;
-        let mut first_error = None;
-        for rank in &self.ranks {
-            match rank.results.recv() {
-                Ok(Ok(l)) => {
-                    logits.get_or_insert(l);
-                }
-                Ok(Err(e)) => {
-                    first_error.get_or_insert(e);
-                }
-                Err(_) => {
-                    first_error.get_or_insert(BackendError::Device(
-                        "a tensor-parallel rank thread ended".into(),
-                    ));
-                }
-            }
-        }
-        match (first_error, logits) {
-            (Some(e), _) => Err(e),
-            (None, Some(l)) => Ok(l),
-            (None, None) => Err(BackendError::Device("no tensor-parallel ranks".into())),
-        }
+        join_ranks(self.ranks.iter().map(|r| &r.results))
     }
 }
 

@@ -7,7 +7,9 @@ mod cuda;
 
 pub use cpu::CpuBackend;
 pub use cpu_tp::CpuTpBackend;
-pub use cuda::{CudaBackend, CudaError, CudaOptions, WeightSource};
+pub use cuda::{
+    CudaBackend, CudaError, CudaOptions, CudaTpBackend, ROW_SHARDS, TpTransport, WeightSource,
+};
 
 use strata_model::ModelConfig;
 
@@ -54,4 +56,68 @@ pub trait Backend: KvBlockIo + Send {
     fn num_blocks(&self) -> usize;
     /// Computes one step. Returns `vocab_size` logits per sequence with `want_logits`, in order.
     fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError>;
+}
+
+/// One sequence of a step, owned, so that it can be shared with tensor-parallel rank threads.
+pub(crate) struct OwnedSeq {
+    tokens: Vec<u32>,
+    first_position: usize,
+    prompt_len: usize,
+    block_table: Vec<BlockId>,
+    want_logits: bool,
+}
+
+impl OwnedSeq {
+    pub(crate) fn from_step(s: &StepSeq<'_>) -> Self {
+        OwnedSeq {
+            tokens: s.tokens.to_vec(),
+            first_position: s.first_position,
+            prompt_len: s.prompt_len,
+            block_table: s.block_table.to_vec(),
+            want_logits: s.want_logits,
+        }
+    }
+
+    pub(crate) fn step(&self) -> StepSeq<'_> {
+        StepSeq {
+            tokens: &self.tokens,
+            first_position: self.first_position,
+            prompt_len: self.prompt_len,
+            block_table: &self.block_table,
+            want_logits: self.want_logits,
+        }
+    }
+}
+
+/// What a tensor-parallel rank thread answers for one step.
+pub(crate) type RankResult = Result<Vec<f32>, BackendError>;
+
+/// Every rank's answer to one step, in rank order: the first rank's logits (all ranks compute
+/// the same), or the first error. Every rank answers every step (an error included), so the
+/// channels stay in step.
+pub(crate) fn join_ranks<'a>(
+    results: impl Iterator<Item = &'a std::sync::mpsc::Receiver<RankResult>>,
+) -> Result<Vec<f32>, BackendError> {
+    let mut logits = None;
+    let mut first_error = None;
+    for rx in results {
+        match rx.recv() {
+            Ok(Ok(l)) => {
+                logits.get_or_insert(l);
+            }
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+            }
+            Err(_) => {
+                first_error.get_or_insert(BackendError::Device(
+                    "a tensor-parallel rank thread ended".into(),
+                ));
+            }
+        }
+    }
+    match (first_error, logits) {
+        (Some(e), _) => Err(e),
+        (None, Some(l)) => Ok(l),
+        (None, None) => Err(BackendError::Device("no tensor-parallel ranks".into())),
+    }
 }

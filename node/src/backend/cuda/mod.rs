@@ -11,6 +11,14 @@
 //! kernel, attention through split-KV decode). Neither path's per-row arithmetic depends on how
 //! many rows share the step, so a sequence's tokens are the same alone or in any batch, and a
 //! preempted sequence recomputing its generated tokens takes the decode path again.
+//!
+//! Tensor parallelism (DESIGN.md §5, `tp.rs` runs the ranks): a backend can be rank `r` of `N`,
+//! holding only its slices of the weights ([`TpLayout`]). The row-parallel o and down
+//! projections then run in the *shard order*: each output is the sum of eight f32 partials over
+//! fixed K-slices, added in shard order; a rank computes its `8 / N` partials, an all-gather puts
+//! all eight on every rank, and every rank adds them as one GPU holding all eight does. A K-slice's
+//! partial is bitwise the same whoever computes it (the shard GEMV and the sliced GEMM), so TP = N
+//! is byte-identical to TP = 1 in the shard order ([`CudaOptions::sharded_reduction`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -24,14 +32,22 @@ use strata_kernels::cudarc::driver::{
     CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, PinnedHostSlice,
 };
 use strata_kernels::{
-    AttentionHeads, DECODE_SPLIT_TOKENS, DecodeBatch, GEMV_MAX_M, GemmOut, KernelError, Kernels,
+    AttentionHeads, DECODE_SPLIT_TOKENS, DecodeBatch, GEMV_MAX_M, GemmShape, KernelError, Kernels,
     LtGemm, PagedKv, PrefillChunk, RopeKvShape, decode_workspace_elems,
 };
 use strata_model::ModelConfig;
+use strata_model::cpu::{PartialsFault, TpLayout};
 use strata_model::rope::Rope;
 use strata_model::weights::{Checkpoint, WeightError};
 
+mod row_parallel;
+mod tp;
 mod weights;
+
+pub use row_parallel::ROW_SHARDS;
+use row_parallel::{RowParallel, gemm_shapes};
+
+pub use tp::{CudaTpBackend, TpTransport};
 
 use super::{Backend, BackendError, StepSeq};
 use crate::kv::{BlockId, KvBlockIo};
@@ -50,6 +66,11 @@ pub enum CudaError {
     Unsupported(String),
     #[error(transparent)]
     Collective(#[from] CollectiveError),
+    #[error(
+        "this backend is a rank of a tensor-parallel group and has no communicator yet \
+         (CudaBackend::attach_communicator)"
+    )]
+    NoCommunicator,
 }
 
 impl From<strata_kernels::cudarc::driver::DriverError> for CudaError {
@@ -59,6 +80,7 @@ impl From<strata_kernels::cudarc::driver::DriverError> for CudaError {
 }
 
 /// Where the weights come from.
+#[derive(Clone, Copy)]
 pub enum WeightSource<'a> {
     /// A checkpoint (bf16, f16 or f32 tensors; stored as bf16 on the device).
     Checkpoint(&'a Checkpoint),
@@ -82,6 +104,16 @@ pub struct CudaOptions {
     /// Replay decode-only steps through CUDA graphs, one per row bucket ([`GRAPH_BUCKETS`]) and
     /// block-table width; the same launches as the eager path, so the same bits.
     pub graphs: bool,
+    /// This backend's place in a tensor-parallel group: rank `tp_rank` of `tp_world` (0 of 1
+    /// alone). A rank of a larger group loads only its slices of the weights and must be given
+    /// the group's communicator ([`CudaBackend::attach_communicator`]) before its first step.
+    pub tp_rank: usize,
+    pub tp_world: usize,
+    /// Compute o and down in the shard order every TP degree shares (eight K-slice partials
+    /// added in order; the module docs), so that TP = N is byte-identical to TP = 1. Always on
+    /// when `tp_world > 1`; off at TP = 1 the projections are one GEMV / GEMM each (faster,
+    /// other bits). Needs `q_dim` and `intermediate` to be multiples of 256.
+    pub sharded_reduction: bool,
 }
 
 /// Row counts of decode-only steps that are replayed through CUDA graphs. A step is padded up to
@@ -100,11 +132,18 @@ struct Scratch {
     v: Option<CudaSlice<bf16>>,
     attn: Option<CudaSlice<bf16>>,
     proj: Option<CudaSlice<bf16>>,
+    /// The eight shard partials of a row-parallel projection, `[8][rows][hidden]` f32.
+    partials: Option<CudaSlice<f32>>,
+    /// This rank's own partials before the all-gather, `[8 / world][rows][hidden]` (TP > 1).
+    local_partials: Option<CudaSlice<f32>>,
     gate_up: Option<CudaSlice<bf16>>,
     act: Option<CudaSlice<bf16>>,
     logits_rows: usize,
     gathered: Option<CudaSlice<bf16>>,
+    /// This rank's vocabulary columns of the logits, `[rows][vocab_per_rank]`.
     logits: Option<CudaSlice<f32>>,
+    /// Every rank's, all-gathered in rank order, `[world][rows][vocab_per_rank]` (TP > 1).
+    logits_all: Option<CudaSlice<f32>>,
     workspace_elems: usize,
     workspace: Option<CudaSlice<f32>>,
     /// Every per-step index (token ids, positions, slots, block tables, gather rows) packed
@@ -192,6 +231,12 @@ pub struct StepProfile {
 
 pub struct CudaBackend {
     config: ModelConfig,
+    /// This backend's slices of the model ([`CudaOptions::tp_rank`]).
+    shard: TpLayout,
+    /// Row-parallel shards this backend computes (`8 / world`), or 0: one fused GEMV / GEMM.
+    row_shards: usize,
+    /// A deliberately wrong reduction of the partials, for canaries.
+    fault: PartialsFault,
     stream: Arc<CudaStream>,
     kernels: Kernels,
     gemm: LtGemm,
@@ -245,6 +290,27 @@ impl CudaBackend {
                 "block size must be at least 1".into(),
             ));
         }
+        let (rank, world) = (options.tp_rank, options.tp_world);
+        let shard = TpLayout::new(config, rank, world, 8)
+            .map_err(|e| CudaError::Unsupported(e.to_string()))?;
+        let row_shards = if world > 1 || options.sharded_reduction {
+            let kslices = [
+                config.q_dim() / ROW_SHARDS,
+                config.intermediate_size / ROW_SHARDS,
+            ];
+            if kslices.iter().any(|k| !k.is_multiple_of(32)) {
+                return Err(CudaError::Unsupported(format!(
+                    "the shard order needs q_dim ({}) and intermediate ({}) to be multiples of \
+                     {}",
+                    config.q_dim(),
+                    config.intermediate_size,
+                    32 * ROW_SHARDS
+                )));
+            }
+            ROW_SHARDS / world
+        } else {
+            0
+        };
         strata_kernels::libs::ensure_driver()?;
         let ctx = CudaContext::new(options.device)?;
         // One stream does all the work, so cudarc's cross-stream event tracking is not needed;
@@ -257,9 +323,9 @@ impl CudaBackend {
         let weights = match source {
             WeightSource::Checkpoint(ckpt) => {
                 ckpt.validate(config)?;
-                upload_checkpoint(&stream, config, ckpt)?
+                upload_checkpoint(&stream, config, ckpt, &shard)?
             }
-            WeightSource::Synthetic { seed } => synthesize(&stream, config, seed)?,
+            WeightSource::Synthetic { seed } => synthesize(&stream, config, &shard, seed)?,
         };
         let max_positions = options
             .max_positions
@@ -268,7 +334,7 @@ impl CudaBackend {
             .max(1);
         let cos_sin = stream.clone_htod(&cos_sin_table(config, max_positions))?;
 
-        let kv_dim = config.kv_dim();
+        let kv_dim = shard.kv_rows.len();
         let per_block = config.num_layers * 2 * options.block_size * kv_dim * 2;
         // One block beyond the budget's count is the scratch block of padding rows.
         let num_blocks = (options.kv_cache_bytes / per_block.max(1)).max(1);
@@ -281,6 +347,9 @@ impl CudaBackend {
         }
         let mut backend = Self {
             config: config.clone(),
+            shard,
+            row_shards,
+            fault: PartialsFault::None,
             stream,
             kernels,
             gemm,
@@ -324,20 +393,24 @@ impl CudaBackend {
         self.graphs_enabled = enabled;
     }
 
-    /// Makes this backend a rank of `comm`'s group: from the next step on, the outputs of the
-    /// row-parallel o and down projections are all-reduced through it (DESIGN.md §5). The
-    /// communicator must enqueue on this backend's stream, so the collectives need no
-    /// cross-stream waits and are captured into the decode graphs with everything else. This
-    /// backend holds every weight, so only a one-rank group is accepted; a rank of a larger
-    /// group needs weights sharded to its slice, which the backend does not load yet.
+    /// Makes this backend rank `tp_rank` of `comm`'s group ([`CudaOptions::tp_rank`]): from the
+    /// next step on, the embedding rows are all-reduced and the row-parallel partials and the
+    /// logits all-gathered through it (with one rank and the fused order, the o and down outputs
+    /// are all-reduced, the one-rank path the battery runs over NCCL). The communicator must
+    /// enqueue on this backend's stream, so the collectives need no cross-stream waits and are
+    /// captured into the decode graphs with everything else; a communicator that cannot be
+    /// captured (the host-staged one) turns the graphs off.
     pub fn attach_communicator(
         &mut self,
         comm: Box<dyn DeviceCommunicator>,
     ) -> Result<(), CudaError> {
-        if comm.world_size() != 1 {
+        if (comm.rank(), comm.world_size()) != (self.shard.rank, self.shard.world) {
             return Err(CudaError::Unsupported(format!(
-                "a CUDA backend holds every weight, so it can only be the one rank of a group; \
-                 this group has {} ranks (sharded CUDA weights are not built yet)",
+                "this backend holds the weights of rank {} of {}; the communicator is rank {} \
+                 of {}",
+                self.shard.rank,
+                self.shard.world,
+                comm.rank(),
                 comm.world_size()
             )));
         }
@@ -348,9 +421,24 @@ impl CudaBackend {
                     .into(),
             ));
         }
+        if !comm.capturable() {
+            self.graphs_enabled = false;
+        }
         self.graphs.clear();
         self.comm = Some(comm);
         Ok(())
+    }
+
+    /// Makes the row-parallel partials be reduced the wrong way, for canaries.
+    #[doc(hidden)]
+    pub fn inject_partials_fault(&mut self, fault: PartialsFault) {
+        self.fault = fault;
+        self.graphs.clear();
+    }
+
+    /// This backend's rank and group size.
+    pub fn tp(&self) -> (usize, usize) {
+        (self.shard.rank, self.shard.world)
     }
 
     /// Whether the row-parallel outputs go through a communicator.
@@ -375,12 +463,9 @@ impl CudaBackend {
 
     /// Chooses every GEMM algorithm now, so the first prompt does not pay for it.
     fn pin_gemms(&mut self) -> Result<(), CudaError> {
-        let c = &self.config;
-        let (h, q, kv, i) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-        for (n, k) in [(q, h), (kv, h), (h, q), (2 * i, h), (h, i)] {
-            self.gemm.pin(n, k, GemmOut::Bf16)?;
+        for shape in gemm_shapes(&self.config, &self.shard, self.row_shards).all() {
+            self.gemm.pin_shape(shape)?;
         }
-        self.gemm.pin(c.vocab_size, h, GemmOut::F32)?;
         Ok(())
     }
 
@@ -388,6 +473,7 @@ impl CudaBackend {
     /// at, so it drops every graph.
     fn ensure_scratch(&mut self, plan: &Plan) -> Result<(), CudaError> {
         let c = &self.config;
+        let d = &self.shard;
         let s = &mut self.scratch;
         let stream = &self.stream;
         let mut moved = false;
@@ -396,31 +482,42 @@ impl CudaBackend {
             let alloc = |n: usize| stream.alloc_zeros::<bf16>(rows * n);
             s.residual = Some(alloc(c.hidden_size)?);
             s.normed = Some(alloc(c.hidden_size)?);
-            s.q = Some(alloc(c.q_dim())?);
-            s.k = Some(alloc(c.kv_dim())?);
-            s.v = Some(alloc(c.kv_dim())?);
-            s.attn = Some(alloc(c.q_dim())?);
+            s.q = Some(alloc(d.q_rows.len())?);
+            s.k = Some(alloc(d.kv_rows.len())?);
+            s.v = Some(alloc(d.kv_rows.len())?);
+            s.attn = Some(alloc(d.q_rows.len())?);
             s.proj = Some(alloc(c.hidden_size)?);
-            s.gate_up = Some(alloc(2 * c.intermediate_size)?);
-            s.act = Some(alloc(c.intermediate_size)?);
+            s.gate_up = Some(alloc(2 * d.inter_rows.len())?);
+            s.act = Some(alloc(d.inter_rows.len())?);
+            if self.row_shards > 0 {
+                let partials = rows * c.hidden_size;
+                s.partials = Some(stream.alloc_zeros::<f32>(ROW_SHARDS * partials)?);
+                if d.world > 1 {
+                    s.local_partials = Some(stream.alloc_zeros::<f32>(self.row_shards * partials)?);
+                }
+            }
             s.rows = rows;
             moved = true;
         }
         let decode = rows - plan.prompt;
-        let work = decode_workspace_elems(decode, c.num_heads, c.head_dim, plan.max_context);
+        let work = decode_workspace_elems(decode, d.heads, c.head_dim, plan.max_context);
         if work > s.workspace_elems {
             s.workspace = Some(stream.alloc_zeros::<f32>(work)?);
             s.workspace_elems = work;
             moved = true;
         }
         if plan.logits > s.logits_rows {
+            let per_rank = plan.logits * d.vocab_per_rank;
             s.gathered = Some(stream.alloc_zeros::<bf16>(plan.logits * c.hidden_size)?);
-            s.logits = Some(stream.alloc_zeros::<f32>(plan.logits * c.vocab_size)?);
+            s.logits = Some(stream.alloc_zeros::<f32>(per_rank)?);
+            if d.world > 1 {
+                s.logits_all = Some(stream.alloc_zeros::<f32>(d.world * per_rank)?);
+            }
             // SAFETY: plain page-locked memory (not write-combined: the host reads it).
             s.logits_host = Some(unsafe {
                 stream
                     .context()
-                    .alloc_pinned_with_flags::<f32>(plan.logits * c.vocab_size, 0)
+                    .alloc_pinned_with_flags::<f32>(d.world * per_rank, 0)
             }?);
             s.logits_rows = plan.logits;
             moved = true;
@@ -630,13 +727,15 @@ impl CudaBackend {
             return Ok(Vec::new());
         }
         let v = self.config.vocab_size;
+        let (world, per) = (self.shard.world, self.shard.vocab_per_rank);
         let s = &mut self.scratch;
         let logits_host = s.logits_host.as_mut().expect("scratch allocated");
+        let device = if world > 1 { &s.logits_all } else { &s.logits };
         self.stream.memcpy_dtoh(
-            &s.logits
+            &device
                 .as_ref()
                 .expect("scratch allocated")
-                .slice(..logits * v),
+                .slice(..world * logits * per),
             logits_host,
         )?;
         // Event tracking is off, so the pinned slice cannot wait for its own copy: wait for the
@@ -650,9 +749,14 @@ impl CudaBackend {
             .map(|(j, &(seq, row))| (seq, if bucket.is_some() { row } else { j }))
             .collect();
         order.sort_unstable();
+        // Rank `q`'s vocabulary columns of row `j` sit at `(q * logits + j) * per`.
         let mut out = Vec::with_capacity(r * v);
         for (_, j) in order {
-            out.extend_from_slice(&host[j * v..(j + 1) * v]);
+            for q in 0..world {
+                let cols = (q * per).min(v)..((q + 1) * per).min(v);
+                let at = (q * logits + j) * per;
+                out.extend_from_slice(&host[at..at + cols.len()]);
+            }
         }
         self.finish_profile()?;
         Ok(out)
@@ -689,6 +793,9 @@ impl CudaBackend {
     fn forward(&mut self, plan: &Plan) -> Result<(), CudaError> {
         let Self {
             config: c,
+            shard: d,
+            row_shards,
+            fault,
             stream,
             kernels: k,
             gemm,
@@ -706,11 +813,13 @@ impl CudaBackend {
         } = self;
         let bs = *bs;
         let (t, p) = (plan.rows, plan.prompt);
-        let (h, qd, kvd, inter) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let h = c.hidden_size;
+        let (qd, kvd, inter) = (d.q_rows.len(), d.kv_rows.len(), d.inter_rows.len());
+        let shapes = gemm_shapes(c, d, *row_shards);
         let eps = c.rms_norm_eps as f32;
         let heads = AttentionHeads {
-            n_q_heads: c.num_heads,
-            n_kv_heads: c.num_kv_heads,
+            n_q_heads: d.heads,
+            n_kv_heads: d.kv_heads,
             head_dim: c.head_dim,
             window: c.sliding_window.unwrap_or(0),
             scale: 1.0 / (c.head_dim as f32).sqrt(),
@@ -719,8 +828,8 @@ impl CudaBackend {
         let blocks = *num_blocks + 1;
         let rope_shape = RopeKvShape {
             tokens: t,
-            q_heads: c.num_heads,
-            kv_heads: c.num_kv_heads,
+            q_heads: d.heads,
+            kv_heads: d.kv_heads,
             head_dim: c.head_dim,
             max_positions: *max_positions,
             num_blocks: blocks,
@@ -743,7 +852,27 @@ impl CudaBackend {
             };
         }
 
-        k.embed(stream, buf!(residual), &w.embed, &ids, t, h, c.vocab_size)?;
+        // Vocabulary-parallel: a rank fills foreign ids' rows with -0.0, and the all-reduce
+        // returns the owner's row bit for bit.
+        let fill = if d.world > 1 {
+            bf16::NEG_ZERO
+        } else {
+            bf16::ZERO
+        };
+        k.embed_rows(
+            stream,
+            buf!(residual),
+            &w.embed,
+            &ids,
+            t,
+            h,
+            d.vocab.clone(),
+            fill,
+        )?;
+        if d.world > 1 {
+            let comm = comm.as_deref_mut().ok_or(CudaError::NoCommunicator)?;
+            comm.all_reduce_sum(buf!(residual).slice_mut(..t * h).into())?;
+        }
         let normed = s.normed.as_mut().expect("scratch allocated");
         k.rmsnorm(
             stream,
@@ -765,9 +894,13 @@ impl CudaBackend {
                 );
                 if p > 0 {
                     let x = normed.slice(..p * h);
-                    for (y, wt, n) in [(q, &layer.q, qd), (kk, &layer.k, kvd), (v, &layer.v, kvd)] {
-                        let mut out = y.slice_mut(..p * n);
-                        gemm.matmul(&mut out, &x, wt, p, n, h, GemmOut::Bf16)?;
+                    for (y, wt, shape) in [
+                        (q, &layer.q, shapes.q),
+                        (kk, &layer.k, shapes.kv),
+                        (v, &layer.v, shapes.kv),
+                    ] {
+                        let mut out = y.slice_mut(..p * shape.n);
+                        gemm.matmul_shape(&mut out, &x, wt, p, shape)?;
                     }
                 }
                 let (q, kk, v) = (
@@ -801,8 +934,8 @@ impl CudaBackend {
                 k.add_bias(stream, buf!(v), bv, t, kvd)?;
             }
             if let Some([nq, nk]) = &layer.qk_norm {
-                k.head_rmsnorm(stream, buf!(q), nq, t * c.num_heads, c.head_dim, eps)?;
-                k.head_rmsnorm(stream, buf!(k), nk, t * c.num_kv_heads, c.head_dim, eps)?;
+                k.head_rmsnorm(stream, buf!(q), nq, t * d.heads, c.head_dim, eps)?;
+                k.head_rmsnorm(stream, buf!(k), nk, t * d.kv_heads, c.head_dim, eps)?;
             }
             {
                 let (q, kk, v) = (
@@ -855,8 +988,7 @@ impl CudaBackend {
                         context_lens: at(lay.context_lens, t - p),
                         max_context: plan.max_context,
                     };
-                    let work =
-                        decode_workspace_elems(t - p, c.num_heads, c.head_dim, plan.max_context);
+                    let work = decode_workspace_elems(t - p, d.heads, c.head_dim, plan.max_context);
                     let mut workspace = s
                         .workspace
                         .as_mut()
@@ -867,23 +999,21 @@ impl CudaBackend {
                     mark(profile, stream, "decode attention")?;
                 }
             }
-            linear(
-                k,
+            let mut rp = RowParallel {
+                kernels: k,
                 gemm,
                 stream,
-                buf!(proj),
-                get!(attn),
-                &layer.o,
-                t,
-                p,
-                h,
-                qd,
-            )?;
-            // Row-parallel: each rank holds a partial sum until the all-reduce (before the
-            // bias, which is added once).
-            if let Some(comm) = comm.as_deref_mut() {
-                comm.all_reduce_sum(buf!(proj).slice_mut(..t * h).into())?;
-            }
+                comm: comm.as_deref_mut(),
+                partials: s.partials.as_mut(),
+                local: s.local_partials.as_mut(),
+                shards: *row_shards,
+                world: d.world,
+                fault: *fault,
+                rows: t,
+                prompt: p,
+            };
+            // Before the bias, which is added once.
+            rp.project(buf!(proj), get!(attn), &layer.o, h, (qd, c.q_dim()))?;
             if let Some(bias) = &layer.o_bias {
                 k.add_bias(stream, buf!(proj), bias, t, h)?;
             }
@@ -916,8 +1046,7 @@ impl CudaBackend {
                     &layer.gate_up,
                     t,
                     p,
-                    2 * inter,
-                    h,
+                    shapes.gate_up,
                 )?;
             }
             mark(profile, stream, "gate_up")?;
@@ -927,22 +1056,27 @@ impl CudaBackend {
             }
             mark(profile, stream, "silu_mul")?;
             {
-                let proj = s.proj.as_mut().expect("scratch allocated");
-                linear(
-                    k,
+                let mut rp = RowParallel {
+                    kernels: k,
                     gemm,
                     stream,
+                    comm: comm.as_deref_mut(),
+                    partials: s.partials.as_mut(),
+                    local: s.local_partials.as_mut(),
+                    shards: *row_shards,
+                    world: d.world,
+                    fault: *fault,
+                    rows: t,
+                    prompt: p,
+                };
+                let proj = s.proj.as_mut().expect("scratch allocated");
+                rp.project(
                     proj,
                     get!(act),
                     &layer.down,
-                    t,
-                    p,
                     h,
-                    inter,
+                    (inter, c.intermediate_size),
                 )?;
-            }
-            if let Some(comm) = comm.as_deref_mut() {
-                comm.all_reduce_sum(buf!(proj).slice_mut(..t * h).into())?;
             }
             mark(profile, stream, "down")?;
             let next_norm = w
@@ -967,14 +1101,15 @@ impl CudaBackend {
             k.embed(stream, gathered, get!(normed), &at(lay.gather, r), r, h, t)?;
         }
         let head = w.lm_head.as_ref().unwrap_or(&w.embed);
-        let v = c.vocab_size;
+        // This rank's vocabulary rows (padded): all-gathered below when there are several ranks.
+        let v = d.vocab_per_rank;
         let logits = s.logits.as_mut().expect("scratch allocated");
         let gathered = get!(gathered);
         let lp = plan.logits_prompt;
         if lp > 0 {
             let mut y = logits.slice_mut(..lp * v);
             let x = gathered.slice(..lp * h);
-            gemm.matmul(&mut y, &x, head, lp, v, h, GemmOut::F32)?;
+            gemm.matmul_shape(&mut y, &x, head, lp, shapes.lm_head)?;
         }
         let mut row = lp;
         while row < r {
@@ -983,6 +1118,14 @@ impl CudaBackend {
             let x = gathered.slice(row * h..(row + m) * h);
             k.gemv_f32(stream, &mut y, &x, head, m, v, h)?;
             row += m;
+        }
+        if d.world > 1 {
+            let comm = comm.as_deref_mut().ok_or(CudaError::NoCommunicator)?;
+            let all = s.logits_all.as_mut().expect("scratch allocated");
+            comm.all_gather(
+                logits.slice(..r * v).into(),
+                all.slice_mut(..d.world * r * v).into(),
+            )?;
         }
         mark(profile, stream, "lm head")?;
         Ok(())
@@ -1016,13 +1159,13 @@ fn linear(
     w: &CudaSlice<bf16>,
     rows: usize,
     prompt: usize,
-    n: usize,
-    k: usize,
+    shape: GemmShape,
 ) -> Result<(), CudaError> {
+    let (n, k) = (shape.n, shape.k);
     if prompt > 0 {
         let mut out = y.slice_mut(..prompt * n);
         let input = x.slice(..prompt * k);
-        gemm.matmul(&mut out, &input, w, prompt, n, k, GemmOut::Bf16)?;
+        gemm.matmul_shape(&mut out, &input, w, prompt, shape)?;
     }
     let mut row = prompt;
     while row < rows {
@@ -1052,12 +1195,12 @@ fn cos_sin_table(config: &ModelConfig, max_positions: usize) -> Vec<f32> {
 
 impl KvBlockIo for CudaBackend {
     fn block_bytes(&self) -> usize {
-        self.config.num_layers * 2 * self.block_size * self.config.kv_dim() * 2
+        self.config.num_layers * 2 * self.block_size * self.shard.kv_rows.len() * 2
     }
 
     /// Layout: `[layer][k|v][slot][kv_dim]` bf16, little-endian.
     fn export_block(&self, id: BlockId, out: &mut [u8]) {
-        let n = self.block_size * self.config.kv_dim();
+        let n = self.block_size * self.shard.kv_rows.len();
         let start = id as usize * n;
         let mut host = vec![bf16::ZERO; n];
         for (l, (k, v)) in self.k_cache.iter().zip(&self.v_cache).enumerate() {
@@ -1075,7 +1218,7 @@ impl KvBlockIo for CudaBackend {
     }
 
     fn import_block(&mut self, id: BlockId, data: &[u8]) {
-        let n = self.block_size * self.config.kv_dim();
+        let n = self.block_size * self.shard.kv_rows.len();
         let start = id as usize * n;
         for l in 0..self.config.num_layers {
             for kind in 0..2 {

@@ -5,8 +5,11 @@ use std::sync::Arc;
 
 use half::bf16;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::ops::Range;
 use strata_kernels::cudarc::driver::{CudaSlice, CudaStream};
+
 use strata_model::ModelConfig;
+use strata_model::cpu::TpLayout;
 use strata_model::weights::{
     Checkpoint, EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorRef, WeightDtype,
 };
@@ -36,21 +39,46 @@ pub(super) struct Weights {
     pub(super) lm_head: Option<CudaSlice<bf16>>,
 }
 
-fn to_bf16(t: &TensorRef<'_>) -> Vec<bf16> {
-    match t.dtype {
-        WeightDtype::BF16 => t
-            .bytes
-            .chunks_exact(2)
-            .map(|b| bf16::from_le_bytes([b[0], b[1]]))
-            .collect(),
-        _ => t.to_f32().into_iter().map(bf16::from_f32).collect(),
+/// Rows `rows` and columns `cols` of a row-major tensor `width` wide, as bf16, padded with zero
+/// rows to `out_rows` rows. Reads only those elements of the mapping, so a tensor-parallel rank
+/// touches only its slice of the checkpoint; the conversion is the CPU reference's (exact widening
+/// to f32, then round to nearest even), and bf16 is copied as it is.
+fn slice_bf16(
+    t: &TensorRef<'_>,
+    width: usize,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    out_rows: usize,
+) -> Vec<bf16> {
+    let size = match t.dtype {
+        WeightDtype::F32 => 4,
+        WeightDtype::BF16 | WeightDtype::F16 => 2,
+    };
+    let convert = |b: &[u8]| match t.dtype {
+        WeightDtype::BF16 => bf16::from_le_bytes([b[0], b[1]]),
+        WeightDtype::F16 => bf16::from_f32(half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        WeightDtype::F32 => bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    };
+    let len = out_rows.max(rows.len()) * cols.len();
+    let mut out = Vec::with_capacity(len);
+    for r in rows {
+        let at = (r * width + cols.start) * size;
+        let bytes = &t.bytes[at..at + cols.len() * size];
+        out.extend(bytes.chunks_exact(size).map(convert));
     }
+    out.resize(len, bf16::ZERO);
+    out
 }
 
+/// Uploads rank `shard.rank`'s slices of the checkpoint (the whole model at TP = 1): q/k/v rows
+/// of its heads, gate/up rows of its intermediate slice, the matching o/down columns, its
+/// vocabulary rows of the embedding and LM head (padded with zero rows to `vocab_per_rank`);
+/// norms and the o bias whole.
 pub(super) fn upload_checkpoint(
     stream: &Arc<CudaStream>,
     config: &ModelConfig,
     ckpt: &Checkpoint,
+    shard: &TpLayout,
 ) -> Result<Weights, CudaError> {
     let (h, q, kv, inter, hd) = (
         config.hidden_size,
@@ -59,10 +87,21 @@ pub(super) fn upload_checkpoint(
         config.intermediate_size,
         config.head_dim,
     );
-    let get = |name: &str, shape: &[usize]| -> Result<CudaSlice<bf16>, CudaError> {
-        let t = ckpt.get_shaped(name, shape)?;
-        Ok(stream.clone_htod(&to_bf16(&t))?)
+    // Rows `rows` of a `[n, width]` tensor, every column.
+    let rows = |name: &str, shape: [usize; 2], rows: Range<usize>, out_rows: usize| {
+        let t = ckpt.get_shaped(name, &shape)?;
+        Ok::<_, CudaError>(slice_bf16(&t, shape[1], rows, 0..shape[1], out_rows))
     };
+    // Columns `cols` of a `[n, width]` tensor, every row.
+    let columns = |name: &str, shape: [usize; 2], cols: Range<usize>| {
+        let t = ckpt.get_shaped(name, &shape)?;
+        Ok::<_, CudaError>(slice_bf16(&t, shape[1], 0..shape[0], cols, shape[0]))
+    };
+    let vector = |name: &str, len: usize, part: Range<usize>| {
+        let t = ckpt.get_shaped(name, &[len])?;
+        Ok::<_, CudaError>(stream.clone_htod(&slice_bf16(&t, len, 0..1, part, 1))?)
+    };
+    let up = |host: Vec<bf16>| Ok::<_, CudaError>(stream.clone_htod(&host)?);
     // A progress bar on a terminal (stderr); nothing otherwise.
     let bar = ProgressBar::with_draw_target(
         Some(config.num_layers as u64 + 2),
@@ -71,49 +110,56 @@ pub(super) fn upload_checkpoint(
     if let Ok(style) = ProgressStyle::with_template("uploading weights {bar:30} {pos}/{len}") {
         bar.set_style(style);
     }
-    let embed = get(EMBED, &[config.vocab_size, h])?;
+    let v = config.vocab_size;
+    let per = shard.vocab_per_rank;
+    let embed = up(rows(EMBED, [v, h], shard.vocab.clone(), per)?)?;
     bar.inc(1);
+    let (qr, kvr, ir) = (
+        shard.q_rows.clone(),
+        shard.kv_rows.clone(),
+        shard.inter_rows.clone(),
+    );
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
         bar.inc(1);
         let n = LayerNames::new(i);
-        let mut gate_up = to_bf16(&ckpt.get_shaped(&n.gate, &[inter, h])?);
-        gate_up.extend(to_bf16(&ckpt.get_shaped(&n.up, &[inter, h])?));
+        let mut gate_up = rows(&n.gate, [inter, h], ir.clone(), 0)?;
+        gate_up.extend(rows(&n.up, [inter, h], ir.clone(), 0)?);
         layers.push(Layer {
-            input_norm: get(&n.input_norm, &[h])?,
-            q: get(&n.q, &[q, h])?,
-            k: get(&n.k, &[kv, h])?,
-            v: get(&n.v, &[kv, h])?,
-            o: get(&n.o, &[h, q])?,
+            input_norm: vector(&n.input_norm, h, 0..h)?,
+            q: up(rows(&n.q, [q, h], qr.clone(), 0)?)?,
+            k: up(rows(&n.k, [kv, h], kvr.clone(), 0)?)?,
+            v: up(rows(&n.v, [kv, h], kvr.clone(), 0)?)?,
+            o: up(columns(&n.o, [h, q], qr.clone())?)?,
             qkv_bias: if config.qkv_bias {
                 Some([
-                    get(&n.q_bias, &[q])?,
-                    get(&n.k_bias, &[kv])?,
-                    get(&n.v_bias, &[kv])?,
+                    vector(&n.q_bias, q, qr.clone())?,
+                    vector(&n.k_bias, kv, kvr.clone())?,
+                    vector(&n.v_bias, kv, kvr.clone())?,
                 ])
             } else {
                 None
             },
             o_bias: if config.o_bias {
-                Some(get(&n.o_bias, &[h])?)
+                Some(vector(&n.o_bias, h, 0..h)?)
             } else {
                 None
             },
             qk_norm: if config.qk_norm {
-                Some([get(&n.q_norm, &[hd])?, get(&n.k_norm, &[hd])?])
+                Some([vector(&n.q_norm, hd, 0..hd)?, vector(&n.k_norm, hd, 0..hd)?])
             } else {
                 None
             },
-            post_norm: get(&n.post_attention_norm, &[h])?,
-            gate_up: stream.clone_htod(&gate_up)?,
-            down: get(&n.down, &[h, inter])?,
+            post_norm: vector(&n.post_attention_norm, h, 0..h)?,
+            gate_up: up(gate_up)?,
+            down: up(columns(&n.down, [h, inter], ir.clone())?)?,
         });
     }
-    let final_norm = get(FINAL_NORM, &[h])?;
+    let final_norm = vector(FINAL_NORM, h, 0..h)?;
     let lm_head = if config.tie_word_embeddings {
         None
     } else {
-        Some(get(LM_HEAD, &[config.vocab_size, h])?)
+        Some(up(rows(LM_HEAD, [v, h], shard.vocab.clone(), per)?)?)
     };
     bar.finish_and_clear();
     Ok(Weights {
@@ -127,9 +173,13 @@ pub(super) fn upload_checkpoint(
 /// Random weights for benchmarks: every projection is a window of one device pool of
 /// N(0, 0.02²) bf16 values (a different offset per tensor), so nothing is zero and nothing is
 /// drawn twice in a row; norms are ones.
+///
+/// A tensor-parallel rank synthesizes weights of its slices' shapes (not slices of one model:
+/// benchmarks only need the shapes).
 pub(super) fn synthesize(
     stream: &Arc<CudaStream>,
     config: &ModelConfig,
+    shard: &TpLayout,
     seed: u64,
 ) -> Result<Weights, CudaError> {
     const POOL: usize = 1 << 26; // 64 Mi values, 128 MiB
@@ -170,12 +220,12 @@ pub(super) fn synthesize(
     let ones = |len: usize| stream.clone_htod(&vec![bf16::ONE; len]);
     let (h, q, kv, inter, hd) = (
         config.hidden_size,
-        config.q_dim(),
-        config.kv_dim(),
-        config.intermediate_size,
+        shard.q_rows.len(),
+        shard.kv_rows.len(),
+        shard.inter_rows.len(),
         config.head_dim,
     );
-    let embed = matrix(config.vocab_size * h)?;
+    let embed = matrix(shard.vocab_per_rank * h)?;
     let mut layers = Vec::with_capacity(config.num_layers);
     for _ in 0..config.num_layers {
         layers.push(Layer {
@@ -208,7 +258,7 @@ pub(super) fn synthesize(
     let lm_head = if config.tie_word_embeddings {
         None
     } else {
-        Some(matrix(config.vocab_size * h)?)
+        Some(matrix(shard.vocab_per_rank * h)?)
     };
     Ok(Weights {
         embed,
@@ -216,4 +266,45 @@ pub(super) fn synthesize(
         final_norm,
         lm_head,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor<'a>(dtype: WeightDtype, shape: &'a [usize], bytes: &'a [u8]) -> TensorRef<'a> {
+        TensorRef {
+            name: "t",
+            path: std::path::Path::new("t.safetensors"),
+            dtype,
+            shape,
+            bytes,
+        }
+    }
+
+    #[test]
+    fn a_slice_reads_its_rows_and_columns_and_pads_with_zero_rows() {
+        // A [3, 4] f32 tensor holding 0..12.
+        let values: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let t = tensor(WeightDtype::F32, &[3, 4], &bytes);
+        let got: Vec<f32> = slice_bf16(&t, 4, 1..3, 1..3, 3)
+            .iter()
+            .map(|v| v.to_f32())
+            .collect();
+        assert_eq!(got, vec![5.0, 6.0, 9.0, 10.0, 0.0, 0.0]);
+        // bf16 is copied bit for bit, f16 widened exactly then rounded like the reference.
+        let b: Vec<u8> = [bf16::from_f32(1.5), bf16::from_f32(-3.0)]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let t = tensor(WeightDtype::BF16, &[2], &b);
+        assert_eq!(slice_bf16(&t, 2, 0..1, 1..2, 1), vec![bf16::from_f32(-3.0)]);
+        let h: Vec<u8> = half::f16::from_f32(0.1).to_le_bytes().to_vec();
+        let t = tensor(WeightDtype::F16, &[1], &h);
+        assert_eq!(
+            slice_bf16(&t, 1, 0..1, 0..1, 1),
+            vec![bf16::from_f32(half::f16::from_f32(0.1).to_f32())]
+        );
+    }
 }
