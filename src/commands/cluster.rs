@@ -16,7 +16,10 @@ use serde_json::{Value, json};
 use strata_topology::NodeId;
 use strata_topology::lease_driver::{Clock, SystemClock};
 use strata_topology::server::{DataLayout, Server, ServerConfig, Timing, shutdown_signal};
-use strata_topology::state::{Capacity, Change, Command, MemberAddresses, MemberSpec, RaftRole};
+use strata_topology::state::{
+    Capacity, Change, Command, DEFAULT_JOIN_TOKEN_TTL_MS, MemberAddresses, MemberSpec, RaftRole,
+    UnixMillis,
+};
 use strata_topology::transport::client::commit_via_leader;
 use strata_topology::transport::join::{JoinToken, request_membership};
 use strata_topology::transport::wire::{ClusterView, MembershipChange};
@@ -48,7 +51,7 @@ pub enum ClusterCommand {
     Placement(ViewArgs),
     /// Remove this member from the group (then stop its process).
     Leave(DataArgs),
-    /// Issue another one-use join token (each join spends one).
+    /// Issue another one-use join token (each join spends one); it expires after --ttl.
     Token(TokenArgs),
 }
 
@@ -99,6 +102,13 @@ pub struct TokenArgs {
     /// Write the token to this new file (mode 0600) instead of printing it.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Seconds the token admits a joiner, from when the group records it.
+    #[arg(
+        long,
+        default_value_t = DEFAULT_JOIN_TOKEN_TTL_MS / 1_000,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    ttl: u64,
 }
 
 #[derive(Args)]
@@ -490,13 +500,21 @@ async fn issue_token(args: TokenArgs) -> Result<()> {
     let (client, addr) = operator(&args.data, None)?;
     let put = Change::PutJoinToken {
         sha256: token.secret_sha256(),
+        ttl_ms: args.ttl.saturating_mul(1_000),
     };
+    let now = SystemClock.now_ms();
     client
-        .propose(&addr, Command::new(SystemClock.now_ms(), put))
+        .propose(&addr, Command::new(now, put))
         .await?
         .1
         .map_err(anyhow::Error::msg)?;
     client.endpoint().close(0u32.into(), b"done");
+    // The group dates the token at its own time, which runs ahead of this clock only if
+    // another member's clock is ahead: the expiry shown is the earliest it can be.
+    tracing::info!(
+        expires = %UnixMillis(now.saturating_add(args.ttl.saturating_mul(1_000))),
+        "join token issued"
+    );
     match args.out {
         Some(path) => write_secret(&path, &token.encode())?,
         None => println!("{}", token.encode()),
@@ -537,4 +555,33 @@ async fn leave(data: &Path) -> Result<()> {
     client.endpoint().close(0u32.into(), b"done");
     println!("member {id} left the group; stop its process");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: ClusterCommand,
+    }
+
+    fn token_ttl(args: &[&str]) -> Result<u64, clap::Error> {
+        let cli = Cli::try_parse_from(["cluster", "token", "--data", "/d"].iter().chain(args))?;
+        match cli.command {
+            ClusterCommand::Token(token) => Ok(token.ttl),
+            _ => unreachable!("parsed the token subcommand"),
+        }
+    }
+
+    #[test]
+    fn a_token_lives_an_hour_unless_told_otherwise_and_never_zero_seconds() {
+        assert_eq!(token_ttl(&[]).unwrap(), 3_600);
+        assert_eq!(token_ttl(&["--ttl", "90"]).unwrap(), 90);
+        assert!(token_ttl(&["--ttl", "0"]).is_err());
+        assert!(token_ttl(&["--ttl", "10m"]).is_err(), "seconds only");
+    }
 }

@@ -6,87 +6,30 @@
 //! Quick form (runs with the suite): 3 voters, 5 kills. Full battery (the receipt):
 //! `cargo test -p strata-topology --test fault_battery -- --ignored --nocapture`.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use openraft::{BasicNode, Config, ServerState};
+use common::{Group, Member, TestCa, leader_of, local};
+use openraft::BasicNode;
+use strata_topology::NodeId;
 use strata_topology::state::{Change, Command, Rejection};
-use strata_topology::store::{self, StateReader};
-use strata_topology::transport::{
-    Client, ClusterCa, MemberIdentity, QuicNetworkFactory, Service, client_endpoint,
-    member_endpoint, serve,
-};
-use strata_topology::{NodeId, Raft};
+use strata_topology::transport::{Client, MemberIdentity};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
-fn config() -> Arc<Config> {
-    let config = Config {
-        cluster_name: "strata-battery".into(),
-        heartbeat_interval: 50,
-        election_timeout_min: 300,
-        election_timeout_max: 600,
-        ..Config::default()
-    };
-    Arc::new(config.validate().expect("valid raft config"))
+fn group() -> Group {
+    Group::new("strata-battery", 50, (300, 600), Duration::from_secs(1))
 }
 
-struct Member {
-    raft: Raft,
-    state: StateReader,
-    endpoint: quinn::Endpoint,
-    serving: tokio::task::JoinHandle<()>,
-}
-
-async fn start(identity: &MemberIdentity, store_path: &Path, listen: SocketAddr) -> Member {
-    let (log, sm) = store::open(store_path).expect("open store");
-    let state = sm.reader();
-    // A restarted member rebinds its old port; the old socket may take a moment to go.
-    let deadline = Instant::now() + TIMEOUT;
-    let endpoint = loop {
-        match member_endpoint(listen, identity) {
-            Ok(endpoint) => break endpoint,
-            Err(e) if Instant::now() < deadline => {
-                tracing::debug!("rebind {listen}: {e}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("cannot rebind {listen}: {e}"),
-        }
-    };
-    let client = Client::new(endpoint.clone(), Duration::from_secs(1));
-    let raft = Raft::new(
-        identity.id,
-        config(),
-        QuicNetworkFactory::new(client),
-        log,
-        sm,
-    )
-    .await
-    .expect("start raft");
-    let service = Service {
-        raft: raft.clone(),
-        state: state.clone(),
-        join: None,
-    };
-    let serving = tokio::spawn(serve(endpoint.clone(), service, true));
-    Member {
-        raft,
-        state,
-        endpoint,
-        serving,
-    }
-}
-
-/// Stops a member the way a crash looks from outside: no more answers, connections gone.
-/// Nothing waits for peers to acknowledge the close; a crashed process would not either.
-async fn kill(member: Member) {
-    member.endpoint.close(0u32.into(), b"killed");
-    member.serving.abort();
-    let _ = member.raft.shutdown().await;
-    let _ = member.serving.await;
+/// Starts member `identity` from its store in `ca`'s directory, listening on `listen`.
+async fn start(ca: &TestCa, identity: &MemberIdentity, listen: SocketAddr) -> Member {
+    let endpoint = common::bind(identity, listen, TIMEOUT).await;
+    group()
+        .start(identity, &ca.store(identity.id), endpoint, None)
+        .await
 }
 
 /// Proposes tenant `name` through `addr`; true once it is known to be committed.
@@ -103,13 +46,6 @@ async fn committed(client: &Client, addr: &SocketAddr, at: u64, name: &str) -> b
     )
 }
 
-fn leader_of(members: &BTreeMap<NodeId, Member>) -> Option<NodeId> {
-    members
-        .iter()
-        .find(|(_, m)| m.raft.metrics().borrow().state == ServerState::Leader)
-        .map(|(id, _)| *id)
-}
-
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let rank = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[rank.min(sorted.len() - 1)]
@@ -117,21 +53,13 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 /// Per kill: (time to a new leader, time to its first committed write).
 async fn battery(voters: u64, kills: usize) -> (Vec<Duration>, Vec<Duration>) {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = ClusterCa::create(&dir.path().join("ca")).unwrap();
-    let mut identities = BTreeMap::new();
-    let mut stores: BTreeMap<NodeId, PathBuf> = BTreeMap::new();
-    for id in 1..=voters {
-        let identity = ca
-            .issue_member(id, &dir.path().join(format!("tls-{id}")))
-            .unwrap();
-        identities.insert(id, identity);
-        stores.insert(id, dir.path().join(format!("m{id}.redb")));
-    }
+    let ca = TestCa::new();
+    let identities: BTreeMap<NodeId, MemberIdentity> =
+        (1..=voters).map(|id| (id, ca.issue(id))).collect();
     let mut members = BTreeMap::new();
     let mut addrs = BTreeMap::new();
     for (id, identity) in &identities {
-        let member = start(identity, &stores[id], "127.0.0.1:0".parse().unwrap()).await;
+        let member = start(&ca, identity, local()).await;
         addrs.insert(*id, member.endpoint.local_addr().unwrap());
         members.insert(*id, member);
     }
@@ -144,13 +72,7 @@ async fn battery(voters: u64, kills: usize) -> (Vec<Duration>, Vec<Duration>) {
         .initialize(nodes)
         .await
         .expect("initialize");
-    let operator = ca
-        .issue_member(1000, &dir.path().join("tls-operator"))
-        .unwrap();
-    let client = Client::new(
-        client_endpoint(&operator, "127.0.0.1:0".parse().unwrap()).unwrap(),
-        Duration::from_millis(500),
-    );
+    let client = common::operator(&ca.issue(1000), Duration::from_millis(500));
 
     let mut times = Vec::with_capacity(kills);
     let mut elections = Vec::with_capacity(kills);
@@ -178,7 +100,7 @@ async fn battery(voters: u64, kills: usize) -> (Vec<Duration>, Vec<Duration>) {
         };
         let victim = members.remove(&leader).unwrap();
         let killed = Instant::now();
-        kill(victim).await;
+        victim.kill().await;
         // Time to a new leader (as the survivors' raft metrics show it), then to the first
         // write it commits, asked of that leader directly.
         let deadline = killed + TIMEOUT;
@@ -202,7 +124,7 @@ async fn battery(voters: u64, kills: usize) -> (Vec<Duration>, Vec<Duration>) {
         times.push(killed.elapsed());
         elections.push(elected_after.unwrap_or_default());
         // The killed member comes back from its store on its old address.
-        let back = start(&identities[&leader], &stores[&leader], addrs[&leader]).await;
+        let back = start(&ca, &identities[&leader], addrs[&leader]).await;
         members.insert(leader, back);
     }
     // Everyone converges on the same state.
@@ -217,9 +139,13 @@ async fn battery(voters: u64, kills: usize) -> (Vec<Duration>, Vec<Duration>) {
             .await
             .unwrap_or_else(|e| panic!("member {id} did not converge: {e}"));
     }
-    let reference = members[&1].state.get().cluster;
+    let reference = members[&1].service.state.get().cluster;
     for (id, m) in &members {
-        assert_eq!(m.state.get().cluster, reference, "member {id} diverged");
+        assert_eq!(
+            m.service.state.get().cluster,
+            reference,
+            "member {id} diverged"
+        );
     }
     for name in &acknowledged {
         assert!(
@@ -229,7 +155,7 @@ async fn battery(voters: u64, kills: usize) -> (Vec<Duration>, Vec<Duration>) {
     }
     assert_eq!(acknowledged.len(), 2 * kills);
     for member in members.into_values() {
-        kill(member).await;
+        member.kill().await;
     }
     (elections, times)
 }

@@ -1,26 +1,26 @@
 //! Three members over real QUIC with mutual TLS on 127.0.0.1: election, replication through
 //! any member, linearizable reads, the change feed, refusal of peers without a valid
 //! certificate, refusal of malformed frames while the member keeps serving, a join by token,
-//! and the loss of the leader.
+//! the refusal of an expired token (which stays unspent), and the loss of the leader.
+
+mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use openraft::{BasicNode, Config, ServerState};
-use strata_topology::lease_driver::SystemClock;
-use strata_topology::state::{Capacity, Change, Command, MemberAddresses, MemberSpec, RaftRole};
-use strata_topology::store;
+use common::{Group, Member, TestCa, framed, local, operator, raw_call, spec, wait_for_leader};
+use openraft::{BasicNode, ServerState};
+use strata_topology::NodeId;
+use strata_topology::lease_driver::{Clock, SystemClock};
+use strata_topology::state::{Change, Command, DEFAULT_JOIN_TOKEN_TTL_MS, UnixMillis};
 use strata_topology::transport::join::{JoinAuthority, JoinToken, request_membership};
 use strata_topology::transport::wire::{
     FeedItem, MAX_FRAME, MembershipChange, Refusal, Request, Response,
 };
 use strata_topology::transport::{
-    Client, ClientError, ClusterCa, MemberIdentity, Service, client_endpoint, join_endpoint,
-    member_endpoint, serve, tls, upgrade_to_member,
+    Client, ClientError, ClusterCa, join_endpoint, serve, tls, upgrade_to_member,
 };
-use strata_topology::{NodeId, Raft};
 
 /// Everything the members log, for tests that check a refusal was logged.
 fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
@@ -76,128 +76,68 @@ async fn logged(logs: &Mutex<Vec<u8>>, parts: &[&str]) {
 }
 
 const TIMEOUT: Duration = Duration::from_secs(10);
-const LOCAL: &str = "127.0.0.1:0";
 
-fn config() -> Arc<Config> {
-    let config = Config {
-        cluster_name: "strata-quic-test".into(),
-        heartbeat_interval: 100,
-        election_timeout_min: 400,
-        election_timeout_max: 800,
-        ..Config::default()
+fn group() -> Group {
+    Group::new("strata-quic-test", 100, (400, 800), Duration::from_secs(2))
+}
+
+/// Commits a fresh join token, valid for `ttl_ms` from now on the wall clock (the clock the
+/// join authority stamps its spends with).
+async fn issue_token(ca: &TestCa, admin: &Client, addr: &str, ttl_ms: u64) -> JoinToken {
+    let token = JoinToken::generate(&ca.ca.fingerprint().unwrap()).unwrap();
+    let put = Change::PutJoinToken {
+        sha256: token.secret_sha256(),
+        ttl_ms,
     };
-    Arc::new(config.validate().expect("valid raft config"))
-}
-
-struct Member {
-    raft: Raft,
-    addr: String,
-    endpoint: quinn::Endpoint,
-    service: Service,
-}
-
-async fn start(
-    identity: &MemberIdentity,
-    dir: &Path,
-    join: Option<JoinAuthority>,
-    endpoint: Option<quinn::Endpoint>,
-) -> Member {
-    let id = identity.id;
-    let (log, sm) = store::open(&dir.join(format!("member-{id}.redb"))).expect("open store");
-    let state = sm.reader();
-    let endpoint = endpoint
-        .unwrap_or_else(|| member_endpoint(LOCAL.parse().unwrap(), identity).expect("endpoint"));
-    let addr = endpoint.local_addr().unwrap().to_string();
-    let client = Client::new(endpoint.clone(), Duration::from_secs(2));
-    let network = strata_topology::transport::QuicNetworkFactory::new(client);
-    let raft = Raft::new(id, config(), network, log, sm)
+    let (_, outcome) = admin
+        .propose(addr, Command::new(SystemClock.now_ms(), put))
         .await
-        .expect("start raft");
-    let service = Service {
-        raft: raft.clone(),
-        state,
-        join: join.map(Arc::new),
-    };
-    tokio::spawn(serve(endpoint.clone(), service.clone(), true));
-    Member {
-        raft,
-        addr,
-        endpoint,
-        service,
-    }
+        .expect("store the token");
+    outcome.expect("token accepted");
+    token
 }
 
-fn operator(identity: &MemberIdentity) -> Client {
-    Client::new(
-        client_endpoint(identity, LOCAL.parse().unwrap()).expect("client endpoint"),
-        TIMEOUT,
-    )
-}
-
-async fn leader(members: &BTreeMap<NodeId, Member>) -> NodeId {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        for (id, m) in members {
-            if m.raft.metrics().borrow().state == ServerState::Leader {
-                return *id;
-            }
-        }
-        assert!(tokio::time::Instant::now() < deadline, "no leader");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-fn spec(id: NodeId, addr: &str) -> MemberSpec {
-    MemberSpec {
-        id,
-        addresses: MemberAddresses {
-            raft: addr.to_string(),
-            rpc: addr.to_string(),
-        },
-        gpus: vec![],
-        capacity: Capacity::default(),
-        labels: BTreeMap::new(),
-        role: RaftRole::Voter,
-    }
-}
-
-/// Sends raw bytes on a fresh stream and decodes the member's answer.
-async fn raw_call(client: &Client, addr: &str, bytes: &[u8]) -> Response {
-    let connection = client.connection(addr).await.expect("connect");
-    let (mut send, mut recv) = connection.open_bi().await.expect("open stream");
-    send.write_all(bytes).await.expect("write");
-    send.finish().expect("finish");
-    let answer = tokio::time::timeout(
-        TIMEOUT,
-        strata_topology::transport::wire::read_frame::<Response>(&mut recv),
-    )
-    .await
-    .expect("answer in time")
-    .expect("a frame");
-    answer.expect("an answer before the end of stream")
-}
-
-fn framed(body: &[u8]) -> Vec<u8> {
-    let mut bytes = (body.len() as u32).to_be_bytes().to_vec();
-    bytes.extend_from_slice(body);
-    bytes
+/// Member 1 of a new one-voter group, holding the CA key and serving joins; returns it with the
+/// address of its join endpoint and an operator client holding member 1's identity.
+async fn start_join_authority(ca: &TestCa, group: &Group) -> (Member, String, Client) {
+    let identity = ca.issue(1);
+    let admin = operator(&identity, TIMEOUT);
+    let authority = JoinAuthority::new(
+        ClusterCa::load(&ca.ca_dir()).unwrap(),
+        admin.clone(),
+        Arc::new(SystemClock),
+    );
+    let endpoint = common::bind(&identity, local(), TIMEOUT).await;
+    let first = group
+        .start(&identity, &ca.store(1), endpoint, Some(authority))
+        .await;
+    let join_ep = join_endpoint(local(), &identity).unwrap();
+    let join_addr = join_ep.local_addr().unwrap().to_string();
+    tokio::spawn(serve(join_ep, first.service.clone(), false));
+    let mut nodes = BTreeMap::new();
+    nodes.insert(1, BasicNode::new(&first.addr));
+    first.raft.initialize(nodes).await.expect("initialize");
+    first
+        .raft
+        .wait(Some(TIMEOUT))
+        .state(ServerState::Leader, "member 1 leads")
+        .await
+        .expect("a one-voter group elects its member");
+    (first, join_addr, admin)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_members_over_mutual_tls_elect_replicate_read_and_refuse_strangers() {
     let logs = captured_logs();
-    let dir = tempfile::tempdir().unwrap();
-    let ca = ClusterCa::create(&dir.path().join("ca")).unwrap();
-    let identities: BTreeMap<NodeId, MemberIdentity> = [1, 2, 3]
-        .into_iter()
-        .map(|id| {
-            let identity = ca.issue_member(id, &dir.path().join(format!("tls-{id}")));
-            (id, identity.unwrap())
-        })
-        .collect();
+    let ca = TestCa::new();
+    let group = group();
+    let identities: BTreeMap<NodeId, _> =
+        [1, 2, 3].into_iter().map(|id| (id, ca.issue(id))).collect();
     let mut members = BTreeMap::new();
     for (id, identity) in &identities {
-        members.insert(*id, start(identity, dir.path(), None, None).await);
+        let endpoint = common::bind(identity, local(), TIMEOUT).await;
+        let member = group.start(identity, &ca.store(*id), endpoint, None).await;
+        members.insert(*id, member);
     }
     let nodes: BTreeMap<NodeId, BasicNode> = members
         .iter()
@@ -208,12 +148,12 @@ async fn three_members_over_mutual_tls_elect_replicate_read_and_refuse_strangers
         .initialize(nodes)
         .await
         .expect("initialize");
-    let first = leader(&members).await;
+    let first = wait_for_leader(&members, TIMEOUT).await;
     let follower = *members.keys().find(|&&id| id != first).unwrap();
 
     // An operator holding a certificate of the same CA writes through a follower: the
     // follower names the leader and the client retries there.
-    let admin = operator(&ca.issue_member(100, &dir.path().join("tls-100")).unwrap());
+    let admin = operator(&ca.issue(100), TIMEOUT);
     let follower_addr = members[&follower].addr.clone();
     for id in [1, 2, 3] {
         let command = Command::new(1_000, Change::AddMember(spec(id, &members[&id].addr)));
@@ -272,7 +212,7 @@ async fn three_members_over_mutual_tls_elect_replicate_read_and_refuse_strangers
 
     // A client with no certificate, and one with a certificate of another CA, are refused.
     let leader_addr = members[&first].addr.clone();
-    let mut anonymous = quinn::Endpoint::client(LOCAL.parse().unwrap()).unwrap();
+    let mut anonymous = quinn::Endpoint::client(local()).unwrap();
     let anonymous_addr = anonymous.local_addr().unwrap().to_string();
     anonymous.set_default_client_config(tls::anonymous_client_config(&identities[&1].ca).unwrap());
     let stranger = Client::new(anonymous, Duration::from_secs(3));
@@ -286,11 +226,9 @@ async fn three_members_over_mutual_tls_elect_replicate_read_and_refuse_strangers
         &["refused a connection at the handshake", &anonymous_addr],
     )
     .await;
-    let other_ca = ClusterCa::create(&dir.path().join("other-ca")).unwrap();
-    let forged = other_ca
-        .issue_member(2, &dir.path().join("tls-forged"))
-        .unwrap();
-    let mut forged_endpoint = quinn::Endpoint::client(LOCAL.parse().unwrap()).unwrap();
+    let other_ca = TestCa::new();
+    let forged = other_ca.issue(2);
+    let mut forged_endpoint = quinn::Endpoint::client(local()).unwrap();
     let forged_addr = forged_endpoint.local_addr().unwrap().to_string();
     // It trusts our CA (so it would accept the member) but presents the other CA's certificate.
     let mut mixed = forged.clone();
@@ -306,18 +244,30 @@ async fn three_members_over_mutual_tls_elect_replicate_read_and_refuse_strangers
     .await;
 
     // Malformed frames are refused and the member keeps serving, on the same connection.
-    let garbage = raw_call(&admin, &leader_addr, &framed(b"{not json")).await;
+    let garbage = raw_call(&admin, &leader_addr, &framed(b"{not json"), TIMEOUT).await;
     assert!(
         matches!(garbage, Response::Refused(Refusal::Malformed(_))),
         "{garbage:?}"
     );
     logged(&logs, &["refused a request", "malformed", "127.0.0.1:"]).await;
-    let unknown = raw_call(&admin, &leader_addr, &framed(br#"{"type":"Reboot"}"#)).await;
+    let unknown = raw_call(
+        &admin,
+        &leader_addr,
+        &framed(br#"{"type":"Reboot"}"#),
+        TIMEOUT,
+    )
+    .await;
     assert!(
         matches!(unknown, Response::Refused(Refusal::Malformed(_))),
         "{unknown:?}"
     );
-    let oversize = raw_call(&admin, &leader_addr, &(MAX_FRAME as u32 + 1).to_be_bytes()).await;
+    let oversize = raw_call(
+        &admin,
+        &leader_addr,
+        &(MAX_FRAME as u32 + 1).to_be_bytes(),
+        TIMEOUT,
+    )
+    .await;
     assert!(
         matches!(oversize, Response::Refused(Refusal::Oversize(_))),
         "{oversize:?}"
@@ -341,10 +291,8 @@ async fn three_members_over_mutual_tls_elect_replicate_read_and_refuse_strangers
     assert_eq!(view.cluster.tenants().tenants().len(), 1);
 
     // The leader goes away; the other two elect a new one that commits a write.
-    members[&first].raft.shutdown().await.expect("shutdown");
-    members[&first].endpoint.close(0u32.into(), b"bye");
-    let gone = members.remove(&first).unwrap();
-    let second = leader(&members).await;
+    members.remove(&first).unwrap().kill().await;
+    let second = wait_for_leader(&members, TIMEOUT).await;
     assert_ne!(second, first);
     let (_, outcome) = admin
         .propose(
@@ -359,51 +307,24 @@ async fn three_members_over_mutual_tls_elect_replicate_read_and_refuse_strangers
         .await
         .expect("a write after the leader's loss");
     assert!(outcome.is_ok());
-    drop(gone);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_joiner_with_a_token_becomes_a_learner_then_a_voter_and_the_token_is_spent() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca_dir = dir.path().join("ca");
-    let ca = ClusterCa::create(&ca_dir).unwrap();
-    let identity = ca.issue_member(1, &dir.path().join("tls-1")).unwrap();
-    let admin = operator(&identity);
-    let authority = JoinAuthority::new(
-        ClusterCa::load(&ca_dir).unwrap(),
-        admin.clone(),
-        Arc::new(SystemClock),
-    );
-    let first = start(&identity, dir.path(), Some(authority), None).await;
-    let join_ep = join_endpoint(LOCAL.parse().unwrap(), &identity).unwrap();
-    let join_addr = join_ep.local_addr().unwrap().to_string();
-    tokio::spawn(serve(join_ep, first.service.clone(), false));
-    let mut nodes = BTreeMap::new();
-    nodes.insert(1, BasicNode::new(&first.addr));
-    first.raft.initialize(nodes).await.expect("initialize");
-    let mut single = BTreeMap::new();
-    single.insert(1, first);
-    leader(&single).await;
-    let first = &single[&1];
+    let ca = TestCa::new();
+    let group = group();
+    let (first, join_addr, admin) = start_join_authority(&ca, &group).await;
 
-    let token = JoinToken::generate(&ca.fingerprint().unwrap()).unwrap();
-    let put = Change::PutJoinToken {
-        sha256: token.secret_sha256(),
-    };
-    let (_, outcome) = admin
-        .propose(&first.addr, Command::new(1, put))
-        .await
-        .expect("store the token");
-    outcome.expect("token accepted");
+    let token = issue_token(&ca, &admin, &first.addr, DEFAULT_JOIN_TOKEN_TTL_MS).await;
 
     // A wrong secret is refused and spends nothing.
-    let mut joiner_ep = quinn::Endpoint::client(LOCAL.parse().unwrap()).unwrap();
+    let mut joiner_ep = quinn::Endpoint::client(local()).unwrap();
     let joiner_addr = joiner_ep.local_addr().unwrap().to_string();
     let wrong = JoinToken {
         secret: "00".repeat(32),
         ..token.clone()
     };
-    let tls_dir = dir.path().join("tls-joiner");
+    let tls_dir = ca.root().join("tls-joiner");
     let err = request_membership(&join_addr, &wrong, &joiner_addr, &tls_dir, TIMEOUT)
         .await
         .expect_err("wrong secret");
@@ -416,7 +337,7 @@ async fn a_joiner_with_a_token_becomes_a_learner_then_a_voter_and_the_token_is_s
         .expect("join");
     assert_eq!(joined.id, 2);
     upgrade_to_member(&mut joiner_ep, &joined).expect("member endpoint");
-    let second = start(&joined, dir.path(), None, Some(joiner_ep)).await;
+    let second = group.start(&joined, &ca.store(2), joiner_ep, None).await;
     let (_, outcome) = admin
         .propose(
             &first.addr,
@@ -443,7 +364,7 @@ async fn a_joiner_with_a_token_becomes_a_learner_then_a_voter_and_the_token_is_s
         &join_addr,
         &token,
         &joiner_addr,
-        &dir.path().join("tls-x"),
+        &ca.root().join("tls-x"),
         TIMEOUT,
     )
     .await
@@ -458,4 +379,61 @@ async fn a_joiner_with_a_token_becomes_a_learner_then_a_voter_and_the_token_is_s
     let view = admin.read(&first.addr).await.expect("read");
     assert_eq!(view.voters, [1, 2].into());
     assert_eq!(view.nodes.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_join_token_is_refused_naming_its_expiry_and_stays_unspent() {
+    let ca = TestCa::new();
+    let group = group();
+    let (first, join_addr, admin) = start_join_authority(&ca, &group).await;
+    let expired = issue_token(&ca, &admin, &first.addr, 1).await;
+    let live = issue_token(&ca, &admin, &first.addr, DEFAULT_JOIN_TOKEN_TTL_MS).await;
+    let record = |token: &JoinToken| {
+        first.service.state.get().cluster.join_tokens().tokens()[&token.secret_sha256()].clone()
+    };
+    let expires_ms = record(&expired).expires_ms;
+    assert_eq!(expires_ms, record(&expired).issued_ms + 1);
+    // The spend must be stamped past the expiry; the wall clock moves on while we wait.
+    while SystemClock.now_ms() <= expires_ms {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+
+    let joiner_ep = quinn::Endpoint::client(local()).unwrap();
+    let joiner_addr = joiner_ep.local_addr().unwrap().to_string();
+    let tls_dir = ca.root().join("tls-joiner");
+    for attempt in ["first", "second"] {
+        let err = request_membership(&join_addr, &expired, &joiner_addr, &tls_dir, TIMEOUT)
+            .await
+            .expect_err("an expired token");
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("expired at {}", UnixMillis(expires_ms))),
+            "{attempt} attempt: {message}"
+        );
+        // Refused as expired every time: the refusal spent nothing.
+        let stored = record(&expired);
+        assert_eq!(
+            stored.consumed_by, None,
+            "{attempt} attempt spent the token"
+        );
+        assert!(stored.expired(first.service.state.get().cluster.clock_ms()));
+    }
+    assert!(
+        !tls_dir.exists(),
+        "no certificate is written for a refused join"
+    );
+    let view = admin.read(&first.addr).await.expect("read");
+    assert_eq!(
+        view.nodes.len(),
+        1,
+        "an expired token adds no learner: {view:?}"
+    );
+
+    // A token within its TTL is accepted, and takes the id the refusals left free.
+    let joined = request_membership(&join_addr, &live, &joiner_addr, &tls_dir, TIMEOUT)
+        .await
+        .expect("join with a live token");
+    assert_eq!(joined.id, 2);
+    assert_eq!(record(&live).consumed_by, Some(2));
+    assert_eq!(record(&expired).consumed_by, None);
 }

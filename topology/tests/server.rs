@@ -1,16 +1,19 @@
 //! A member process's life in one test process: start from a data directory, bootstrap a
 //! one-voter group, renew its own lease, admit a joiner through the join endpoint, stop, and
-//! start again from disk into the same state.
+//! start again from disk into the same state; and a peer stalling mid-request, cut after the
+//! configured read timeout while the member serves everyone else.
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::path::Path;
 use std::time::Duration;
 
+use common::{framed, free_port, local, spec};
 use openraft::ServerState;
 use strata_topology::server::{DataLayout, Server, ServerConfig, Timing};
-use strata_topology::state::{Capacity, MemberAddresses, MemberSpec, RaftRole};
-use strata_topology::transport::ClusterCa;
 use strata_topology::transport::join::{JoinToken, request_membership};
+use strata_topology::transport::wire::{Refusal, Response, read_frame};
+use strata_topology::transport::{Client, ClusterCa, tls};
 
 const TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -25,34 +28,6 @@ fn config(dir: &Path, listen: &str, join: bool) -> ServerConfig {
             lease_check_ms: 100,
             ..Timing::default()
         },
-    }
-}
-
-fn spec(id: u64, addr: &str) -> MemberSpec {
-    MemberSpec {
-        id,
-        addresses: MemberAddresses {
-            raft: addr.to_string(),
-            rpc: addr.to_string(),
-        },
-        gpus: vec![],
-        capacity: Capacity::default(),
-        labels: BTreeMap::new(),
-        role: RaftRole::Voter,
-    }
-}
-
-/// A loopback port nothing listens on right now.
-fn free_port() -> String {
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    socket.local_addr().unwrap().to_string()
-}
-
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    while !check() {
-        assert!(tokio::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -77,7 +52,7 @@ async fn a_member_bootstraps_renews_admits_a_joiner_and_restarts_from_disk() {
             .with(|s| s.cluster.members().get(&1).map(|m| m.lease.renewed_ms))
     };
     let at_bootstrap = renewed(&first).expect("member 1 recorded");
-    eventually("member 1 renews its lease", || {
+    common::eventually(TIMEOUT, "member 1 renews its lease", || {
         renewed(&first).is_some_and(|r| r > at_bootstrap)
     })
     .await;
@@ -141,4 +116,98 @@ async fn a_member_bootstraps_renews_admits_a_joiner_and_restarts_from_disk() {
     assert_eq!(after.cluster.join_tokens(), before.cluster.join_tokens());
     assert_eq!(after.membership, before.membership);
     again.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_is_cut_after_the_read_timeout_while_other_calls_are_served() {
+    const READ_TIMEOUT: Duration = Duration::from_millis(1_000);
+    // What a loaded test machine may add to the timeout before the refusal arrives.
+    const SLACK: Duration = Duration::from_secs(2);
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("m1");
+    let layout = DataLayout::new(&dir);
+    let ca = ClusterCa::create(&layout.ca_dir()).unwrap();
+    ca.issue_member(1, &layout.tls_dir()).unwrap();
+    let mut config = config(&dir, "127.0.0.1:0", true);
+    config.timing.read_timeout_ms = READ_TIMEOUT.as_millis() as u64;
+    let server = Server::start(&config).await.expect("start member 1");
+    server
+        .bootstrap(spec(1, &server.addr), None)
+        .await
+        .expect("bootstrap");
+    let operator = ca.issue_member(100, &root.path().join("tls-100")).unwrap();
+    let client = common::operator(&operator, TIMEOUT);
+    let mut joiner = quinn::Endpoint::client(local()).unwrap();
+    joiner
+        .set_default_client_config(tls::pinned_client_config(&ca.fingerprint().unwrap()).unwrap());
+    let joiner = Client::new(joiner, TIMEOUT);
+    let join_addr = server.join_addr().expect("join endpoint").to_string();
+
+    // Three streams that stall mid-frame: half a length prefix and half a body on the member
+    // endpoint, half a body on the join endpoint (which anyone may reach). None is finished.
+    let request = framed(br#"{"type":"Read"}"#);
+    let mut stalled = Vec::new();
+    // Before the first byte: no stream can be cut earlier than a timeout after this.
+    let sent = tokio::time::Instant::now();
+    for (name, via, addr, bytes) in [
+        ("half a length", &client, &server.addr, &request[..2]),
+        ("half a body", &client, &server.addr, &request[..8]),
+        ("half a join", &joiner, &join_addr, &request[..8]),
+    ] {
+        let connection = via.connection(addr).await.expect("connect");
+        let (mut send, recv) = connection.open_bi().await.expect("open a stream");
+        send.write_all(bytes).await.expect("write part of a frame");
+        stalled.push((name, send, recv));
+    }
+
+    // Meanwhile calls on the same connection are answered, without waiting for the stalls.
+    let view = client
+        .read(&server.addr)
+        .await
+        .expect("served while stalled");
+    assert_eq!(view.cluster.members().len(), 1);
+    assert!(
+        sent.elapsed() < READ_TIMEOUT,
+        "a call waited {:?} behind stalled streams",
+        sent.elapsed()
+    );
+
+    // Each stalled stream is refused, naming the timeout, and ended: not before the timeout,
+    // and not long after it.
+    for (name, send, recv) in &mut stalled {
+        let answer = tokio::time::timeout(READ_TIMEOUT + SLACK, read_frame::<Response>(recv))
+            .await
+            .unwrap_or_else(|_| panic!("{name}: still open {:?} after the stall", sent.elapsed()))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .unwrap_or_else(|| panic!("{name}: ended without an answer"));
+        assert!(
+            matches!(
+                answer,
+                Response::Refused(Refusal::ReadTimeout { ms: 1_000 })
+            ),
+            "{name}: {answer:?}"
+        );
+        assert!(
+            sent.elapsed() >= READ_TIMEOUT,
+            "{name}: cut after {:?}",
+            sent.elapsed()
+        );
+        let end = read_frame::<Response>(recv).await;
+        assert!(matches!(end, Ok(None)), "{name}: {end:?}");
+        // The member stopped reading: the rest of the request would go nowhere.
+        let stopped = tokio::time::timeout(SLACK, send.stopped()).await;
+        assert!(
+            matches!(stopped, Ok(Ok(Some(_)))),
+            "{name}: the member did not stop the stream: {stopped:?}"
+        );
+    }
+    assert!(sent.elapsed() < READ_TIMEOUT + SLACK);
+
+    // The connection that carried the stalls still serves.
+    let view = client
+        .read(&server.addr)
+        .await
+        .expect("served after the stalls");
+    assert_eq!(view.cluster.members().len(), 1);
+    server.shutdown().await;
 }

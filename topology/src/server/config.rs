@@ -24,7 +24,7 @@ pub struct ServerConfig {
     pub timing: Timing,
 }
 
-/// Raft and lease timing, in milliseconds.
+/// Raft, lease and request timing, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Timing {
@@ -37,6 +37,9 @@ pub struct Timing {
     pub lease_check_ms: u64,
     /// The bound on one client call (connect, send, answer).
     pub rpc_timeout_ms: u64,
+    /// How long a peer may take to send a whole request once it opened a stream; a stalled
+    /// stream is refused and ended after this.
+    pub read_timeout_ms: u64,
 }
 
 impl Default for Timing {
@@ -50,6 +53,9 @@ impl Default for Timing {
             lease_renew_ms: 1_000,
             lease_check_ms: 500,
             rpc_timeout_ms: 3_000,
+            // Far above what the largest frame (16 MiB) takes on a LAN, far below what lets a
+            // stalled peer pin a member's tasks for long.
+            read_timeout_ms: 10_000,
         }
     }
 }
@@ -68,6 +74,10 @@ impl Timing {
 
     pub fn rpc_timeout(&self) -> Duration {
         Duration::from_millis(self.rpc_timeout_ms)
+    }
+
+    pub fn read_timeout(&self) -> Duration {
+        Duration::from_millis(self.read_timeout_ms)
     }
 }
 
@@ -162,5 +172,15 @@ mod tests {
             .is_err()
         );
         assert!(Timing::default().raft_config("t").is_ok());
+        assert_eq!(Timing::default().read_timeout(), Duration::from_secs(10));
+        let stricter: ServerConfig = toml::from_str(
+            "data_dir = \"/d\"\nlisten = \"127.0.0.1:1\"\n[timing]\nread_timeout_ms = 500\n",
+        )
+        .unwrap();
+        assert_eq!(stricter.timing.read_timeout(), Duration::from_millis(500));
+        assert_eq!(
+            stricter.timing.rpc_timeout(),
+            Timing::default().rpc_timeout()
+        );
     }
 }

@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 pub use config::{DataLayout, ServerConfig, Timing};
 
 use crate::lease_driver::{Clock, LeaseDriver, SystemClock};
-use crate::state::{Change, Command, MemberSpec};
+use crate::state::{Change, Command, DEFAULT_JOIN_TOKEN_TTL_MS, MemberSpec};
 use crate::store::{self, StateReader, StoreError};
 use crate::transport::ca::CA_KEY_FILE;
 use crate::transport::client::commit_via_leader;
@@ -106,6 +106,7 @@ impl Server {
             raft: raft.clone(),
             state: state.clone(),
             join,
+            read_timeout: timing.read_timeout(),
         };
         let mut tasks = vec![tokio::spawn(serve(endpoint.clone(), service.clone(), true))];
         let join_endpoint = match config.join_listen {
@@ -154,7 +155,7 @@ impl Server {
     }
 
     /// Makes a new one-voter group of this member (unless the store already holds a group),
-    /// then records the member and, if given, a join token's hash.
+    /// then records the member and, if given, a join token's hash (valid for the default TTL).
     pub async fn bootstrap(
         &self,
         spec: MemberSpec,
@@ -188,7 +189,10 @@ impl Server {
             changes.push(Change::AddMember(spec));
         }
         if let Some(sha256) = join_token_sha256 {
-            changes.push(Change::PutJoinToken { sha256 });
+            changes.push(Change::PutJoinToken {
+                sha256,
+                ttl_ms: DEFAULT_JOIN_TOKEN_TTL_MS,
+            });
         }
         for change in changes {
             commit_via_leader(&self.raft, &self.client, Command::new(now, change))

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::health::{HealthPolicy, HealthTransition};
+use super::join_tokens::{DEFAULT_JOIN_TOKEN_TTL_MS, UnixMillis};
 use super::members::{MemberSpec, NodeId, RaftRole};
 use super::placement::{PlacementRequest, TpGroup};
 
@@ -73,15 +74,24 @@ pub enum Change {
     DeregisterRouter {
         id: String,
     },
-    /// Records a join token by the SHA-256 of its secret.
+    /// Records a join token by the SHA-256 of its secret; it admits a joiner until `ttl_ms`
+    /// after this command's time.
     PutJoinToken {
         sha256: String,
+        /// Absent in entries written before tokens expired: the default TTL.
+        #[serde(default = "default_join_token_ttl_ms")]
+        ttl_ms: u64,
     },
-    /// Spends a join token, admitting member `id`.
+    /// Spends a join token, admitting member `id`; refused once the token has expired at this
+    /// command's time.
     ConsumeJoinToken {
         sha256: String,
         id: NodeId,
     },
+}
+
+fn default_join_token_ttl_ms() -> u64 {
+    DEFAULT_JOIN_TOKEN_TTL_MS
 }
 
 /// What an applied entry did.
@@ -125,6 +135,13 @@ pub enum Rejection {
     AlreadyExists(String),
     #[error("no {0}")]
     NotFound(String),
+    #[error(
+        "join token expired at {} ({} ms before this join, at {}); issue a new token",
+        UnixMillis(*.expired_ms),
+        .now_ms.saturating_sub(*.expired_ms),
+        UnixMillis(*.now_ms)
+    )]
+    JoinTokenExpired { expired_ms: u64, now_ms: u64 },
 }
 
 /// The state machine's response to one log entry.

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 pub use command::{Applied, Change, Command, Outcome, Rejection};
 pub use health::{Health, HealthPolicy, HealthTransition, Lease};
-pub use join_tokens::{JoinToken, JoinTokens};
+pub use join_tokens::{DEFAULT_JOIN_TOKEN_TTL_MS, JoinToken, JoinTokens, UnixMillis};
 pub use members::{Capacity, Gpu, Member, MemberAddresses, MemberSpec, NodeId, RaftRole};
 pub use placement::{ModelPlacement, PlacementRequest, TpGroup, place};
 pub use routers::{RouterRegistration, RouterRegistry};
@@ -116,12 +116,14 @@ impl ClusterState {
                 self.routers.register(id, http_addr, now)?
             }
             Change::DeregisterRouter { id } => self.routers.deregister(id)?,
-            Change::PutJoinToken { sha256 } => self.join_tokens.put(sha256, now)?,
+            Change::PutJoinToken { sha256, ttl_ms } => {
+                self.join_tokens.put(sha256, now, *ttl_ms)?
+            }
             Change::ConsumeJoinToken { sha256, id } => {
                 if self.members.contains_key(id) {
                     return Err(Rejection::MemberExists(*id));
                 }
-                self.join_tokens.consume(sha256, *id)?
+                self.join_tokens.consume(sha256, *id, now)?
             }
         }
         self.ring.update(self.live_ring_members());

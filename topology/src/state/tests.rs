@@ -100,6 +100,64 @@ fn group_time_never_moves_backwards() {
 }
 
 #[test]
+fn join_tokens_expire_at_group_time_carried_by_the_log() {
+    let put = |sha: &str, ttl_ms| Change::PutJoinToken {
+        sha256: sha.repeat(32),
+        ttl_ms,
+    };
+    let consume = |sha: &str, id| Change::ConsumeJoinToken {
+        sha256: sha.repeat(32),
+        id,
+    };
+    let log = vec![
+        cmd(1_000, put("ab", 500)),
+        cmd(1_000, put("cd", 500)),
+        cmd(1_000, put("ef", 5_000)),
+        // Within the TTL: admitted.
+        cmd(1_499, consume("ab", 7)),
+        // Stamped past the expiry by whoever proposed it: refused, spending nothing.
+        cmd(1_500, consume("cd", 8)),
+        // Some other entry moves group time on; a spend stamped by a slow clock afterwards is
+        // judged at group time, not at its own stamp.
+        cmd(9_000, Change::EvaluateLeases),
+        cmd(1_200, consume("ef", 9)),
+    ];
+    let mut replica = ClusterState::default();
+    let outcomes = apply_all(&mut replica, &log);
+    assert!(outcomes[3].is_ok(), "{:?}", outcomes[3]);
+    assert_eq!(
+        outcomes[4],
+        Err(Rejection::JoinTokenExpired {
+            expired_ms: 1_500,
+            now_ms: 1_500
+        })
+    );
+    assert_eq!(
+        outcomes[6],
+        Err(Rejection::JoinTokenExpired {
+            expired_ms: 6_000,
+            now_ms: 9_000
+        })
+    );
+    let message = outcomes[6].clone().unwrap_err().to_string();
+    assert!(
+        message.contains("expired at 1970-01-01T00:00:06.000Z"),
+        "{message}"
+    );
+    let tokens = replica.join_tokens().tokens();
+    assert_eq!(tokens[&"ab".repeat(32)].consumed_by, Some(7));
+    for expired in ["cd", "ef"] {
+        let token = &tokens[&expired.repeat(32)];
+        assert_eq!(token.consumed_by, None, "an expired token stays unspent");
+        assert!(token.expired(replica.clock_ms()));
+    }
+    // Whatever each replica's own clock says, the same log gives the same verdicts.
+    let mut other = ClusterState::default();
+    assert_eq!(apply_all(&mut other, &log), outcomes);
+    assert_eq!(other, replica);
+}
+
+#[test]
 fn placement_is_stored_and_removing_a_member_drops_its_groups() {
     let mut s = ClusterState::default();
     apply_all(&mut s, &three_members());
@@ -234,7 +292,7 @@ impl XorShift {
 
 fn random_command(rng: &mut XorShift, at_ms: u64) -> Command {
     let id = 1 + rng.below(6);
-    let change = match rng.below(12) {
+    let change = match rng.below(14) {
         0 => {
             let gpus: Vec<(u32, u32)> = (0..rng.below(5) as u32).map(|i| (i, i / 2)).collect();
             Change::AddMember(test_spec(id, &gpus))
@@ -263,6 +321,14 @@ fn random_command(rng: &mut XorShift, at_ms: u64) -> Command {
             id: format!("k{}", rng.below(8)),
             tenant: format!("t{}", rng.below(4)),
             sha256: format!("{:064x}", rng.below(8)),
+        },
+        11 => Change::PutJoinToken {
+            sha256: format!("{:064x}", rng.below(4)),
+            ttl_ms: rng.below(3_000),
+        },
+        12 => Change::ConsumeJoinToken {
+            sha256: format!("{:064x}", rng.below(4)),
+            id: 6 + rng.below(4),
         },
         _ => Change::RemoveTenant {
             name: format!("t{}", rng.below(4)),
@@ -293,10 +359,18 @@ fn check_invariants(s: &ClusterState) {
     for key in s.tenants().keys().values() {
         assert!(s.tenants().tenants().contains_key(&key.tenant));
     }
+    let mut admitted = std::collections::BTreeSet::new();
+    for token in s.join_tokens().tokens().values() {
+        assert!(token.expires_ms >= token.issued_ms);
+        if let Some(id) = token.consumed_by {
+            assert!(admitted.insert(id), "member {id} admitted twice");
+        }
+    }
 }
 
 #[test]
 fn random_logs_keep_invariants_and_snapshot_replay_matches_direct_apply() {
+    let (mut spent, mut expired) = (0, 0);
     for seed in 1..=20u64 {
         let mut rng = XorShift(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         let mut at_ms = 0;
@@ -323,6 +397,13 @@ fn random_logs_keep_invariants_and_snapshot_replay_matches_direct_apply() {
             outcomes.iter().filter(|o| o.is_ok()).count() > 100,
             "seed {seed}: too few applied"
         );
+        for (command, outcome) in log.iter().zip(&outcomes) {
+            match (&command.change, outcome) {
+                (Change::ConsumeJoinToken { .. }, Ok(_)) => spent += 1,
+                (_, Err(Rejection::JoinTokenExpired { .. })) => expired += 1,
+                _ => {}
+            }
+        }
 
         // A replica that restarts from a snapshot midway ends in the same state, with the
         // same outcomes for the entries after the snapshot.
@@ -337,4 +418,5 @@ fn random_logs_keep_invariants_and_snapshot_replay_matches_direct_apply() {
         );
         assert_eq!(restored, direct, "seed {seed}");
     }
+    assert!(spent > 0 && expired > 0, "spent {spent}, expired {expired}");
 }

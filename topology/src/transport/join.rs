@@ -6,6 +6,10 @@
 //! certificate of its own yet), and sends the secret with a CSR. That member commits
 //! `ConsumeJoinToken` with the id it assigns — through the leader, so the token is spent once
 //! for the whole group — then signs the CSR for that id, and adds the joiner as a learner.
+//!
+//! The group records when each token expires (`state::join_tokens`); a spend past that is
+//! rejected in the state machine, so the refusal reaches the joiner before anything is signed
+//! and the token stays unspent.
 
 use std::fs;
 use std::net::SocketAddr;

@@ -5,10 +5,16 @@
 //! or names an unknown message type is answered with `Refused` and logged with the peer's
 //! address, and the connection keeps serving its other streams. Raft RPCs are accepted only
 //! from the member their certificate names.
+//!
+//! Every stream is served by its own task, and its request must arrive whole within the
+//! service's read timeout: a peer that sends part of a frame and stalls is answered with
+//! `Refused` and its stream ended, so it holds a task and a buffer for that long at most.
+//! A connection that sends nothing at all is closed by QUIC's idle timeout.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use openraft::ChangeMembers;
 use openraft::error::{ClientWriteError, RaftError};
@@ -29,6 +35,8 @@ pub struct Service {
     pub state: StateReader,
     /// Set on members that hold the CA key and may admit joiners.
     pub join: Option<Arc<JoinAuthority>>,
+    /// How long a peer may take to send a whole request once its stream is open.
+    pub read_timeout: Duration,
 }
 
 /// Accepts connections on `endpoint` until it is closed. `mutual` says whether the endpoint
@@ -80,8 +88,10 @@ async fn serve_stream(
     remote: SocketAddr,
     mutual: bool,
 ) {
-    let refused = match read_frame_bytes(&mut recv).await {
-        Ok(Some(body)) => match serde_json::from_slice::<Request>(&body) {
+    let read = tokio::time::timeout(service.read_timeout, read_frame_bytes(&mut recv)).await;
+    let refused = match read {
+        Err(_elapsed) => read_timeout_refusal(service.read_timeout),
+        Ok(Ok(Some(body))) => match serde_json::from_slice::<Request>(&body) {
             Ok(request) => match admit(&request, peer, mutual) {
                 Ok(()) => {
                     if let Err(e) = answer(request, &mut send, service).await {
@@ -94,15 +104,29 @@ async fn serve_stream(
             },
             Err(e) => Refusal::Malformed(e.to_string()),
         },
-        Ok(None) => Refusal::Malformed("the stream ended before a request".into()),
-        Err(FrameError::Oversize(len)) => Refusal::Oversize(len),
-        Err(e) => Refusal::Malformed(e.to_string()),
+        Ok(Ok(None)) => Refusal::Malformed("the stream ended before a request".into()),
+        Ok(Err(FrameError::Oversize(len))) => Refusal::Oversize(len),
+        Ok(Err(e)) => Refusal::Malformed(e.to_string()),
     };
     tracing::warn!(peer = %remote, member = ?peer, refusal = %refused, "refused a request");
-    let _ = write_frame(&mut send, &Response::Refused(refused)).await;
-    let _ = send.finish();
     // Whatever else the peer sends on this stream is not read.
     let _ = recv.stop(0u32.into());
+    // A peer that does not read its answer either gets the stream reset instead.
+    let refusal = Response::Refused(refused);
+    match tokio::time::timeout(service.read_timeout, write_frame(&mut send, &refusal)).await {
+        Ok(_) => {
+            let _ = send.finish();
+        }
+        Err(_) => {
+            let _ = send.reset(0u32.into());
+        }
+    }
+}
+
+fn read_timeout_refusal(timeout: Duration) -> Refusal {
+    Refusal::ReadTimeout {
+        ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+    }
 }
 
 /// A handshake this member refused (a TLS failure: no certificate, another CA) or that the

@@ -138,6 +138,8 @@ pub enum Refusal {
     Malformed(String),
     #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME}")]
     Oversize(u64),
+    #[error("no whole request arrived within {ms} ms of the stream opening")]
+    ReadTimeout { ms: u64 },
     #[error("raft RPC claims sender {claimed} but the peer certificate names member {peer}")]
     WrongSender { claimed: NodeId, peer: NodeId },
     #[error("not the leader; the leader is {leader:?} at {addr:?}")]
