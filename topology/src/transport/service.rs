@@ -16,8 +16,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::ChangeMembers;
 use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ChangeMembers, ServerState};
 
 use super::client::peer_member;
 use super::join::JoinAuthority;
@@ -212,6 +212,11 @@ async fn answer(
         Request::InstallSnapshot(rpc) => {
             Response::InstallSnapshot(raft.install_snapshot(rpc).await)
         }
+        Request::Propose(_) | Request::AddLearner { .. } | Request::ChangeMembership(_)
+            if let Err(refused) = leads(service) =>
+        {
+            Response::Refused(refused)
+        }
         Request::Propose(command) => match raft.client_write(command).await {
             Ok(written) => Response::Proposed {
                 log_id: written.log_id,
@@ -247,6 +252,33 @@ async fn answer(
         },
     };
     write_frame(send, &response).await
+}
+
+/// Whether this member may take a write or a membership change: it must be the leader as its
+/// metrics say and a voter of its own latest membership, which a leader that appended its own
+/// removal no longer is. openraft 0.9 keeps
+/// such a leader running for a while (a "non-member leader") and would still take requests, and
+/// a membership change appended there trips the library's own consistency checks; it is told
+/// to ask the leader instead, named when known.
+fn leads(service: &Service) -> Result<(), Refusal> {
+    let metrics = service.raft.metrics().borrow().clone();
+    let voter = metrics
+        .membership_config
+        .membership()
+        .voter_ids()
+        .any(|id| id == metrics.id);
+    if metrics.state == ServerState::Leader && voter {
+        return Ok(());
+    }
+    let leader = metrics.current_leader.filter(|&l| l != metrics.id);
+    let addr = leader.and_then(|l| {
+        metrics
+            .membership_config
+            .membership()
+            .get_node(&l)
+            .map(|n| n.addr.clone())
+    });
+    Err(Refusal::NotLeader { leader, addr })
 }
 
 fn membership_response(
