@@ -162,6 +162,24 @@ fn three_processes_survive_a_leader_kill_and_a_full_restart() {
     let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
     let before = view(&datas[0], "members").expect("members");
     assert_eq!(before["members"].as_array().unwrap().len(), 3);
+    // Each joiner's recorded role follows raft's: voter, recorded after the promotion (the
+    // joiner commits it once `AddVoters` has returned, so it may trail the status by a moment).
+    let deadline = Instant::now() + TIMEOUT;
+    let recorded_voters = |v: &Value| {
+        v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["recorded_role"] == "voter" && m["raft"] == "voter")
+    };
+    let before = loop {
+        let members = view(&datas[0], "members").expect("members");
+        if recorded_voters(&members) {
+            break members;
+        }
+        assert!(Instant::now() < deadline, "roles never recorded: {members}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
 
     // SIGKILL the leader: the other two elect a new leader that commits (lease renewals are
     // writes through the leader).

@@ -265,10 +265,8 @@ async fn join(args: JoinArgs) -> Result<()> {
     .context("join through the seed")?;
     config.save(&layout.config()).map_err(anyhow::Error::msg)?;
     let server = Server::start(&config).await?;
-    let mut spec = member_spec(identity.id, &server.addr);
-    if args.voter {
-        spec.role = RaftRole::Voter;
-    }
+    // Recorded as what it is now, a learner; the voter role only once raft has promoted it.
+    let spec = member_spec(identity.id, &server.addr);
     server
         .raft
         .wait(Some(CATCH_UP_TIMEOUT))
@@ -285,6 +283,17 @@ async fn join(args: JoinArgs) -> Result<()> {
         .map_err(anyhow::Error::msg)?;
     if args.voter {
         promote(&server).await?;
+        let record = Command::new(
+            SystemClock.now_ms(),
+            Change::SetRole {
+                id: identity.id,
+                role: RaftRole::Voter,
+            },
+        );
+        commit_via_leader(&server.raft, &server.client, record)
+            .await
+            .map_err(anyhow::Error::msg)?
+            .map_err(anyhow::Error::msg)?;
     }
     tracing::info!(member = identity.id, addr = %server.addr, voter = args.voter, "joined");
     serve_until_signal(server).await
@@ -434,6 +443,12 @@ fn members_json(view: &ClusterView) -> Value {
             json!({
                 "id": id,
                 "raft": raft_role(view, *id),
+                // The role recorded in the state: a joiner is recorded a voter only once raft
+                // has promoted it.
+                "recorded_role": match m.spec.role {
+                    RaftRole::Voter => "voter",
+                    RaftRole::Learner => "learner",
+                },
                 "raft_addr": m.spec.addresses.raft,
                 "rpc_addr": m.spec.addresses.rpc,
                 "gpus": m.spec.gpus.len(),
