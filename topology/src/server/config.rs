@@ -60,6 +60,11 @@ impl Default for Timing {
     }
 }
 
+/// Bytes of snapshot per `InstallSnapshot` chunk. The wire carries a chunk as a JSON array of
+/// numbers, up to four bytes per byte: a 1 MiB chunk stays far under the 16 MiB frame limit,
+/// where openraft's 3 MiB default comes close to it.
+pub const SNAPSHOT_CHUNK_BYTES: u64 = 1 << 20;
+
 impl Timing {
     pub fn raft_config(&self, cluster_name: &str) -> Result<Arc<openraft::Config>, String> {
         let config = openraft::Config {
@@ -67,6 +72,11 @@ impl Timing {
             heartbeat_interval: self.raft_heartbeat_ms,
             election_timeout_min: self.election_timeout_min_ms,
             election_timeout_max: self.election_timeout_max_ms,
+            // A snapshot chunk gets the RPC timeout like any raft RPC; openraft's default of
+            // 200 ms is less than a multi-megabyte frame may take, and a chunk that always
+            // times out is retried forever: the new member never catches up.
+            install_snapshot_timeout: self.rpc_timeout_ms,
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
             ..openraft::Config::default()
         };
         config.validate().map(Arc::new).map_err(|e| e.to_string())

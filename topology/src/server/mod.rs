@@ -14,7 +14,7 @@ use std::time::Duration;
 use openraft::{BasicNode, ServerState};
 use tokio::task::JoinHandle;
 
-pub use config::{DataLayout, ServerConfig, Timing};
+pub use config::{DataLayout, SNAPSHOT_CHUNK_BYTES, ServerConfig, Timing};
 
 use crate::lease_driver::{Clock, LeaseDriver, SystemClock};
 use crate::state::{Change, Command, DEFAULT_JOIN_TOKEN_TTL_MS, MemberSpec};

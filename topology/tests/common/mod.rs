@@ -90,6 +90,9 @@ impl Group {
             heartbeat_interval: heartbeat_ms,
             election_timeout_min: election_min_ms,
             election_timeout_max: election_max_ms,
+            // As the server sets them (`Timing::raft_config`).
+            install_snapshot_timeout: rpc_timeout.as_millis() as u64,
+            snapshot_max_chunk_size: strata_topology::server::SNAPSHOT_CHUNK_BYTES,
             ..Config::default()
         };
         Self {
