@@ -6,7 +6,8 @@
 //!   its slice;
 //! - the GEMM on a K-slice (`ld > k`) and on a column slice (`algo_n > n`) equals the GEMM of a
 //!   contiguous copy / the whole weight;
-//! - the shard sum adds in shard order and rounds once (the host's f32 sum, bit for bit);
+//! - the shard sum adds every shard in shard order and rounds once (the host's f32 sum, bit for
+//!   bit);
 //! - the vocabulary-shard embedding writes `-0.0` rows for foreign ids.
 //!
 //! Every bitwise check has a canary that compares against a different slice and must fail.
@@ -103,7 +104,7 @@ pub(crate) fn check_gemv_shards(
             bit_mismatches(&rank, &whole[..SHARDS / 2 * stride]),
         ));
 
-        // The shard sum: the host's f32 sum in shard order, rounded once; reversed is the canary.
+        // The shard sum: the host's f32 sum in shard order, rounded once.
         let partials = upload(s, &whole)?;
         let mut sum = poisoned_bf16(s, stride)?;
         kernels.sum_shards(s, &mut sum, &partials, SHARDS, stride, stride)?;
@@ -126,11 +127,13 @@ pub(crate) fn check_gemv_shards(
             false,
             bf16_mismatches(&sum, &host(&mut (0..SHARDS))),
         ));
+        // Reversing the order changes too few bf16 results to be a dependable canary; a shard
+        // left out (the bug the canary of `strata gpu tp` injects) changes most.
         results.push(invariance_result(
             "sum_shards",
-            format!("{case}: vs the host sum in reverse order (canary)"),
+            format!("{case}: vs the host sum without the last shard (canary)"),
             true,
-            bf16_mismatches(&sum, &host(&mut (0..SHARDS).rev())),
+            bf16_mismatches(&sum, &host(&mut (0..SHARDS - 1))),
         ));
     }
     Ok(results)
