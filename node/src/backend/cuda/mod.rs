@@ -436,11 +436,6 @@ impl CudaBackend {
         self.graphs.clear();
     }
 
-    /// This backend's rank and group size.
-    pub fn tp(&self) -> (usize, usize) {
-        (self.shard.rank, self.shard.world)
-    }
-
     /// Whether the row-parallel outputs go through a communicator.
     pub fn has_communicator(&self) -> bool {
         self.comm.is_some()
