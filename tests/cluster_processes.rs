@@ -1,6 +1,7 @@
 //! `strata cluster` as real processes on 127.0.0.1: `init` and two `join --voter`, the
 //! leader SIGKILLed and a new leader committing writes, then every member SIGKILLed and
-//! restarted from disk with the same `cluster members --json`.
+//! restarted from disk with the same `cluster members --json`; and an operator identity
+//! issued by `cluster operator` reading and writing the group without a member's directory.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,15 @@ impl Drop for Member {
 fn free_port() -> u16 {
     let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     socket.local_addr().unwrap().port()
+}
+
+/// `strata cluster <args>`, with no `--data` added.
+fn cli_bare(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .arg("cluster")
+        .args(args)
+        .output()
+        .expect("run strata")
 }
 
 fn cli(data: &Path, args: &[&str]) -> Output {
@@ -223,4 +233,72 @@ fn three_processes_survive_a_leader_kill_and_a_full_restart() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+#[test]
+fn an_operator_identity_reads_and_writes_without_a_member_directory() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("m1");
+    let listen = format!("127.0.0.1:{}", free_port());
+    let join = format!("127.0.0.1:{}", free_port());
+    let _member = Member::spawn(
+        &data,
+        &["init", "--listen", &listen, "--join-listen", &join],
+    );
+    wait_status(&[&data], "member 1 leads", |s| s["leader"] == 1);
+
+    let ops = root.path().join("alice");
+    let ops = ops.to_str().unwrap();
+    let issued = cli(&data, &["operator", "--name", "alice", "--out", ops]);
+    let stderr = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(issued.status.success(), "{}", stderr(&issued));
+    assert!(Path::new(ops).join("operator.pem").exists());
+    assert!(!Path::new(ops).join("member.pem").exists());
+
+    // A bad name, and a directory without the CA key, are refused and write nothing.
+    let bad_out = root.path().join("bad");
+    let bad = cli(
+        &data,
+        &[
+            "operator",
+            "--name",
+            "Alice!",
+            "--out",
+            bad_out.to_str().unwrap(),
+        ],
+    );
+    assert!(!bad.status.success());
+    assert!(
+        stderr(&bad).contains("bad operator name"),
+        "{}",
+        stderr(&bad)
+    );
+    let no_ca = cli(
+        &root.path().join("nowhere"),
+        &[
+            "operator",
+            "--name",
+            "bob",
+            "--out",
+            bad_out.to_str().unwrap(),
+        ],
+    );
+    assert!(!no_ca.status.success());
+    assert!(
+        stderr(&no_ca).contains("holds no cluster CA key"),
+        "{}",
+        stderr(&no_ca)
+    );
+    assert!(!bad_out.exists());
+
+    // The operator reads the group and issues a join token as itself.
+    let status = cli_bare(&["status", "--identity", ops, "--addr", &listen, "--json"]);
+    assert!(status.status.success(), "{}", stderr(&status));
+    let status: Value = serde_json::from_slice(&status.stdout).expect("status JSON");
+    assert_eq!(status["leader"], 1);
+    let token = cli_bare(&["token", "--identity", ops, "--addr", &listen]);
+    assert!(token.status.success(), "{}", stderr(&token));
+    // --identity without --addr has no member to ask.
+    let no_addr = cli_bare(&["status", "--identity", ops]);
+    assert!(!no_addr.status.success());
 }

@@ -4,6 +4,11 @@
 //! configuration), `tls/` (its certificate, key and the CA certificate), `topology.redb` (the
 //! raft log and state) and, on the member that ran `init`, `ca/` (the CA key) and `join-token`.
 //! `init` and `join` on a directory that already holds a member resume it, as `serve` does.
+//!
+//! The operator commands (status, members, placement, token, leave) act either as the member
+//! whose data directory they are given (`--data`) or as an operator (`--identity`, a directory
+//! that `cluster operator` wrote on the member holding the CA key). An operator's certificate
+//! names the operator, so members log who changed their membership and refuse its raft RPCs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -20,10 +25,13 @@ use strata_topology::state::{
     Capacity, Change, Command, DEFAULT_JOIN_TOKEN_TTL_MS, MemberAddresses, MemberSpec, RaftRole,
     UnixMillis,
 };
+use strata_topology::transport::ca::{CA_KEY_FILE, check_operator_name, sha256_hex};
 use strata_topology::transport::client::commit_via_leader;
 use strata_topology::transport::join::{JoinToken, request_membership};
 use strata_topology::transport::wire::{ClusterView, MembershipChange};
-use strata_topology::transport::{Client, ClusterCa, MemberIdentity, client_endpoint};
+use strata_topology::transport::{
+    Client, ClusterCa, MemberIdentity, OperatorIdentity, client_endpoint, operator_endpoint,
+};
 
 /// How long a join or a promotion may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -49,10 +57,14 @@ pub enum ClusterCommand {
     Members(ViewArgs),
     /// Model placement: groups of GPUs per model.
     Placement(ViewArgs),
-    /// Remove this member from the group (then stop its process).
-    Leave(DataArgs),
+    /// Remove a member from the group (then stop its process): the one in --data, or
+    /// --member.
+    Leave(LeaveArgs),
     /// Issue another one-use join token (each join spends one); it expires after --ttl.
     Token(TokenArgs),
+    /// Issue an operator's certificate (run on the member holding the CA key): writes an
+    /// identity directory for --identity.
+    Operator(OperatorArgs),
 }
 
 #[derive(Args)]
@@ -95,10 +107,50 @@ pub struct DataArgs {
     data: PathBuf,
 }
 
+/// Whom an operator command acts as, and which member it asks.
 #[derive(Args)]
-pub struct TokenArgs {
+pub struct Target {
+    /// The data directory of a member on this machine (its identity and address are used).
+    #[arg(
+        long,
+        required_unless_present = "identity",
+        conflicts_with = "identity"
+    )]
+    data: Option<PathBuf>,
+    /// An operator identity directory, as `cluster operator --out` writes it; needs --addr.
+    #[arg(long, requires = "addr")]
+    identity: Option<PathBuf>,
+    /// Ask this member instead of the one in --data.
+    #[arg(long)]
+    addr: Option<String>,
+}
+
+#[derive(Args)]
+pub struct LeaveArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The member to remove; default: the one in --data.
+    #[arg(long, required_unless_present = "data")]
+    member: Option<NodeId>,
+}
+
+#[derive(Args)]
+pub struct OperatorArgs {
+    /// The data directory of the member holding the cluster CA key (the one that ran `init`).
     #[arg(long)]
     data: PathBuf,
+    /// The operator's name: lowercase letters, digits and '-', starting with a letter.
+    #[arg(long)]
+    name: String,
+    /// Where to write `operator.pem`, `operator.key` (mode 0600) and `ca.pem`.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Args)]
+pub struct TokenArgs {
+    #[command(flatten)]
+    target: Target,
     /// Write the token to this new file (mode 0600) instead of printing it.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -113,12 +165,8 @@ pub struct TokenArgs {
 
 #[derive(Args)]
 pub struct ViewArgs {
-    /// The data directory of a member on this machine (its identity and address are used).
-    #[arg(long)]
-    data: PathBuf,
-    /// Ask this member instead of the one in --data.
-    #[arg(long)]
-    addr: Option<String>,
+    #[command(flatten)]
+    target: Target,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
@@ -137,8 +185,9 @@ pub fn run(command: ClusterCommand) -> Result<()> {
             ClusterCommand::Status(args) => show(args, print_status).await,
             ClusterCommand::Members(args) => show(args, print_members).await,
             ClusterCommand::Placement(args) => show(args, print_placement).await,
-            ClusterCommand::Leave(args) => leave(&args.data).await,
+            ClusterCommand::Leave(args) => leave(args).await,
             ClusterCommand::Token(args) => issue_token(args).await,
+            ClusterCommand::Operator(args) => issue_operator(&args),
         }
     })
 }
@@ -333,25 +382,47 @@ fn leader_address(server: &Server) -> Result<String> {
         .context("the leader has no address in the membership")
 }
 
-/// A client holding this machine's member identity, and the member address to ask.
-fn operator(data: &Path, addr: Option<String>) -> Result<(Client, String)> {
-    let layout = DataLayout::new(data);
-    let identity = MemberIdentity::load(&layout.tls_dir())?;
-    let addr = match addr {
-        Some(addr) => addr,
-        None => load_config(data)?.advertised(),
+/// An operator command's connection: a client holding the identity it acts as, the member
+/// address to ask, and the fingerprint of the CA that identity trusts.
+struct Operator {
+    client: Client,
+    addr: String,
+    ca_fingerprint: String,
+}
+
+/// Dials as the operator identity in `--identity`, or else as the member in `--data`.
+fn operator(target: &Target) -> Result<Operator> {
+    let addr = match (&target.addr, &target.data) {
+        (Some(addr), _) => addr.clone(),
+        (None, Some(data)) => load_config(data)?.advertised(),
+        (None, None) => bail!("--identity needs --addr, the member to ask"),
     };
     let local: SocketAddr = if addr.starts_with('[') {
         "[::]:0".parse()?
     } else {
         "0.0.0.0:0".parse()?
     };
-    let endpoint = client_endpoint(&identity, local)?;
-    Ok((Client::new(endpoint, OPERATOR_TIMEOUT), addr))
+    let (endpoint, ca) = match (&target.identity, &target.data) {
+        (Some(dir), _) => {
+            let identity = OperatorIdentity::load(dir)
+                .with_context(|| format!("load the operator identity in {}", dir.display()))?;
+            (operator_endpoint(&identity, local)?, identity.ca)
+        }
+        (None, Some(data)) => {
+            let identity = MemberIdentity::load(&DataLayout::new(data).tls_dir())?;
+            (client_endpoint(&identity, local)?, identity.ca)
+        }
+        (None, None) => bail!("give --data (a member's directory) or --identity"),
+    };
+    Ok(Operator {
+        client: Client::new(endpoint, OPERATOR_TIMEOUT),
+        addr,
+        ca_fingerprint: sha256_hex(&ca),
+    })
 }
 
 async fn show(args: ViewArgs, print: fn(&ClusterView, bool) -> Result<()>) -> Result<()> {
-    let (client, addr) = operator(&args.data, args.addr)?;
+    let Operator { client, addr, .. } = operator(&args.target)?;
     let view = client
         .read(&addr)
         .await
@@ -510,9 +581,12 @@ fn print_placement(view: &ClusterView, as_json: bool) -> Result<()> {
 }
 
 async fn issue_token(args: TokenArgs) -> Result<()> {
-    let identity = MemberIdentity::load(&DataLayout::new(&args.data).tls_dir())?;
-    let token = JoinToken::generate(&strata_topology::transport::ca::sha256_hex(&identity.ca))?;
-    let (client, addr) = operator(&args.data, None)?;
+    let Operator {
+        client,
+        addr,
+        ca_fingerprint,
+    } = operator(&args.target)?;
+    let token = JoinToken::generate(&ca_fingerprint)?;
     let put = Change::PutJoinToken {
         sha256: token.secret_sha256(),
         ttl_ms: args.ttl.saturating_mul(1_000),
@@ -537,11 +611,42 @@ async fn issue_token(args: TokenArgs) -> Result<()> {
     Ok(())
 }
 
-async fn leave(data: &Path) -> Result<()> {
-    let layout = DataLayout::new(data);
-    let identity = MemberIdentity::load(&layout.tls_dir())?;
-    let id = identity.id;
-    let (client, addr) = operator(data, None)?;
+/// Writes operator `--name`'s identity into `--out`, signed by the CA key in `--data`.
+fn issue_operator(args: &OperatorArgs) -> Result<()> {
+    check_operator_name(&args.name)?;
+    let ca_dir = DataLayout::new(&args.data).ca_dir();
+    if !ca_dir.join(CA_KEY_FILE).exists() {
+        bail!(
+            "{} holds no cluster CA key ({} is missing): run this on the member that ran \
+             `strata cluster init`",
+            args.data.display(),
+            ca_dir.join(CA_KEY_FILE).display()
+        );
+    }
+    let ca = ClusterCa::load(&ca_dir).context("load the cluster CA")?;
+    ca.issue_operator(&args.name, &args.out).with_context(|| {
+        format!(
+            "issue operator {}'s identity into {}",
+            args.name,
+            args.out.display()
+        )
+    })?;
+    println!(
+        "operator {} identity written to {}; use it with --identity {} --addr MEMBER",
+        args.name,
+        args.out.display(),
+        args.out.display()
+    );
+    Ok(())
+}
+
+async fn leave(args: LeaveArgs) -> Result<()> {
+    let id = match (args.member, &args.target.data) {
+        (Some(id), _) => id,
+        (None, Some(data)) => MemberIdentity::load(&DataLayout::new(data).tls_dir())?.id,
+        (None, None) => bail!("--identity needs --member, the member to remove"),
+    };
+    let Operator { client, addr, .. } = operator(&args.target)?;
     let view = client.read(&addr).await?;
     if view.voters.contains(&id) && view.voters.len() == 1 {
         bail!("member {id} is the only voter; a group cannot lose its last voter");
@@ -598,5 +703,48 @@ mod tests {
         assert_eq!(token_ttl(&["--ttl", "90"]).unwrap(), 90);
         assert!(token_ttl(&["--ttl", "0"]).is_err());
         assert!(token_ttl(&["--ttl", "10m"]).is_err(), "seconds only");
+    }
+
+    #[test]
+    fn operator_commands_take_a_member_directory_or_an_operator_identity_with_an_address() {
+        let parse = |args: &[&str]| Cli::try_parse_from(["cluster"].iter().chain(args));
+        assert!(parse(&["status", "--data", "/d"]).is_ok());
+        assert!(parse(&["status", "--identity", "/ops", "--addr", "127.0.0.1:1"]).is_ok());
+        assert!(
+            parse(&["status", "--identity", "/ops"]).is_err(),
+            "no member to ask"
+        );
+        assert!(parse(&["status"]).is_err(), "no identity at all");
+        assert!(
+            parse(&[
+                "members",
+                "--data",
+                "/d",
+                "--identity",
+                "/ops",
+                "--addr",
+                "a:1"
+            ])
+            .is_err(),
+            "two identities"
+        );
+        assert!(parse(&["leave", "--data", "/d"]).is_ok());
+        assert!(
+            parse(&["leave", "--identity", "/ops", "--addr", "a:1"]).is_err(),
+            "an operator names the member to remove"
+        );
+        assert!(
+            parse(&[
+                "leave",
+                "--identity",
+                "/ops",
+                "--addr",
+                "a:1",
+                "--member",
+                "3"
+            ])
+            .is_ok()
+        );
+        assert!(parse(&["token", "--identity", "/ops", "--addr", "a:1"]).is_ok());
     }
 }

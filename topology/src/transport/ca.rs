@@ -5,6 +5,11 @@
 //! common name and in a DNS subject alternative name `member-<id>.strata`, the one the transport
 //! reads back after a handshake to learn who the peer is. Every member certificate also carries
 //! [`SERVER_NAME`], the name clients verify when they dial a member whose id they do not know.
+//!
+//! An operator certificate names an operator the same way, as `operator-<name>.strata`, and
+//! carries neither a member name nor [`SERVER_NAME`] and only client authentication: it can
+//! call members but can neither pass for one nor serve as one. [`Principal`] reads back which
+//! of the two a certificate is.
 
 use std::fs;
 use std::io::Write;
@@ -26,6 +31,11 @@ pub const CA_CERT_FILE: &str = "ca.pem";
 pub const CA_KEY_FILE: &str = "ca.key";
 pub const MEMBER_CERT_FILE: &str = "member.pem";
 pub const MEMBER_KEY_FILE: &str = "member.key";
+pub const OPERATOR_CERT_FILE: &str = "operator.pem";
+pub const OPERATOR_KEY_FILE: &str = "operator.key";
+
+/// The longest operator name: it must fit in a DNS label with its prefix.
+pub const MAX_OPERATOR_NAME: usize = 32;
 
 /// Why a CA or an identity could not be made or loaded.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +59,13 @@ pub enum CaError {
     Generate(#[from] rcgen::Error),
     #[error("the certificate names no strata member id")]
     NoMemberId,
+    #[error("the certificate names no strata operator")]
+    NoOperator,
+    #[error(
+        "bad operator name {0:?}: use 1 to {MAX_OPERATOR_NAME} lowercase letters, digits or \
+         '-', starting with a letter and not ending with '-'"
+    )]
+    BadOperatorName(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CaError + '_ {
@@ -109,6 +126,40 @@ fn member_params(id: NodeId) -> Result<CertificateParams, CaError> {
         ExtendedKeyUsagePurpose::ServerAuth,
         ExtendedKeyUsagePurpose::ClientAuth,
     ];
+    params.use_authority_key_identifier_extension = true;
+    Ok(params)
+}
+
+/// The DNS name that carries an operator's name.
+pub fn operator_dns_name(name: &str) -> String {
+    format!("operator-{name}.strata")
+}
+
+/// Checks that `name` can name an operator: a DNS label, so that the certificate stays valid
+/// and the name reads back unchanged.
+pub fn check_operator_name(name: &str) -> Result<(), CaError> {
+    let bad = || CaError::BadOperatorName(name.to_string());
+    let first = name.chars().next().ok_or_else(bad)?;
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    if name.len() > MAX_OPERATOR_NAME
+        || !first.is_ascii_lowercase()
+        || name.ends_with('-')
+        || !name.chars().all(allowed)
+    {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+fn operator_params(name: &str) -> Result<CertificateParams, CaError> {
+    check_operator_name(name)?;
+    let mut params = CertificateParams::new(vec![operator_dns_name(name)])?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, format!("strata operator {name}"));
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    // Client only: a member verifying a server never accepts an operator's certificate.
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     params.use_authority_key_identifier_extension = true;
     Ok(params)
 }
@@ -185,6 +236,20 @@ impl ClusterCa {
         MemberIdentity::load(dir)
     }
 
+    /// Issues a certificate and key for operator `name` and writes them into `dir` as
+    /// `operator.pem` and `operator.key` (0600), with a copy of the CA certificate. Refuses a
+    /// bad name before writing anything, and refuses to overwrite an existing key.
+    pub fn issue_operator(&self, name: &str, dir: &Path) -> Result<OperatorIdentity, CaError> {
+        let params = operator_params(name)?;
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        write_private(&dir.join(OPERATOR_KEY_FILE), key.serialize_pem().as_bytes())?;
+        write_public(&dir.join(OPERATOR_CERT_FILE), cert.pem().as_bytes())?;
+        write_public(&dir.join(CA_CERT_FILE), self.cert_pem.as_bytes())?;
+        OperatorIdentity::load(dir)
+    }
+
     /// Signs a certificate signing request as member `id`'s certificate. The id and names come
     /// from the CA, never from the request: only its public key is used.
     pub fn sign_request(&self, csr_pem: &str, id: NodeId) -> Result<String, CaError> {
@@ -246,47 +311,142 @@ impl MemberIdentity {
     /// Loads `ca.pem`, `member.pem` and `member.key` from `dir`, checking that the key
     /// belongs to the certificate and that the certificate names a member id.
     pub fn load(dir: &Path) -> Result<Self, CaError> {
-        let ca_path = dir.join(CA_CERT_FILE);
-        let cert_path = dir.join(MEMBER_CERT_FILE);
-        let key_path = dir.join(MEMBER_KEY_FILE);
-        let ca = CertificateDer::from_pem_slice(read_text(&ca_path)?.as_bytes())
-            .map_err(|e| pem_err(&ca_path, "certificate")(e.to_string()))?;
-        let cert = CertificateDer::from_pem_slice(read_text(&cert_path)?.as_bytes())
-            .map_err(|e| pem_err(&cert_path, "certificate")(e.to_string()))?;
-        let key_pem = read_text(&key_path)?;
-        let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
-            .map_err(|e| pem_err(&key_path, "private key")(e.to_string()))?;
-        let pair = KeyPair::from_pem(&key_pem)
-            .map_err(|e| pem_err(&key_path, "private key")(e.to_string()))?;
-        let (_, parsed) = x509_parser::parse_x509_certificate(&cert)
-            .map_err(|e| pem_err(&cert_path, "certificate")(e.to_string()))?;
-        if parsed.public_key().subject_public_key.data.as_ref() != pair.public_key_raw() {
-            return Err(CaError::Mismatch {
-                cert: cert_path,
-                key: key_path,
-            });
-        }
+        let (ca, cert, key) = load_chain(dir, MEMBER_CERT_FILE, MEMBER_KEY_FILE)?;
         let id = member_id(&cert)?;
         Ok(Self { id, ca, cert, key })
     }
 }
 
-/// The member id a certificate names in its `member-<id>.strata` DNS name.
-pub fn member_id(cert: &CertificateDer<'_>) -> Result<NodeId, CaError> {
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert).map_err(|_| CaError::NoMemberId)?;
-    let san = parsed
-        .subject_alternative_name()
-        .map_err(|_| CaError::NoMemberId)?
-        .ok_or(CaError::NoMemberId)?;
+/// An operator's TLS identity: what `cluster operator` writes and the operator commands load.
+pub struct OperatorIdentity {
+    pub name: String,
+    pub ca: CertificateDer<'static>,
+    pub cert: CertificateDer<'static>,
+    pub key: PrivateKeyDer<'static>,
+}
+
+impl std::fmt::Debug for OperatorIdentity {
+    /// Never prints the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperatorIdentity")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OperatorIdentity {
+    /// Loads `ca.pem`, `operator.pem` and `operator.key` from `dir`, checking that the key
+    /// belongs to the certificate and that the certificate names an operator.
+    pub fn load(dir: &Path) -> Result<Self, CaError> {
+        let (ca, cert, key) = load_chain(dir, OPERATOR_CERT_FILE, OPERATOR_KEY_FILE)?;
+        let name = operator_name(&cert)?;
+        Ok(Self {
+            name,
+            ca,
+            cert,
+            key,
+        })
+    }
+}
+
+type Chain = (
+    CertificateDer<'static>,
+    CertificateDer<'static>,
+    PrivateKeyDer<'static>,
+);
+
+/// Loads the CA certificate, a certificate and its key from `dir`, checking that the key
+/// belongs to the certificate.
+fn load_chain(dir: &Path, cert_file: &str, key_file: &str) -> Result<Chain, CaError> {
+    let ca_path = dir.join(CA_CERT_FILE);
+    let cert_path = dir.join(cert_file);
+    let key_path = dir.join(key_file);
+    let ca = CertificateDer::from_pem_slice(read_text(&ca_path)?.as_bytes())
+        .map_err(|e| pem_err(&ca_path, "certificate")(e.to_string()))?;
+    let cert = CertificateDer::from_pem_slice(read_text(&cert_path)?.as_bytes())
+        .map_err(|e| pem_err(&cert_path, "certificate")(e.to_string()))?;
+    let key_pem = read_text(&key_path)?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+        .map_err(|e| pem_err(&key_path, "private key")(e.to_string()))?;
+    let pair = KeyPair::from_pem(&key_pem)
+        .map_err(|e| pem_err(&key_path, "private key")(e.to_string()))?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(&cert)
+        .map_err(|e| pem_err(&cert_path, "certificate")(e.to_string()))?;
+    if parsed.public_key().subject_public_key.data.as_ref() != pair.public_key_raw() {
+        return Err(CaError::Mismatch {
+            cert: cert_path,
+            key: key_path,
+        });
+    }
+    Ok((ca, cert, key))
+}
+
+/// Who a certificate of the cluster CA speaks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    Member(NodeId),
+    Operator(String),
+}
+
+impl Principal {
+    /// What `cert` names; `None` for a certificate naming neither or, since the CA never
+    /// issues one, both.
+    pub fn of(cert: &CertificateDer<'_>) -> Option<Self> {
+        match (member_id(cert), operator_name(cert)) {
+            (Ok(id), Err(_)) => Some(Principal::Member(id)),
+            (Err(_), Ok(name)) => Some(Principal::Operator(name)),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for Principal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Principal::Member(id) => write!(f, "member {id}"),
+            Principal::Operator(name) => write!(f, "operator {name}"),
+        }
+    }
+}
+
+/// The DNS names in a certificate's subject alternative names.
+fn dns_names(cert: &CertificateDer<'_>) -> Vec<String> {
+    let Ok((_, parsed)) = x509_parser::parse_x509_certificate(cert) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = parsed.subject_alternative_name() else {
+        return Vec::new();
+    };
     san.value
         .general_names
         .iter()
-        .find_map(|name| match name {
-            x509_parser::extensions::GeneralName::DNSName(dns) => dns
-                .strip_prefix("member-")
-                .and_then(|rest| rest.strip_suffix(".strata"))
-                .and_then(|id| id.parse().ok()),
+        .filter_map(|name| match name {
+            x509_parser::extensions::GeneralName::DNSName(dns) => Some(dns.to_string()),
             _ => None,
+        })
+        .collect()
+}
+
+/// The operator a certificate names in its `operator-<name>.strata` DNS name.
+pub fn operator_name(cert: &CertificateDer<'_>) -> Result<String, CaError> {
+    dns_names(cert)
+        .iter()
+        .find_map(|dns| {
+            let name = dns.strip_prefix("operator-")?.strip_suffix(".strata")?;
+            check_operator_name(name).ok().map(|()| name.to_string())
+        })
+        .ok_or(CaError::NoOperator)
+}
+
+/// The member id a certificate names in its `member-<id>.strata` DNS name.
+pub fn member_id(cert: &CertificateDer<'_>) -> Result<NodeId, CaError> {
+    dns_names(cert)
+        .iter()
+        .find_map(|dns| {
+            dns.strip_prefix("member-")?
+                .strip_suffix(".strata")?
+                .parse()
+                .ok()
         })
         .ok_or(CaError::NoMemberId)
 }
@@ -362,5 +522,55 @@ mod tests {
         let pem = ca.sign_request(&csr, 4).unwrap();
         let der = CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
         assert_eq!(member_id(&der).unwrap(), 4);
+    }
+
+    #[test]
+    fn an_operator_certificate_names_its_operator_and_no_member() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ClusterCa::create(&dir.path().join("ca")).unwrap();
+        let operator = ca
+            .issue_operator("alice", &dir.path().join("alice"))
+            .unwrap();
+        assert_eq!(operator.name, "alice");
+        assert!(matches!(
+            member_id(&operator.cert),
+            Err(CaError::NoMemberId)
+        ));
+        assert_eq!(
+            Principal::of(&operator.cert),
+            Some(Principal::Operator("alice".into()))
+        );
+        let member = ca.issue_member(3, &dir.path().join("m3")).unwrap();
+        assert_eq!(Principal::of(&member.cert), Some(Principal::Member(3)));
+        assert!(matches!(
+            operator_name(&member.cert),
+            Err(CaError::NoOperator)
+        ));
+        // An operator directory is not a member's, nor the other way round.
+        assert!(MemberIdentity::load(&dir.path().join("alice")).is_err());
+        assert!(OperatorIdentity::load(&dir.path().join("m3")).is_err());
+        // Issuing again into the same directory refuses to overwrite the key.
+        assert!(matches!(
+            ca.issue_operator("alice", &dir.path().join("alice")),
+            Err(CaError::Exists { .. })
+        ));
+    }
+
+    #[test]
+    fn a_bad_operator_name_is_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = ClusterCa::create(&dir.path().join("ca")).unwrap();
+        let long = "a".repeat(MAX_OPERATOR_NAME + 1);
+        for bad in [
+            "", "Alice", "al ice", "-alice", "alice-", "7alice", "a.b", &long,
+        ] {
+            let out = dir.path().join("out");
+            let err = ca.issue_operator(bad, &out).err().unwrap();
+            assert!(matches!(err, CaError::BadOperatorName(_)), "{bad:?}: {err}");
+            assert!(!out.exists(), "{bad:?} wrote {}", out.display());
+        }
+        for good in ["alice", "ops-2", "b"] {
+            check_operator_name(good).unwrap();
+        }
     }
 }

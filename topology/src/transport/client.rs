@@ -12,7 +12,7 @@ use std::time::Duration;
 use openraft::LogId;
 use openraft::error::{ClientWriteError, RaftError};
 
-use super::ca::{SERVER_NAME, member_id};
+use super::ca::{Principal, SERVER_NAME};
 use super::wire::{
     ClusterView, FeedItem, FrameError, MembershipChange, Refusal, Request, Response, read_frame,
     write_frame,
@@ -296,11 +296,19 @@ pub async fn commit_via_leader(
 
 /// The member id the peer's certificate names.
 pub fn peer_member(connection: &quinn::Connection) -> Option<NodeId> {
+    match peer_principal(connection)? {
+        Principal::Member(id) => Some(id),
+        Principal::Operator(_) => None,
+    }
+}
+
+/// Who the peer's certificate speaks for: a member or an operator.
+pub fn peer_principal(connection: &quinn::Connection) -> Option<Principal> {
     let chain = connection
         .peer_identity()?
         .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
         .ok()?;
-    member_id(chain.first()?).ok()
+    Principal::of(chain.first()?)
 }
 
 async fn exchange(

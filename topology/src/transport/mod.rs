@@ -1,6 +1,7 @@
 //! The topology transport: QUIC (quinn) with mutual TLS from the cluster CA.
 //!
-//! - [`ca`]: the cluster CA and member identities (the member id lives in the certificate).
+//! - [`ca`]: the cluster CA, member and operator identities (the member id or operator name
+//!   lives in the certificate).
 //! - [`tls`]: rustls configurations — mutual TLS for members, server-only TLS for joiners.
 //! - [`wire`]: requests, responses and their length-prefixed JSON frames.
 //! - [`service`]: the member side; [`client`]: the calling side.
@@ -21,7 +22,7 @@ pub mod wire;
 
 use std::net::SocketAddr;
 
-pub use ca::{CaError, ClusterCa, MemberIdentity};
+pub use ca::{CaError, ClusterCa, MemberIdentity, OperatorIdentity, Principal};
 pub use client::{Client, ClientError, Subscription};
 pub use raft_network::QuicNetworkFactory;
 pub use service::{Service, serve};
@@ -65,16 +66,31 @@ pub fn join_endpoint(
     })
 }
 
-/// A dial-only endpoint for tools that hold a member identity (the operator CLI).
+/// A dial-only endpoint for tools that hold a member identity.
 pub fn client_endpoint(
     identity: &MemberIdentity,
     local: SocketAddr,
+) -> Result<quinn::Endpoint, EndpointError> {
+    dial_only(local, tls::member_client_config(identity)?)
+}
+
+/// A dial-only endpoint for an operator's tools, holding the operator's own identity.
+pub fn operator_endpoint(
+    identity: &OperatorIdentity,
+    local: SocketAddr,
+) -> Result<quinn::Endpoint, EndpointError> {
+    dial_only(local, tls::operator_client_config(identity)?)
+}
+
+fn dial_only(
+    local: SocketAddr,
+    config: quinn::ClientConfig,
 ) -> Result<quinn::Endpoint, EndpointError> {
     let mut endpoint = quinn::Endpoint::client(local).map_err(|source| EndpointError::Bind {
         addr: local,
         source,
     })?;
-    endpoint.set_default_client_config(tls::member_client_config(identity)?);
+    endpoint.set_default_client_config(config);
     Ok(endpoint)
 }
 

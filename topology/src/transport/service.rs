@@ -4,7 +4,9 @@
 //! Nothing a peer sends can take the member down: a frame that is too large, does not decode
 //! or names an unknown message type is answered with `Refused` and logged with the peer's
 //! address, and the connection keeps serving its other streams. Raft RPCs are accepted only
-//! from the member their certificate names.
+//! from the member their certificate names; an operator's certificate may make every client
+//! call (propose, read, subscribe, membership changes) but no raft RPC, and membership
+//! changes are logged with who asked.
 //!
 //! Every stream is served by its own task, and its request must arrive whole within the
 //! service's read timeout: a peer that sends part of a frame and stalls is answered with
@@ -19,7 +21,8 @@ use std::time::Duration;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, ServerState};
 
-use super::client::peer_member;
+use super::ca::Principal;
+use super::client::peer_principal;
 use super::join::JoinAuthority;
 use super::wire::{
     ClusterView, FeedItem, FrameError, MembershipChange, Refusal, Request, Response, node,
@@ -57,19 +60,21 @@ pub async fn serve(endpoint: quinn::Endpoint, service: Service, mutual: bool) {
 
 async fn serve_connection(connection: quinn::Connection, service: Service, mutual: bool) {
     let remote = connection.remote_address();
-    let peer = peer_member(&connection);
+    let peer = peer_principal(&connection).map(Arc::new);
     if mutual && peer.is_none() {
-        // The CA issued a certificate without a member id: not one of ours to trust.
-        tracing::warn!(peer = %remote, "peer certificate names no member; closing");
-        connection.close(1u32.into(), b"certificate names no member");
+        // The CA issued a certificate naming neither a member nor an operator: not one of
+        // ours to trust.
+        tracing::warn!(peer = %remote, "peer certificate names no member or operator; closing");
+        connection.close(1u32.into(), b"certificate names no member or operator");
         return;
     }
     loop {
         match connection.accept_bi().await {
             Ok((send, recv)) => {
                 let service = service.clone();
+                let peer = peer.clone();
                 tokio::spawn(async move {
-                    serve_stream(send, recv, &service, peer, remote, mutual).await;
+                    serve_stream(send, recv, &service, peer.as_deref(), remote, mutual).await;
                 });
             }
             Err(e) => {
@@ -84,7 +89,7 @@ async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     service: &Service,
-    peer: Option<NodeId>,
+    peer: Option<&Principal>,
     remote: SocketAddr,
     mutual: bool,
 ) {
@@ -94,7 +99,7 @@ async fn serve_stream(
         Ok(Ok(Some(body))) => match serde_json::from_slice::<Request>(&body) {
             Ok(request) => match admit(&request, peer, mutual) {
                 Ok(()) => {
-                    if let Err(e) = answer(request, &mut send, service).await {
+                    if let Err(e) = answer(request, &mut send, service, peer).await {
                         tracing::debug!(peer = %remote, error = %e, "answer not delivered");
                     }
                     let _ = send.finish();
@@ -108,7 +113,12 @@ async fn serve_stream(
         Ok(Err(FrameError::Oversize(len))) => Refusal::Oversize(len),
         Ok(Err(e)) => Refusal::Malformed(e.to_string()),
     };
-    tracing::warn!(peer = %remote, member = ?peer, refusal = %refused, "refused a request");
+    tracing::warn!(
+        peer = %remote,
+        principal = %describe(peer),
+        refusal = %refused,
+        "refused a request"
+    );
     // Whatever else the peer sends on this stream is not read.
     let _ = recv.stop(0u32.into());
     // A peer that does not read its answer either gets the stream reset instead.
@@ -121,6 +131,11 @@ async fn serve_stream(
             let _ = send.reset(0u32.into());
         }
     }
+}
+
+/// Who a request came from, for the log.
+fn describe(peer: Option<&Principal>) -> String {
+    peer.map_or_else(|| "unauthenticated".to_string(), ToString::to_string)
 }
 
 fn read_timeout_refusal(timeout: Duration) -> Refusal {
@@ -141,7 +156,7 @@ fn log_failed_handshake(remote: SocketAddr, e: &quinn::ConnectionError) {
 }
 
 /// Whether this peer may make this request.
-fn admit(request: &Request, peer: Option<NodeId>, mutual: bool) -> Result<(), Refusal> {
+fn admit(request: &Request, peer: Option<&Principal>, mutual: bool) -> Result<(), Refusal> {
     if !mutual {
         return match request {
             Request::Join(_) => Ok(()),
@@ -150,13 +165,25 @@ fn admit(request: &Request, peer: Option<NodeId>, mutual: bool) -> Result<(), Re
             )),
         };
     }
-    if let Some(claimed) = request.raft_sender() {
-        let peer = peer.unwrap_or_default();
-        if claimed != peer {
-            return Err(Refusal::WrongSender { claimed, peer });
-        }
+    if !request.is_raft() {
+        return Ok(());
     }
-    Ok(())
+    match peer {
+        Some(Principal::Member(peer)) => match request.raft_sender() {
+            Some(claimed) if claimed != *peer => Err(Refusal::WrongSender {
+                claimed,
+                peer: *peer,
+            }),
+            _ => Ok(()),
+        },
+        Some(Principal::Operator(name)) => Err(Refusal::OperatorRaft {
+            operator: name.clone(),
+        }),
+        // The member endpoint closes such connections before reading a request.
+        None => Err(Refusal::Failed(
+            "raft RPCs need a member certificate".into(),
+        )),
+    }
 }
 
 /// Turns a raft API error into a refusal, naming the leader where raft knows it.
@@ -204,6 +231,7 @@ async fn answer(
     request: Request,
     send: &mut quinn::SendStream,
     service: &Service,
+    peer: Option<&Principal>,
 ) -> Result<(), FrameError> {
     let raft = &service.raft;
     let response = match request {
@@ -230,9 +258,11 @@ async fn answer(
         },
         Request::Subscribe => return stream_feed(send, &service.state).await,
         Request::AddLearner { id, addr } => {
+            tracing::info!(by = %describe(peer), learner = id, addr = %addr, "adding a learner");
             membership_response(raft.add_learner(id, node(&addr), true).await)
         }
         Request::ChangeMembership(change) => {
+            tracing::info!(by = %describe(peer), change = ?change, "changing the membership");
             let changes = match change {
                 MembershipChange::AddVoters(ids) => ChangeMembers::AddVoterIds(ids),
                 MembershipChange::RemoveVoters(ids) => ChangeMembers::RemoveVoters(ids),

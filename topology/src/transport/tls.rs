@@ -18,7 +18,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, SignatureScheme};
 
-use super::ca::{MemberIdentity, sha256_hex};
+use super::ca::{MemberIdentity, OperatorIdentity, sha256_hex};
 
 /// The application protocol both sides must agree on.
 pub const ALPN: &[u8] = b"strata-topology/1";
@@ -96,13 +96,25 @@ fn client(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, TlsError> {
 
 /// A member (or an operator's CLI holding a member's identity) dialing members.
 pub fn member_client_config(identity: &MemberIdentity) -> Result<quinn::ClientConfig, TlsError> {
+    authenticated_client(&identity.ca, &identity.cert, &identity.key)
+}
+
+/// An operator's CLI dialing members with the operator's own certificate.
+pub fn operator_client_config(
+    identity: &OperatorIdentity,
+) -> Result<quinn::ClientConfig, TlsError> {
+    authenticated_client(&identity.ca, &identity.cert, &identity.key)
+}
+
+fn authenticated_client(
+    ca: &CertificateDer<'static>,
+    cert: &CertificateDer<'static>,
+    key: &rustls::pki_types::PrivateKeyDer<'static>,
+) -> Result<quinn::ClientConfig, TlsError> {
     let tls = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots(&identity.ca)?)
-        .with_client_auth_cert(
-            vec![identity.cert.clone(), identity.ca.clone()],
-            identity.key.clone_key(),
-        )?;
+        .with_root_certificates(roots(ca)?)
+        .with_client_auth_cert(vec![cert.clone(), ca.clone()], key.clone_key())?;
     client(tls)
 }
 

@@ -47,6 +47,14 @@ pub enum Request {
 }
 
 impl Request {
+    /// Whether this is a raft RPC, which only members may send.
+    pub fn is_raft(&self) -> bool {
+        matches!(
+            self,
+            Request::AppendEntries(_) | Request::Vote(_) | Request::InstallSnapshot(_)
+        )
+    }
+
     /// The member on whose behalf a raft RPC claims to speak.
     pub fn raft_sender(&self) -> Option<NodeId> {
         match self {
@@ -142,6 +150,8 @@ pub enum Refusal {
     ReadTimeout { ms: u64 },
     #[error("raft RPC claims sender {claimed} but the peer certificate names member {peer}")]
     WrongSender { claimed: NodeId, peer: NodeId },
+    #[error("raft RPCs are for members; the peer certificate names operator {operator}")]
+    OperatorRaft { operator: String },
     #[error("not the leader; the leader is {leader:?} at {addr:?}")]
     NotLeader {
         leader: Option<NodeId>,
