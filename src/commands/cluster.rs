@@ -28,7 +28,7 @@ use strata_topology::state::{
 use strata_topology::transport::ca::{CA_KEY_FILE, check_operator_name, sha256_hex};
 use strata_topology::transport::client::commit_via_leader;
 use strata_topology::transport::join::{JoinToken, request_membership};
-use strata_topology::transport::wire::{ClusterView, MembershipChange};
+use strata_topology::transport::wire::{ClusterView, MembershipChange, Refusal};
 use strata_topology::transport::{
     Client, ClusterCa, MemberIdentity, OperatorIdentity, client_endpoint, operator_endpoint,
 };
@@ -325,27 +325,34 @@ async fn join(args: JoinArgs) -> Result<()> {
         )
         .await
         .context("hear from the leader")?;
-    let record = Command::new(SystemClock.now_ms(), Change::AddMember(spec));
-    commit_via_leader(&server.raft, &server.client, record)
-        .await
-        .map_err(anyhow::Error::msg)?
-        .map_err(anyhow::Error::msg)?;
+    commit_joining(&server, Change::AddMember(spec)).await?;
     if args.voter {
         promote(&server).await?;
-        let record = Command::new(
-            SystemClock.now_ms(),
-            Change::SetRole {
-                id: identity.id,
-                role: RaftRole::Voter,
-            },
-        );
-        commit_via_leader(&server.raft, &server.client, record)
-            .await
-            .map_err(anyhow::Error::msg)?
-            .map_err(anyhow::Error::msg)?;
+        let role = Change::SetRole {
+            id: identity.id,
+            role: RaftRole::Voter,
+        };
+        commit_joining(&server, role).await?;
     }
     tracing::info!(member = identity.id, addr = %server.addr, voter = args.voter, "joined");
     serve_until_signal(server).await
+}
+
+/// Commits `change` through the leader this new member knows of. Right after admission a
+/// learner may not yet know where the leader is (or ask one that just lost its term): a
+/// "not the leader" answer is retried until [`CATCH_UP_TIMEOUT`]; anything else fails at once.
+async fn commit_joining(server: &Server, change: Change) -> Result<()> {
+    let deadline = std::time::Instant::now() + CATCH_UP_TIMEOUT;
+    loop {
+        let record = Command::new(SystemClock.now_ms(), change.clone());
+        match commit_via_leader(&server.raft, &server.client, record).await {
+            Ok(outcome) => return outcome.map(drop).map_err(anyhow::Error::msg),
+            Err(Refusal::NotLeader { .. }) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(refused) => return Err(anyhow::Error::msg(refused)),
+        }
+    }
 }
 
 /// Waits until this learner has caught up with the leader, then asks to become a voter.

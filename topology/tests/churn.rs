@@ -11,14 +11,13 @@ mod common;
 #[path = "../../tests/history/mod.rs"]
 mod history;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Group, Member, TestCa, local};
+use common::{Group, TestCa};
 use history::{Operation, SetInput, SetModel, SetOutput, Verdict, check};
-use openraft::BasicNode;
 use strata_topology::NodeId;
 use strata_topology::state::{Change, Command, Rejection};
 use strata_topology::transport::wire::{ClusterView, MembershipChange, Refusal};
@@ -146,27 +145,7 @@ fn ids(v: &[NodeId]) -> BTreeSet<NodeId> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_stay_linearizable_while_voters_are_added_and_removed() {
     let ca = TestCa::new();
-    let mut members: BTreeMap<NodeId, Member> = BTreeMap::new();
-    let mut addr = BTreeMap::new();
-    for id in 1..=5 {
-        let identity = ca.issue(id);
-        let endpoint = common::bind(&identity, local(), TIMEOUT).await;
-        addr.insert(id, endpoint.local_addr().expect("bound").to_string());
-        members.insert(
-            id,
-            group()
-                .start(&identity, &ca.store(id), endpoint, None)
-                .await,
-        );
-    }
-    let initial: BTreeMap<NodeId, BasicNode> = (1..=3)
-        .map(|id| (id, BasicNode::new(addr[&id].clone())))
-        .collect();
-    members[&1]
-        .raft
-        .initialize(initial)
-        .await
-        .expect("initialize");
+    let (members, addr) = common::start_group(&ca, &group(), 1..=5, 3, TIMEOUT).await;
     let all: Vec<String> = addr.values().cloned().collect();
     let recorder = Arc::new(Recorder {
         start: Instant::now(),

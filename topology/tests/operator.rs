@@ -5,9 +5,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
+use common::logs::{captured_logs, logged};
 use common::{Group, TestCa, local, spec};
 use openraft::{BasicNode, ServerState};
 use strata_topology::state::{Change, Command};
@@ -17,58 +17,6 @@ use strata_topology::transport::{Client, ClientError, OperatorIdentity, operator
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Everything the members log at INFO and above, for checking who a change was logged as.
-fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let sink = logs.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::INFO)
-            .with_ansi(false)
-            .with_writer(move || LogSink(sink.clone()))
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
-        logs
-    })
-    .clone()
-}
-
-struct LogSink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogSink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Waits until a logged line contains every one of `parts`.
-async fn logged(logs: &Mutex<Vec<u8>>, parts: &[&str]) {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let text = String::from_utf8_lossy(&logs.lock().unwrap_or_else(PoisonError::into_inner))
-            .into_owned();
-        if text
-            .lines()
-            .any(|line| parts.iter().all(|p| line.contains(p)))
-        {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no log line with {parts:?} in:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn operator_client(identity: &OperatorIdentity) -> Client {
     Client::new(
         operator_endpoint(identity, local()).expect("operator endpoint"),
@@ -78,7 +26,7 @@ fn operator_client(identity: &OperatorIdentity) -> Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_certificate_makes_client_calls_but_no_raft_rpcs() {
-    let logs = captured_logs();
+    let logs = captured_logs(tracing::Level::INFO);
     let ca = TestCa::new();
     let group = Group::new(
         "strata-operator-test",
@@ -143,12 +91,17 @@ async fn an_operator_certificate_makes_client_calls_but_no_raft_rpcs() {
         .add_learner(&first.addr, 2, &second.addr)
         .await
         .expect("add a learner");
-    logged(&logs, &["adding a learner", "operator alice"]).await;
+    logged(&logs, &["adding a learner", "operator alice"], TIMEOUT).await;
     admin
         .change_membership(&first.addr, MembershipChange::AddVoters([2].into()))
         .await
         .expect("promote the learner");
-    logged(&logs, &["changing the membership", "operator alice"]).await;
+    logged(
+        &logs,
+        &["changing the membership", "operator alice"],
+        TIMEOUT,
+    )
+    .await;
     let view = admin.read(&first.addr).await.expect("read after promotion");
     assert_eq!(view.voters, [1, 2].into());
 
@@ -163,7 +116,7 @@ async fn an_operator_certificate_makes_client_calls_but_no_raft_rpcs() {
         matches!(&refused, Response::Refused(Refusal::OperatorRaft { operator }) if operator == "alice"),
         "{refused:?}"
     );
-    logged(&logs, &["refused a request", "operator alice"]).await;
+    logged(&logs, &["refused a request", "operator alice"], TIMEOUT).await;
     assert_eq!(first.raft.metrics().borrow().current_term, term_before);
     assert!(admin.read(&first.addr).await.is_ok(), "still serving alice");
 

@@ -6,9 +6,10 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
+use common::logs::{captured_logs, logged};
 use common::{Group, Member, TestCa, framed, local, operator, raw_call, spec, wait_for_leader};
 use openraft::{BasicNode, ServerState};
 use strata_topology::NodeId;
@@ -23,58 +24,6 @@ use strata_topology::transport::{
 };
 
 /// Everything the members log, for tests that check a refusal was logged.
-fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
-    static LOGS: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
-    LOGS.get_or_init(|| {
-        let logs = Arc::new(Mutex::new(Vec::new()));
-        let sink = logs.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::WARN)
-            .with_ansi(false)
-            .with_writer(move || LogSink(sink.clone()))
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("one subscriber");
-        logs
-    })
-    .clone()
-}
-
-struct LogSink(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for LogSink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Waits until a logged line contains every one of `parts`.
-async fn logged(logs: &Mutex<Vec<u8>>, parts: &[&str]) {
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    loop {
-        let text = String::from_utf8_lossy(&logs.lock().unwrap_or_else(PoisonError::into_inner))
-            .into_owned();
-        if text
-            .lines()
-            .any(|line| parts.iter().all(|p| line.contains(p)))
-        {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no log line with {parts:?} in:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 fn group() -> Group {
@@ -128,7 +77,7 @@ async fn start_join_authority(ca: &TestCa, group: &Group) -> (Member, String, Cl
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_members_over_mutual_tls_elect_replicate_read_and_refuse_strangers() {
-    let logs = captured_logs();
+    let logs = captured_logs(tracing::Level::WARN);
     let ca = TestCa::new();
     let group = group();
     let identities: BTreeMap<NodeId, _> =
@@ -224,6 +173,7 @@ async fn three_members_over_mutual_tls_elect_replicate_read_and_refuse_strangers
     logged(
         &logs,
         &["refused a connection at the handshake", &anonymous_addr],
+        TIMEOUT,
     )
     .await;
     let other_ca = TestCa::new();
@@ -240,6 +190,7 @@ async fn three_members_over_mutual_tls_elect_replicate_read_and_refuse_strangers
     logged(
         &logs,
         &["refused a connection at the handshake", &forged_addr],
+        TIMEOUT,
     )
     .await;
 
@@ -249,7 +200,12 @@ async fn three_members_over_mutual_tls_elect_replicate_read_and_refuse_strangers
         matches!(garbage, Response::Refused(Refusal::Malformed(_))),
         "{garbage:?}"
     );
-    logged(&logs, &["refused a request", "malformed", "127.0.0.1:"]).await;
+    logged(
+        &logs,
+        &["refused a request", "malformed", "127.0.0.1:"],
+        TIMEOUT,
+    )
+    .await;
     let unknown = raw_call(
         &admin,
         &leader_addr,

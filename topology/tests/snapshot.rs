@@ -6,21 +6,19 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Group, Member, TestCa, local};
-use openraft::{BasicNode, SnapshotPolicy};
-use strata_topology::NodeId;
+use common::{Group, TestCa};
+use openraft::SnapshotPolicy;
 use strata_topology::server::Timing;
 use strata_topology::state::{Change, Command, Rejection};
 use strata_topology::transport::wire::MAX_FRAME;
 
-const TIMEOUT: Duration = Duration::from_secs(60);
-/// Members with a label this long: 24 of them make the state half again as large as a frame.
+const TIMEOUT: Duration = Duration::from_secs(120);
+/// Members with a label this long: 18 of them make the state larger than a frame.
 const LABEL: usize = 1 << 20;
-const BIG_MEMBERS: u64 = 24;
+const BIG_MEMBERS: u64 = 18;
 
 /// The server's raft settings (snapshot chunks and their timeout included), with snapshots
 /// taken often and no log kept behind them, and slower elections: a debug build spends tens of
@@ -31,6 +29,9 @@ fn group() -> Group {
         raft_heartbeat_ms: 200,
         election_timeout_min_ms: 3_000,
         election_timeout_max_ms: 6_000,
+        // Each snapshot chunk gets this too: a debug build on a loaded machine can take seconds
+        // to encode and decode a megabyte chunk as JSON.
+        rpc_timeout_ms: 20_000,
         ..Timing::default()
     };
     let mut config = (*timing.raft_config("strata-snapshot").expect("valid")).clone();
@@ -46,28 +47,8 @@ fn group() -> Group {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_larger_than_a_frame_reaches_a_new_learner_in_chunks() {
     let ca = TestCa::new();
-    let mut members: BTreeMap<NodeId, Member> = BTreeMap::new();
-    let mut addr = BTreeMap::new();
-    for id in 1..=4 {
-        let identity = ca.issue(id);
-        let endpoint = common::bind(&identity, local(), TIMEOUT).await;
-        addr.insert(id, endpoint.local_addr().expect("bound").to_string());
-        members.insert(
-            id,
-            group()
-                .start(&identity, &ca.store(id), endpoint, None)
-                .await,
-        );
-    }
-    let voters: BTreeMap<NodeId, BasicNode> = (1..=3)
-        .map(|id| (id, BasicNode::new(addr[&id].clone())))
-        .collect();
-    members[&1]
-        .raft
-        .initialize(voters)
-        .await
-        .expect("initialize");
-    let client = common::operator(&ca.issue(1000), Duration::from_secs(10));
+    let (members, addr) = common::start_group(&ca, &group(), 1..=4, 3, TIMEOUT).await;
+    let client = common::operator(&ca.issue(1000), Duration::from_secs(30));
 
     // Member 4 belongs to no group yet, so the leader is always one of the voters.
     // Members declaring megabyte labels (distinct bytes, so nothing in the path can shrink them).

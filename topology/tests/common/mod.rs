@@ -7,6 +7,7 @@
 // Each test binary compiles this module and uses a different part of it.
 #![allow(dead_code)]
 
+pub mod logs;
 pub mod proxy;
 
 use std::collections::BTreeMap;
@@ -257,4 +258,36 @@ pub async fn raw_call(client: &Client, addr: &str, bytes: &[u8], within: Duratio
         .expect("answer in time")
         .expect("a frame");
     answer.expect("an answer before the end of stream")
+}
+
+/// Members `members` on loopback, each with a fresh identity from `ca` and its own store, the
+/// first `voters` of them initialized as a group (the rest wait to be added); with the address
+/// each is bound to.
+pub async fn start_group(
+    ca: &TestCa,
+    group: &Group,
+    members: std::ops::RangeInclusive<NodeId>,
+    voters: usize,
+    within: Duration,
+) -> (BTreeMap<NodeId, Member>, BTreeMap<NodeId, String>) {
+    let (mut started, mut addrs) = (BTreeMap::new(), BTreeMap::new());
+    for id in members {
+        let identity = ca.issue(id);
+        let endpoint = bind(&identity, local(), within).await;
+        addrs.insert(id, endpoint.local_addr().expect("bound").to_string());
+        let member = group.start(&identity, &ca.store(id), endpoint, None).await;
+        started.insert(id, member);
+    }
+    let nodes: BTreeMap<NodeId, openraft::BasicNode> = addrs
+        .iter()
+        .take(voters)
+        .map(|(id, addr)| (*id, openraft::BasicNode::new(addr.clone())))
+        .collect();
+    let first = *nodes.keys().next().expect("at least one voter");
+    started[&first]
+        .raft
+        .initialize(nodes)
+        .await
+        .expect("initialize");
+    (started, addrs)
 }
