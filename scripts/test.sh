@@ -4,6 +4,8 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# No incremental caches: a clean run never reuses them, and they double what target/ holds.
+export CARGO_INCREMENTAL=0
 scripts/fetch-test-data.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -326,3 +326,33 @@ fn sigterm_finishes_the_stream_in_flight_then_exits_cleanly() {
     assert!(status.success(), "exit status {status}");
     assert!(TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err());
 }
+
+#[test]
+fn serve_tp_ranks_answer_like_one_rank_and_a_bad_degree_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let model = model.to_str().unwrap();
+    let body = r#"{"model":"m","prompt":"tensor parallel ranks","max_tokens":24,"temperature":0,"ignore_eos":true,"logprobs":2}"#;
+    let answer = |tp: &str| {
+        let server = Server::start(&["--model", model, "--port", "0", "--tp", tp]);
+        let (status, raw) = http(server.addr, "POST", "/v1/completions", None, body);
+        assert_eq!(status, 200, "--tp {tp}: {raw}");
+        let json = raw.split_once("\r\n\r\n").unwrap().1;
+        let v: serde_json::Value = serde_json::from_str(json).unwrap();
+        (
+            v["choices"][0]["text"].clone(),
+            v["choices"][0]["logprobs"].clone(),
+        )
+    };
+    let one = answer("1");
+    assert!(one.0.as_str().is_some_and(|t| !t.is_empty()), "{one:?}");
+    for tp in ["2", "4"] {
+        assert_eq!(answer(tp), one, "--tp {tp} differs from one rank");
+    }
+    // 4 heads cannot split over 3 ranks: refused by name, before serving.
+    let o = strata(&["serve", "--model", model, "--port", "0", "--tp", "3"]);
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("--tp 3"), "{stderr}");
+}

@@ -2,9 +2,11 @@
 //! byte-identical to TP=1, and a canary that reduces the row-parallel partials locally (skipping
 //! the all-gather) is not — proving the comparison can fail.
 
+use strata_model::ModelConfig;
 use strata_model::config::Architecture;
 use strata_model::cpu::{CpuModel, PartialsFault};
 use strata_model::synth::{SynthSpec, synthesize};
+use strata_model::weights::Checkpoint;
 use strata_node::backend::{Backend, CpuBackend, CpuTpBackend};
 use strata_node::scheduler::SchedulerLimits;
 use strata_node::{Engine, EngineConfig, RequestStream};
@@ -23,6 +25,14 @@ fn spec(arch: Architecture, kv_heads: usize) -> SynthSpec {
         max_position: 256,
         ..SynthSpec::demo(arch, 11)
     }
+}
+
+/// The config and the mapped checkpoint a TP backend loads its ranks' slices from.
+fn open(dir: &std::path::Path) -> (ModelConfig, Checkpoint) {
+    (
+        ModelConfig::from_dir(dir).unwrap(),
+        Checkpoint::open(dir).unwrap(),
+    )
 }
 
 fn engine(backend: Box<dyn Backend>) -> Engine {
@@ -83,10 +93,11 @@ fn check_identical(spec: SynthSpec) {
     let dir = tempfile::tempdir().unwrap();
     synthesize(&spec, dir.path(), None).unwrap();
     let load = || CpuModel::load(dir.path()).unwrap();
+    let (config, ckpt) = open(dir.path());
     let want = streams(Box::new(CpuBackend::with_blocks(load(), BLOCK, BLOCKS)));
     assert!(want.iter().all(|s| !s.is_empty()));
     for tp in [2, 4] {
-        let backend = CpuTpBackend::with_blocks(load(), tp, BLOCK, BLOCKS).unwrap();
+        let backend = CpuTpBackend::with_blocks(&config, &ckpt, tp, BLOCK, BLOCKS).unwrap();
         assert_eq!(
             streams(Box::new(backend)),
             want,
@@ -119,10 +130,10 @@ fn exported_blocks_resume_on_another_tp_backend() {
     use strata_node::kv::KvBlockIo;
     let dir = tempfile::tempdir().unwrap();
     synthesize(&spec(Architecture::Llama, 2), dir.path(), None).unwrap();
-    let load = || CpuModel::load(dir.path()).unwrap();
+    let (config, ckpt) = open(dir.path());
     let prompt = request(6, 2 * BLOCK as u32, 1).prompt;
-    let mut a = CpuTpBackend::with_blocks(load(), 4, BLOCK, 4).unwrap();
-    let mut b = CpuTpBackend::with_blocks(load(), 4, BLOCK, 4).unwrap();
+    let mut a = CpuTpBackend::with_blocks(&config, &ckpt, 4, BLOCK, 4).unwrap();
+    let mut b = CpuTpBackend::with_blocks(&config, &ckpt, 4, BLOCK, 4).unwrap();
     let first = prefill_logits(&mut a, &prompt);
     let mut bytes = vec![0; a.block_bytes()];
     for id in 0..2 {
@@ -178,13 +189,15 @@ fn canary_partials_reduced_without_the_all_gather_differ() {
     let dir = tempfile::tempdir().unwrap();
     synthesize(&spec(Architecture::Llama, 2), dir.path(), None).unwrap();
     let load = || CpuModel::load(dir.path()).unwrap();
+    let (config, ckpt) = open(dir.path());
     let prompt = request(5, 30, 1).prompt;
     let want = prefill_logits(&mut CpuBackend::with_blocks(load(), BLOCK, 4), &prompt);
     let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    let mut honest = CpuTpBackend::with_blocks(load(), 2, BLOCK, 4).unwrap();
+    let mut honest = CpuTpBackend::with_blocks(&config, &ckpt, 2, BLOCK, 4).unwrap();
     assert_eq!(bits(&prefill_logits(&mut honest, &prompt)), bits(&want));
     for fault in [PartialsFault::LocalSumOnly, PartialsFault::SumThenAllReduce] {
-        let mut faulty = CpuTpBackend::with_partials_fault(load(), 2, BLOCK, 4, fault).unwrap();
+        let mut faulty =
+            CpuTpBackend::with_partials_fault(&config, &ckpt, 2, BLOCK, 4, fault).unwrap();
         assert_ne!(
             bits(&prefill_logits(&mut faulty, &prompt)),
             bits(&want),
@@ -192,9 +205,15 @@ fn canary_partials_reduced_without_the_all_gather_differ() {
         );
     }
     // Skipping the collective loses half of every o/down projection: the greedy stream changes.
-    let faulty =
-        CpuTpBackend::with_partials_fault(load(), 2, BLOCK, BLOCKS, PartialsFault::LocalSumOnly)
-            .unwrap();
+    let faulty = CpuTpBackend::with_partials_fault(
+        &config,
+        &ckpt,
+        2,
+        BLOCK,
+        BLOCKS,
+        PartialsFault::LocalSumOnly,
+    )
+    .unwrap();
     let honest = CpuBackend::with_blocks(load(), BLOCK, BLOCKS);
     assert_ne!(streams(Box::new(faulty)), streams(Box::new(honest)));
 }
@@ -203,7 +222,9 @@ fn canary_partials_reduced_without_the_all_gather_differ() {
 fn unsupported_degrees_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     synthesize(&spec(Architecture::Llama, 2), dir.path(), None).unwrap();
-    let model = CpuModel::load(dir.path()).unwrap();
-    let err = CpuTpBackend::with_blocks(model, 3, BLOCK, 4).err().unwrap();
+    let (config, ckpt) = open(dir.path());
+    let err = CpuTpBackend::with_blocks(&config, &ckpt, 3, BLOCK, 4)
+        .err()
+        .unwrap();
     assert!(err.to_string().contains("tensor parallelism of 3"), "{err}");
 }

@@ -95,15 +95,11 @@ pub fn start_engine_on(
             return LoadedModel::load(dir)?.start_engine(block_size, kv_cache_bytes);
         }
         (Device::Cpu, _) => {
-            let loaded = LoadedModel::load(dir)?;
-            let backend = CpuTpBackend::new(loaded.model, tp, block_size, kv_cache_bytes)
+            // Each rank reads only its slices of the mapped checkpoint.
+            let (config, checkpoint, parts, eos_token_ids) = serving_parts(dir)?;
+            let backend = CpuTpBackend::new(&config, &checkpoint, tp, block_size, kv_cache_bytes)
                 .map_err(|e| ModelLoadError::Device(format!("--tp {tp}: {e}")))?;
-            let parts = ServingParts {
-                tokenizer: loaded.tokenizer,
-                template: loaded.template,
-                generation_config: loaded.generation_config,
-            };
-            return start_parts(Box::new(backend), parts, loaded.eos_token_ids);
+            return start_parts(Box::new(backend), parts, eos_token_ids);
         }
         (Device::Cuda(first), tp) => CudaPlacement {
             devices: (first..first + tp).collect(),
@@ -172,12 +168,7 @@ pub fn start_cuda_engine(
             "{label}: device {last} does not exist; this machine has {count} GPU(s)"
         )));
     }
-    let config = ModelConfig::from_dir(dir)?;
-    let tokenizer = Tokenizer::from_dir(dir)?;
-    let template = ChatTemplate::from_dir(dir)?;
-    let generation_config = GenerationConfig::from_dir(dir)?;
-    let eos_token_ids = eos_ids(&config, &generation_config, &tokenizer);
-    let checkpoint = Checkpoint::open(dir).map_err(|e| ModelLoadError::Device(e.to_string()))?;
+    let (config, checkpoint, parts, eos_token_ids) = serving_parts(dir)?;
     let options = CudaOptions {
         device: first,
         block_size,
@@ -215,12 +206,26 @@ pub fn start_cuda_engine(
         }
         Box::new(backend)
     };
+    start_parts(backend, parts, eos_token_ids)
+}
+
+/// What a sharded backend starts from: the config and the mapped checkpoint (weights not yet
+/// read), and what the front door keeps.
+fn serving_parts(
+    dir: &Path,
+) -> Result<(ModelConfig, Checkpoint, ServingParts, Vec<u32>), ModelLoadError> {
+    let config = ModelConfig::from_dir(dir)?;
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    let template = ChatTemplate::from_dir(dir)?;
+    let generation_config = GenerationConfig::from_dir(dir)?;
+    let eos_token_ids = eos_ids(&config, &generation_config, &tokenizer);
+    let checkpoint = Checkpoint::open(dir).map_err(LoadError::from)?;
     let parts = ServingParts {
         tokenizer,
         template,
         generation_config,
     };
-    start_parts(backend, parts, eos_token_ids)
+    Ok((config, checkpoint, parts, eos_token_ids))
 }
 
 /// The engine over `backend`, with a grammar compiler from the parts' tokenizer.

@@ -12,18 +12,20 @@
 //!   `-0.0` (the exact additive identity) and the all-reduce sums one real row with identities;
 //!   logits are all-gathered in rank order.
 //!
-//! Norms (including the per-head q/k norm) are replicated. The weights are sliced from a loaded
-//! [`CpuModel`], so building all ranks holds the full model once plus one copy of each shard.
+//! Norms (including the per-head q/k norm) are replicated. Each rank reads only its slices from
+//! the mapped checkpoint, so all ranks together hold the model once.
 
 use std::ops::Range;
 
 use super::ops::{self, Matrix, ROW_PARALLEL_SHARDS};
+use super::weights::CpuWeights;
 use super::{
-    AttentionShape, CpuModel, ForwardError, KvAccess, LayerWeights, QueryPos, SeqChunk,
-    causal_attention, linear, rms_norm,
+    AttentionShape, ForwardError, KvAccess, LayerWeights, QueryPos, SeqChunk, causal_attention,
+    linear, rms_norm,
 };
 use crate::config::ModelConfig;
 use crate::rope::Rope;
+use crate::weights::{Checkpoint, WeightError};
 
 /// The collectives a rank's forward pass issues; every rank issues the same ones in the same
 /// order. Implemented over `strata-collective` by the node, which this crate does not depend on.
@@ -34,7 +36,7 @@ pub trait TpCollectives {
     fn all_gather(&self, input: &[f32], output: &mut [f32]) -> Result<(), String>;
 }
 
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum TpError {
     #[error(
         "tensor parallelism of {world} needs a degree dividing {ROW_PARALLEL_SHARDS}, \
@@ -51,6 +53,8 @@ pub enum TpError {
     },
     #[error(transparent)]
     Forward(#[from] ForwardError),
+    #[error(transparent)]
+    Weights(#[from] WeightError),
     #[error("collective failed: {0}")]
     Collective(String),
 }
@@ -183,61 +187,30 @@ impl TpShard {
         }
     }
 
-    /// Slices rank `rank`'s shard out of `model`.
-    pub fn new(model: &CpuModel, rank: usize, world: usize) -> Result<Self, TpError> {
-        let c = &model.config;
-        let layout = TpLayout::new(c, rank, world, 1)?;
-        let h = c.hidden_size;
-        let TpLayout {
-            heads,
-            kv_heads,
-            q_rows,
-            kv_rows,
-            inter_rows: i_rows,
-            vocab,
-            vocab_per_rank: per,
-            ..
-        } = layout;
-        let inter = i_rows.len();
-        let w = &model.weights;
-        let layers = w
-            .layers
-            .iter()
-            .map(|l: &LayerWeights| LayerWeights {
-                input_norm: l.input_norm.clone(),
-                q: rows(&l.q, h, q_rows.clone()),
-                k: rows(&l.k, h, kv_rows.clone()),
-                v: rows(&l.v, h, kv_rows.clone()),
-                qkv_bias: l.qkv_bias.as_ref().map(|[q, k, v]| {
-                    [
-                        q[q_rows.clone()].to_vec(),
-                        k[kv_rows.clone()].to_vec(),
-                        v[kv_rows.clone()].to_vec(),
-                    ]
-                }),
-                qk_norm: l.qk_norm.clone(),
-                o: columns(&l.o, c.q_dim(), q_rows.clone()),
-                o_bias: l.o_bias.clone(),
-                post_attention_norm: l.post_attention_norm.clone(),
-                gate: rows(&l.gate, h, i_rows.clone()),
-                up: rows(&l.up, h, i_rows.clone()),
-                down: columns(&l.down, c.intermediate_size, i_rows.clone()),
-            })
-            .collect();
+    /// Loads rank `rank` of `world`'s shard: only its slices are read from the mapped
+    /// checkpoint (see [`TpLayout`]), so the ranks together hold one copy of the model.
+    pub fn load(
+        config: &ModelConfig,
+        ckpt: &Checkpoint,
+        rank: usize,
+        world: usize,
+    ) -> Result<Self, TpError> {
+        let layout = TpLayout::new(config, rank, world, 1)?;
+        let w = CpuWeights::load_part(config, ckpt, Some(&layout))?;
         Ok(Self {
-            config: c.clone(),
+            config: config.clone(),
             rank,
             world,
-            rope: Rope::new(c),
-            embed: rows(&w.embed, h, vocab.clone()),
-            lm_head: w.lm_head.as_ref().map(|m| rows(m, h, vocab.clone())),
-            final_norm: w.final_norm.clone(),
-            layers,
-            heads,
-            kv_heads,
-            inter,
-            vocab,
-            vocab_per_rank: per,
+            rope: Rope::new(config),
+            embed: w.embed,
+            lm_head: w.lm_head,
+            final_norm: w.final_norm,
+            layers: w.layers,
+            heads: layout.heads,
+            kv_heads: layout.kv_heads,
+            inter: layout.inter_rows.len(),
+            vocab: layout.vocab,
+            vocab_per_rank: layout.vocab_per_rank,
             fault: PartialsFault::None,
         })
     }
@@ -260,7 +233,7 @@ impl TpShard {
         self.fault = fault;
     }
 
-    /// [`CpuModel::forward_batch`] over this rank's shard: every rank of the group calls it with
+    /// [`CpuModel::forward_batch`](super::CpuModel::forward_batch) over this rank's shard: every rank of the group calls it with
     /// the same chunks (and its own cache of its kv heads); every rank returns the same logits.
     pub fn forward_batch(
         &self,
@@ -393,28 +366,6 @@ impl TpShard {
     }
 }
 
-/// Rows `range` of a `[_, k]` matrix.
-fn rows(m: &Matrix, k: usize, range: Range<usize>) -> Matrix {
-    let span = range.start * k..range.end * k;
-    match m {
-        Matrix::F32(v) => Matrix::F32(v[span].to_vec()),
-        Matrix::Bf16(v) => Matrix::Bf16(v[span].to_vec()),
-    }
-}
-
-/// Columns `range` of a `[_, k]` matrix.
-fn columns(m: &Matrix, k: usize, range: Range<usize>) -> Matrix {
-    fn pick<T: Copy>(v: &[T], k: usize, range: &Range<usize>) -> Vec<T> {
-        v.chunks_exact(k)
-            .flat_map(|row| row[range.clone()].iter().copied())
-            .collect()
-    }
-    match m {
-        Matrix::F32(v) => Matrix::F32(pick(v, k, &range)),
-        Matrix::Bf16(v) => Matrix::Bf16(pick(v, k, &range)),
-    }
-}
-
 #[cfg(test)]
 mod layout_tests {
     use super::*;
@@ -460,6 +411,67 @@ mod layout_tests {
             TpLayout::new(&c, 1, 2, 8).expect("supported").kv_rows,
             64..128
         );
+    }
+
+    /// A matrix's values as f32 bits, whatever its storage.
+    fn bits(m: &Matrix) -> Vec<u32> {
+        match m {
+            Matrix::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+            Matrix::Bf16(v) => v.iter().map(|&x| u32::from(x)).collect(),
+        }
+    }
+
+    /// Rows `rows`, columns `cols` of the `[_, width]` matrix `m`, as bits.
+    fn block(m: &Matrix, width: usize, rows: Range<usize>, cols: Range<usize>) -> Vec<u32> {
+        let all = bits(m);
+        rows.flat_map(|r| all[r * width + cols.start..r * width + cols.end].to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn each_rank_loads_exactly_its_slices_of_the_checkpoint() {
+        use crate::synth::{SynthSpec, synthesize};
+        let spec = SynthSpec {
+            layers: 1,
+            hidden: 128,
+            heads: 4,
+            kv_heads: 2,
+            intermediate: 256,
+            max_position: 64,
+            ..SynthSpec::demo(crate::config::Architecture::Qwen2, 3)
+        };
+        let dir = tempfile::tempdir().expect("temp dir");
+        synthesize(&spec, dir.path(), None).expect("synthesized");
+        let config = ModelConfig::from_dir(dir.path()).expect("config");
+        let ckpt = Checkpoint::open(dir.path()).expect("checkpoint");
+        let whole = CpuWeights::load(&config, &ckpt).expect("whole model");
+        let (h, q, inter, vocab) = (128, config.q_dim(), 256, config.vocab_size);
+        let (full, all_rows) = (&whole.layers[0], |n: usize| 0..n);
+        let mut q_total = 0;
+        for rank in 0..4 {
+            let shard = TpShard::load(&config, &ckpt, rank, 4).expect("rank shard");
+            let l = TpLayout::new(&config, rank, 4, 1).expect("layout");
+            let w = &shard.layers[0];
+            assert_eq!(bits(&w.q), block(&full.q, h, l.q_rows.clone(), 0..h));
+            assert_eq!(bits(&w.k), block(&full.k, h, l.kv_rows.clone(), 0..h));
+            assert_eq!(bits(&w.o), block(&full.o, q, all_rows(h), l.q_rows.clone()));
+            let gate = block(&full.gate, h, l.inter_rows.clone(), 0..h);
+            assert_eq!(bits(&w.gate), gate);
+            let down = block(&full.down, inter, all_rows(h), l.inter_rows.clone());
+            assert_eq!(bits(&w.down), down);
+            let [qb, kb, _] = w.qkv_bias.as_ref().expect("qwen2 has qkv biases");
+            let [fq, fk, _] = full.qkv_bias.as_ref().expect("qwen2 has qkv biases");
+            assert_eq!(qb, &fq[l.q_rows.clone()]);
+            assert_eq!(kb, &fk[l.kv_rows.clone()]);
+            assert_eq!(
+                bits(&shard.embed),
+                block(&whole.embed, h, l.vocab.clone(), 0..h)
+            );
+            q_total += w.q.len();
+        }
+        // Together the ranks hold each query row once; none holds the whole vocabulary.
+        assert_eq!(q_total, whole.layers[0].q.len());
+        assert!(vocab > TpLayout::new(&config, 0, 4, 1).expect("layout").vocab.len());
     }
 
     #[test]

@@ -1,10 +1,14 @@
 //! The reference backend's copy of the weights: projection matrices as [`Matrix`] (bf16 kept,
 //! f16/f32 widened), vectors (norms, biases) widened to f32. Every widening is exact, so the
-//! arithmetic is that of the checkpoint's values in f32.
+//! arithmetic is that of the checkpoint's values in f32. A tensor-parallel rank loads only its
+//! slices ([`TpLayout`]), read straight from the mapping.
+
+use std::ops::Range;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::ops::Matrix;
+use super::tp::TpLayout;
 use crate::config::ModelConfig;
 use crate::weights::{
     Checkpoint, EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorRef, WeightDtype, WeightError,
@@ -37,6 +41,18 @@ impl CpuWeights {
     /// Validates the checkpoint against `config`, then widens every tensor. Shows a progress bar
     /// when stderr is a terminal.
     pub fn load(config: &ModelConfig, ckpt: &Checkpoint) -> Result<Self, WeightError> {
+        Self::load_part(config, ckpt, None)
+    }
+
+    /// Like [`load`](Self::load), keeping only `rank`'s slices when given: the rows of q/k/v
+    /// (and their biases) of its heads, of gate/up of its intermediate slice, the matching
+    /// columns of o and down, its vocabulary rows of the embedding and LM head; norms and the o
+    /// bias whole. Nothing outside the slices is read.
+    pub(super) fn load_part(
+        config: &ModelConfig,
+        ckpt: &Checkpoint,
+        rank: Option<&TpLayout>,
+    ) -> Result<Self, WeightError> {
         ckpt.validate(config)?;
         let bar = ProgressBar::with_draw_target(
             Some(config.num_layers as u64 + 2),
@@ -54,18 +70,35 @@ impl CpuWeights {
             config.intermediate_size,
             config.head_dim,
         );
+        let (q_rows, kv_rows, i_rows, vocab) = match rank {
+            Some(l) => (
+                l.q_rows.clone(),
+                l.kv_rows.clone(),
+                l.inter_rows.clone(),
+                l.vocab.clone(),
+            ),
+            None => (0..q, 0..kv, 0..inter, 0..config.vocab_size),
+        };
         let get = |name: &str, shape: &[usize]| ckpt.get_shaped(name, shape).map(|t| t.to_f32());
-        let mat = |name: &str, shape: &[usize]| ckpt.get_shaped(name, shape).map(matrix);
-        let embed = mat(EMBED, &[config.vocab_size, h])?;
+        // Biases are short: read whole, keep the rows.
+        let part = |name: &str, shape: &[usize], rows: Range<usize>| {
+            get(name, shape).map(|v| v[rows].to_vec())
+        };
+        // Rows `rows`, columns `cols` of the `[shape[0], shape[1]]` weight `name`.
+        let mat = |name: &str, shape: [usize; 2], rows: Range<usize>, cols: Range<usize>| {
+            ckpt.get_shaped(name, &shape)
+                .map(|t| matrix(&t, shape[1], rows, cols))
+        };
+        let embed = mat(EMBED, [config.vocab_size, h], vocab.clone(), 0..h)?;
         bar.inc(1);
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
             let n = LayerNames::new(i);
             let qkv_bias = if config.qkv_bias {
                 Some([
-                    get(&n.q_bias, &[q])?,
-                    get(&n.k_bias, &[kv])?,
-                    get(&n.v_bias, &[kv])?,
+                    part(&n.q_bias, &[q], q_rows.clone())?,
+                    part(&n.k_bias, &[kv], kv_rows.clone())?,
+                    part(&n.v_bias, &[kv], kv_rows.clone())?,
                 ])
             } else {
                 None
@@ -77,10 +110,10 @@ impl CpuWeights {
             };
             layers.push(LayerWeights {
                 input_norm: get(&n.input_norm, &[h])?,
-                q: mat(&n.q, &[q, h])?,
-                k: mat(&n.k, &[kv, h])?,
-                v: mat(&n.v, &[kv, h])?,
-                o: mat(&n.o, &[h, q])?,
+                q: mat(&n.q, [q, h], q_rows.clone(), 0..h)?,
+                k: mat(&n.k, [kv, h], kv_rows.clone(), 0..h)?,
+                v: mat(&n.v, [kv, h], kv_rows.clone(), 0..h)?,
+                o: mat(&n.o, [h, q], 0..h, q_rows.clone())?,
                 qkv_bias,
                 o_bias: if config.o_bias {
                     Some(get(&n.o_bias, &[h])?)
@@ -89,9 +122,9 @@ impl CpuWeights {
                 },
                 qk_norm,
                 post_attention_norm: get(&n.post_attention_norm, &[h])?,
-                gate: mat(&n.gate, &[inter, h])?,
-                up: mat(&n.up, &[inter, h])?,
-                down: mat(&n.down, &[h, inter])?,
+                gate: mat(&n.gate, [inter, h], i_rows.clone(), 0..h)?,
+                up: mat(&n.up, [inter, h], i_rows.clone(), 0..h)?,
+                down: mat(&n.down, [h, inter], 0..h, i_rows.clone())?,
             });
             bar.inc(1);
         }
@@ -99,7 +132,7 @@ impl CpuWeights {
         let lm_head = if config.tie_word_embeddings {
             None
         } else {
-            Some(mat(LM_HEAD, &[config.vocab_size, h])?)
+            Some(mat(LM_HEAD, [config.vocab_size, h], vocab, 0..h)?)
         };
         bar.inc(1);
         bar.finish_and_clear();
@@ -116,15 +149,21 @@ impl CpuWeights {
     }
 }
 
-/// bf16 stays bf16 (read directly by the dot product); f16 and f32 become f32.
-fn matrix(t: TensorRef<'_>) -> Matrix {
-    match t.dtype {
+/// Rows `rows`, columns `cols` of `t` read as `[_, width]`: bf16 stays bf16 (read directly by
+/// the dot product); f16 and f32 become f32.
+fn matrix(t: &TensorRef<'_>, width: usize, rows: Range<usize>, cols: Range<usize>) -> Matrix {
+    let runs = t.runs(width, rows, cols);
+    let dtype = t.dtype;
+    match dtype {
         WeightDtype::BF16 => Matrix::Bf16(
-            t.bytes
-                .chunks_exact(2)
+            runs.flat_map(|run| run.chunks_exact(2))
                 .map(|b| u16::from_le_bytes([b[0], b[1]]))
                 .collect(),
         ),
-        WeightDtype::F16 | WeightDtype::F32 => Matrix::F32(t.to_f32()),
+        WeightDtype::F16 | WeightDtype::F32 => Matrix::F32(
+            runs.flat_map(|run| run.chunks_exact(dtype.size()))
+                .map(|b| dtype.widen(b))
+                .collect(),
+        ),
     }
 }

@@ -7,6 +7,7 @@ mod layout;
 
 use std::collections::HashMap;
 use std::fs::File;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
@@ -79,6 +80,15 @@ impl WeightDtype {
         match self {
             Self::F32 => 4,
             Self::F16 | Self::BF16 => 2,
+        }
+    }
+
+    /// One element's little-endian bytes (`size()` of them) widened to f32, exactly.
+    pub fn widen(self, b: &[u8]) -> f32 {
+        match self {
+            Self::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            Self::BF16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+            Self::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
         }
     }
 
@@ -321,7 +331,20 @@ impl Checkpoint {
     }
 }
 
-impl TensorRef<'_> {
+impl<'a> TensorRef<'a> {
+    /// The bytes of rows `rows`, columns `cols` of this tensor read as `[_, width]` (a 1-D
+    /// tensor is one column wide), one run of `cols.len()` elements per row: how a
+    /// tensor-parallel rank reads only its slice of the mapping.
+    pub fn runs(
+        &self,
+        width: usize,
+        rows: Range<usize>,
+        cols: Range<usize>,
+    ) -> impl Iterator<Item = &'a [u8]> + use<'a> {
+        let (bytes, size) = (self.bytes, self.dtype.size());
+        rows.map(move |r| &bytes[(r * width + cols.start) * size..(r * width + cols.end) * size])
+    }
+
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
@@ -341,22 +364,9 @@ impl TensorRef<'_> {
             "destination size for tensor {}",
             self.name
         );
-        match self.dtype {
-            WeightDtype::F32 => {
-                for (o, b) in out.iter_mut().zip(self.bytes.chunks_exact(4)) {
-                    *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                }
-            }
-            WeightDtype::BF16 => {
-                for (o, b) in out.iter_mut().zip(self.bytes.chunks_exact(2)) {
-                    *o = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
-                }
-            }
-            WeightDtype::F16 => {
-                for (o, b) in out.iter_mut().zip(self.bytes.chunks_exact(2)) {
-                    *o = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
-                }
-            }
+        let size = self.dtype.size();
+        for (o, b) in out.iter_mut().zip(self.bytes.chunks_exact(size)) {
+            *o = self.dtype.widen(b);
         }
     }
 }

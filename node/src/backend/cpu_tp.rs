@@ -10,9 +10,8 @@ use std::thread::JoinHandle;
 
 use strata_collective::{Communicator, LocalCommunicator, LocalGroup};
 use strata_model::ModelConfig;
-use strata_model::cpu::{
-    CpuModel, LogitRows, PartialsFault, SeqChunk, TpCollectives, TpError, TpShard,
-};
+use strata_model::cpu::{LogitRows, PartialsFault, SeqChunk, TpCollectives, TpError, TpShard};
+use strata_model::weights::Checkpoint;
 
 use super::cpu::PagedView;
 use super::{Backend, BackendError, OwnedSeq, RankResult, StepSeq, join_ranks};
@@ -39,59 +38,57 @@ pub struct CpuTpBackend {
 }
 
 impl CpuTpBackend {
-    /// Splits `model` over `tp` ranks, with as many blocks as `kv_budget_bytes` holds summed over
-    /// the ranks (at least one).
+    /// Splits the model over `tp` ranks, each loading only its slices of `ckpt`, with as many
+    /// blocks as `kv_budget_bytes` holds summed over the ranks (at least one).
     pub fn new(
-        model: CpuModel,
+        config: &ModelConfig,
+        ckpt: &Checkpoint,
         tp: usize,
         block_size: usize,
         kv_budget_bytes: usize,
     ) -> Result<Self, TpError> {
-        Self::build(model, tp, block_size, Blocks::Budget(kv_budget_bytes))
+        let blocks = Blocks::Budget(kv_budget_bytes);
+        Self::build(config, ckpt, tp, block_size, blocks, PartialsFault::None)
     }
 
     pub fn with_blocks(
-        model: CpuModel,
+        config: &ModelConfig,
+        ckpt: &Checkpoint,
         tp: usize,
         block_size: usize,
         num_blocks: usize,
     ) -> Result<Self, TpError> {
-        Self::build(model, tp, block_size, Blocks::Count(num_blocks))
+        let blocks = Blocks::Count(num_blocks);
+        Self::build(config, ckpt, tp, block_size, blocks, PartialsFault::None)
     }
 
     /// Makes every rank reduce the row-parallel partials the wrong way, for canaries.
     #[doc(hidden)]
     pub fn with_partials_fault(
-        model: CpuModel,
+        config: &ModelConfig,
+        ckpt: &Checkpoint,
         tp: usize,
         block_size: usize,
         num_blocks: usize,
         fault: PartialsFault,
     ) -> Result<Self, TpError> {
-        Self::build_with(model, tp, block_size, Blocks::Count(num_blocks), fault)
+        let blocks = Blocks::Count(num_blocks);
+        Self::build(config, ckpt, tp, block_size, blocks, fault)
     }
 
     fn build(
-        model: CpuModel,
-        tp: usize,
-        block_size: usize,
-        blocks: Blocks,
-    ) -> Result<Self, TpError> {
-        Self::build_with(model, tp, block_size, blocks, PartialsFault::None)
-    }
-
-    fn build_with(
-        model: CpuModel,
+        config: &ModelConfig,
+        ckpt: &Checkpoint,
         tp: usize,
         block_size: usize,
         blocks: Blocks,
         fault: PartialsFault,
     ) -> Result<Self, TpError> {
+        TpShard::check(config, tp)?;
         let mut shards = (0..tp)
-            .map(|rank| TpShard::new(&model, rank, tp))
+            .map(|rank| TpShard::load(config, ckpt, rank, tp))
             .collect::<Result<Vec<_>, _>>()?;
-        let config = model.config().clone();
-        drop(model);
+        let config = config.clone();
         let per_position: usize = shards.iter().map(|s| s.kv_dim()).sum();
         let block_floats_all = config.num_layers * 2 * block_size * per_position;
         let num_blocks = match blocks {

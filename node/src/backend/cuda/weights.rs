@@ -50,21 +50,15 @@ fn slice_bf16(
     cols: Range<usize>,
     out_rows: usize,
 ) -> Vec<bf16> {
-    let size = match t.dtype {
-        WeightDtype::F32 => 4,
-        WeightDtype::BF16 | WeightDtype::F16 => 2,
-    };
-    let convert = |b: &[u8]| match t.dtype {
+    let (size, dtype) = (t.dtype.size(), t.dtype);
+    let convert = |b: &[u8]| match dtype {
         WeightDtype::BF16 => bf16::from_le_bytes([b[0], b[1]]),
-        WeightDtype::F16 => bf16::from_f32(half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
-        WeightDtype::F32 => bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        WeightDtype::F16 | WeightDtype::F32 => bf16::from_f32(dtype.widen(b)),
     };
     let len = out_rows.max(rows.len()) * cols.len();
     let mut out = Vec::with_capacity(len);
-    for r in rows {
-        let at = (r * width + cols.start) * size;
-        let bytes = &t.bytes[at..at + cols.len() * size];
-        out.extend(bytes.chunks_exact(size).map(convert));
+    for run in t.runs(width, rows, cols) {
+        out.extend(run.chunks_exact(size).map(convert));
     }
     out.resize(len, bf16::ZERO);
     out
