@@ -36,9 +36,11 @@ enum Command {
     /// The topology group: init, join, serve, status, members, placement, leave.
     #[command(subcommand)]
     Cluster(commands::cluster::ClusterCommand),
-    /// This machine's GPUs and the links between them.
+    /// A node: serve a model's engine to routers over QUIC; or list this machine's GPUs.
     #[command(subcommand)]
     Node(commands::node::NodeCommand),
+    /// The HTTP surfaces in front of `strata node` processes, routing by cached prefix and load.
+    Router(commands::router::RouterArgs),
 }
 
 fn main() {
@@ -52,6 +54,7 @@ fn main() {
         Command::Kernels(cmd) => commands::kernels::run(cmd),
         Command::Gpu(cmd) => commands::gpu::run(cmd),
         Command::Node(cmd) => commands::node::run(cmd),
+        Command::Router(args) => commands::router::run(args),
         Command::Cluster(cmd) => commands::cluster::run(cmd),
     };
     if let Err(e) = result {

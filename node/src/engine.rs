@@ -1,20 +1,20 @@
 //! The in-process engine handle: a thread that owns the backend and the scheduler, fed by
 //! submit / cancel commands, streaming token events back per request.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use strata_model::ModelConfig;
-use strata_model::grammar::{GrammarCompiler, GrammarError};
+use strata_model::grammar::{ConstrainedDecoder, GrammarCompiler, GrammarError};
 use strata_model::sampler::{Sampler, SamplerError};
 use strata_protocol::{FinishReason, GenerateRequest, TokenEvent};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::backend::Backend;
 use crate::kv::{BlockManager, BlockManagerConfig, KvDump, KvError, KvEvent};
-use crate::scheduler::{Scheduler, SchedulerLimits, Sequence};
+use crate::scheduler::{EngineLoad, Scheduler, SchedulerLimits, Sequence};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -57,76 +57,27 @@ pub enum SubmitError {
     GrammarUnavailable,
     #[error("the engine has stopped")]
     Stopped,
+    /// A remote node refused the request (the router's view of a node's [`SubmitError`]).
+    #[error(transparent)]
+    Remote(crate::rpc::Refusal),
 }
 
-/// Events of one submitted request. Dropping it cancels the request.
-pub struct RequestStream {
-    pub id: u64,
-    pub events: UnboundedReceiver<TokenEvent>,
+/// What a request must satisfy to be admitted: the checks of [`Engine::submit`], also run by a
+/// router before it sends a request to a remote node.
+pub struct Admission<'a> {
+    pub config: &'a ModelConfig,
+    pub block_size: usize,
+    /// KV blocks of the device (of the smallest node, for a router).
+    pub device_blocks: usize,
+    pub grammar: Option<&'a GrammarCompiler>,
 }
 
-enum Command {
-    Submit(Box<Sequence>),
-    Cancel(u64),
-    Dump(mpsc::Sender<KvDump>),
-}
-
-pub struct Engine {
-    commands: Option<mpsc::Sender<Command>>,
-    kv_events: tokio::sync::broadcast::Sender<KvEvent>,
-    thread: Option<JoinHandle<()>>,
-    next_id: AtomicU64,
-    config: ModelConfig,
-    block_size: usize,
-    device_blocks: usize,
-    grammar: Option<Arc<GrammarCompiler>>,
-}
-
-impl Engine {
-    /// Starts the engine thread over `backend`.
-    pub fn start(backend: Box<dyn Backend>, config: EngineConfig) -> Result<Self, KvError> {
-        let model = backend.model_config().clone();
-        let block_size = backend.block_size();
-        let device_blocks = backend.num_blocks();
-        let manager = BlockManager::new(
-            BlockManagerConfig {
-                block_size,
-                device_blocks,
-                host_blocks: config.host_blocks,
-                disk: config.disk.clone(),
-            },
-            backend.block_bytes(),
-        )?;
-        let kv_events = manager.event_sender();
-        let scheduler = Scheduler::new(
-            config.limits,
-            manager,
-            config.eos_token_ids.clone(),
-            model.max_position_embeddings,
-        );
-        let (tx, rx) = mpsc::channel();
-        let thread = std::thread::Builder::new()
-            .name("strata-engine".into())
-            .spawn(move || run(backend, scheduler, rx))
-            .map_err(|e| KvError::Config(format!("cannot start the engine thread: {e}")))?;
-        Ok(Self {
-            commands: Some(tx),
-            kv_events,
-            thread: Some(thread),
-            next_id: AtomicU64::new(1),
-            config: model,
-            block_size,
-            device_blocks,
-            grammar: config.grammar,
-        })
-    }
-
-    pub fn model_config(&self) -> &ModelConfig {
-        &self.config
-    }
-
-    /// Validates and enqueues a request; its tokens arrive on the returned stream.
-    pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, SubmitError> {
+impl Admission<'_> {
+    /// The request's sampler and compiled constraint, or why it cannot run.
+    pub fn admit(
+        &self,
+        request: &GenerateRequest,
+    ) -> Result<(Sampler, Option<ConstrainedDecoder>), SubmitError> {
         let window = self.config.max_position_embeddings;
         let prompt = request.prompt.len();
         if prompt == 0 {
@@ -153,11 +104,104 @@ impl Engine {
             None => None,
             Some(c) => Some(
                 self.grammar
-                    .as_ref()
                     .ok_or(SubmitError::GrammarUnavailable)?
                     .compile(c)?,
             ),
         };
+        Ok((sampler, constraint))
+    }
+}
+
+/// Events of one submitted request. Dropping it cancels the request.
+pub struct RequestStream {
+    pub id: u64,
+    pub events: UnboundedReceiver<TokenEvent>,
+}
+
+enum Command {
+    Submit(Box<Sequence>),
+    Cancel(u64),
+    Dump(mpsc::Sender<KvDump>),
+}
+
+pub struct Engine {
+    commands: Option<mpsc::Sender<Command>>,
+    kv_events: tokio::sync::broadcast::Sender<KvEvent>,
+    thread: Option<JoinHandle<()>>,
+    next_id: AtomicU64,
+    config: ModelConfig,
+    block_size: usize,
+    device_blocks: usize,
+    grammar: Option<Arc<GrammarCompiler>>,
+    /// The scheduler's load as of its last step or command.
+    load: Arc<Mutex<EngineLoad>>,
+}
+
+impl Engine {
+    /// Starts the engine thread over `backend`.
+    pub fn start(backend: Box<dyn Backend>, config: EngineConfig) -> Result<Self, KvError> {
+        let model = backend.model_config().clone();
+        let block_size = backend.block_size();
+        let device_blocks = backend.num_blocks();
+        let manager = BlockManager::new(
+            BlockManagerConfig {
+                block_size,
+                device_blocks,
+                host_blocks: config.host_blocks,
+                disk: config.disk.clone(),
+            },
+            backend.block_bytes(),
+        )?;
+        let kv_events = manager.event_sender();
+        let scheduler = Scheduler::new(
+            config.limits,
+            manager,
+            config.eos_token_ids.clone(),
+            model.max_position_embeddings,
+        );
+        let (tx, rx) = mpsc::channel();
+        let load = Arc::new(Mutex::new(scheduler.load()));
+        let published = Arc::clone(&load);
+        let thread = std::thread::Builder::new()
+            .name("strata-engine".into())
+            .spawn(move || run(backend, scheduler, rx, &published))
+            .map_err(|e| KvError::Config(format!("cannot start the engine thread: {e}")))?;
+        Ok(Self {
+            commands: Some(tx),
+            kv_events,
+            thread: Some(thread),
+            next_id: AtomicU64::new(1),
+            config: model,
+            block_size,
+            device_blocks,
+            grammar: config.grammar,
+            load,
+        })
+    }
+
+    /// Tokens per KV block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The load as of the scheduler's last step (or command, when idle).
+    pub fn load(&self) -> EngineLoad {
+        *self.load.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub fn model_config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// Validates and enqueues a request; its tokens arrive on the returned stream.
+    pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, SubmitError> {
+        let limits = Admission {
+            config: &self.config,
+            block_size: self.block_size,
+            device_blocks: self.device_blocks,
+            grammar: self.grammar.as_deref(),
+        };
+        let (sampler, constraint) = limits.admit(&request)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
         let seq = Sequence::new(id, request, sampler, tx).with_constraint(constraint);
@@ -198,7 +242,15 @@ impl Drop for Engine {
     }
 }
 
-fn run(mut backend: Box<dyn Backend>, mut scheduler: Scheduler, rx: mpsc::Receiver<Command>) {
+fn run(
+    mut backend: Box<dyn Backend>,
+    mut scheduler: Scheduler,
+    rx: mpsc::Receiver<Command>,
+    load: &Mutex<EngineLoad>,
+) {
+    let publish = |scheduler: &Scheduler| {
+        *load.lock().unwrap_or_else(PoisonError::into_inner) = scheduler.load();
+    };
     let apply = |scheduler: &mut Scheduler, command: Command| match command {
         Command::Submit(seq) => scheduler.add(*seq),
         Command::Dump(reply) => {
@@ -225,11 +277,15 @@ fn run(mut backend: Box<dyn Backend>, mut scheduler: Scheduler, rx: mpsc::Receiv
                 Err(mpsc::TryRecvError::Disconnected) => break,
             }
         }
+        publish(&scheduler);
         match scheduler.step(backend.as_mut()) {
             Ok(0) => std::thread::yield_now(),
             Ok(_) => {}
             // A failed step is a bug or a broken backend: every request in flight learns why.
             Err(e) => scheduler.fail_all(&e.to_string()),
+        }
+        if scheduler.is_idle() {
+            publish(&scheduler);
         }
     }
 }

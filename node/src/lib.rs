@@ -7,6 +7,7 @@ mod engine;
 #[cfg(test)]
 mod gates;
 pub mod kv;
+pub mod rpc;
 pub mod scheduler;
 
-pub use engine::{Engine, EngineConfig, RequestStream, SubmitError};
+pub use engine::{Admission, Engine, EngineConfig, RequestStream, SubmitError};

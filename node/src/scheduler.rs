@@ -141,6 +141,19 @@ pub struct Scheduler {
     pub(crate) faults: Faults,
 }
 
+/// A node's load: requests queued and running, prompt tokens not yet prefilled, KV blocks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EngineLoad {
+    pub waiting: u64,
+    pub running: u64,
+    /// Prompt tokens admitted but not yet prefilled (queued and partially prefilled requests).
+    pub queued_prefill_tokens: u64,
+    /// Device KV blocks held by running sequences.
+    pub active_blocks: u64,
+    /// Device KV blocks in all.
+    pub capacity_blocks: u64,
+}
+
 /// One sequence's share of the step being built.
 struct Planned {
     index: usize,
@@ -187,6 +200,23 @@ impl Scheduler {
 
     pub fn is_idle(&self) -> bool {
         self.running.is_empty() && self.waiting.is_empty()
+    }
+
+    /// What this node is carrying now, as its load reports say it to routers.
+    pub fn load(&self) -> EngineLoad {
+        let unprefilled = |s: &Sequence| s.tokens.len().saturating_sub(s.computed) as u64;
+        EngineLoad {
+            waiting: self.waiting.len() as u64,
+            running: self.running.len() as u64,
+            queued_prefill_tokens: self
+                .waiting
+                .iter()
+                .chain(&self.running)
+                .map(unprefilled)
+                .sum(),
+            active_blocks: self.blocks.referenced_blocks() as u64,
+            capacity_blocks: self.blocks.device_blocks() as u64,
+        }
     }
 
     pub fn block_manager(&self) -> &BlockManager {

@@ -10,6 +10,7 @@ use strata_model::chat::TemplateError;
 use strata_model::grammar::GrammarError;
 use strata_model::tokenizer::TokenizerError;
 use strata_node::SubmitError;
+use strata_node::rpc::RefusalKind;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
@@ -105,6 +106,18 @@ impl ApiError {
             SubmitError::Stopped => Self {
                 status: StatusCode::SERVICE_UNAVAILABLE,
                 ..Self::internal(message)
+            },
+            SubmitError::Remote(refusal) => match refusal.kind {
+                RefusalKind::ContextWindow => {
+                    Self::invalid(Some(prompt_param), message).with_code("context_length_exceeded")
+                }
+                RefusalKind::Prompt => Self::invalid(Some(prompt_param), message),
+                RefusalKind::Sampling | RefusalKind::Grammar => Self::invalid(None, message),
+                RefusalKind::Internal => Self::internal(message),
+                RefusalKind::Unavailable => Self {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    ..Self::internal(message)
+                },
             },
         }
     }

@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod anthropic;
 pub mod auth;
+pub mod cluster;
 pub mod converse;
 pub mod error;
 pub mod metrics;
@@ -30,8 +31,8 @@ use crate::auth::{KeyRing, KeyStore, KeysFileWatch, LiveKeys};
 use crate::error::ApiError;
 use crate::request_id::RequestIds;
 pub use crate::state::{
-    AppState, CudaPlacement, Device, LoadedModel, ModelLoadError, ServedModel, eos_ids,
-    start_cuda_engine, start_engine_on,
+    AppState, CudaPlacement, Device, EngineHandle, LoadedModel, ModelLoadError, ServedModel,
+    ServingParts, eos_ids, grammar_compiler, start_cuda_engine, start_engine_on,
 };
 
 /// Everything `strata serve` needs to start.
@@ -173,16 +174,25 @@ pub async fn serve(
     // Installed before the port opens: a SIGTERM from then on drains instead of killing.
     let shutdown = shutdown_signal()?;
     let state = load_state(&config)?;
-    let listener = TcpListener::bind(config.addr)
+    serve_state(state, config.addr, access, keys_file, shutdown).await
+}
+
+/// Serves the HTTP surfaces over `state` (a local engine or a cluster of nodes) on `addr` until
+/// `shutdown`; in-flight requests then finish.
+pub async fn serve_state(
+    state: AppState,
+    addr: SocketAddr,
+    access: Access,
+    keys_file: Option<PathBuf>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let listener = TcpListener::bind(addr)
         .await
-        .map_err(|source| ServeError::Bind {
-            addr: config.addr,
-            source,
-        })?;
+        .map_err(|source| ServeError::Bind { addr, source })?;
     let addr = listener.local_addr()?;
     tracing::info!(
         "serving `{}` on http://{addr} (OpenAI API at http://{addr}/v1)",
-        config.model_name
+        state.name
     );
     announce_access(&access.keys, addr);
     let keys = Arc::new(LiveKeys::new(KeyRing::new(&access.keys)));
@@ -221,7 +231,7 @@ fn announce_access(keys: &KeyStore, addr: SocketAddr) {
 }
 
 /// Resolves on the first Ctrl-C or SIGTERM. The handlers are installed now, not on first poll.
-fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
+pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

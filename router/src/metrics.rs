@@ -402,13 +402,14 @@ async fn metrics(State(state): State<AppState>) -> Response {
     let kv = tokio::task::spawn_blocking(move || engine_state.engine.kv_dump())
         .await
         .ok()
+        .flatten()
         .and_then(Result::ok)
         .map(|dump| TierCounts::of(&dump));
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(kv),
-    )
-        .into_response()
+    let mut text = state.metrics.render(kv);
+    if let crate::state::EngineHandle::Cluster(cluster) = &state.engine {
+        text.push_str(&cluster.render_metrics());
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }
 
 /// Middleware: counts every answered request by its route pattern, its surface and status.

@@ -18,10 +18,12 @@ use strata_node::backend::{
     Backend, CpuBackend, CpuTpBackend, CudaBackend, CudaOptions, CudaTpBackend, TpTransport,
     WeightSource,
 };
-use strata_node::kv::KvError;
+use strata_node::kv::{KvDump, KvError};
 use strata_node::scheduler::SchedulerLimits;
-use strata_node::{Engine, EngineConfig};
+use strata_node::{Engine, EngineConfig, RequestStream, SubmitError};
+use strata_protocol::GenerateRequest;
 
+use crate::cluster::Cluster;
 use crate::metrics::Metrics;
 
 /// Why a checkpoint could not be made ready to serve.
@@ -214,17 +216,8 @@ pub fn start_cuda_engine(
 fn serving_parts(
     dir: &Path,
 ) -> Result<(ModelConfig, Checkpoint, ServingParts, Vec<u32>), ModelLoadError> {
-    let config = ModelConfig::from_dir(dir)?;
-    let tokenizer = Tokenizer::from_dir(dir)?;
-    let template = ChatTemplate::from_dir(dir)?;
-    let generation_config = GenerationConfig::from_dir(dir)?;
-    let eos_token_ids = eos_ids(&config, &generation_config, &tokenizer);
+    let (config, parts, eos_token_ids) = ServingParts::from_dir(dir)?;
     let checkpoint = Checkpoint::open(dir).map_err(LoadError::from)?;
-    let parts = ServingParts {
-        tokenizer,
-        template,
-        generation_config,
-    };
     Ok((config, checkpoint, parts, eos_token_ids))
 }
 
@@ -316,6 +309,24 @@ pub struct ServingParts {
     pub generation_config: GenerationConfig,
 }
 
+impl ServingParts {
+    /// The front door's pieces of the checkpoint in `dir`, without its weights (a router's
+    /// machine need not hold them), with the model's config and end-of-sequence ids.
+    pub fn from_dir(dir: &Path) -> Result<(ModelConfig, Self, Vec<u32>), ModelLoadError> {
+        let config = ModelConfig::from_dir(dir)?;
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        let template = ChatTemplate::from_dir(dir)?;
+        let generation_config = GenerationConfig::from_dir(dir)?;
+        let eos_token_ids = eos_ids(&config, &generation_config, &tokenizer);
+        let parts = Self {
+            tokenizer,
+            template,
+            generation_config,
+        };
+        Ok((config, parts, eos_token_ids))
+    }
+}
+
 /// Every id that ends a sequence: config.json, generation_config.json and the tokenizer's eos.
 pub fn eos_ids(config: &ModelConfig, g: &GenerationConfig, tokenizer: &Tokenizer) -> Vec<u32> {
     let mut ids: Vec<u32> = config
@@ -358,7 +369,7 @@ pub struct ServedModel {
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
     pub generation_config: GenerationConfig,
-    pub engine: Engine,
+    pub engine: EngineHandle,
     /// Unix time the server started (the model's `created`).
     pub created: u64,
     /// Counters behind `/metrics`.
@@ -369,7 +380,12 @@ pub struct ServedModel {
 }
 
 impl ServedModel {
-    pub fn new(name: String, owned_by: String, engine: Engine, parts: ServingParts) -> Self {
+    pub fn new(
+        name: String,
+        owned_by: String,
+        engine: impl Into<EngineHandle>,
+        parts: ServingParts,
+    ) -> Self {
         // A vocabulary whose bytes cannot be derived reports each token's decoded text.
         let token_bytes = vocabulary_bytes(&parts.tokenizer).unwrap_or_else(|_| {
             (0..parts.tokenizer.vocab_size() as u32)
@@ -385,7 +401,7 @@ impl ServedModel {
             tokenizer: parts.tokenizer,
             template: parts.template,
             generation_config: parts.generation_config,
-            engine,
+            engine: engine.into(),
             created: unix_now(),
             metrics: Metrics::default(),
             next_response: AtomicU64::new(1),
@@ -410,6 +426,60 @@ impl ServedModel {
 
 /// Shared by every handler.
 pub type AppState = Arc<ServedModel>;
+
+/// Where requests run: this process's engine (`strata serve`), or nodes over QUIC
+/// (`strata router`). One code path above it (DESIGN.md §2).
+pub enum EngineHandle {
+    Local(Box<Engine>),
+    Cluster(Arc<Cluster>),
+}
+
+impl From<Engine> for EngineHandle {
+    fn from(engine: Engine) -> Self {
+        Self::Local(Box::new(engine))
+    }
+}
+
+impl From<Arc<Cluster>> for EngineHandle {
+    fn from(cluster: Arc<Cluster>) -> Self {
+        Self::Cluster(cluster)
+    }
+}
+
+impl EngineHandle {
+    pub fn model_config(&self) -> &ModelConfig {
+        match self {
+            Self::Local(engine) => engine.model_config(),
+            Self::Cluster(cluster) => cluster.model_config(),
+        }
+    }
+
+    /// Validates and starts `request`; its events arrive on the stream. Within the runtime.
+    pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, SubmitError> {
+        match self {
+            Self::Local(engine) => engine.submit(request),
+            Self::Cluster(cluster) => cluster.submit(request),
+        }
+    }
+
+    pub fn cancel(&self, id: u64) -> Result<(), SubmitError> {
+        match self {
+            Self::Local(engine) => engine.cancel(id),
+            Self::Cluster(cluster) => {
+                cluster.cancel(id);
+                Ok(())
+            }
+        }
+    }
+
+    /// The local engine's cache contents; `None` for a cluster (each node reports its own).
+    pub fn kv_dump(&self) -> Option<Result<KvDump, SubmitError>> {
+        match self {
+            Self::Local(engine) => Some(engine.kv_dump()),
+            Self::Cluster(_) => None,
+        }
+    }
+}
 
 pub fn unix_now() -> u64 {
     SystemTime::now()

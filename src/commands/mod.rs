@@ -7,4 +7,5 @@ pub mod kernels;
 pub mod keys;
 pub mod model;
 pub mod node;
+pub mod router;
 pub mod serve;

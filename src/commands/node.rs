@@ -1,10 +1,19 @@
 //! `strata node inspect`: this machine's GPUs and the links between them, and the GPU pairs a
-//! TP = 2 group should take (NVLink first, then PCIe peer-to-peer).
+//! TP = 2 group should take (NVLink first, then PCIe peer-to-peer). `strata node serve`: the
+//! engine behind the node RPC service (QUIC, mutual TLS from the cluster CA), for routers.
 
-use anyhow::Result;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
 use clap::Subcommand;
 use serde_json::{Value, json};
 use strata_collective::inventory::{Inventory, InventoryError, inspect, suggest_tp_pairs};
+use strata_node::rpc::{ALPN, NodeService};
+use strata_quic::tls::mutual_server_config;
+use strata_router::{Device, start_engine_on};
+use strata_topology::transport::MemberIdentity;
 
 #[derive(Subcommand)]
 pub enum NodeCommand {
@@ -15,11 +24,71 @@ pub enum NodeCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Serve a model's engine to routers over QUIC (mutual TLS with the cluster CA).
+    Serve {
+        /// Checkpoint directory (HF layout).
+        #[arg(long)]
+        model: PathBuf,
+        /// Address of the RPC endpoint (UDP); port 0 picks a free one (the address is printed).
+        #[arg(long, default_value = "127.0.0.1:7070")]
+        listen: SocketAddr,
+        /// A member's identity directory from the cluster CA (its data directory): the node's
+        /// certificate.
+        #[arg(long)]
+        identity: PathBuf,
+        /// Where the engine runs: cpu, cuda or cuda:N.
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Tensor-parallel ranks (threads on the CPU, one GPU each on CUDA).
+        #[arg(long, default_value_t = 1)]
+        tp: usize,
+        /// Memory for the KV cache, in MiB.
+        #[arg(long, default_value_t = 256)]
+        kv_cache_mib: usize,
+        /// Tokens per KV block.
+        #[arg(long, default_value_t = 16)]
+        block_size: usize,
+    },
 }
 
 pub fn run(command: NodeCommand) -> Result<()> {
     match command {
         NodeCommand::Inspect { json } => inspect_node(json),
+        NodeCommand::Serve {
+            model,
+            listen,
+            identity,
+            device,
+            tp,
+            kv_cache_mib,
+            block_size,
+        } => {
+            let device: Device = device.parse().map_err(anyhow::Error::msg)?;
+            let identity = MemberIdentity::load(&identity)
+                .with_context(|| format!("{}: the node's identity", identity.display()))?;
+            let (engine, _) =
+                start_engine_on(&model, device, tp, block_size, kv_cache_mib << 20)
+                    .with_context(|| format!("{}: starting the engine", model.display()))?;
+            let server = mutual_server_config(identity.chain(), ALPN)?;
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+                .context("starting the async runtime")?;
+            runtime.block_on(async move {
+                let endpoint = quinn::Endpoint::server(server, listen)
+                    .with_context(|| format!("cannot listen on {listen}"))?;
+                let addr = endpoint.local_addr()?;
+                let service = Arc::new(NodeService::new(Arc::new(engine), tp));
+                tracing::info!(
+                    "node serving `{}` on quic://{addr} ({} KV blocks of {} tokens, tp {tp})",
+                    model.display(),
+                    service.info().capacity_blocks,
+                    service.info().block_size
+                );
+                strata_node::rpc::serve(endpoint, service).await;
+                Ok(())
+            })
+        }
     }
 }
 

@@ -151,7 +151,8 @@ impl PrefixIndex {
             .ok_or(IndexError::UnknownSlot(slot.index()))
     }
 
-    fn clear_node(&mut self, slot: Slot) -> Result<(), IndexError> {
+    /// Forgets everything about `slot` (its node died or will be re-dumped).
+    pub fn clear_node(&mut self, slot: Slot) -> Result<(), IndexError> {
         self.view(slot)?;
         let bit = slot.bit();
         self.blocks.retain(|_, h| {

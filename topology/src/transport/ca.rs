@@ -308,6 +308,15 @@ impl Clone for MemberIdentity {
 }
 
 impl MemberIdentity {
+    /// The certificate chain and key, as the QUIC configurations take them.
+    pub fn chain(&self) -> strata_quic::Chain<'_> {
+        strata_quic::Chain {
+            ca: &self.ca,
+            cert: &self.cert,
+            key: &self.key,
+        }
+    }
+
     /// Loads `ca.pem`, `member.pem` and `member.key` from `dir`, checking that the key
     /// belongs to the certificate and that the certificate names a member id.
     pub fn load(dir: &Path) -> Result<Self, CaError> {
@@ -335,6 +344,15 @@ impl std::fmt::Debug for OperatorIdentity {
 }
 
 impl OperatorIdentity {
+    /// The certificate chain and key, as the QUIC configurations take them.
+    pub fn chain(&self) -> strata_quic::Chain<'_> {
+        strata_quic::Chain {
+            ca: &self.ca,
+            cert: &self.cert,
+            key: &self.key,
+        }
+    }
+
     /// Loads `ca.pem`, `operator.pem` and `operator.key` from `dir`, checking that the key
     /// belongs to the certificate and that the certificate names an operator.
     pub fn load(dir: &Path) -> Result<Self, CaError> {

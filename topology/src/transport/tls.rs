@@ -8,125 +8,46 @@
 //! its token pins.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
-use rustls::RootCertStore;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::server::WebPkiClientVerifier;
 use rustls::{DigitallySignedStruct, SignatureScheme};
+pub use strata_quic::tls::TlsError;
+use strata_quic::tls::{self as quic, client_config_from, provider, roots};
 
 use super::ca::{MemberIdentity, OperatorIdentity, sha256_hex};
 
 /// The application protocol both sides must agree on.
 pub const ALPN: &[u8] = b"strata-topology/1";
 
-/// How long a connection with no traffic lives; keep-alives are sent well within it.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
-const KEEP_ALIVE: Duration = Duration::from_secs(2);
-
-#[derive(Debug, thiserror::Error)]
-pub enum TlsError {
-    #[error("TLS configuration: {0}")]
-    Rustls(#[from] rustls::Error),
-    #[error("client certificate verifier: {0}")]
-    Verifier(#[from] rustls::server::VerifierBuilderError),
-    #[error("QUIC crypto configuration: {0}")]
-    Quic(String),
-}
-
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-fn roots(ca: &CertificateDer<'static>) -> Result<Arc<RootCertStore>, TlsError> {
-    let mut roots = RootCertStore::empty();
-    roots.add(ca.clone())?;
-    Ok(Arc::new(roots))
-}
-
-fn transport() -> Arc<quinn::TransportConfig> {
-    let mut transport = quinn::TransportConfig::default();
-    // The conversion cannot fail for a duration this small (it is below 2^62 µs).
-    transport.max_idle_timeout(quinn::IdleTimeout::try_from(IDLE_TIMEOUT).ok());
-    transport.keep_alive_interval(Some(KEEP_ALIVE));
-    Arc::new(transport)
-}
-
-fn server(
-    identity: &MemberIdentity,
-    verifier: Arc<dyn rustls::server::danger::ClientCertVerifier>,
-) -> Result<quinn::ServerConfig, TlsError> {
-    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(
-            vec![identity.cert.clone(), identity.ca.clone()],
-            identity.key.clone_key(),
-        )?;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = QuicServerConfig::try_from(tls).map_err(|e| TlsError::Quic(e.to_string()))?;
-    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
-    config.transport_config(transport());
-    Ok(config)
-}
-
 /// The member endpoint: mutual TLS with the cluster CA.
 pub fn member_server_config(identity: &MemberIdentity) -> Result<quinn::ServerConfig, TlsError> {
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(roots(&identity.ca)?, provider()).build()?;
-    server(identity, verifier)
+    quic::mutual_server_config(identity.chain(), ALPN)
 }
 
 /// The join endpoint: the member authenticates itself; the joiner presents no certificate.
 pub fn join_server_config(identity: &MemberIdentity) -> Result<quinn::ServerConfig, TlsError> {
-    server(identity, WebPkiClientVerifier::no_client_auth())
-}
-
-fn client(tls: rustls::ClientConfig) -> Result<quinn::ClientConfig, TlsError> {
-    let mut tls = tls;
-    tls.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = QuicClientConfig::try_from(tls).map_err(|e| TlsError::Quic(e.to_string()))?;
-    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
-    config.transport_config(transport());
-    Ok(config)
+    quic::server_only_config(identity.chain(), ALPN)
 }
 
 /// A member (or an operator's CLI holding a member's identity) dialing members.
 pub fn member_client_config(identity: &MemberIdentity) -> Result<quinn::ClientConfig, TlsError> {
-    authenticated_client(&identity.ca, &identity.cert, &identity.key)
+    quic::mutual_client_config(identity.chain(), ALPN)
 }
 
 /// An operator's CLI dialing members with the operator's own certificate.
 pub fn operator_client_config(
     identity: &OperatorIdentity,
 ) -> Result<quinn::ClientConfig, TlsError> {
-    authenticated_client(&identity.ca, &identity.cert, &identity.key)
-}
-
-fn authenticated_client(
-    ca: &CertificateDer<'static>,
-    cert: &CertificateDer<'static>,
-    key: &rustls::pki_types::PrivateKeyDer<'static>,
-) -> Result<quinn::ClientConfig, TlsError> {
-    let tls = rustls::ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots(ca)?)
-        .with_client_auth_cert(vec![cert.clone(), ca.clone()], key.clone_key())?;
-    client(tls)
+    quic::mutual_client_config(identity.chain(), ALPN)
 }
 
 /// A client that verifies members against `ca` but has no certificate of its own.
 pub fn anonymous_client_config(
     ca: &CertificateDer<'static>,
 ) -> Result<quinn::ClientConfig, TlsError> {
-    let tls = rustls::ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])?
-        .with_root_certificates(roots(ca)?)
-        .with_no_client_auth();
-    client(tls)
+    quic::anonymous_client_config(ca, ALPN)
 }
 
 /// A joiner: trusts a member whose chain includes the CA certificate with this SHA-256.
@@ -140,7 +61,7 @@ pub fn pinned_client_config(ca_fingerprint: &str) -> Result<quinn::ClientConfig,
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(verifier))
         .with_no_client_auth();
-    client(tls)
+    client_config_from(tls, ALPN)
 }
 
 /// Verifies a server chain against the CA it carries, once that CA's fingerprint matches the

@@ -13,16 +13,13 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::{BasicNode, LogId};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::state::{ClusterState, Command, Outcome};
 use crate::store::CommittedEvent;
 use crate::{NodeId, TypeConfig};
 
-/// The largest frame either side accepts: far above any snapshot of the cluster state this
-/// group keeps (members, placements, keys), far below what would hurt a member.
-pub const MAX_FRAME: usize = 16 * 1024 * 1024;
+pub use strata_quic::frame::{FrameError, MAX_FRAME, read_frame, read_frame_bytes, write_frame};
 
 /// A call on one stream.
 #[derive(Debug, Serialize, Deserialize)]
@@ -187,65 +184,4 @@ pub enum Response {
 /// The node record raft keeps for a member: its address.
 pub fn node(addr: &str) -> BasicNode {
     BasicNode::new(addr)
-}
-
-/// Why a frame could not be read or written.
-#[derive(Debug, thiserror::Error)]
-pub enum FrameError {
-    #[error("stream read: {0}")]
-    Read(#[from] quinn::ReadExactError),
-    #[error("stream write: {0}")]
-    Write(#[from] quinn::WriteError),
-    #[error("stream closed: {0}")]
-    Closed(#[from] quinn::ClosedStream),
-    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME}")]
-    Oversize(u64),
-    #[error("frame does not decode: {0}")]
-    Decode(serde_json::Error),
-    #[error("frame does not encode: {0}")]
-    Encode(serde_json::Error),
-}
-
-/// Writes one frame.
-pub async fn write_frame<T: Serialize>(
-    send: &mut quinn::SendStream,
-    value: &T,
-) -> Result<(), FrameError> {
-    let body = serde_json::to_vec(value).map_err(FrameError::Encode)?;
-    if body.len() > MAX_FRAME {
-        return Err(FrameError::Oversize(body.len() as u64));
-    }
-    let len = u32::try_from(body.len()).map_err(|_| FrameError::Oversize(body.len() as u64))?;
-    send.write_all(&len.to_be_bytes()).await?;
-    send.write_all(&body).await?;
-    Ok(())
-}
-
-/// Reads one frame's bytes; `Ok(None)` when the stream ended cleanly before a frame began.
-pub async fn read_frame_bytes(recv: &mut quinn::RecvStream) -> Result<Option<Vec<u8>>, FrameError> {
-    let mut len = [0u8; 4];
-    match recv.read_exact(&mut len).await {
-        Ok(()) => {}
-        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    }
-    let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME {
-        return Err(FrameError::Oversize(len as u64));
-    }
-    let mut body = vec![0u8; len];
-    recv.read_exact(&mut body).await?;
-    Ok(Some(body))
-}
-
-/// Reads and decodes one frame; `Ok(None)` at a clean end of stream.
-pub async fn read_frame<T: DeserializeOwned>(
-    recv: &mut quinn::RecvStream,
-) -> Result<Option<T>, FrameError> {
-    match read_frame_bytes(recv).await? {
-        None => Ok(None),
-        Some(body) => serde_json::from_slice(&body)
-            .map(Some)
-            .map_err(FrameError::Decode),
-    }
 }

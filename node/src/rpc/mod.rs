@@ -1,0 +1,23 @@
+//! The node RPC service (DESIGN.md §2, §6): the engine behind QUIC with mutual TLS, for routers.
+//!
+//! One call per bidirectional stream: the caller writes one [`NodeRequest`] frame; the node
+//! answers with one frame, or a sequence of them:
+//! - `Generate`: [`GenerateFrame::Accepted`] (or `Refused`, with the reason's kind), then the
+//!   request's token events until `Finished` or `Failed`. The caller cancels by stopping the
+//!   stream (or closing the connection); the node frees the request's blocks before its next step.
+//! - `Load`: the scheduler's [`EngineLoad`](crate::scheduler::EngineLoad).
+//! - `KvDump`: every cached block and its tier as of an event number.
+//! - `KvEvents`: the KV events from now on, numbered without gaps; a subscriber that fell behind
+//!   receives [`KvFeed::Lagged`] and should take a dump.
+//! - `Info`: what the node serves (model shape, block size, capacity).
+//!
+//! The certificates come from the cluster CA (`strata cluster`); this crate only uses them, so
+//! that the node does not depend on the topology group.
+
+mod client;
+mod server;
+mod wire;
+
+pub use client::{KvSubscription, NodeClient, NodeError, RemoteStream};
+pub use server::{NodeService, serve};
+pub use wire::{ALPN, GenerateFrame, KvFeed, NodeInfo, NodeRequest, Refusal, RefusalKind};

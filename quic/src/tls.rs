@@ -1,0 +1,133 @@
+//! TLS for strata's QUIC endpoints: TLS 1.3 only, the ring provider, the cluster CA as the only
+//! root on both sides, one ALPN per service.
+//!
+//! A server asking for client certificates ([`mutual_server_config`]) fails the handshake of a
+//! peer with none, or with one from another CA (`WebPkiClientVerifier` without
+//! `allow_unauthenticated`). [`server_only_config`] asks for none: for callers that have no
+//! certificate yet (a joiner).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use rustls::RootCertStore;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+
+/// How long a connection with no traffic lives; keep-alives are sent well within it.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+const KEEP_ALIVE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("TLS configuration: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("client certificate verifier: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+    #[error("QUIC crypto configuration: {0}")]
+    Quic(String),
+}
+
+/// A certificate issued by the cluster CA, its key, and the CA certificate.
+#[derive(Clone, Copy)]
+pub struct Chain<'a> {
+    pub ca: &'a CertificateDer<'static>,
+    pub cert: &'a CertificateDer<'static>,
+    pub key: &'a PrivateKeyDer<'static>,
+}
+
+/// The crypto provider every endpoint uses.
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A root store holding `ca` alone.
+pub fn roots(ca: &CertificateDer<'static>) -> Result<Arc<RootCertStore>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    roots.add(ca.clone())?;
+    Ok(Arc::new(roots))
+}
+
+fn transport() -> Arc<quinn::TransportConfig> {
+    let mut transport = quinn::TransportConfig::default();
+    // The conversion cannot fail for a duration this small (it is below 2^62 µs).
+    transport.max_idle_timeout(quinn::IdleTimeout::try_from(IDLE_TIMEOUT).ok());
+    transport.keep_alive_interval(Some(KEEP_ALIVE));
+    Arc::new(transport)
+}
+
+fn server(
+    chain: Chain<'_>,
+    verifier: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    alpn: &[u8],
+) -> Result<quinn::ServerConfig, TlsError> {
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![chain.cert.clone(), chain.ca.clone()],
+            chain.key.clone_key(),
+        )?;
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    let crypto = QuicServerConfig::try_from(tls).map_err(|e| TlsError::Quic(e.to_string()))?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+    config.transport_config(transport());
+    Ok(config)
+}
+
+/// A server presenting `chain` and requiring a client certificate chained to its CA.
+pub fn mutual_server_config(
+    chain: Chain<'_>,
+    alpn: &[u8],
+) -> Result<quinn::ServerConfig, TlsError> {
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(roots(chain.ca)?, provider()).build()?;
+    server(chain, verifier, alpn)
+}
+
+/// A server presenting `chain` that asks its clients for no certificate.
+pub fn server_only_config(chain: Chain<'_>, alpn: &[u8]) -> Result<quinn::ServerConfig, TlsError> {
+    server(chain, WebPkiClientVerifier::no_client_auth(), alpn)
+}
+
+/// A QUIC client configuration from a finished rustls one: `alpn` and the shared transport
+/// settings added.
+pub fn client_config_from(
+    tls: rustls::ClientConfig,
+    alpn: &[u8],
+) -> Result<quinn::ClientConfig, TlsError> {
+    let mut tls = tls;
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    let crypto = QuicClientConfig::try_from(tls).map_err(|e| TlsError::Quic(e.to_string()))?;
+    let mut config = quinn::ClientConfig::new(Arc::new(crypto));
+    config.transport_config(transport());
+    Ok(config)
+}
+
+/// A client verifying servers against `ca`, presenting `chain` when the server asks.
+pub fn mutual_client_config(
+    chain: Chain<'_>,
+    alpn: &[u8],
+) -> Result<quinn::ClientConfig, TlsError> {
+    let tls = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots(chain.ca)?)
+        .with_client_auth_cert(
+            vec![chain.cert.clone(), chain.ca.clone()],
+            chain.key.clone_key(),
+        )?;
+    client_config_from(tls, alpn)
+}
+
+/// A client verifying servers against `ca` with no certificate of its own.
+pub fn anonymous_client_config(
+    ca: &CertificateDer<'static>,
+    alpn: &[u8],
+) -> Result<quinn::ClientConfig, TlsError> {
+    let tls = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_root_certificates(roots(ca)?)
+        .with_no_client_auth();
+    client_config_from(tls, alpn)
+}

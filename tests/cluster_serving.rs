@@ -1,0 +1,432 @@
+//! The cluster's request path as real processes on 127.0.0.1: three `strata node serve` (the
+//! engine behind QUIC with mutual TLS from a cluster CA) and a `strata router` in front of them.
+//! Greedy answers through the router equal one `strata serve` process; requests sharing a
+//! prefix go where it is cached; a node without a certificate from the CA is refused; and a node
+//! SIGKILLed while 32 streams run does not break any of them: each finishes with the same text
+//! as without the failure.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use strata_topology::transport::ClusterCa;
+
+const START: Duration = Duration::from_secs(120);
+
+/// A running strata process, SIGKILLed when dropped; its stderr lines arrive on `log`.
+struct Process {
+    child: Child,
+    log: mpsc::Receiver<String>,
+}
+
+impl Process {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run strata");
+        let (tx, log) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { child, log }
+    }
+
+    /// The address after `marker` in the first log line containing it.
+    fn address(&self, marker: &str) -> SocketAddr {
+        let deadline = Instant::now() + START;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .log
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no line with {marker:?} within {START:?}"));
+            if let Some(at) = line.find(marker) {
+                let rest = &line[at + marker.len()..];
+                let addr = rest.split(|c: char| c.is_whitespace() || c == ')').next();
+                return addr.unwrap().parse().expect("an address");
+            }
+        }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn strata(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .expect("run strata")
+}
+
+/// A tiny Qwen3 with a window of 4096 tokens.
+fn synth(dir: &Path) {
+    let out = strata(&[
+        "model",
+        "synth",
+        "--arch",
+        "qwen3",
+        "--out",
+        dir.to_str().unwrap(),
+        "--layers",
+        "2",
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--intermediate",
+        "128",
+        "--max-position",
+        "4096",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// Status and body of one POST on a fresh connection.
+fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
+    let mut conn = TcpStream::connect(addr).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+fn get(addr: SocketAddr, path: &str) -> String {
+    let mut conn = TcpStream::connect(addr).expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    raw
+}
+
+/// The value of the metric line starting with `name` (labels included).
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+}
+
+fn completion_body(prompt: &str, max_tokens: u32, stream: bool) -> String {
+    serde_json::json!({
+        "model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": true, "stream": stream,
+    })
+    .to_string()
+}
+
+/// The text of a non-streamed completion.
+fn complete(addr: SocketAddr, prompt: &str, max_tokens: u32) -> String {
+    let (status, body) = post(
+        addr,
+        "/v1/completions",
+        &completion_body(prompt, max_tokens, false),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// An HTTP/1.1 chunked body's payload.
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+        if size == 0 {
+            break;
+        }
+        out.push_str(&tail[..size]);
+        rest = &tail[size + 2..];
+    }
+    out
+}
+
+/// The text of a streamed completion (a chunked body), its chunks joined; panics on an error
+/// event.
+fn stream_text(body: &str) -> String {
+    let body = dechunk(body);
+    let mut text = String::new();
+    for line in body.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            return text;
+        }
+        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert!(v.get("error").is_none(), "error in stream: {data}");
+        text.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+    }
+    panic!("stream ended without [DONE]: {body}");
+}
+
+/// Three nodes with member certificates, a router with an operator's; all from one CA.
+struct Cluster {
+    _tmp: tempfile::TempDir,
+    model: String,
+    nodes: Vec<Process>,
+    node_addrs: Vec<SocketAddr>,
+    _router: Process,
+    router_addr: SocketAddr,
+}
+
+fn start_cluster(nodes: usize) -> Cluster {
+    start_cluster_with(nodes, &[])
+}
+
+/// `nodes` nodes and a router started with `router_args` added.
+fn start_cluster_with(nodes: usize, router_args: &[&str]) -> Cluster {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let ca = ClusterCa::create(&tmp.path().join("ca")).unwrap();
+    let mut procs = Vec::new();
+    let mut node_addrs = Vec::new();
+    for id in 1..=nodes as u64 {
+        let dir = tmp.path().join(format!("member-{id}"));
+        ca.issue_member(id, &dir).unwrap();
+        let node = Process::start(&[
+            "node",
+            "serve",
+            "--model",
+            model.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "--identity",
+            dir.to_str().unwrap(),
+            "--kv-cache-mib",
+            "16",
+        ]);
+        node_addrs.push(node.address("on quic://"));
+        procs.push(node);
+    }
+    let operator = tmp.path().join("router-identity");
+    ca.issue_operator("router-1", &operator).unwrap();
+    let list: Vec<String> = node_addrs.iter().map(|a| a.to_string()).collect();
+    let nodes_arg = list.join(",");
+    let mut args = vec![
+        "router",
+        "--model",
+        model.to_str().unwrap(),
+        "--nodes",
+        &nodes_arg,
+        "--identity",
+        operator.to_str().unwrap(),
+        "--port",
+        "0",
+    ];
+    args.extend_from_slice(router_args);
+    let router = Process::start(&args);
+    let router_addr = router.address("on http://");
+    Cluster {
+        model: model.to_str().unwrap().to_string(),
+        _tmp: tmp,
+        nodes: procs,
+        node_addrs,
+        _router: router,
+        router_addr,
+    }
+}
+
+/// Prompts of four tenants' long shared prefixes, three questions each.
+fn prompts() -> Vec<String> {
+    let mut out = Vec::new();
+    for tenant in 0..4 {
+        let prefix = format!(
+            "tenant {tenant} system prompt: {}",
+            "answer briefly and exactly. ".repeat(6 + tenant)
+        );
+        for q in 0..3 {
+            out.push(format!("{prefix} question {q}?"));
+        }
+    }
+    out
+}
+
+#[test]
+fn router_answers_like_one_process_and_routes_shared_prefixes_to_their_cache() {
+    let cluster = start_cluster(3);
+    let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
+    let reference_addr = reference.address("on http://");
+    for prompt in prompts() {
+        let want = complete(reference_addr, &prompt, 16);
+        assert!(!want.is_empty());
+        assert_eq!(complete(cluster.router_addr, &prompt, 16), want, "{prompt}");
+    }
+    // Let the KV events of the last requests reach the router, then repeat the workload: every
+    // prefix is now cached somewhere and its requests go there.
+    std::thread::sleep(Duration::from_millis(500));
+    let before = get(cluster.router_addr, "/metrics");
+    for prompt in prompts() {
+        complete(cluster.router_addr, &prompt, 4);
+    }
+    let after = get(cluster.router_addr, "/metrics");
+    let delta = |name: &str| metric(&after, name) - metric(&before, name);
+    assert_eq!(
+        delta("strata_router_decisions_total{reason=\"cache\"}"),
+        12.0
+    );
+    let hit =
+        delta("strata_router_cached_blocks_total") / delta("strata_router_prompt_blocks_total");
+    assert!(hit > 0.9, "prefix hit ratio {hit}\n{after}");
+    // The first pass spread the tenants over more than one node.
+    let used = cluster
+        .node_addrs
+        .iter()
+        .filter(|a| {
+            metric(
+                &after,
+                &format!("strata_router_node_requests_total{{node=\"{a}\"}}"),
+            ) > 0.0
+        })
+        .count();
+    assert!(used >= 2, "{after}");
+}
+
+#[test]
+fn a_router_without_a_certificate_from_the_ca_is_refused() {
+    let cluster = start_cluster(1);
+    let tmp = tempfile::tempdir().unwrap();
+    let other = ClusterCa::create(&tmp.path().join("ca")).unwrap();
+    other
+        .issue_operator("intruder", &tmp.path().join("id"))
+        .unwrap();
+    let out = strata(&[
+        "router",
+        "--model",
+        &cluster.model,
+        "--nodes",
+        &cluster.node_addrs[0].to_string(),
+        "--identity",
+        tmp.path().join("id").to_str().unwrap(),
+        "--port",
+        "0",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("cannot reach node"), "{stderr}");
+}
+
+/// Runs 32 greedy streams through a router started with `router_args`, SIGKILLs one of the
+/// three nodes once every stream has its first text, and returns, per stream, whether it ended
+/// with the fault-free run's text, and the router's metrics.
+fn streams_across_a_node_kill(router_args: &[&str]) -> (Vec<bool>, String) {
+    let mut cluster = start_cluster_with(3, router_args);
+    let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
+    let reference_addr = reference.address("on http://");
+    const TOKENS: u32 = 600;
+    let prompts: Vec<String> = (0..32)
+        .map(|i| format!("stream {i}: {}", "tell a long story. ".repeat(1 + i % 5)))
+        .collect();
+    let want: Vec<String> = prompts
+        .iter()
+        .map(|p| complete(reference_addr, p, TOKENS))
+        .collect();
+    let (started_tx, started) = mpsc::channel();
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|prompt| {
+            let body = completion_body(prompt, TOKENS, true);
+            let addr = cluster.router_addr;
+            let started_tx = started_tx.clone();
+            std::thread::spawn(move || {
+                let mut conn = TcpStream::connect(addr).expect("connect");
+                conn.set_read_timeout(Some(Duration::from_secs(300)))
+                    .unwrap();
+                let request = format!(
+                    "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+                     Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                conn.write_all(request.as_bytes()).unwrap();
+                let mut raw = Vec::new();
+                let mut buf = [0u8; 4096];
+                let mut signalled = false;
+                loop {
+                    let n = conn.read(&mut buf).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    raw.extend_from_slice(&buf[..n]);
+                    if !signalled && String::from_utf8_lossy(&raw).contains("\"text\"") {
+                        signalled = true;
+                        let _ = started_tx.send(());
+                    }
+                }
+                let raw = String::from_utf8(raw).unwrap();
+                stream_text(raw.split_once("\r\n\r\n").unwrap().1)
+            })
+        })
+        .collect();
+    for _ in 0..prompts.len() {
+        started.recv_timeout(START).expect("every stream starts");
+    }
+    cluster.nodes[0].kill();
+    let same = handles
+        .into_iter()
+        .zip(&want)
+        .map(|(h, want)| h.join().ok().is_some_and(|got| &got == want))
+        .collect();
+    (same, get(cluster.router_addr, "/metrics"))
+}
+
+#[test]
+fn sigkill_of_a_node_under_32_streams_breaks_none_of_them() {
+    let (same, metrics) = streams_across_a_node_kill(&[]);
+    let broken: Vec<usize> = (0..same.len()).filter(|&i| !same[i]).collect();
+    assert!(
+        broken.is_empty(),
+        "streams {broken:?} differ from the fault-free run"
+    );
+    assert!(
+        metric(&metrics, "strata_router_failovers_total") >= 1.0,
+        "no stream was on the killed node?\n{metrics}"
+    );
+}
+
+#[test]
+fn canary_without_failover_the_same_kill_breaks_streams() {
+    let (same, _) = streams_across_a_node_kill(&["--failover", "false"]);
+    assert!(
+        same.iter().any(|s| !s),
+        "every stream survived a node kill with failover off: the kill came too late"
+    );
+}
