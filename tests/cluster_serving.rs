@@ -1,9 +1,9 @@
 //! The cluster's request path as real processes on 127.0.0.1: three `strata node serve` (the
 //! engine behind QUIC with mutual TLS from a cluster CA) and a `strata router` in front of them.
 //! Greedy answers through the router equal one `strata serve` process; requests sharing a
-//! prefix go where it is cached; a node without a certificate from the CA is refused; and a node
-//! SIGKILLed while 32 streams run does not break any of them: each finishes with the same text
-//! as without the failure.
+//! prefix go where it is cached; a router without a certificate from the CA is refused; and a
+//! node SIGKILLed while 32 streams run (greedy and sampled) does not break any of them: each
+//! finishes with the same text as without the failure.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -144,21 +144,29 @@ fn metric(text: &str, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
 }
 
-fn completion_body(prompt: &str, max_tokens: u32, stream: bool) -> String {
-    serde_json::json!({
+/// Greedy unless `seed` is given: then sampled at temperature 0.9 with penalties.
+fn completion_body(prompt: &str, max_tokens: u32, stream: bool, seed: Option<u64>) -> String {
+    let mut body = serde_json::json!({
         "model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
         "ignore_eos": true, "stream": stream,
-    })
-    .to_string()
+    });
+    if let Some(seed) = seed {
+        body["temperature"] = 0.9.into();
+        body["seed"] = seed.into();
+        body["presence_penalty"] = 0.3.into();
+        body["frequency_penalty"] = 0.2.into();
+    }
+    body.to_string()
 }
 
-/// The text of a non-streamed completion.
+/// The text of a non-streamed completion (greedy).
 fn complete(addr: SocketAddr, prompt: &str, max_tokens: u32) -> String {
-    let (status, body) = post(
-        addr,
-        "/v1/completions",
-        &completion_body(prompt, max_tokens, false),
-    );
+    complete_with(addr, prompt, max_tokens, None)
+}
+
+fn complete_with(addr: SocketAddr, prompt: &str, max_tokens: u32, seed: Option<u64>) -> String {
+    let body = completion_body(prompt, max_tokens, false, seed);
+    let (status, body) = post(addr, "/v1/completions", &body);
     assert_eq!(status, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     v["choices"][0]["text"].as_str().unwrap().to_string()
@@ -345,9 +353,10 @@ fn a_router_without_a_certificate_from_the_ca_is_refused() {
     assert!(stderr.contains("cannot reach node"), "{stderr}");
 }
 
-/// Runs 32 greedy streams through a router started with `router_args`, SIGKILLs one of the
-/// three nodes once every stream has its first text, and returns, per stream, whether it ended
-/// with the fault-free run's text, and the router's metrics.
+/// Runs 32 streams (even ones greedy, odd ones sampled with a seed and penalties) through a
+/// router started with `router_args`, SIGKILLs one of the three nodes once every stream has its
+/// first text, and returns, per stream, whether it ended with the fault-free run's text, and the
+/// router's metrics.
 fn streams_across_a_node_kill(router_args: &[&str]) -> (Vec<bool>, String) {
     let mut cluster = start_cluster_with(3, router_args);
     let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
@@ -356,15 +365,18 @@ fn streams_across_a_node_kill(router_args: &[&str]) -> (Vec<bool>, String) {
     let prompts: Vec<String> = (0..32)
         .map(|i| format!("stream {i}: {}", "tell a long story. ".repeat(1 + i % 5)))
         .collect();
+    let seed = |i: usize| (i % 2 == 1).then_some(1000 + i as u64);
     let want: Vec<String> = prompts
         .iter()
-        .map(|p| complete(reference_addr, p, TOKENS))
+        .enumerate()
+        .map(|(i, p)| complete_with(reference_addr, p, TOKENS, seed(i)))
         .collect();
     let (started_tx, started) = mpsc::channel();
     let handles: Vec<_> = prompts
         .iter()
-        .map(|prompt| {
-            let body = completion_body(prompt, TOKENS, true);
+        .enumerate()
+        .map(|(i, prompt)| {
+            let body = completion_body(prompt, TOKENS, true, seed(i));
             let addr = cluster.router_addr;
             let started_tx = started_tx.clone();
             std::thread::spawn(move || {

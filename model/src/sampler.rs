@@ -133,6 +133,28 @@ impl Sampler {
         }
     }
 
+    /// Continues after `output` was generated elsewhere with this sampler's parameters: records
+    /// it as output (penalties) and moves the RNG to `rng_pos` (see [`Sampler::rng_pos`]).
+    pub fn resume(&mut self, output: &[u32], rng_pos: u64) -> Result<(), SamplerError> {
+        if let Some(&token) = output.iter().find(|&&t| t as usize >= self.vocab_size) {
+            return Err(SamplerError::TokenOutOfVocab {
+                token,
+                vocab_size: self.vocab_size,
+            });
+        }
+        for &token in output {
+            self.history.observe_output(token);
+        }
+        self.rng.set_word_pos(u128::from(rng_pos));
+        Ok(())
+    }
+
+    /// The RNG's position in 32-bit words: after a token, where a continuation resumes.
+    pub fn rng_pos(&self) -> u64 {
+        // Two words per draw, at most one draw per token: far below 2^64.
+        u64::try_from(self.rng.get_word_pos()).unwrap_or(u64::MAX)
+    }
+
     /// Records prompt tokens for the repetition penalty; may be called more than once (chunks).
     /// Tokens outside the vocabulary are ignored: no logit exists for them to penalize.
     pub fn observe_prompt(&mut self, prompt: &[u32]) {

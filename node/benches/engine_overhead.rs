@@ -178,6 +178,7 @@ fn scheduler_step() -> BenchResult<Value> {
         let prompt: Vec<u32> = (0..PROMPT).map(|j| ((i + j * 7) % VOCAB) as u32).collect();
         let (tx, rx) = unbounded_channel();
         let request = GenerateRequest {
+            resume: None,
             prompt,
             sampling: sampling.clone(),
             cache_salt: 0,

@@ -55,6 +55,10 @@ pub enum SubmitError {
     Grammar(#[from] GrammarError),
     #[error("this engine has no grammar compiler, so it cannot constrain output")]
     GrammarUnavailable,
+    #[error(
+        "the request resumes after {output} generated tokens, which spends its max_tokens of {max_tokens}"
+    )]
+    ResumeSpent { output: usize, max_tokens: u32 },
     #[error("the engine has stopped")]
     Stopped,
     /// A remote node refused the request (the router's view of a node's [`SubmitError`]).
@@ -79,10 +83,18 @@ impl Admission<'_> {
         request: &GenerateRequest,
     ) -> Result<(Sampler, Option<ConstrainedDecoder>), SubmitError> {
         let window = self.config.max_position_embeddings;
-        let prompt = request.prompt.len();
-        if prompt == 0 {
+        if request.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
+        let output = request.resume.as_ref().map_or(&[][..], |r| &r.output[..]);
+        if output.len() >= request.sampling.max_tokens as usize {
+            return Err(SubmitError::ResumeSpent {
+                output: output.len(),
+                max_tokens: request.sampling.max_tokens,
+            });
+        }
+        // A continued request holds its output in the KV like its prompt.
+        let prompt = request.prompt.len() + output.len();
         if prompt >= window {
             return Err(SubmitError::ContextWindow { prompt, window });
         }
@@ -96,11 +108,12 @@ impl Admission<'_> {
             });
         }
         let vocab_size = self.config.vocab_size;
-        if let Some(&token) = request.prompt.iter().find(|&&t| t as usize >= vocab_size) {
+        let tokens = request.prompt.iter().chain(output);
+        if let Some(&token) = tokens.into_iter().find(|&&t| t as usize >= vocab_size) {
             return Err(SubmitError::TokenOutOfRange { token, vocab_size });
         }
-        let sampler = Sampler::new(&request.sampling, vocab_size)?;
-        let constraint = match &request.constraint {
+        let mut sampler = Sampler::new(&request.sampling, vocab_size)?;
+        let mut constraint = match &request.constraint {
             None => None,
             Some(c) => Some(
                 self.grammar
@@ -108,6 +121,14 @@ impl Admission<'_> {
                     .compile(c)?,
             ),
         };
+        if let Some(resume) = &request.resume {
+            sampler.resume(&resume.output, resume.rng_pos)?;
+            if let Some(c) = constraint.as_mut() {
+                for &token in &resume.output {
+                    c.advance(token)?;
+                }
+            }
+        }
         Ok((sampler, constraint))
     }
 }

@@ -195,6 +195,7 @@ fn tokens(mut rx: UnboundedReceiver<TokenEvent>) -> Vec<u32> {
 
 fn request(prompt: Vec<u32>) -> GenerateRequest {
     GenerateRequest {
+        resume: None,
         prompt,
         sampling: SamplingParams {
             max_tokens: 20,

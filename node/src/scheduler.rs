@@ -53,6 +53,8 @@ pub struct Sequence {
     /// The output grammar's position, when the request has one.
     constraint: Option<ConstrainedDecoder>,
     generated: u32,
+    /// Tokens generated elsewhere before this request continued here.
+    resumed: u32,
     cached_tokens: u32,
     deadline: Option<Instant>,
     events: UnboundedSender<TokenEvent>,
@@ -68,17 +70,23 @@ impl Sequence {
         let deadline = request.deadline.map(|d| Instant::now() + d);
         let mut sampler = sampler;
         sampler.observe_prompt(&request.prompt);
+        // A continued request's output so far is computed like its prompt, and counts as
+        // generated (the sampler was resumed over it at admission).
+        let output = request.resume.as_ref().map_or(&[][..], |r| &r.output[..]);
+        let tokens = [&request.prompt[..], output].concat();
+        let generated = output.len() as u32;
         Self {
             id,
             arrival: id,
-            tokens: request.prompt.clone(),
+            tokens,
             request,
             computed: 0,
             blocks: Vec::new(),
             hashes: Vec::new(),
             sampler,
             constraint: None,
-            generated: 0,
+            generated,
+            resumed: generated,
             cached_tokens: 0,
             deadline,
             events,
@@ -357,8 +365,8 @@ impl Scheduler {
         seq.computed = acquired.len() * bs;
         seq.hashes = hashes[..acquired.len()].to_vec();
         seq.blocks = acquired;
-        if seq.generated == 0 {
-            seq.cached_tokens = seq.computed as u32;
+        if seq.generated == seq.resumed {
+            seq.cached_tokens = seq.computed.min(seq.request.prompt.len()) as u32;
         }
         Ok(())
     }
@@ -459,6 +467,7 @@ impl Scheduler {
                         id: s.token,
                         logprob: s.logprob,
                         logprobs: s.logprobs,
+                        rng_pos: seq.sampler.rng_pos(),
                     });
                     if seq.generated >= seq.request.sampling.max_tokens
                         || seq.tokens.len() >= self.context_window

@@ -31,6 +31,7 @@ fn engine(device_blocks: usize) -> (tempfile::TempDir, Engine) {
 
 fn request(prompt_len: usize, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
+        resume: None,
         prompt: (0..prompt_len as u32).map(|i| i % 250).collect(),
         sampling: SamplingParams {
             max_tokens,
@@ -262,6 +263,7 @@ fn logprobs_list_the_most_likely_tokens() {
             id,
             logprob,
             logprobs,
+            ..
         } = event
         else {
             break;
@@ -282,5 +284,75 @@ fn logprobs_list_the_most_likely_tokens() {
     assert!(matches!(
         engine.submit(too_many),
         Err(SubmitError::Sampling(_))
+    ));
+}
+
+/// Tokens and the RNG position after each, of a stream.
+fn drain_positions(mut stream: RequestStream) -> (Vec<(u32, u64)>, Usage) {
+    let mut out = Vec::new();
+    while let Some(event) = stream.events.blocking_recv() {
+        match event {
+            TokenEvent::Token { id, rng_pos, .. } => out.push((id, rng_pos)),
+            TokenEvent::Finished { usage, .. } => return (out, usage),
+            TokenEvent::Failed { message } => panic!("{message}"),
+        }
+    }
+    panic!("stream ended without Finished");
+}
+
+#[test]
+fn a_sampled_request_resumed_elsewhere_continues_the_same_stream() {
+    use strata_protocol::Resume;
+    let sampled = |max_tokens| GenerateRequest {
+        sampling: SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            presence_penalty: 0.4,
+            frequency_penalty: 0.3,
+            seed: 77,
+            ..request(30, max_tokens).sampling
+        },
+        ..request(30, max_tokens)
+    };
+    let (_a, first) = engine(64);
+    let (whole, usage) = drain_positions(first.submit(sampled(24)).unwrap());
+    assert_eq!(whole.len(), 24);
+    assert_eq!(usage.completion_tokens, 24);
+    // Another engine (another node) continues after 10 tokens.
+    let (_b, second) = engine(64);
+    let cut = 10;
+    let resume = |rng_pos| Resume {
+        output: whole[..cut].iter().map(|&(t, _)| t).collect(),
+        rng_pos,
+    };
+    let continued = GenerateRequest {
+        resume: Some(resume(whole[cut - 1].1)),
+        ..sampled(24)
+    };
+    let (rest, usage) = drain_positions(second.submit(continued).unwrap());
+    assert_eq!(
+        rest,
+        whole[cut..],
+        "the continuation differs from the first engine's stream"
+    );
+    assert_eq!((usage.prompt_tokens, usage.completion_tokens), (30, 24));
+    // Canary: resuming the RNG from the start instead of its position changes the stream.
+    let wrong = GenerateRequest {
+        resume: Some(resume(0)),
+        ..sampled(24)
+    };
+    let (rest, _) = drain_positions(second.submit(wrong).unwrap());
+    assert_ne!(rest, whole[cut..]);
+    // A continuation with nothing left to generate is refused.
+    let spent = GenerateRequest {
+        resume: Some(Resume {
+            output: whole.iter().map(|&(t, _)| t).collect(),
+            rng_pos: whole[23].1,
+        }),
+        ..sampled(24)
+    };
+    assert!(matches!(
+        second.submit(spent),
+        Err(SubmitError::ResumeSpent { output: 24, .. })
     ));
 }

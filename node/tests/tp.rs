@@ -48,6 +48,7 @@ fn engine(backend: Box<dyn Backend>) -> Engine {
 
 fn request(seed: u32, len: u32, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
+        resume: None,
         prompt: (0..len).map(|i| (i * 37 + seed * 101 + 5) % 300).collect(),
         sampling: SamplingParams {
             max_tokens,

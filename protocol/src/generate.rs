@@ -21,6 +21,22 @@ pub struct GenerateRequest {
     /// A grammar every generated token must keep the output inside; `None` = free text.
     #[serde(default)]
     pub constraint: Option<Constraint>,
+    /// Set when the request continues on this node after another generated part of it.
+    #[serde(default)]
+    pub resume: Option<Resume>,
+}
+
+/// Where a request continued from another node stands (mid-stream failover, DESIGN.md §6): the
+/// node takes `output` as tokens it generated itself — in the KV it computes, the penalty
+/// history, the `max_tokens` budget, the grammar's position and the usage — and draws its next
+/// random number at `rng_pos`, so the rest of the stream is the one the first node would have
+/// sent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resume {
+    pub output: Vec<u32>,
+    /// The sampler's RNG position after the last token of `output` (the last token event's
+    /// `rng_pos`).
+    pub rng_pos: u64,
 }
 
 /// A grammar the output must follow, enforced while decoding: at each step only tokens that keep
@@ -54,6 +70,10 @@ pub enum TokenEvent {
         logprob: f32,
         /// Present when the request asked for log-probabilities.
         logprobs: Option<Box<TokenLogprobs>>,
+        /// The sampler's RNG position after drawing this token: what a continuation of the
+        /// request on another node resumes from ([`Resume`]).
+        #[serde(default)]
+        rng_pos: u64,
     },
     Finished {
         reason: FinishReason,

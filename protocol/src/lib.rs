@@ -4,5 +4,5 @@
 mod generate;
 mod sampling;
 
-pub use generate::{Constraint, GenerateRequest, TokenEvent, TokenLogprobs, Usage};
+pub use generate::{Constraint, GenerateRequest, Resume, TokenEvent, TokenLogprobs, Usage};
 pub use sampling::{FinishReason, MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError};

@@ -3,10 +3,10 @@
 //!
 //! A request is admitted here with the engine's own checks ([`Admission`]), routed, and relayed
 //! from the node it went to. If that node fails mid-stream (its connection drops, it dies), the
-//! request continues on another node with the prompt and the tokens already emitted as the new
-//! prompt: for greedy decoding the client sees the same stream as without the failure. A node
-//! whose connection has ended takes no more requests; at most one retry per other node is made,
-//! then the stream fails with the reasons.
+//! request continues on another node from where it stood ([`Resume`]: the tokens already
+//! emitted and the sampler's RNG position), so the client sees the same stream as without the
+//! failure, sampled or greedy. A node whose connection has ended takes no more requests; at most
+//! one retry per other node is made, then the stream fails with the reasons.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -19,7 +19,7 @@ use strata_model::grammar::GrammarCompiler;
 use strata_node::kv::{block_hash, prompt_block_hashes};
 use strata_node::rpc::{KvFeed, NodeClient, NodeError, NodeInfo, RemoteStream};
 use strata_node::{Admission, RequestStream, SubmitError};
-use strata_protocol::{GenerateRequest, TokenEvent};
+use strata_protocol::{GenerateRequest, Resume, TokenEvent};
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tokio::sync::oneshot;
 
@@ -336,10 +336,11 @@ impl Cluster {
     ) {
         let prompt_tokens = request.prompt.len() as u32;
         let mut emitted: Vec<u32> = Vec::new();
+        let mut rng_pos = 0;
         let mut tried: Vec<Slot> = Vec::new();
         let mut failures: Vec<String> = Vec::new();
         loop {
-            let Some(attempt) = resumed(&request, &emitted) else {
+            let Some(attempt) = resumed(&request, &emitted, rng_pos) else {
                 // The budget was spent exactly when the node failed: the stream is complete.
                 let _ = tx.send(TokenEvent::Finished {
                     reason: strata_protocol::FinishReason::Length,
@@ -379,13 +380,7 @@ impl Cluster {
                 }
             };
             match self
-                .forward(
-                    &mut stream,
-                    &tx,
-                    &mut cancelled,
-                    &mut emitted,
-                    prompt_tokens,
-                )
+                .forward(&mut stream, &tx, &mut cancelled, &mut emitted, &mut rng_pos)
                 .await
             {
                 Forwarded::Done => return,
@@ -406,16 +401,16 @@ impl Cluster {
         }
     }
 
-    /// Relays one node's events until the request ends or the node fails.
+    /// Relays one node's events until the request ends or the node fails, keeping the tokens
+    /// emitted and the sampler's position for a continuation.
     async fn forward(
         &self,
         stream: &mut RemoteStream,
         tx: &UnboundedSender<TokenEvent>,
         cancelled: &mut oneshot::Receiver<()>,
         emitted: &mut Vec<u32>,
-        prompt_tokens: u32,
+        rng_pos: &mut u64,
     ) -> Forwarded {
-        let before = emitted.len() as u32;
         loop {
             let event = tokio::select! {
                 event = stream.next() => event,
@@ -427,20 +422,13 @@ impl Cluster {
                 Ok(None) => return Forwarded::Done,
                 Err(e) => return Forwarded::NodeFailed(e),
             };
-            let event = match event {
-                TokenEvent::Token { id, .. } => {
-                    emitted.push(id);
-                    event
-                }
-                // A resumed request's usage counts from the original prompt.
-                TokenEvent::Finished { reason, mut usage } => {
-                    usage.prompt_tokens = prompt_tokens;
-                    usage.completion_tokens += before;
-                    usage.cached_tokens = usage.cached_tokens.min(prompt_tokens);
-                    TokenEvent::Finished { reason, usage }
-                }
-                TokenEvent::Failed { .. } => event,
-            };
+            if let TokenEvent::Token {
+                id, rng_pos: pos, ..
+            } = &event
+            {
+                emitted.push(*id);
+                *rng_pos = *pos;
+            }
             let last = !matches!(event, TokenEvent::Token { .. });
             if tx.send(event).is_err() {
                 return Forwarded::Stopped;
@@ -458,19 +446,20 @@ enum Forwarded {
     NodeFailed(NodeError),
 }
 
-/// `request` continued after `emitted` tokens: those appended to the prompt and taken from the
-/// budget; `None` when nothing is left to generate.
-fn resumed(request: &GenerateRequest, emitted: &[u32]) -> Option<GenerateRequest> {
+/// `request` continued after `emitted` tokens, the last drawn with the RNG ending at `rng_pos`;
+/// `None` when nothing is left to generate.
+fn resumed(request: &GenerateRequest, emitted: &[u32], rng_pos: u64) -> Option<GenerateRequest> {
     let mut next = request.clone();
     if emitted.is_empty() {
         return Some(next);
     }
-    let spent = emitted.len() as u32;
-    if spent >= next.sampling.max_tokens {
+    if emitted.len() >= next.sampling.max_tokens as usize {
         return None;
     }
-    next.sampling.max_tokens -= spent;
-    next.prompt.extend_from_slice(emitted);
+    next.resume = Some(Resume {
+        output: emitted.to_vec(),
+        rng_pos,
+    });
     Some(next)
 }
 

@@ -90,6 +90,7 @@ impl ApiError {
                 Self::invalid(Some(prompt_param), message).with_code("context_length_exceeded")
             }
             SubmitError::EmptyPrompt
+            | SubmitError::ResumeSpent { .. }
             | SubmitError::KvCapacity { .. }
             | SubmitError::TokenOutOfRange { .. } => Self::invalid(Some(prompt_param), message),
             SubmitError::Sampling(_) => Self::invalid(None, message),

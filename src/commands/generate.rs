@@ -97,6 +97,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let prompt_tokens = prompt.len();
     let start = Instant::now();
     let mut stream = engine.submit(GenerateRequest {
+        resume: None,
         prompt: prompt.clone(),
         sampling,
         cache_salt: 0,

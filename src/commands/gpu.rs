@@ -154,6 +154,7 @@ pub(super) fn prompt(i: usize, vocab: usize) -> Vec<u32> {
 /// Greedy tokens, and each step's top-2 log-probability margin.
 fn generate(engine: &Engine, prompt: Vec<u32>, tokens: u32) -> Result<(Vec<u32>, Vec<f32>)> {
     let mut stream = engine.submit(GenerateRequest {
+        resume: None,
         prompt,
         sampling: SamplingParams {
             max_tokens: tokens,
@@ -285,6 +286,7 @@ fn invariance(args: InvarianceArgs) -> Result<()> {
     let mut streams = Vec::new();
     for i in 0..args.batch {
         streams.push(engine.submit(GenerateRequest {
+            resume: None,
             prompt: prompt(i, vocab),
             sampling: SamplingParams {
                 max_tokens: args.tokens,

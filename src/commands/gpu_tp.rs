@@ -51,6 +51,7 @@ fn run_batch(engine: &Engine, prompts: usize, tokens: u32) -> Result<Vec<Stream>
     let mut streams = Vec::new();
     for i in 0..prompts {
         streams.push(engine.submit(GenerateRequest {
+            resume: None,
             prompt: prompt(i, vocab),
             sampling: SamplingParams {
                 max_tokens: tokens,

@@ -64,6 +64,7 @@ impl From<&SubmitError> for Refusal {
         let kind = match e {
             SubmitError::ContextWindow { .. } => RefusalKind::ContextWindow,
             SubmitError::EmptyPrompt
+            | SubmitError::ResumeSpent { .. }
             | SubmitError::KvCapacity { .. }
             | SubmitError::TokenOutOfRange { .. } => RefusalKind::Prompt,
             SubmitError::Sampling(_) => RefusalKind::Sampling,

@@ -59,6 +59,7 @@ impl Turn {
         let stream: RequestStream = state
             .engine
             .submit(GenerateRequest {
+                resume: None,
                 prompt: prompt.clone(),
                 sampling,
                 cache_salt,

@@ -324,6 +324,7 @@ fn start_choice(
     let stream = state
         .engine
         .submit(GenerateRequest {
+            resume: None,
             prompt: prepared.prompt.clone(),
             sampling,
             cache_salt: prepared.cache_salt,
