@@ -208,12 +208,37 @@ fn stream_text(body: &str) -> String {
 
 /// Three nodes with member certificates, a router with an operator's; all from one CA.
 struct Cluster {
-    _tmp: tempfile::TempDir,
+    tmp: tempfile::TempDir,
     model: String,
     nodes: Vec<Process>,
     node_addrs: Vec<SocketAddr>,
-    _router: Process,
+    /// The first router; `None` only while the cluster is being started.
+    router: Option<Process>,
     router_addr: SocketAddr,
+}
+
+impl Cluster {
+    /// Another router in front of the same nodes, with the same operator identity.
+    fn start_router(&self, extra: &[&str]) -> (Process, SocketAddr) {
+        let list: Vec<String> = self.node_addrs.iter().map(|a| a.to_string()).collect();
+        let nodes = list.join(",");
+        let operator = self.tmp.path().join("router-identity");
+        let mut args = vec![
+            "router",
+            "--model",
+            &self.model,
+            "--nodes",
+            &nodes,
+            "--identity",
+            operator.to_str().unwrap(),
+            "--port",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        let router = Process::start(&args);
+        let addr = router.address("on http://");
+        (router, addr)
+    }
 }
 
 fn start_cluster(nodes: usize) -> Cluster {
@@ -246,32 +271,20 @@ fn start_cluster_with(nodes: usize, router_args: &[&str]) -> Cluster {
         node_addrs.push(node.address("on quic://"));
         procs.push(node);
     }
-    let operator = tmp.path().join("router-identity");
-    ca.issue_operator("router-1", &operator).unwrap();
-    let list: Vec<String> = node_addrs.iter().map(|a| a.to_string()).collect();
-    let nodes_arg = list.join(",");
-    let mut args = vec![
-        "router",
-        "--model",
-        model.to_str().unwrap(),
-        "--nodes",
-        &nodes_arg,
-        "--identity",
-        operator.to_str().unwrap(),
-        "--port",
-        "0",
-    ];
-    args.extend_from_slice(router_args);
-    let router = Process::start(&args);
-    let router_addr = router.address("on http://");
-    Cluster {
+    ca.issue_operator("router-1", &tmp.path().join("router-identity"))
+        .unwrap();
+    let mut cluster = Cluster {
         model: model.to_str().unwrap().to_string(),
-        _tmp: tmp,
+        tmp,
         nodes: procs,
         node_addrs,
-        _router: router,
-        router_addr,
-    }
+        router: None,
+        router_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+    };
+    let (router, addr) = cluster.start_router(router_args);
+    cluster.router = Some(router);
+    cluster.router_addr = addr;
+    cluster
 }
 
 /// Prompts of four tenants' long shared prefixes, three questions each.
@@ -302,19 +315,10 @@ fn router_answers_like_one_process_and_routes_shared_prefixes_to_their_cache() {
     // Let the KV events of the last requests reach the router, then repeat the workload: every
     // prefix is now cached somewhere and its requests go there.
     std::thread::sleep(Duration::from_millis(500));
-    let before = get(cluster.router_addr, "/metrics");
-    for prompt in prompts() {
-        complete(cluster.router_addr, &prompt, 4);
-    }
+    let (hit, by_cache) = routing_quality(cluster.router_addr);
+    assert_eq!(by_cache, 12.0);
+    assert!(hit > 0.9, "prefix hit ratio {hit}");
     let after = get(cluster.router_addr, "/metrics");
-    let delta = |name: &str| metric(&after, name) - metric(&before, name);
-    assert_eq!(
-        delta("strata_router_decisions_total{reason=\"cache\"}"),
-        12.0
-    );
-    let hit =
-        delta("strata_router_cached_blocks_total") / delta("strata_router_prompt_blocks_total");
-    assert!(hit > 0.9, "prefix hit ratio {hit}\n{after}");
     // The first pass spread the tenants over more than one node.
     let used = cluster
         .node_addrs
@@ -327,6 +331,46 @@ fn router_answers_like_one_process_and_routes_shared_prefixes_to_their_cache() {
         })
         .count();
     assert!(used >= 2, "{after}");
+}
+
+/// Runs `prompts()` through `addr` and returns the share of its prompt blocks found cached on
+/// the node each request went to, and the requests routed by cache.
+fn routing_quality(addr: SocketAddr) -> (f64, f64) {
+    let before = get(addr, "/metrics");
+    for prompt in prompts() {
+        complete(addr, &prompt, 4);
+    }
+    let after = get(addr, "/metrics");
+    let delta = |name: &str| metric(&after, name) - metric(&before, name);
+    let hit =
+        delta("strata_router_cached_blocks_total") / delta("strata_router_prompt_blocks_total");
+    (
+        hit,
+        delta("strata_router_decisions_total{reason=\"cache\"}"),
+    )
+}
+
+#[test]
+fn a_second_router_and_a_restarted_one_route_by_the_nodes_caches_at_once() {
+    let mut cluster = start_cluster(3);
+    for prompt in prompts() {
+        complete(cluster.router_addr, &prompt, 4);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    // A second router, active beside the first: its index comes from the nodes' dumps, so its
+    // very first requests go where their prefixes are cached.
+    let (_second, second) = cluster.start_router(&[]);
+    let (hit, by_cache) = routing_quality(second);
+    assert!(hit > 0.9, "a new router's prefix hit ratio: {hit}");
+    assert_eq!(by_cache, 12.0);
+    // The first router SIGKILLed and restarted: the same.
+    if let Some(router) = cluster.router.as_mut() {
+        router.kill();
+    }
+    let (_restarted, restarted) = cluster.start_router(&[]);
+    let (hit, by_cache) = routing_quality(restarted);
+    assert!(hit > 0.9, "a restarted router's prefix hit ratio: {hit}");
+    assert_eq!(by_cache, 12.0);
 }
 
 #[test]
