@@ -5,80 +5,18 @@
 //! node SIGKILLed while 32 streams run (greedy and sampled) does not break any of them: each
 //! finishes with the same text as without the failure.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod cluster;
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use cluster::{
+    Process, START, complete, complete_with, completion_body, get, metric, strata, stream_text,
+};
 use strata_topology::transport::ClusterCa;
-
-const START: Duration = Duration::from_secs(120);
-
-/// A running strata process, SIGKILLed when dropped; its stderr lines arrive on `log`.
-struct Process {
-    child: Child,
-    log: mpsc::Receiver<String>,
-}
-
-impl Process {
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run strata");
-        let (tx, log) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Self { child, log }
-    }
-
-    /// The address after `marker` in the first log line containing it.
-    fn address(&self, marker: &str) -> SocketAddr {
-        let deadline = Instant::now() + START;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = self
-                .log
-                .recv_timeout(left)
-                .unwrap_or_else(|_| panic!("no line with {marker:?} within {START:?}"));
-            if let Some(at) = line.find(marker) {
-                let rest = &line[at + marker.len()..];
-                let addr = rest.split(|c: char| c.is_whitespace() || c == ')').next();
-                return addr.unwrap().parse().expect("an address");
-            }
-        }
-    }
-
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn strata(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_strata"))
-        .args(args)
-        .output()
-        .expect("run strata")
-}
 
 /// A tiny Qwen3 with a window of 4096 tokens.
 fn synth(dir: &Path) {
@@ -103,107 +41,6 @@ fn synth(dir: &Path) {
         "4096",
     ]);
     assert!(out.status.success(), "{out:?}");
-}
-
-/// Status and body of one POST on a fresh connection.
-fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
-    let mut conn = TcpStream::connect(addr).expect("connect");
-    conn.set_read_timeout(Some(Duration::from_secs(120)))
-        .unwrap();
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    conn.write_all(request.as_bytes()).unwrap();
-    let mut raw = String::new();
-    conn.read_to_string(&mut raw).unwrap();
-    let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = raw
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (status, body)
-}
-
-fn get(addr: SocketAddr, path: &str) -> String {
-    let mut conn = TcpStream::connect(addr).expect("connect");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-    conn.write_all(request.as_bytes()).unwrap();
-    let mut raw = String::new();
-    conn.read_to_string(&mut raw).unwrap();
-    raw
-}
-
-/// The value of the metric line starting with `name` (labels included).
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
-}
-
-/// Greedy unless `seed` is given: then sampled at temperature 0.9 with penalties.
-fn completion_body(prompt: &str, max_tokens: u32, stream: bool, seed: Option<u64>) -> String {
-    let mut body = serde_json::json!({
-        "model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "ignore_eos": true, "stream": stream,
-    });
-    if let Some(seed) = seed {
-        body["temperature"] = 0.9.into();
-        body["seed"] = seed.into();
-        body["presence_penalty"] = 0.3.into();
-        body["frequency_penalty"] = 0.2.into();
-    }
-    body.to_string()
-}
-
-/// The text of a non-streamed completion (greedy).
-fn complete(addr: SocketAddr, prompt: &str, max_tokens: u32) -> String {
-    complete_with(addr, prompt, max_tokens, None)
-}
-
-fn complete_with(addr: SocketAddr, prompt: &str, max_tokens: u32, seed: Option<u64>) -> String {
-    let body = completion_body(prompt, max_tokens, false, seed);
-    let (status, body) = post(addr, "/v1/completions", &body);
-    assert_eq!(status, 200, "{body}");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    v["choices"][0]["text"].as_str().unwrap().to_string()
-}
-
-/// An HTTP/1.1 chunked body's payload.
-fn dechunk(body: &str) -> String {
-    let mut out = String::new();
-    let mut rest = body;
-    while let Some((size, tail)) = rest.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
-        if size == 0 {
-            break;
-        }
-        out.push_str(&tail[..size]);
-        rest = &tail[size + 2..];
-    }
-    out
-}
-
-/// The text of a streamed completion (a chunked body), its chunks joined; panics on an error
-/// event.
-fn stream_text(body: &str) -> String {
-    let body = dechunk(body);
-    let mut text = String::new();
-    for line in body.lines() {
-        let Some(data) = line.strip_prefix("data: ") else {
-            continue;
-        };
-        if data == "[DONE]" {
-            return text;
-        }
-        let v: serde_json::Value = serde_json::from_str(data).unwrap();
-        assert!(v.get("error").is_none(), "error in stream: {data}");
-        text.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
-    }
-    panic!("stream ended without [DONE]: {body}");
 }
 
 /// Three nodes with member certificates, a router with an operator's; all from one CA.
@@ -485,4 +322,77 @@ fn canary_without_failover_the_same_kill_breaks_streams() {
         same.iter().any(|s| !s),
         "every stream survived a node kill with failover off: the kill came too late"
     );
+}
+
+#[test]
+fn deploy_local_starts_a_whole_cluster_and_stops_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let dir = tmp.path().join("cluster");
+    let script = |name: &str, args: &[&str]| {
+        std::process::Command::new(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("deploy/local/{name}")),
+        )
+        .args(args)
+        .env("STRATA", env!("CARGO_BIN_EXE_strata"))
+        .output()
+        .expect("run the script")
+    };
+    // Ports from a free one: members, joins and nodes at base + 10i (+1, +2), routers base + 101..
+    let base = {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        (socket.local_addr().unwrap().port() % 20_000 + 30_000).to_string()
+    };
+    let dir_arg = dir.to_str().unwrap();
+    let up = script(
+        "up.sh",
+        &[
+            "--nodes",
+            "3",
+            "--routers",
+            "2",
+            "--model",
+            model.to_str().unwrap(),
+            "--dir",
+            dir_arg,
+            "--base-port",
+            &base,
+        ],
+    );
+    let said = String::from_utf8_lossy(&up.stdout).to_string();
+    assert!(
+        up.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let pids = std::fs::read_to_string(dir.join("pids")).unwrap();
+    assert_eq!(pids.lines().count(), 3 + 3 + 2, "{pids}");
+    // Both routers answer through the nodes.
+    let routers: Vec<SocketAddr> = said
+        .lines()
+        .filter_map(|l| l.split("http://").nth(1))
+        .map(|a| a.trim_end_matches("/v1").parse().unwrap())
+        .collect();
+    assert_eq!(routers.len(), 2, "{said}");
+    for router in &routers {
+        assert!(!complete(*router, "hello cluster", 4).is_empty());
+    }
+    let down = script("down.sh", &["--dir", dir_arg]);
+    assert!(
+        down.status.success(),
+        "{}",
+        String::from_utf8_lossy(&down.stderr)
+    );
+    for line in pids.lines() {
+        let pid = line.split_whitespace().next().unwrap();
+        let alive = std::process::Command::new("kill")
+            .args(["-0", pid])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap()
+            .success();
+        assert!(!alive, "{line} still runs after down.sh");
+    }
+    assert!(!dir.join("pids").exists());
 }

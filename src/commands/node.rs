@@ -3,7 +3,7 @@
 //! engine behind the node RPC service (QUIC, mutual TLS from the cluster CA), for routers.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -13,7 +13,9 @@ use strata_collective::inventory::{Inventory, InventoryError, inspect, suggest_t
 use strata_node::rpc::{ALPN, NodeService};
 use strata_quic::tls::mutual_server_config;
 use strata_router::{Device, start_engine_on};
+use strata_topology::server::DataLayout;
 use strata_topology::transport::MemberIdentity;
+use strata_topology::transport::ca::MEMBER_CERT_FILE;
 
 #[derive(Subcommand)]
 pub enum NodeCommand {
@@ -32,8 +34,8 @@ pub enum NodeCommand {
         /// Address of the RPC endpoint (UDP); port 0 picks a free one (the address is printed).
         #[arg(long, default_value = "127.0.0.1:7070")]
         listen: SocketAddr,
-        /// A member's identity directory from the cluster CA (its data directory): the node's
-        /// certificate.
+        /// The node's certificate from the cluster CA: a member's data directory (`strata cluster
+        /// init|join --data`), or a directory holding `ca.pem`, `member.pem` and `member.key`.
         #[arg(long)]
         identity: PathBuf,
         /// Where the engine runs: cpu, cuda or cuda:N.
@@ -64,8 +66,7 @@ pub fn run(command: NodeCommand) -> Result<()> {
             block_size,
         } => {
             let device: Device = device.parse().map_err(anyhow::Error::msg)?;
-            let identity = MemberIdentity::load(&identity)
-                .with_context(|| format!("{}: the node's identity", identity.display()))?;
+            let identity = member_identity(&identity)?;
             let (engine, _) =
                 start_engine_on(&model, device, tp, block_size, kv_cache_mib << 20)
                     .with_context(|| format!("{}: starting the engine", model.display()))?;
@@ -90,6 +91,18 @@ pub fn run(command: NodeCommand) -> Result<()> {
             })
         }
     }
+}
+
+/// The member identity in `dir`: a member's data directory (its `tls/`), or an identity
+/// directory holding `member.pem` itself.
+pub fn member_identity(dir: &Path) -> Result<MemberIdentity> {
+    let tls = DataLayout::new(dir).tls_dir();
+    let at = if tls.join(MEMBER_CERT_FILE).exists() {
+        tls
+    } else {
+        dir.to_path_buf()
+    };
+    MemberIdentity::load(&at).with_context(|| format!("{}: a member identity", dir.display()))
 }
 
 fn inspect_node(as_json: bool) -> Result<()> {

@@ -13,8 +13,8 @@ use strata_router::auth::KeyStore;
 use strata_router::cluster::Cluster;
 use strata_router::routing::{Policy, Router, RoutingConfig};
 use strata_router::{Access, ServedModel, ServingParts, grammar_compiler};
+use strata_topology::transport::OperatorIdentity;
 use strata_topology::transport::ca::SERVER_NAME;
-use strata_topology::transport::{MemberIdentity, OperatorIdentity};
 
 #[derive(Args)]
 pub struct RouterArgs {
@@ -60,9 +60,9 @@ pub fn node_client_config(dir: &Path) -> Result<quinn::ClientConfig> {
     let config = match OperatorIdentity::load(dir) {
         Ok(id) => mutual_client_config(id.chain(), ALPN)?,
         Err(operator) => {
-            let id = MemberIdentity::load(dir).with_context(|| {
+            let id = super::node::member_identity(dir).with_context(|| {
                 format!(
-                    "{}: neither an operator identity ({operator}) nor a member's",
+                    "{}: not an operator identity either ({operator})",
                     dir.display()
                 )
             })?;

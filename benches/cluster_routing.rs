@@ -1,0 +1,267 @@
+//! Cache-aware routing against round-robin and least-loaded, with real processes on 127.0.0.1:
+//! three `strata node serve` (CPU engines, each with room for about a third of the tenants'
+//! prefixes) and two `strata router`s in front of them, active-active, clients alternating
+//! between the routers.
+//!
+//! The workload is multi-tenant with long shared prefixes: every request is one tenant's system
+//! prompt (64 blocks) followed by a question of its own, streamed, a few at a time. A router that
+//! keeps each tenant on the node caching its prefix prefills only the question; one that spreads
+//! tenants over every node makes each node hold every prefix, which its cache cannot, and
+//! recomputes them. Each policy runs on fresh nodes. Reported per policy: the time to first token
+//! (p50, p99) as the clients see it, the prefix hit ratio (prompt blocks found cached on the node
+//! each request went to, from the routers' counters) against the best a cache-aware router can
+//! reach (every request but each tenant's first), and the ratio of round-robin's TTFT to
+//! cache-aware's.
+//!
+//! `cargo bench --bench cluster_routing` prints one JSON object on stdout (progress on stderr);
+//! `STRATA_ROUTING_ROUNDS` sets the requests per tenant (default 8).
+
+#[path = "../tests/cluster/mod.rs"]
+mod cluster;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use cluster::{Process, get, metric, stream_timed};
+use serde_json::{Value, json};
+use strata_topology::transport::ClusterCa;
+
+const NODES: usize = 3;
+const TENANTS: usize = 9;
+/// Tokens of a tenant's shared prefix (64 blocks of 16).
+const PREFIX_TOKENS: usize = 1024;
+/// A node's KV cache: room for about four tenants' prefixes (a block of this model is 4 layers ×
+/// K and V × 16 tokens × 256 floats × 4 bytes = 128 KiB; a prefix is 64 blocks, 8 MiB).
+const NODE_KV_MIB: usize = 36;
+/// Clients sending at once.
+const CLIENTS: usize = 3;
+const MAX_TOKENS: u32 = 4;
+
+fn synth(dir: &Path) -> Result<()> {
+    let out = cluster::strata(&[
+        "model",
+        "synth",
+        "--arch",
+        "llama",
+        "--out",
+        dir.to_str().context("path")?,
+        "--layers",
+        "4",
+        "--hidden",
+        "256",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "4",
+        "--intermediate",
+        "1024",
+        "--max-position",
+        "4096",
+    ]);
+    ensure!(out.status.success(), "synth failed: {out:?}");
+    Ok(())
+}
+
+/// The prompt of `tenant`'s request `round`, as token ids (the completions API takes them as
+/// they are): its shared prefix of [`PREFIX_TOKENS`], then a question of its own (one block).
+fn prompt(tenant: usize, round: usize) -> Vec<u32> {
+    let prefix = (0..PREFIX_TOKENS).map(|i| ((tenant * 7919 + i * 31) % 250 + 3) as u32);
+    let question = (0..16).map(|i| ((round * 131 + tenant * 17 + i * 7) % 250 + 3) as u32);
+    prefix.chain(question).collect()
+}
+
+struct Arm {
+    policy: &'static str,
+    ttft: Vec<Duration>,
+    prompt_blocks: f64,
+    cached_blocks: f64,
+    decisions: Value,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i].as_secs_f64() * 1e3
+}
+
+/// One policy on fresh nodes: returns what its clients and routers saw.
+fn run_arm(
+    policy: &'static str,
+    model: &Path,
+    ca: &ClusterCa,
+    dir: &Path,
+    rounds: usize,
+) -> Result<Arm> {
+    let mut nodes = Vec::new();
+    let mut addrs = Vec::new();
+    for id in 1..=NODES as u64 {
+        let identity = dir.join(format!("{policy}-member-{id}"));
+        ca.issue_member(id, &identity)?;
+        let node = Process::start(&[
+            "node",
+            "serve",
+            "--model",
+            model.to_str().context("path")?,
+            "--listen",
+            "127.0.0.1:0",
+            "--identity",
+            identity.to_str().context("path")?,
+            "--kv-cache-mib",
+            &NODE_KV_MIB.to_string(),
+        ]);
+        addrs.push(node.address("on quic://"));
+        nodes.push(node);
+    }
+    let list: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    let operator = dir.join(format!("{policy}-router"));
+    ca.issue_operator("bench-router", &operator)?;
+    let mut routers = Vec::new();
+    let mut router_addrs: Vec<SocketAddr> = Vec::new();
+    for _ in 0..2 {
+        let router = Process::start(&[
+            "router",
+            "--model",
+            model.to_str().context("path")?,
+            "--nodes",
+            &list.join(","),
+            "--identity",
+            operator.to_str().context("path")?,
+            "--policy",
+            policy,
+            "--port",
+            "0",
+        ]);
+        router_addrs.push(router.address("on http://"));
+        routers.push(router);
+    }
+    // Requests in rounds: every tenant once per round, in a shuffled but fixed order.
+    let mut work: Vec<(usize, usize)> = (0..rounds)
+        .flat_map(|r| (0..TENANTS).map(move |t| (t, r)))
+        .collect();
+    work.sort_by_key(|&(t, r)| (r, (t * 7 + r * 3) % TENANTS));
+    let queue = Arc::new(Mutex::new(work.into_iter().enumerate().collect::<Vec<_>>()));
+    let ttfts = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let queue = Arc::clone(&queue);
+            let ttfts = Arc::clone(&ttfts);
+            let router_addrs = router_addrs.clone();
+            std::thread::spawn(move || {
+                loop {
+                    let next = queue.lock().unwrap_or_else(PoisonError::into_inner).pop();
+                    let Some((i, (tenant, round))) = next else {
+                        return;
+                    };
+                    let body = json!({
+                        "model": "m", "prompt": prompt(tenant, round), "max_tokens": MAX_TOKENS,
+                        "temperature": 0, "ignore_eos": true, "stream": true,
+                    })
+                    .to_string();
+                    // Active-active: alternate between the routers.
+                    let (ttft, _) = stream_timed(router_addrs[i % router_addrs.len()], &body);
+                    ttfts
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(ttft);
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client
+            .join()
+            .map_err(|_| anyhow::anyhow!("a client panicked"))?;
+    }
+    let mut prompt_blocks = 0.0;
+    let mut cached_blocks = 0.0;
+    let mut decisions = json!({});
+    for addr in &router_addrs {
+        let m = get(*addr, "/metrics");
+        prompt_blocks += metric(&m, "strata_router_prompt_blocks_total");
+        cached_blocks += metric(&m, "strata_router_cached_blocks_total");
+        for reason in ["cache", "ring", "other"] {
+            let n = metric(
+                &m,
+                &format!("strata_router_decisions_total{{reason=\"{reason}\"}}"),
+            );
+            let total = decisions[reason].as_f64().unwrap_or(0.0) + n;
+            decisions[reason] = json!(total);
+        }
+    }
+    let ttft = std::mem::take(&mut *ttfts.lock().unwrap_or_else(PoisonError::into_inner));
+    drop(routers);
+    drop(nodes);
+    Ok(Arm {
+        policy,
+        ttft,
+        prompt_blocks,
+        cached_blocks,
+        decisions,
+    })
+}
+
+fn main() -> Result<()> {
+    let rounds: usize = std::env::var("STRATA_ROUTING_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
+    let tmp = tempfile::tempdir()?;
+    let model = tmp.path().join("m");
+    synth(&model)?;
+    let ca = ClusterCa::create(&tmp.path().join("ca"))?;
+    let mut arms = Vec::new();
+    for policy in ["cache-aware", "round-robin", "least-loaded"] {
+        eprintln!("{policy}: {TENANTS} tenants × {rounds} rounds on {NODES} nodes, 2 routers");
+        let mut arm = run_arm(policy, &model, &ca, tmp.path(), rounds)?;
+        arm.ttft.sort_unstable();
+        eprintln!(
+            "{policy}: TTFT p50 {:.1} ms, p99 {:.1} ms, prefix hit ratio {:.3}",
+            percentile(&arm.ttft, 0.5),
+            percentile(&arm.ttft, 0.99),
+            arm.cached_blocks / arm.prompt_blocks
+        );
+        arms.push(arm);
+    }
+    // The best hit ratio: each tenant's first request misses, every later one hits its prefix's
+    // 64 blocks (the question's block never hits).
+    let blocks_per_request = arms[0].prompt_blocks / (TENANTS * rounds) as f64;
+    let ideal =
+        (rounds - 1) as f64 / rounds as f64 * (PREFIX_TOKENS / 16) as f64 / blocks_per_request;
+    let report: Vec<Value> = arms
+        .iter()
+        .map(|a| {
+            json!({
+                "policy": a.policy,
+                "requests": a.ttft.len(),
+                "ttft_ms": {"p50": percentile(&a.ttft, 0.5), "p99": percentile(&a.ttft, 0.99)},
+                "prefix_hit_ratio": a.cached_blocks / a.prompt_blocks,
+                "prefix_hit_ratio_of_ideal": a.cached_blocks / a.prompt_blocks / ideal,
+                "decisions": a.decisions,
+            })
+        })
+        .collect();
+    let p50 = |a: &Arm| percentile(&a.ttft, 0.5);
+    let p99 = |a: &Arm| percentile(&a.ttft, 0.99);
+    let out = json!({
+        "workload": {
+            "nodes": NODES, "routers": 2, "clients": CLIENTS, "tenants": TENANTS,
+            "rounds": rounds, "prefix_tokens": PREFIX_TOKENS, "max_tokens": MAX_TOKENS,
+            "node_kv_mib": NODE_KV_MIB,
+            "model": "llama, 4 layers, hidden 256, 4 heads, intermediate 1024 (synthesized)",
+        },
+        "ideal_prefix_hit_ratio": ideal,
+        "arms": report,
+        "round_robin_over_cache_aware": {
+            "ttft_p50": p50(&arms[1]) / p50(&arms[0]),
+            "ttft_p99": p99(&arms[1]) / p99(&arms[0]),
+        },
+        "least_loaded_over_cache_aware": {
+            "ttft_p50": p50(&arms[2]) / p50(&arms[0]),
+            "ttft_p99": p99(&arms[2]) / p99(&arms[0]),
+        },
+    });
+    println!("{}", serde_json::to_string_pretty(&out)?);
+    Ok(())
+}

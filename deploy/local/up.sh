@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Starts a whole strata cluster on 127.0.0.1: a raft group of N members (the first holds the CA),
+# a `strata node serve` beside each member (its engine, with the member's certificate), and M
+# `strata router`s in front of the nodes (an operator certificate). Stop it with down.sh.
+#
+# Usage: deploy/local/up.sh [--nodes N] [--routers M] [--model DIR] [--dir DIR] [--base-port P]
+#   --model   checkpoint directory (default: the embedded demo model, synthesized once)
+#   --dir     where data, logs and pids go (default: ./strata-local)
+#   --base-port  first port used (default 17000): members P+10i (and P+10i+1 for joins),
+#                nodes P+10i+2 (UDP), routers P+100+j (HTTP)
+# Needs `strata` on PATH or STRATA=path/to/strata.
+set -euo pipefail
+nodes=3 routers=2 model="" dir=./strata-local base=17000
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --nodes) nodes=$2; shift 2 ;;
+        --routers) routers=$2; shift 2 ;;
+        --model) model=$2; shift 2 ;;
+        --dir) dir=$2; shift 2 ;;
+        --base-port) base=$2; shift 2 ;;
+        *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+done
+strata=${STRATA:-strata}
+command -v "$strata" >/dev/null || { echo "no strata binary: set STRATA or PATH" >&2; exit 2; }
+[[ $nodes -ge 1 && $routers -ge 1 ]] || { echo "--nodes and --routers must be at least 1" >&2; exit 2; }
+if [[ -e $dir/pids ]]; then
+    echo "$dir/pids exists: a cluster is running there (deploy/local/down.sh --dir $dir)" >&2
+    exit 1
+fi
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+if [[ -z $model ]]; then
+    model=$dir/model
+    [[ -e $model/config.json ]] || "$strata" model synth --arch llama --out "$model" >/dev/null
+fi
+: >"$dir/pids"
+
+# Starts "$@" in the background, logging to $dir/$name.log, and records its pid.
+spawn() {
+    local name=$1
+    shift
+    RUST_LOG=${RUST_LOG:-info} "$@" >"$dir/$name.log" 2>&1 &
+    echo "$! $name" >>"$dir/pids"
+}
+
+# Waits until the log of $1 contains $2.
+wait_log() {
+    for _ in $(seq 600); do
+        grep -q -- "$2" "$dir/$1.log" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    echo "$1 did not report '$2'; see $dir/$1.log" >&2
+    exit 1
+}
+
+# Waits until `cluster status` through member 1 shows $1 voters.
+wait_voters() {
+    for _ in $(seq 600); do
+        if "$strata" cluster status --data "$dir/member-1" --json 2>/dev/null |
+            python3 -c 'import json,sys; s=json.load(sys.stdin); sys.exit(len(s["voters"]) < int(sys.argv[1]))' "$1"; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    echo "the group never had $1 voters" >&2
+    exit 1
+}
+
+member_port() { echo $((base + 10 * $1)); }
+node_port() { echo $((base + 10 * $1 + 2)); }
+
+spawn member-1 "$strata" cluster init --data "$dir/member-1" --listen "127.0.0.1:$(member_port 1)"
+wait_voters 1
+for i in $(seq 2 "$nodes"); do
+    token=$dir/token-$i
+    rm -f "$token"
+    "$strata" cluster token --data "$dir/member-1" --out "$token" >/dev/null
+    spawn "member-$i" "$strata" cluster join --data "$dir/member-$i" \
+        --listen "127.0.0.1:$(member_port "$i")" \
+        --seed "127.0.0.1:$(($(member_port 1) + 1))" --token "$token" --voter
+    wait_voters "$i"
+done
+node_list=""
+for i in $(seq 1 "$nodes"); do
+    spawn "node-$i" "$strata" node serve --model "$model" --identity "$dir/member-$i" \
+        --listen "127.0.0.1:$(node_port "$i")"
+    node_list+="${node_list:+,}127.0.0.1:$(node_port "$i")"
+done
+for i in $(seq 1 "$nodes"); do wait_log "node-$i" "on quic://"; done
+if [[ ! -e $dir/router-identity/operator.pem ]]; then
+    "$strata" cluster operator --data "$dir/member-1" --name local-router --out "$dir/router-identity" >/dev/null
+fi
+for j in $(seq 1 "$routers"); do
+    spawn "router-$j" "$strata" router --model "$model" --nodes "$node_list" \
+        --identity "$dir/router-identity" --port $((base + 100 + j))
+done
+for j in $(seq 1 "$routers"); do wait_log "router-$j" "on http://"; done
+echo "raft group: $nodes voters (member 1 at 127.0.0.1:$(member_port 1))"
+echo "nodes:      $node_list"
+for j in $(seq 1 "$routers"); do
+    echo "router $j:   http://127.0.0.1:$((base + 100 + j))/v1"
+done
+echo "logs and data in $dir; stop with: deploy/local/down.sh --dir $dir"

@@ -1,0 +1,208 @@
+//! Helpers for the cluster's process tests and benchmarks: `strata` processes with their logs,
+//! plain HTTP/1.1 calls, SSE streams and Prometheus metrics.
+// Each user (tests/cluster_serving.rs, benches/cluster_routing.rs) takes a subset.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+pub const START: Duration = Duration::from_secs(120);
+
+/// A running strata process, SIGKILLed when dropped; its stderr lines arrive on `log`.
+pub struct Process {
+    pub child: Child,
+    pub log: mpsc::Receiver<String>,
+}
+
+impl Process {
+    pub fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run strata");
+        let (tx, log) = mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { child, log }
+    }
+
+    /// The address after `marker` in the first log line containing it.
+    pub fn address(&self, marker: &str) -> SocketAddr {
+        let deadline = Instant::now() + START;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self
+                .log
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no line with {marker:?} within {START:?}"));
+            if let Some(at) = line.find(marker) {
+                let rest = &line[at + marker.len()..];
+                let addr = rest.split(|c: char| c.is_whitespace() || c == ')').next();
+                return addr.unwrap().parse().expect("an address");
+            }
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn strata(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(args)
+        .output()
+        .expect("run strata")
+}
+
+/// Status and body of one POST on a fresh connection.
+pub fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
+    let mut conn = TcpStream::connect(addr).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (status, body)
+}
+
+pub fn get(addr: SocketAddr, path: &str) -> String {
+    let mut conn = TcpStream::connect(addr).expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    raw
+}
+
+/// The value of the metric line starting with `name` (labels included).
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+}
+
+/// Greedy unless `seed` is given: then sampled at temperature 0.9 with penalties.
+pub fn completion_body(prompt: &str, max_tokens: u32, stream: bool, seed: Option<u64>) -> String {
+    let mut body = serde_json::json!({
+        "model": "m", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": true, "stream": stream,
+    });
+    if let Some(seed) = seed {
+        body["temperature"] = 0.9.into();
+        body["seed"] = seed.into();
+        body["presence_penalty"] = 0.3.into();
+        body["frequency_penalty"] = 0.2.into();
+    }
+    body.to_string()
+}
+
+/// The text of a non-streamed completion (greedy).
+pub fn complete(addr: SocketAddr, prompt: &str, max_tokens: u32) -> String {
+    complete_with(addr, prompt, max_tokens, None)
+}
+
+pub fn complete_with(addr: SocketAddr, prompt: &str, max_tokens: u32, seed: Option<u64>) -> String {
+    let body = completion_body(prompt, max_tokens, false, seed);
+    let (status, body) = post(addr, "/v1/completions", &body);
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// An HTTP/1.1 chunked body's payload.
+pub fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, tail)) = rest.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+        if size == 0 {
+            break;
+        }
+        out.push_str(&tail[..size]);
+        rest = &tail[size + 2..];
+    }
+    out
+}
+
+/// The text of a streamed completion (a chunked body), its chunks joined; panics on an error
+/// event.
+pub fn stream_text(body: &str) -> String {
+    let body = dechunk(body);
+    let mut text = String::new();
+    for line in body.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            return text;
+        }
+        let v: serde_json::Value = serde_json::from_str(data).unwrap();
+        assert!(v.get("error").is_none(), "error in stream: {data}");
+        text.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+    }
+    panic!("stream ended without [DONE]: {body}");
+}
+
+/// POSTs a streamed completion `body` and reads it to the end: the time from sending to the
+/// first chunk carrying text (the time to first token as a client sees it) and the whole text.
+pub fn stream_timed(addr: SocketAddr, body: &str) -> (Duration, String) {
+    let mut conn = TcpStream::connect(addr).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(600)))
+        .unwrap();
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let sent = Instant::now();
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut first = None;
+    loop {
+        let n = conn.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if first.is_none() && String::from_utf8_lossy(&raw).contains("\"text\"") {
+            first = Some(sent.elapsed());
+        }
+    }
+    let raw = String::from_utf8(raw).unwrap();
+    let text = stream_text(raw.split_once("\r\n\r\n").unwrap().1);
+    (first.expect("a chunk with text"), text)
+}
