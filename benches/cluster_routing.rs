@@ -8,10 +8,10 @@
 //! keeps each tenant on the node caching its prefix prefills only the question; one that spreads
 //! tenants over every node makes each node hold every prefix, which its cache cannot, and
 //! recomputes them. Each policy runs on fresh nodes. Reported per policy: the time to first token
-//! (p50, p99) as the clients see it, the prefix hit ratio (prompt blocks found cached on the node
-//! each request went to, from the routers' counters) against the best a cache-aware router can
-//! reach (every request but each tenant's first), and the ratio of round-robin's TTFT to
-//! cache-aware's.
+//! (p50, p99) as the clients see it, the share of prompt tokens the nodes found cached (from each
+//! response's usage) against the best any router can reach (every request but each tenant's
+//! first hits its prefix), what the routers expected when they chose, and the ratio of
+//! round-robin's and least-loaded's TTFT to cache-aware's.
 //!
 //! `cargo bench --bench cluster_routing` prints one JSON object on stdout (progress on stderr);
 //! `STRATA_ROUTING_ROUNDS` sets the requests per tenant (default 8).
@@ -33,6 +33,8 @@ const NODES: usize = 3;
 const TENANTS: usize = 9;
 /// Tokens of a tenant's shared prefix (64 blocks of 16).
 const PREFIX_TOKENS: usize = 1024;
+/// Tokens of each request's own question.
+const QUESTION_TOKENS: usize = 16;
 /// A node's KV cache: room for about four tenants' prefixes (a block of this model is 4 layers ×
 /// K and V × 16 tokens × 256 floats × 4 bytes = 128 KiB; a prefix is 64 blocks, 8 MiB).
 const NODE_KV_MIB: usize = 36;
@@ -69,13 +71,17 @@ fn synth(dir: &Path) -> Result<()> {
 /// they are): its shared prefix of [`PREFIX_TOKENS`], then a question of its own (one block).
 fn prompt(tenant: usize, round: usize) -> Vec<u32> {
     let prefix = (0..PREFIX_TOKENS).map(|i| ((tenant * 7919 + i * 31) % 250 + 3) as u32);
-    let question = (0..16).map(|i| ((round * 131 + tenant * 17 + i * 7) % 250 + 3) as u32);
+    let question =
+        (0..QUESTION_TOKENS).map(|i| ((round * 131 + tenant * 17 + i * 7) % 250 + 3) as u32);
     prefix.chain(question).collect()
 }
 
 struct Arm {
     policy: &'static str,
     ttft: Vec<Duration>,
+    /// Summed over the requests' usage: what the nodes computed and found cached.
+    prompt_tokens: f64,
+    cached_tokens: f64,
     prompt_blocks: f64,
     cached_blocks: f64,
     decisions: Value,
@@ -142,11 +148,11 @@ fn run_arm(
         .collect();
     work.sort_by_key(|&(t, r)| (r, (t * 7 + r * 3) % TENANTS));
     let queue = Arc::new(Mutex::new(work.into_iter().enumerate().collect::<Vec<_>>()));
-    let ttfts = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::new(Mutex::new(Vec::new()));
     let clients: Vec<_> = (0..CLIENTS)
         .map(|_| {
             let queue = Arc::clone(&queue);
-            let ttfts = Arc::clone(&ttfts);
+            let seen = Arc::clone(&seen);
             let router_addrs = router_addrs.clone();
             std::thread::spawn(move || {
                 loop {
@@ -157,14 +163,15 @@ fn run_arm(
                     let body = json!({
                         "model": "m", "prompt": prompt(tenant, round), "max_tokens": MAX_TOKENS,
                         "temperature": 0, "ignore_eos": true, "stream": true,
+                        "stream_options": {"include_usage": true},
                     })
                     .to_string();
                     // Active-active: alternate between the routers.
-                    let (ttft, _) = stream_timed(router_addrs[i % router_addrs.len()], &body);
-                    ttfts
-                        .lock()
+                    let timed = stream_timed(router_addrs[i % router_addrs.len()], &body);
+                    let (prompt, cached) = timed.prompt_tokens.unwrap_or((0, 0));
+                    seen.lock()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .push(ttft);
+                        .push((timed.ttft, prompt, cached));
                 }
             })
         })
@@ -190,12 +197,17 @@ fn run_arm(
             decisions[reason] = json!(total);
         }
     }
-    let ttft = std::mem::take(&mut *ttfts.lock().unwrap_or_else(PoisonError::into_inner));
+    let seen = std::mem::take(&mut *seen.lock().unwrap_or_else(PoisonError::into_inner));
+    let ttft = seen.iter().map(|s| s.0).collect();
+    let prompt_tokens = seen.iter().map(|s| s.1).sum::<u64>() as f64;
+    let cached_tokens = seen.iter().map(|s| s.2).sum::<u64>() as f64;
     drop(routers);
     drop(nodes);
     Ok(Arm {
         policy,
         ttft,
+        prompt_tokens,
+        cached_tokens,
         prompt_blocks,
         cached_blocks,
         decisions,
@@ -217,10 +229,10 @@ fn main() -> Result<()> {
         let mut arm = run_arm(policy, &model, &ca, tmp.path(), rounds)?;
         arm.ttft.sort_unstable();
         eprintln!(
-            "{policy}: TTFT p50 {:.1} ms, p99 {:.1} ms, prefix hit ratio {:.3}",
+            "{policy}: TTFT p50 {:.1} ms, p99 {:.1} ms, cached prompt ratio {:.3}",
             percentile(&arm.ttft, 0.5),
             percentile(&arm.ttft, 0.99),
-            arm.cached_blocks / arm.prompt_blocks
+            arm.cached_tokens / arm.prompt_tokens
         );
         arms.push(arm);
     }
@@ -236,8 +248,11 @@ fn main() -> Result<()> {
                 "policy": a.policy,
                 "requests": a.ttft.len(),
                 "ttft_ms": {"p50": percentile(&a.ttft, 0.5), "p99": percentile(&a.ttft, 0.99)},
-                "prefix_hit_ratio": a.cached_blocks / a.prompt_blocks,
-                "prefix_hit_ratio_of_ideal": a.cached_blocks / a.prompt_blocks / ideal,
+                // As the nodes report it (usage.prompt_tokens_details.cached_tokens).
+                "cached_prompt_ratio": a.cached_tokens / a.prompt_tokens,
+                "cached_prompt_ratio_of_ideal": a.cached_tokens / a.prompt_tokens / ideal,
+                // As the routers expected it when they chose the node.
+                "router_expected_hit_ratio": a.cached_blocks / a.prompt_blocks,
                 "decisions": a.decisions,
             })
         })

@@ -176,9 +176,30 @@ pub fn stream_text(body: &str) -> String {
     panic!("stream ended without [DONE]: {body}");
 }
 
-/// POSTs a streamed completion `body` and reads it to the end: the time from sending to the
-/// first chunk carrying text (the time to first token as a client sees it) and the whole text.
-pub fn stream_timed(addr: SocketAddr, body: &str) -> (Duration, String) {
+/// A streamed completion as a client saw it.
+pub struct Timed {
+    /// From sending the request to the first chunk carrying text.
+    pub ttft: Duration,
+    pub text: String,
+    /// The usage chunk's `prompt_tokens` and `prompt_tokens_details.cached_tokens`, when the
+    /// request asked for it (`stream_options.include_usage`).
+    pub prompt_tokens: Option<(u64, u64)>,
+}
+
+/// The `(prompt_tokens, cached_tokens)` of a streamed body's usage chunk.
+fn stream_usage(body: &str) -> Option<(u64, u64)> {
+    dechunk(body).lines().find_map(|line| {
+        let v: serde_json::Value = serde_json::from_str(line.strip_prefix("data: ")?).ok()?;
+        let usage = v.get("usage").filter(|u| !u.is_null())?;
+        Some((
+            usage["prompt_tokens"].as_u64()?,
+            usage["prompt_tokens_details"]["cached_tokens"].as_u64()?,
+        ))
+    })
+}
+
+/// POSTs a streamed completion `body` and reads it to the end.
+pub fn stream_timed(addr: SocketAddr, body: &str) -> Timed {
     let mut conn = TcpStream::connect(addr).expect("connect");
     conn.set_read_timeout(Some(Duration::from_secs(600)))
         .unwrap();
@@ -203,6 +224,10 @@ pub fn stream_timed(addr: SocketAddr, body: &str) -> (Duration, String) {
         }
     }
     let raw = String::from_utf8(raw).unwrap();
-    let text = stream_text(raw.split_once("\r\n\r\n").unwrap().1);
-    (first.expect("a chunk with text"), text)
+    let body = raw.split_once("\r\n\r\n").unwrap().1;
+    Timed {
+        ttft: first.expect("a chunk with text"),
+        text: stream_text(body),
+        prompt_tokens: stream_usage(body),
+    }
 }
