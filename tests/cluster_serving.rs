@@ -78,6 +78,23 @@ impl Cluster {
     }
 }
 
+/// `strata node serve` of member `id` (its identity under `root`) on `listen`.
+fn spawn_node(root: &Path, model: &Path, id: u64, listen: &str) -> Process {
+    let identity = root.join(format!("member-{id}"));
+    Process::start(&[
+        "node",
+        "serve",
+        "--model",
+        model.to_str().unwrap(),
+        "--listen",
+        listen,
+        "--identity",
+        identity.to_str().unwrap(),
+        "--kv-cache-mib",
+        "16",
+    ])
+}
+
 fn start_cluster(nodes: usize) -> Cluster {
     start_cluster_with(nodes, &[])
 }
@@ -91,20 +108,9 @@ fn start_cluster_with(nodes: usize, router_args: &[&str]) -> Cluster {
     let mut procs = Vec::new();
     let mut node_addrs = Vec::new();
     for id in 1..=nodes as u64 {
-        let dir = tmp.path().join(format!("member-{id}"));
-        ca.issue_member(id, &dir).unwrap();
-        let node = Process::start(&[
-            "node",
-            "serve",
-            "--model",
-            model.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-            "--identity",
-            dir.to_str().unwrap(),
-            "--kv-cache-mib",
-            "16",
-        ]);
+        ca.issue_member(id, &tmp.path().join(format!("member-{id}")))
+            .unwrap();
+        let node = spawn_node(tmp.path(), &model, id, "127.0.0.1:0");
         node_addrs.push(node.address("on quic://"));
         procs.push(node);
     }
@@ -395,4 +401,82 @@ fn deploy_local_starts_a_whole_cluster_and_stops_it() {
         assert!(!alive, "{line} still runs after down.sh");
     }
     assert!(!dir.join("pids").exists());
+}
+
+#[test]
+fn nodes_that_come_up_late_or_come_back_get_traffic_and_no_request_fails() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let mut cluster = start_cluster(2);
+    // A third node the router knows of but which is not up yet.
+    let late: SocketAddr = {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap()
+    };
+    cluster.node_addrs.push(late);
+    let ca = ClusterCa::load(&cluster.tmp.path().join("ca")).unwrap();
+    ca.issue_member(3, &cluster.tmp.path().join("member-3"))
+        .unwrap();
+    let (_router, router) = cluster.start_router(&["--policy", "round-robin"]);
+    let requests_to = |node: SocketAddr| {
+        let text = get(router, "/metrics");
+        metric(
+            &text,
+            &format!("strata_router_node_requests_total{{node=\"{node}\"}}"),
+        )
+    };
+    // Load: four clients sending requests until told to stop; every answer must be a 200.
+    let stop = Arc::new(AtomicBool::new(false));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let (stop, failed, sent) = (stop.clone(), failed.clone(), sent.clone());
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let body = completion_body(&format!("client {c} request {i}"), 24, false, None);
+                    let (status, body) = cluster::post(router, "/v1/completions", &body);
+                    if status != 200 {
+                        eprintln!("request failed: {status} {body}");
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let wait_for = |what: &str, cond: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !cond() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for("load before the late node", &|| {
+        sent.load(Ordering::Relaxed) >= 8
+    });
+    assert_eq!(requests_to(late), 0.0);
+    let model = Path::new(&cluster.model).to_path_buf();
+    let _third = spawn_node(cluster.tmp.path(), &model, 3, &late.to_string());
+    wait_for("the late node gets traffic", &|| requests_to(late) > 0.0);
+    // The first node SIGKILLed under load and restarted on its address: traffic again.
+    let first = cluster.node_addrs[0];
+    cluster.nodes[0].kill();
+    let before = requests_to(first);
+    std::thread::sleep(Duration::from_millis(500));
+    cluster.nodes[0] = spawn_node(cluster.tmp.path(), &model, 1, &first.to_string());
+    wait_for("the restarted node gets traffic", &|| {
+        requests_to(first) > before + 2.0
+    });
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().unwrap();
+    }
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "requests failed under the changes"
+    );
 }

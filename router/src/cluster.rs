@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -29,6 +29,9 @@ use crate::routing::{Candidate, NodeLoad, PrefixIndex, Reason, Router, Slot};
 const LOAD_INTERVAL: Duration = Duration::from_millis(50);
 /// How long a node's KV feed waits before resubscribing after an error.
 const FEED_RETRY: Duration = Duration::from_millis(200);
+/// Redialing an unreachable node backs off from this to `REDIAL_MAX`.
+const REDIAL_MIN: Duration = Duration::from_millis(100);
+const REDIAL_MAX: Duration = Duration::from_secs(2);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -47,19 +50,29 @@ pub enum ClusterError {
 }
 
 struct Node {
-    client: NodeClient,
+    addr: SocketAddr,
     slot: Slot,
     ring_key: u64,
-    info: NodeInfo,
+    /// The live connection; `None` while the node is unreachable (the supervisor redials it).
+    client: RwLock<Option<NodeClient>>,
     load: Mutex<NodeLoad>,
-    alive: AtomicBool,
     /// Requests routed here (first attempts and failovers).
     routed: AtomicU64,
 }
 
 impl Node {
+    /// The connection, if the node is up.
+    fn client(&self) -> Option<NodeClient> {
+        let client = self.client.read().unwrap_or_else(PoisonError::into_inner);
+        client.as_ref().filter(|c| !c.is_closed()).cloned()
+    }
+
     fn alive(&self) -> bool {
-        self.alive.load(Ordering::Relaxed) && !self.client.is_closed()
+        self.client().is_some()
+    }
+
+    fn set_client(&self, client: Option<NodeClient>) {
+        *self.client.write().unwrap_or_else(PoisonError::into_inner) = client;
     }
 }
 
@@ -80,7 +93,8 @@ pub struct ClusterStats {
 pub struct Cluster {
     config: ModelConfig,
     block_size: usize,
-    device_blocks: usize,
+    /// The smallest node's KV blocks: what admission checks a prompt against.
+    device_blocks: AtomicUsize,
     grammar: Option<Arc<GrammarCompiler>>,
     nodes: Vec<Arc<Node>>,
     index: Arc<RwLock<PrefixIndex>>,
@@ -93,9 +107,11 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Connects to every node in `addrs` through `endpoint` (its client configuration carries
+    /// Connects to the nodes at `addrs` through `endpoint` (its client configuration carries
     /// this router's certificate), checks that each serves `config`'s model, and starts
-    /// following their KV events and load.
+    /// following their KV events and load. Nodes that cannot be reached now are redialed in the
+    /// background (so are nodes that go away later); if none can be reached, or one serves
+    /// another model, this fails.
     pub async fn connect(
         endpoint: &quinn::Endpoint,
         addrs: &[SocketAddr],
@@ -110,48 +126,46 @@ impl Cluster {
         }
         let mut index = PrefixIndex::new();
         let mut nodes = Vec::with_capacity(addrs.len());
+        let mut infos = Vec::new();
+        let mut unreachable = Vec::new();
         for &addr in addrs {
-            let client = NodeClient::connect(endpoint, addr, server_name).await?;
-            let info = client.info().await?;
-            let expected = config.architecture.model_type();
-            if info.model_type != expected
-                || info.vocab_size != config.vocab_size
-                || info.max_position_embeddings != config.max_position_embeddings
-            {
-                return Err(ClusterError::Mismatch {
-                    addr,
-                    expected: format!(
-                        "{expected} (vocabulary {}, window {})",
-                        config.vocab_size, config.max_position_embeddings
-                    ),
-                    found: format!(
-                        "{} (vocabulary {}, window {})",
-                        info.model_type, info.vocab_size, info.max_position_embeddings
-                    ),
-                });
-            }
             let slot = index
                 .add_node()
                 .map_err(|e| ClusterError::Index(e.to_string()))?;
-            nodes.push(Arc::new(Node {
-                client,
+            let node = Arc::new(Node {
+                addr,
                 slot,
                 ring_key: ring_key(addr),
-                load: Mutex::new(NodeLoad {
-                    capacity_blocks: info.capacity_blocks as u64,
-                    ..NodeLoad::default()
-                }),
-                info,
-                alive: AtomicBool::new(true),
+                client: RwLock::new(None),
+                load: Mutex::new(NodeLoad::default()),
                 routed: AtomicU64::new(0),
-            }));
+            });
+            match dial(endpoint, addr, server_name, &config).await {
+                Ok((client, info)) => {
+                    node.set_client(Some(client));
+                    node.load
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .capacity_blocks = info.capacity_blocks as u64;
+                    infos.push(info);
+                }
+                Err(e @ ClusterError::Mismatch { .. }) => return Err(e),
+                Err(e) => unreachable.push(e),
+            }
+            nodes.push(node);
         }
-        let block_size = nodes[0].info.block_size;
-        let device_blocks = nodes.iter().map(|n| n.info.capacity_blocks).min();
+        let Some(first) = infos.first() else {
+            return Err(unreachable.swap_remove(0));
+        };
+        for e in &unreachable {
+            tracing::warn!("{e}; retrying in the background");
+        }
+        let block_size = first.block_size;
+        let device_blocks = infos.iter().map(|i| i.capacity_blocks).min().unwrap_or(0);
         let cluster = Arc::new(Self {
             config,
             block_size,
-            device_blocks: device_blocks.unwrap_or(0),
+            device_blocks: AtomicUsize::new(device_blocks),
             grammar,
             index: Arc::new(RwLock::new(index)),
             nodes,
@@ -162,8 +176,13 @@ impl Cluster {
             stats: ClusterStats::default(),
         });
         for node in &cluster.nodes {
-            tokio::spawn(follow_kv(Arc::clone(node), Arc::clone(&cluster.index)));
-            tokio::spawn(follow_load(Arc::clone(node)));
+            let supervisor = Supervisor {
+                cluster: Arc::downgrade(&cluster),
+                node: Arc::clone(node),
+                endpoint: endpoint.clone(),
+                server_name: server_name.to_string(),
+            };
+            tokio::spawn(supervisor.run());
         }
         Ok(cluster)
     }
@@ -176,7 +195,7 @@ impl Cluster {
     pub fn routed(&self) -> Vec<(SocketAddr, u64)> {
         self.nodes
             .iter()
-            .map(|n| (n.client.addr(), n.routed.load(Ordering::Relaxed)))
+            .map(|n| (n.addr, n.routed.load(Ordering::Relaxed)))
             .collect()
     }
 
@@ -244,7 +263,7 @@ impl Cluster {
         let admission = Admission {
             config: &self.config,
             block_size: self.block_size,
-            device_blocks: self.device_blocks,
+            device_blocks: self.device_blocks.load(Ordering::Relaxed),
             grammar: self.grammar.as_deref(),
         };
         admission.admit(&request)?;
@@ -365,7 +384,11 @@ impl Cluster {
             if !emitted.is_empty() {
                 self.stats.failovers.fetch_add(1, Ordering::Relaxed);
             }
-            let mut stream = match node.client.generate(attempt.clone()).await {
+            let Some(client) = node.client() else {
+                failures.push(format!("node {} went away", node.addr));
+                continue;
+            };
+            let mut stream = match client.generate(attempt.clone()).await {
                 Ok(stream) => stream,
                 Err(NodeError::Refused(refusal)) => {
                     let _ = tx.send(TokenEvent::Failed {
@@ -464,10 +487,7 @@ fn resumed(request: &GenerateRequest, emitted: &[u32], rng_pos: u64) -> Option<G
 }
 
 fn node_failed(node: &Node, e: &NodeError) {
-    if node.client.is_closed() {
-        node.alive.store(false, Ordering::Relaxed);
-    }
-    tracing::warn!("node {} failed a request: {e}", node.client.addr());
+    tracing::warn!("node {} failed a request: {e}", node.addr);
 }
 
 /// A node's stable key on the ownership ring: a hash of its address.
@@ -475,60 +495,176 @@ fn ring_key(addr: SocketAddr) -> u64 {
     xxhash_rust::xxh3::xxh3_64(addr.to_string().as_bytes())
 }
 
-/// Keeps `node`'s part of the index current: subscribe, then dump, then apply events; a gap, a
-/// lag or an error starts over.
-async fn follow_kv(node: Arc<Node>, index: Arc<RwLock<PrefixIndex>>) {
-    while node.alive() {
-        if let Err(e) = follow_kv_once(&node, &index).await {
-            tracing::debug!("KV feed of node {}: {e}", node.client.addr());
-        }
-        tokio::time::sleep(FEED_RETRY).await;
+/// Dials `addr` and checks the model it serves against `config`.
+async fn dial(
+    endpoint: &quinn::Endpoint,
+    addr: SocketAddr,
+    server_name: &str,
+    config: &ModelConfig,
+) -> Result<(NodeClient, NodeInfo), ClusterError> {
+    let client = NodeClient::connect(endpoint, addr, server_name).await?;
+    let info = client.info().await?;
+    let expected = config.architecture.model_type();
+    if info.model_type != expected
+        || info.vocab_size != config.vocab_size
+        || info.max_position_embeddings != config.max_position_embeddings
+    {
+        return Err(ClusterError::Mismatch {
+            addr,
+            expected: format!(
+                "{expected} (vocabulary {}, window {})",
+                config.vocab_size, config.max_position_embeddings
+            ),
+            found: format!(
+                "{} (vocabulary {}, window {})",
+                info.model_type, info.vocab_size, info.max_position_embeddings
+            ),
+        });
     }
-    let mut index = index.write().unwrap_or_else(PoisonError::into_inner);
-    let _ = index.clear_node(node.slot);
+    Ok((client, info))
 }
 
-async fn follow_kv_once(node: &Node, index: &RwLock<PrefixIndex>) -> Result<(), String> {
-    let mut feed = node.client.kv_events().await.map_err(|e| e.to_string())?;
-    let dump = node.client.kv_dump().await.map_err(|e| e.to_string())?;
-    index
-        .write()
-        .unwrap_or_else(PoisonError::into_inner)
-        .load_dump(node.slot, &dump)
-        .map_err(|e| e.to_string())?;
-    loop {
-        match feed.next().await.map_err(|e| e.to_string())? {
-            Some(KvFeed::Event(event)) => index
-                .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .apply(node.slot, &event)
-                .map_err(|e| e.to_string())?,
-            Some(KvFeed::Lagged { missed }) => {
-                return Err(format!("fell {missed} events behind"));
-            }
-            None => return Err("the node ended its feed".into()),
-        }
-    }
+/// Keeps one node connected while the cluster lives: follows its KV events and load while the
+/// connection lasts, forgets its cache when it ends, and redials.
+struct Supervisor {
+    cluster: std::sync::Weak<Cluster>,
+    node: Arc<Node>,
+    endpoint: quinn::Endpoint,
+    server_name: String,
 }
 
-/// Polls `node`'s load while it lives.
-async fn follow_load(node: Arc<Node>) {
-    let mut tick = tokio::time::interval(LOAD_INTERVAL);
-    while node.alive() {
-        tick.tick().await;
-        match node.client.load().await {
-            Ok(load) => {
-                *node.load.lock().unwrap_or_else(PoisonError::into_inner) = NodeLoad {
-                    queued_prefill_tokens: load.queued_prefill_tokens,
-                    active_blocks: load.active_blocks,
-                    capacity_blocks: load.capacity_blocks,
-                };
+impl Supervisor {
+    async fn run(self) {
+        let mut backoff = REDIAL_MIN;
+        loop {
+            let Some(cluster) = self.cluster.upgrade() else {
+                return;
+            };
+            let client = match self.node.client() {
+                Some(client) => Some(client),
+                None => self.redial(&cluster).await,
+            };
+            if let Some(client) = client {
+                backoff = REDIAL_MIN;
+                drop(cluster);
+                self.follow(&client).await;
+                self.node.set_client(None);
+                if let Some(cluster) = self.cluster.upgrade() {
+                    let mut index = cluster
+                        .index
+                        .write()
+                        .unwrap_or_else(PoisonError::into_inner);
+                    let _ = index.clear_node(self.node.slot);
+                }
+                tracing::warn!("node {} is gone; redialing", self.node.addr);
+            } else {
+                drop(cluster);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(REDIAL_MAX);
             }
-            Err(e) if node.client.is_closed() => {
-                tracing::warn!("node {} is gone: {e}", node.client.addr());
-                node.alive.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// A new connection to the node, checked, or `None`.
+    async fn redial(&self, cluster: &Cluster) -> Option<NodeClient> {
+        let dialed = dial(
+            &self.endpoint,
+            self.node.addr,
+            &self.server_name,
+            &cluster.config,
+        )
+        .await;
+        match dialed {
+            Ok((client, info)) if info.block_size == cluster.block_size => {
+                cluster
+                    .device_blocks
+                    .fetch_min(info.capacity_blocks, Ordering::Relaxed);
+                self.node
+                    .load
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .capacity_blocks = info.capacity_blocks as u64;
+                self.node.set_client(Some(client.clone()));
+                tracing::info!("node {} connected", self.node.addr);
+                Some(client)
             }
-            Err(_) => {}
+            Ok((_, info)) => {
+                tracing::error!(
+                    "node {} uses blocks of {} tokens, the cluster {}: not used",
+                    self.node.addr,
+                    info.block_size,
+                    cluster.block_size
+                );
+                None
+            }
+            Err(e) => {
+                tracing::debug!("{e}");
+                None
+            }
+        }
+    }
+
+    /// Follows the node's KV events and load until its connection ends.
+    async fn follow(&self, client: &NodeClient) {
+        let kv = async {
+            loop {
+                if let Err(e) = self.follow_kv_once(client).await {
+                    tracing::debug!("KV feed of node {}: {e}", self.node.addr);
+                }
+                tokio::time::sleep(FEED_RETRY).await;
+            }
+        };
+        let load = async {
+            let mut tick = tokio::time::interval(LOAD_INTERVAL);
+            loop {
+                tick.tick().await;
+                if let Ok(load) = client.load().await {
+                    *self
+                        .node
+                        .load
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = NodeLoad {
+                        queued_prefill_tokens: load.queued_prefill_tokens,
+                        active_blocks: load.active_blocks,
+                        capacity_blocks: load.capacity_blocks,
+                    };
+                }
+            }
+        };
+        tokio::select! {
+            () = kv => {}
+            () = load => {}
+            () = client.closed() => {}
+        }
+    }
+
+    /// Subscribe, then dump, then apply events; a gap, a lag or an error returns.
+    async fn follow_kv_once(&self, client: &NodeClient) -> Result<(), String> {
+        let Some(cluster) = self.cluster.upgrade() else {
+            return Ok(());
+        };
+        let index = Arc::clone(&cluster.index);
+        drop(cluster);
+        let slot = self.node.slot;
+        let mut feed = client.kv_events().await.map_err(|e| e.to_string())?;
+        let dump = client.kv_dump().await.map_err(|e| e.to_string())?;
+        index
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .load_dump(slot, &dump)
+            .map_err(|e| e.to_string())?;
+        loop {
+            match feed.next().await.map_err(|e| e.to_string())? {
+                Some(KvFeed::Event(event)) => index
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .apply(slot, &event)
+                    .map_err(|e| e.to_string())?,
+                Some(KvFeed::Lagged { missed }) => {
+                    return Err(format!("fell {missed} events behind"));
+                }
+                None => return Err("the node ended its feed".into()),
+            }
         }
     }
 }

@@ -64,6 +64,11 @@ impl NodeClient {
         self.connection.close_reason().is_some()
     }
 
+    /// Resolves when the connection ends.
+    pub async fn closed(&self) {
+        self.connection.closed().await;
+    }
+
     /// Submits `request`; its events follow on the returned stream. Dropping the stream (or
     /// [`RemoteStream::cancel`]) cancels the request on the node.
     pub async fn generate(&self, request: GenerateRequest) -> Result<RemoteStream, NodeError> {
