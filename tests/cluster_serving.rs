@@ -78,6 +78,15 @@ impl Cluster {
     }
 }
 
+/// One cluster at a time: each test runs several processes, and a 2-core machine running them all
+/// at once starves the raft members' heartbeats.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// `strata node serve` of member `id` (its identity under `root`) on `listen`.
 fn spawn_node(root: &Path, model: &Path, id: u64, listen: &str) -> Process {
     let identity = root.join(format!("member-{id}"));
@@ -147,6 +156,7 @@ fn prompts() -> Vec<String> {
 
 #[test]
 fn router_answers_like_one_process_and_routes_shared_prefixes_to_their_cache() {
+    let _serial = serial();
     let cluster = start_cluster(3);
     let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
     let reference_addr = reference.address("on http://");
@@ -195,6 +205,7 @@ fn routing_quality(addr: SocketAddr) -> (f64, f64) {
 
 #[test]
 fn a_second_router_and_a_restarted_one_route_by_the_nodes_caches_at_once() {
+    let _serial = serial();
     let mut cluster = start_cluster(3);
     for prompt in prompts() {
         complete(cluster.router_addr, &prompt, 4);
@@ -218,6 +229,7 @@ fn a_second_router_and_a_restarted_one_route_by_the_nodes_caches_at_once() {
 
 #[test]
 fn a_router_without_a_certificate_from_the_ca_is_refused() {
+    let _serial = serial();
     let cluster = start_cluster(1);
     let tmp = tempfile::tempdir().unwrap();
     let other = ClusterCa::create(&tmp.path().join("ca")).unwrap();
@@ -309,6 +321,7 @@ fn streams_across_a_node_kill(router_args: &[&str]) -> (Vec<bool>, String) {
 
 #[test]
 fn sigkill_of_a_node_under_32_streams_breaks_none_of_them() {
+    let _serial = serial();
     let (same, metrics) = streams_across_a_node_kill(&[]);
     let broken: Vec<usize> = (0..same.len()).filter(|&i| !same[i]).collect();
     assert!(
@@ -323,6 +336,7 @@ fn sigkill_of_a_node_under_32_streams_breaks_none_of_them() {
 
 #[test]
 fn canary_without_failover_the_same_kill_breaks_streams() {
+    let _serial = serial();
     let (same, _) = streams_across_a_node_kill(&["--failover", "false"]);
     assert!(
         same.iter().any(|s| !s),
@@ -332,6 +346,7 @@ fn canary_without_failover_the_same_kill_breaks_streams() {
 
 #[test]
 fn deploy_local_starts_a_whole_cluster_and_stops_it() {
+    let _serial = serial();
     let tmp = tempfile::tempdir().unwrap();
     let model = tmp.path().join("m");
     synth(&model);
@@ -405,6 +420,7 @@ fn deploy_local_starts_a_whole_cluster_and_stops_it() {
 
 #[test]
 fn nodes_that_come_up_late_or_come_back_get_traffic_and_no_request_fails() {
+    let _serial = serial();
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let mut cluster = start_cluster(2);
@@ -478,5 +494,156 @@ fn nodes_that_come_up_late_or_come_back_get_traffic_and_no_request_fails() {
         failed.load(Ordering::Relaxed),
         0,
         "requests failed under the changes"
+    );
+}
+
+#[test]
+fn a_node_joining_the_group_under_load_changes_the_ring_and_gets_traffic() {
+    let _serial = serial();
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let dir = tmp.path().join("cluster");
+    let base: u16 = {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap().port() % 20_000 + 30_000
+    };
+    let up = std::process::Command::new(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/up.sh"),
+    )
+    .args([
+        "--nodes",
+        "2",
+        "--routers",
+        "1",
+        "--model",
+        model.to_str().unwrap(),
+    ])
+    .args([
+        "--dir",
+        dir.to_str().unwrap(),
+        "--base-port",
+        &base.to_string(),
+    ])
+    .env("STRATA", env!("CARGO_BIN_EXE_strata"))
+    .output()
+    .unwrap();
+    // down.sh stops what up.sh started, whatever this test does.
+    struct Down<'a>(&'a Path);
+    impl Drop for Down<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/down.sh"),
+            )
+            .args(["--dir", self.0.to_str().unwrap()])
+            .output();
+        }
+    }
+    let _down = Down(&dir);
+    assert!(
+        up.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&up.stdout),
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let router: SocketAddr = format!("127.0.0.1:{}", base + 101).parse().unwrap();
+    let member = |i: u16| format!("127.0.0.1:{}", base + 10 * i);
+    let node3: SocketAddr = format!("127.0.0.1:{}", base + 32).parse().unwrap();
+    let read = |name: &str| metric(&get(router, "/metrics"), name);
+    let node3_requests = format!("strata_router_node_requests_total{{node=\"{node3}\"}}");
+    let epoch_before = read("strata_router_ring_epoch");
+    assert!(epoch_before > 0.0);
+    // Load from two clients; every answer must be a 200.
+    let stop = Arc::new(AtomicBool::new(false));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..2)
+        .map(|c| {
+            let (stop, failed) = (stop.clone(), failed.clone());
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    // Each prompt's first block is its own: nothing is cached for it, so its
+                    // ring owner takes it, and the new node owns a share of the ring.
+                    let prompt = format!("{i:05} {c} asks a question");
+                    let body = completion_body(&prompt, 16, false, None);
+                    let (status, body) = cluster::post(router, "/v1/completions", &body);
+                    if status != 200 {
+                        eprintln!("request failed: {status} {body}");
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    i += 1;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        })
+        .collect();
+    // Member 3 joins the raft group as a voter, and its node starts beside it.
+    let token = dir.join("token-3");
+    let out = strata(&[
+        "cluster",
+        "token",
+        "--data",
+        dir.join("member-1").to_str().unwrap(),
+        "--out",
+        token.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let data3 = dir.join("member-3");
+    let join_seed = format!("127.0.0.1:{}", base + 11);
+    let member3 = Process::start(&[
+        "cluster",
+        "join",
+        "--data",
+        data3.to_str().unwrap(),
+        "--listen",
+        &member(3),
+        "--seed",
+        &join_seed,
+        "--token",
+        token.to_str().unwrap(),
+        "--voter",
+    ]);
+    let node3_process = Process::start(&[
+        "node",
+        "serve",
+        "--model",
+        model.to_str().unwrap(),
+        "--data",
+        data3.to_str().unwrap(),
+        "--listen",
+        &node3.to_string(),
+    ]);
+    let joined = || {
+        let text = get(router, "/metrics");
+        metric(&text, "strata_router_ring_epoch") > epoch_before
+            && text.contains(&node3_requests)
+            && metric(&text, &node3_requests) > 0.0
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !joined() {
+        if std::time::Instant::now() >= deadline {
+            let logs: Vec<String> = member3
+                .log
+                .try_iter()
+                .chain(node3_process.log.try_iter())
+                .collect();
+            panic!(
+                "the new node never got traffic:\n{}\n{}",
+                get(router, "/metrics"),
+                logs.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.join().unwrap();
+    }
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "requests failed while the node joined"
     );
 }

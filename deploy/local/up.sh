@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Starts a whole strata cluster on 127.0.0.1: a raft group of N members (the first holds the CA),
-# a `strata node serve` beside each member (its engine, with the member's certificate), and M
-# `strata router`s in front of the nodes (an operator certificate). Stop it with down.sh.
+# a `strata node serve` beside each member (its engine, with the member's certificate, declaring
+# its RPC address in the member's record), and M `strata router`s following the group (an
+# operator certificate) to find the nodes. Stop it with down.sh.
 #
 # Usage: deploy/local/up.sh [--nodes N] [--routers M] [--model DIR] [--dir DIR] [--base-port P]
 #   --model   checkpoint directory (default: the embedded demo model, synthesized once)
@@ -83,16 +84,18 @@ for i in $(seq 2 "$nodes"); do
 done
 node_list=""
 for i in $(seq 1 "$nodes"); do
-    spawn "node-$i" "$strata" node serve --model "$model" --identity "$dir/member-$i" \
+    spawn "node-$i" "$strata" node serve --model "$model" --data "$dir/member-$i" \
         --listen "127.0.0.1:$(node_port "$i")"
     node_list+="${node_list:+,}127.0.0.1:$(node_port "$i")"
 done
-for i in $(seq 1 "$nodes"); do wait_log "node-$i" "on quic://"; done
+for i in $(seq 1 "$nodes"); do wait_log "node-$i" "declared to the topology group"; done
 if [[ ! -e $dir/router-identity/operator.pem ]]; then
     "$strata" cluster operator --data "$dir/member-1" --name local-router --out "$dir/router-identity" >/dev/null
 fi
+members=""
+for i in $(seq 1 "$nodes"); do members+="${members:+,}127.0.0.1:$(member_port "$i")"; done
 for j in $(seq 1 "$routers"); do
-    spawn "router-$j" "$strata" router --model "$model" --nodes "$node_list" \
+    spawn "router-$j" "$strata" router --model "$model" --cluster "$members" \
         --identity "$dir/router-identity" --port $((base + 100 + j))
 done
 for j in $(seq 1 "$routers"); do wait_log "router-$j" "on http://"; done

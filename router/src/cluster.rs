@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -58,6 +58,8 @@ struct Node {
     load: Mutex<NodeLoad>,
     /// Requests routed here (first attempts and failovers).
     routed: AtomicU64,
+    /// Taken out of the cluster: its supervisor ends.
+    removed: AtomicBool,
 }
 
 impl Node {
@@ -68,7 +70,7 @@ impl Node {
     }
 
     fn alive(&self) -> bool {
-        self.client().is_some()
+        !self.removed.load(Ordering::Relaxed) && self.client().is_some()
     }
 
     fn set_client(&self, client: Option<NodeClient>) {
@@ -96,7 +98,12 @@ pub struct Cluster {
     /// The smallest node's KV blocks: what admission checks a prompt against.
     device_blocks: AtomicUsize,
     grammar: Option<Arc<GrammarCompiler>>,
-    nodes: Vec<Arc<Node>>,
+    nodes: RwLock<Vec<Arc<Node>>>,
+    /// How supervisors dial nodes added later.
+    endpoint: quinn::Endpoint,
+    server_name: String,
+    /// The ownership ring's epoch as the topology group last announced it (0 without one).
+    ring_epoch: AtomicU64,
     index: Arc<RwLock<PrefixIndex>>,
     router: Mutex<Router>,
     next_id: AtomicU64,
@@ -139,6 +146,7 @@ impl Cluster {
                 client: RwLock::new(None),
                 load: Mutex::new(NodeLoad::default()),
                 routed: AtomicU64::new(0),
+                removed: AtomicBool::new(false),
             });
             match dial(endpoint, addr, server_name, &config).await {
                 Ok((client, info)) => {
@@ -168,23 +176,90 @@ impl Cluster {
             device_blocks: AtomicUsize::new(device_blocks),
             grammar,
             index: Arc::new(RwLock::new(index)),
-            nodes,
+            nodes: RwLock::new(nodes),
+            endpoint: endpoint.clone(),
+            server_name: server_name.to_string(),
+            ring_epoch: AtomicU64::new(0),
             router: Mutex::new(router),
             next_id: AtomicU64::new(1),
             cancels: Mutex::new(HashMap::new()),
             failover,
             stats: ClusterStats::default(),
         });
-        for node in &cluster.nodes {
-            let supervisor = Supervisor {
-                cluster: Arc::downgrade(&cluster),
-                node: Arc::clone(node),
-                endpoint: endpoint.clone(),
-                server_name: server_name.to_string(),
-            };
-            tokio::spawn(supervisor.run());
+        for node in cluster.nodes() {
+            cluster.supervise(node);
         }
         Ok(cluster)
+    }
+
+    fn nodes(&self) -> Vec<Arc<Node>> {
+        self.nodes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn supervise(self: &Arc<Self>, node: Arc<Node>) {
+        let supervisor = Supervisor {
+            cluster: Arc::downgrade(self),
+            node,
+            endpoint: self.endpoint.clone(),
+            server_name: self.server_name.clone(),
+        };
+        tokio::spawn(supervisor.run());
+    }
+
+    /// The nodes' addresses, in the order they were added.
+    pub fn node_addrs(&self) -> Vec<SocketAddr> {
+        self.nodes().iter().map(|n| n.addr).collect()
+    }
+
+    /// Adds the node at `addr` (dialed in the background); nothing if it is there already.
+    pub fn add_node(self: &Arc<Self>, addr: SocketAddr) -> Result<(), ClusterError> {
+        let mut nodes = self.nodes.write().unwrap_or_else(PoisonError::into_inner);
+        if nodes.iter().any(|n| n.addr == addr) {
+            return Ok(());
+        }
+        let slot = self
+            .index
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add_node()
+            .map_err(|e| ClusterError::Index(e.to_string()))?;
+        let node = Arc::new(Node {
+            addr,
+            slot,
+            ring_key: ring_key(addr),
+            client: RwLock::new(None),
+            load: Mutex::new(NodeLoad::default()),
+            routed: AtomicU64::new(0),
+            removed: AtomicBool::new(false),
+        });
+        nodes.push(Arc::clone(&node));
+        drop(nodes);
+        tracing::info!("node {addr} added");
+        self.supervise(node);
+        Ok(())
+    }
+
+    /// Takes the node at `addr` out: no new requests go there; those running there continue
+    /// elsewhere if it fails.
+    pub fn remove_node(&self, addr: SocketAddr) {
+        let mut nodes = self.nodes.write().unwrap_or_else(PoisonError::into_inner);
+        let Some(at) = nodes.iter().position(|n| n.addr == addr) else {
+            return;
+        };
+        let node = nodes.remove(at);
+        drop(nodes);
+        node.removed.store(true, Ordering::Relaxed);
+        let mut index = self.index.write().unwrap_or_else(PoisonError::into_inner);
+        let _ = index.remove_node(node.slot);
+        tracing::info!("node {addr} removed");
+    }
+
+    /// Records the topology group's ring epoch (for `/metrics`).
+    pub fn set_ring_epoch(&self, epoch: u64) {
+        self.ring_epoch.store(epoch, Ordering::Relaxed);
     }
 
     pub fn model_config(&self) -> &ModelConfig {
@@ -193,7 +268,7 @@ impl Cluster {
 
     /// Requests routed to each node so far, by node address.
     pub fn routed(&self) -> Vec<(SocketAddr, u64)> {
-        self.nodes
+        self.nodes()
             .iter()
             .map(|n| (n.addr, n.routed.load(Ordering::Relaxed)))
             .collect()
@@ -228,6 +303,12 @@ impl Cluster {
                 "strata_router_node_requests_total{{node=\"{addr}\"}} {n}"
             );
         }
+        let epoch = self.ring_epoch.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "# HELP strata_router_ring_epoch The topology group's ownership ring epoch.\n\
+             # TYPE strata_router_ring_epoch gauge\nstrata_router_ring_epoch {epoch}"
+        );
         for (name, help, value) in [
             (
                 "strata_router_prompt_blocks_total",
@@ -306,8 +387,8 @@ impl Cluster {
             Some(h) => h.0,
             None => block_hash(None, &request.prompt, request.cache_salt).0,
         };
-        let candidates: Vec<Candidate> = self
-            .nodes
+        let nodes = self.nodes();
+        let candidates: Vec<Candidate> = nodes
             .iter()
             .filter(|n| n.alive() && !exclude.contains(&n.slot))
             .map(|n| Candidate {
@@ -335,7 +416,7 @@ impl Cluster {
         self.stats
             .prompt_blocks
             .fetch_add(chain.len() as u64, Ordering::Relaxed);
-        let node = self.nodes.iter().find(|n| n.slot == decision.slot)?;
+        let node = nodes.iter().find(|n| n.slot == decision.slot)?;
         node.routed.fetch_add(1, Ordering::Relaxed);
         // Count the request against the node until its next load report.
         node.load
@@ -540,6 +621,9 @@ impl Supervisor {
             let Some(cluster) = self.cluster.upgrade() else {
                 return;
             };
+            if self.node.removed.load(Ordering::Relaxed) {
+                return;
+            }
             let client = match self.node.client() {
                 Some(client) => Some(client),
                 None => self.redial(&cluster).await,
@@ -618,6 +702,9 @@ impl Supervisor {
             let mut tick = tokio::time::interval(LOAD_INTERVAL);
             loop {
                 tick.tick().await;
+                if self.node.removed.load(Ordering::Relaxed) {
+                    return;
+                }
                 if let Ok(load) = client.load().await {
                     *self
                         .node

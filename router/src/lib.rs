@@ -14,6 +14,7 @@ pub mod request_id;
 pub mod routing;
 pub mod state;
 pub mod tools;
+pub mod watcher;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

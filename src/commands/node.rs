@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
@@ -13,9 +14,11 @@ use strata_collective::inventory::{Inventory, InventoryError, inspect, suggest_t
 use strata_node::rpc::{ALPN, NodeService};
 use strata_quic::tls::mutual_server_config;
 use strata_router::{Device, start_engine_on};
-use strata_topology::server::DataLayout;
-use strata_topology::transport::MemberIdentity;
+use strata_topology::lease_driver::{Clock, SystemClock};
+use strata_topology::server::{DataLayout, ServerConfig};
+use strata_topology::state::{Change, Command};
 use strata_topology::transport::ca::MEMBER_CERT_FILE;
+use strata_topology::transport::{Client, MemberIdentity, client_endpoint};
 
 #[derive(Subcommand)]
 pub enum NodeCommand {
@@ -36,8 +39,16 @@ pub enum NodeCommand {
         listen: SocketAddr,
         /// The node's certificate from the cluster CA: a member's data directory (`strata cluster
         /// init|join --data`), or a directory holding `ca.pem`, `member.pem` and `member.key`.
+        #[arg(long, required_unless_present = "data")]
+        identity: Option<PathBuf>,
+        /// The data directory of the topology member this node serves beside: its identity is
+        /// the node's, and the node declares its RPC address in the member's record, so that
+        /// routers following the group (`strata router --cluster`) find it.
+        #[arg(long, conflicts_with = "identity")]
+        data: Option<PathBuf>,
+        /// The RPC address routers dial; default: --listen (with the port it got).
         #[arg(long)]
-        identity: PathBuf,
+        advertise: Option<SocketAddr>,
         /// Where the engine runs: cpu, cuda or cuda:N.
         #[arg(long, default_value = "cpu")]
         device: String,
@@ -60,13 +71,20 @@ pub fn run(command: NodeCommand) -> Result<()> {
             model,
             listen,
             identity,
+            data,
+            advertise,
             device,
             tp,
             kv_cache_mib,
             block_size,
         } => {
             let device: Device = device.parse().map_err(anyhow::Error::msg)?;
-            let identity = member_identity(&identity)?;
+            let identity = match (&identity, &data) {
+                (Some(dir), _) => member_identity(dir)?,
+                // A member still joining gets its certificate in a moment.
+                (None, Some(dir)) => wait_for_identity(dir)?,
+                (None, None) => anyhow::bail!("give --identity or --data"),
+            };
             let (engine, _) =
                 start_engine_on(&model, device, tp, block_size, kv_cache_mib << 20)
                     .with_context(|| format!("{}: starting the engine", model.display()))?;
@@ -86,9 +104,84 @@ pub fn run(command: NodeCommand) -> Result<()> {
                     service.info().capacity_blocks,
                     service.info().block_size
                 );
+                if let Some(data) = data {
+                    let rpc = advertise.unwrap_or(addr);
+                    let blocks = service.info().capacity_blocks as u64;
+                    tokio::spawn(async move {
+                        match declare(&data, &identity, rpc, blocks).await {
+                            Ok(()) => tracing::info!("declared to the topology group as {rpc}"),
+                            Err(e) => tracing::error!("declaring to the topology group: {e:#}"),
+                        }
+                    });
+                }
                 strata_node::rpc::serve(endpoint, service).await;
                 Ok(())
             })
+        }
+    }
+}
+
+/// How long a node keeps trying to declare itself to its member before giving up.
+const DECLARE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Records `rpc` (and the KV capacity) in the member's record through the member in `data`,
+/// retrying while the member starts or the group elects a leader.
+async fn declare(
+    data: &Path,
+    identity: &MemberIdentity,
+    rpc: SocketAddr,
+    kv_blocks: u64,
+) -> Result<()> {
+    let config = ServerConfig::load(&DataLayout::new(data).config()).map_err(anyhow::Error::msg)?;
+    let member = config
+        .advertise
+        .unwrap_or_else(|| config.listen.to_string());
+    let local = SocketAddr::from(([0, 0, 0, 0], 0));
+    let client = Client::new(client_endpoint(identity, local)?, Duration::from_secs(5));
+    let deadline = tokio::time::Instant::now() + DECLARE_TIMEOUT;
+    loop {
+        let attempt = async {
+            let view = client.read(&member).await?;
+            let mut spec = view
+                .cluster
+                .members()
+                .get(&identity.id)
+                .map(|m| m.spec.clone())
+                .with_context(|| format!("member {} is not in the group", identity.id))?;
+            spec.addresses.rpc = rpc.to_string();
+            spec.capacity.kv_blocks = kv_blocks;
+            let change = Change::UpdateMember(spec);
+            let (_, outcome) = client
+                .propose(&member, Command::new(SystemClock.now_ms(), change))
+                .await?;
+            outcome.map_err(|r| anyhow::anyhow!("the group refused the record: {r:?}"))?;
+            anyhow::Ok(())
+        };
+        match attempt.await {
+            Ok(()) => return Ok(()),
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+            Err(e) => tracing::debug!("declaring to member {member}: {e:#}"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The identity of the member in the data directory `data`, waiting (up to
+/// [`DECLARE_TIMEOUT`]) while the member is still joining and has no certificate yet.
+fn wait_for_identity(data: &Path) -> Result<MemberIdentity> {
+    let deadline = std::time::Instant::now() + DECLARE_TIMEOUT;
+    let mut told = false;
+    loop {
+        match member_identity(data) {
+            Ok(identity) => return Ok(identity),
+            Err(e) if std::time::Instant::now() >= deadline => return Err(e),
+            Err(_) => {
+                if !told {
+                    tracing::info!("waiting for the member in {} to join", data.display());
+                    told = true;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
         }
     }
 }

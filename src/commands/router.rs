@@ -3,6 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
@@ -12,8 +13,12 @@ use strata_router::admission::AdmissionLimits;
 use strata_router::auth::KeyStore;
 use strata_router::cluster::Cluster;
 use strata_router::routing::{Policy, Router, RoutingConfig};
+use strata_router::watcher;
 use strata_router::{Access, ServedModel, ServingParts, grammar_compiler};
-use strata_topology::transport::OperatorIdentity;
+use strata_topology::transport::{Client, OperatorIdentity, client_endpoint, operator_endpoint};
+
+/// How long one call to the topology group may take.
+const TOPOLOGY_TIMEOUT: Duration = Duration::from_secs(5);
 use strata_topology::transport::ca::SERVER_NAME;
 
 #[derive(Args)]
@@ -23,8 +28,13 @@ pub struct RouterArgs {
     #[arg(long)]
     model: PathBuf,
     /// The nodes' RPC addresses (`strata node serve --listen`), comma-separated.
-    #[arg(long, value_delimiter = ',', required = true)]
+    #[arg(long, value_delimiter = ',', required_unless_present = "cluster")]
     nodes: Vec<SocketAddr>,
+    /// Instead of --nodes: members of the topology group (their raft addresses,
+    /// comma-separated) to follow; the nodes are the members serving requests, kept current as
+    /// they join, leave or go down.
+    #[arg(long, value_delimiter = ',', conflicts_with = "nodes")]
+    cluster: Vec<String>,
     /// Identity directory from the cluster CA: an operator's (`strata cluster operator`) or a
     /// member's data directory.
     #[arg(long)]
@@ -72,14 +82,47 @@ pub fn node_client_config(dir: &Path) -> Result<quinn::ClientConfig> {
     Ok(config)
 }
 
+/// A topology client holding the identity in `dir` (an operator's, or a member's).
+fn topology_client(dir: &Path) -> Result<Client> {
+    let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
+    let endpoint = match OperatorIdentity::load(dir) {
+        Ok(id) => operator_endpoint(&id, local)?,
+        Err(_) => client_endpoint(&super::node::member_identity(dir)?, local)?,
+    };
+    Ok(Client::new(endpoint, TOPOLOGY_TIMEOUT))
+}
+
+/// The serving members of the group, waiting until there is at least one.
+async fn serving_nodes_now(client: &Client, seeds: &[String]) -> Result<Vec<SocketAddr>> {
+    let mut told = false;
+    loop {
+        match watcher::read_state(client, seeds).await {
+            Ok(state) => {
+                let nodes = watcher::serving_nodes(&state);
+                if !nodes.is_empty() {
+                    return Ok(nodes);
+                }
+                if !told {
+                    tracing::info!(
+                        "waiting for a member of the group to serve (strata node serve --data)"
+                    );
+                    told = true;
+                }
+            }
+            Err(e) => tracing::warn!("reading the topology group: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 pub fn run(args: RouterArgs) -> Result<()> {
     let policy = match args.policy {
         PolicyName::CacheAware => Policy::CacheAware(RoutingConfig::default()),
         PolicyName::RoundRobin => Policy::RoundRobin,
         PolicyName::LeastLoaded => Policy::LeastLoaded,
     };
-    if args.nodes.is_empty() {
-        bail!("--nodes names no node");
+    if args.nodes.is_empty() && args.cluster.is_empty() {
+        bail!("give the nodes (--nodes) or the topology group to find them in (--cluster)");
     }
     let (config, parts, eos) = ServingParts::from_dir(&args.model)
         .with_context(|| format!("{}: reading the model", args.model.display()))?;
@@ -110,9 +153,18 @@ pub fn run(args: RouterArgs) -> Result<()> {
             quinn::Endpoint::client(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))
                 .context("opening the QUIC endpoint")?;
         endpoint.set_default_client_config(client);
+        let topology = if args.cluster.is_empty() {
+            None
+        } else {
+            Some(topology_client(&args.identity)?)
+        };
+        let nodes = match &topology {
+            None => args.nodes.clone(),
+            Some(topology) => serving_nodes_now(topology, &args.cluster).await?,
+        };
         let cluster = Cluster::connect(
             &endpoint,
-            &args.nodes,
+            &nodes,
             SERVER_NAME,
             config,
             grammar,
@@ -120,7 +172,14 @@ pub fn run(args: RouterArgs) -> Result<()> {
             args.failover,
         )
         .await?;
-        tracing::info!("routing over {} node(s)", args.nodes.len());
+        if let Some(topology) = topology {
+            tokio::spawn(watcher::follow(
+                cluster.clone(),
+                topology,
+                args.cluster.clone(),
+            ));
+        }
+        tracing::info!("routing over {} node(s)", nodes.len());
         let state = std::sync::Arc::new(ServedModel::new(name, "strata".into(), cluster, parts));
         let addr = SocketAddr::new(args.host, args.port);
         strata_router::serve_state(state, addr, access, args.keys_file, shutdown).await?;
