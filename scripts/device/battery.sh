@@ -9,7 +9,7 @@
 # launches; prefill; the PyTorch eager peer on the same shapes). A llama.cpp peer result measured
 # earlier on the same machine kind is merged when PEER_DIR (default .device/peer) holds
 # llamacpp.json. Logs and JSON go to OUT_DIR; a short table is printed last. Exits non-zero if a
-# check failed (benchmarks still run).
+# check failed (benchmarks still run). CHECKS_ONLY=1 stops after the checks.
 set -uo pipefail
 
 OUT=${1:?usage: battery.sh OUT_DIR}
@@ -111,6 +111,14 @@ smoke() {
     return $ok
 }
 step serve-smoke smoke
+# CHECKS_ONLY=1: the gates above without the benchmarks (a few minutes), for a change that
+# cannot move a number.
+if [[ ${CHECKS_ONLY:-0} == 1 ]]; then
+    echo
+    echo "== battery (checks only) =="
+    printf '%s\n' "${TABLE[@]}"
+    exit $failed
+fi
 
 # Benchmarks. Decode is also a gate: graph replay must equal eager launches bit for bit.
 "$BIN" kernels bench 2>&1 | tee "$OUT/logs/kernels-bench.log"
