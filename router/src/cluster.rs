@@ -17,7 +17,7 @@ use std::time::Duration;
 use strata_model::ModelConfig;
 use strata_model::grammar::GrammarCompiler;
 use strata_node::kv::{block_hash, prompt_block_hashes};
-use strata_node::rpc::{KvFeed, NodeClient, NodeError, NodeInfo, RemoteStream};
+use strata_node::rpc::{KvFeed, NodeClient, NodeError, NodeInfo, RefusalKind, RemoteStream};
 use strata_node::{Admission, RequestStream, SubmitError};
 use strata_protocol::{GenerateRequest, Resume, TokenEvent};
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
@@ -471,6 +471,11 @@ impl Cluster {
             };
             let mut stream = match client.generate(attempt.clone()).await {
                 Ok(stream) => stream,
+                // A node shutting down refuses as unavailable: another may take the request.
+                Err(NodeError::Refused(refusal)) if refusal.kind == RefusalKind::Unavailable => {
+                    failures.push(format!("node {}: {}", node.addr, refusal.message));
+                    continue;
+                }
                 Err(NodeError::Refused(refusal)) => {
                     let _ = tx.send(TokenEvent::Failed {
                         message: refusal.message,
