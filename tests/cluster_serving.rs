@@ -15,33 +15,9 @@ use std::time::Duration;
 
 use cluster::{
     Process, START, complete, complete_with, completion_body, get, metric, strata, stream_text,
+    synth,
 };
 use strata_topology::transport::ClusterCa;
-
-/// A tiny Qwen3 with a window of 4096 tokens.
-fn synth(dir: &Path) {
-    let out = strata(&[
-        "model",
-        "synth",
-        "--arch",
-        "qwen3",
-        "--out",
-        dir.to_str().unwrap(),
-        "--layers",
-        "2",
-        "--hidden",
-        "64",
-        "--heads",
-        "4",
-        "--kv-heads",
-        "2",
-        "--intermediate",
-        "128",
-        "--max-position",
-        "4096",
-    ]);
-    assert!(out.status.success(), "{out:?}");
-}
 
 /// Three nodes with member certificates, a router with an operator's; all from one CA.
 struct Cluster {

@@ -2,12 +2,15 @@
 //! applied, flags winning), keys revoked while it runs, and SIGTERM draining a stream before a
 //! clean exit.
 
+mod cluster;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use cluster::synth;
 
 fn strata(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_strata"))
@@ -23,30 +26,6 @@ fn success(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8(o.stdout.clone()).unwrap()
-}
-
-/// A tiny Qwen3 with a window of 4096 tokens.
-fn synth(dir: &Path) {
-    success(&strata(&[
-        "model",
-        "synth",
-        "--arch",
-        "qwen3",
-        "--out",
-        dir.to_str().unwrap(),
-        "--layers",
-        "2",
-        "--hidden",
-        "64",
-        "--heads",
-        "4",
-        "--kv-heads",
-        "2",
-        "--intermediate",
-        "128",
-        "--max-position",
-        "4096",
-    ]));
 }
 
 /// A running `strata serve`, killed when dropped; its log lines arrive on `log`.

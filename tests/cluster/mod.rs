@@ -1,6 +1,7 @@
 //! Helpers for the cluster's process tests and benchmarks: `strata` processes with their logs,
 //! plain HTTP/1.1 calls, SSE streams and Prometheus metrics.
-// Each user (tests/cluster_serving.rs, benches/cluster_routing.rs) takes a subset.
+// Each user (tests/cluster_serving.rs, tests/serve_process.rs, benches/cluster_routing.rs) takes
+// a subset.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -73,6 +74,31 @@ pub fn strata(args: &[&str]) -> std::process::Output {
         .args(args)
         .output()
         .expect("run strata")
+}
+
+/// A tiny Qwen3 with a window of 4096 tokens.
+pub fn synth(dir: &std::path::Path) {
+    let out = strata(&[
+        "model",
+        "synth",
+        "--arch",
+        "qwen3",
+        "--out",
+        dir.to_str().unwrap(),
+        "--layers",
+        "2",
+        "--hidden",
+        "64",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--intermediate",
+        "128",
+        "--max-position",
+        "4096",
+    ]);
+    assert!(out.status.success(), "{out:?}");
 }
 
 /// Status and body of one POST on a fresh connection.
