@@ -233,7 +233,13 @@ fn a_router_without_a_certificate_from_the_ca_is_refused() {
 /// first text, and returns, per stream, whether it ended with the fault-free run's text, and the
 /// router's metrics.
 fn streams_across_a_node_kill(router_args: &[&str]) -> (Vec<bool>, String) {
-    let mut cluster = start_cluster_with(3, router_args);
+    streams_across_a_node_fault(router_args, "KILL")
+}
+
+/// [`streams_across_a_node_kill`] with the node sent `signal` instead: `STOP` leaves it hung,
+/// its connection silent, for the router to notice by the connection's idle timeout.
+fn streams_across_a_node_fault(router_args: &[&str], signal: &str) -> (Vec<bool>, String) {
+    let cluster = start_cluster_with(3, router_args);
     let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
     let reference_addr = reference.address("on http://");
     const TOKENS: u32 = 600;
@@ -286,7 +292,12 @@ fn streams_across_a_node_kill(router_args: &[&str]) -> (Vec<bool>, String) {
     for _ in 0..prompts.len() {
         started.recv_timeout(START).expect("every stream starts");
     }
-    cluster.nodes[0].kill();
+    let pid = cluster.nodes[0].child.id().to_string();
+    let sent = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success());
     let same = handles
         .into_iter()
         .zip(&want)
@@ -307,6 +318,21 @@ fn sigkill_of_a_node_under_32_streams_breaks_none_of_them() {
     assert!(
         metric(&metrics, "strata_router_failovers_total") >= 1.0,
         "no stream was on the killed node?\n{metrics}"
+    );
+}
+
+#[test]
+fn a_hung_node_under_32_streams_breaks_none_of_them() {
+    let _serial = serial();
+    let (same, metrics) = streams_across_a_node_fault(&[], "STOP");
+    let broken: Vec<usize> = (0..same.len()).filter(|&i| !same[i]).collect();
+    assert!(
+        broken.is_empty(),
+        "streams {broken:?} differ from the fault-free run"
+    );
+    assert!(
+        metric(&metrics, "strata_router_failovers_total") >= 1.0,
+        "no stream was on the hung node?\n{metrics}"
     );
 }
 

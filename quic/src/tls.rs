@@ -50,11 +50,22 @@ pub fn roots(ca: &CertificateDer<'static>) -> Result<Arc<RootCertStore>, TlsErro
 }
 
 fn transport() -> Arc<quinn::TransportConfig> {
+    liveness(IDLE_TIMEOUT, KEEP_ALIVE)
+}
+
+fn liveness(idle: Duration, keep_alive: Duration) -> Arc<quinn::TransportConfig> {
     let mut transport = quinn::TransportConfig::default();
-    // The conversion cannot fail for a duration this small (it is below 2^62 µs).
-    transport.max_idle_timeout(quinn::IdleTimeout::try_from(IDLE_TIMEOUT).ok());
-    transport.keep_alive_interval(Some(KEEP_ALIVE));
+    // The conversion cannot fail for durations this small (below 2^62 µs).
+    transport.max_idle_timeout(quinn::IdleTimeout::try_from(idle).ok());
+    transport.keep_alive_interval(Some(keep_alive));
     Arc::new(transport)
+}
+
+/// Makes connections dialed with `config` end after `idle` without a packet from the peer
+/// (keep-alives every `keep_alive` on both sides keep a live one open): how soon a hung peer is
+/// noticed. QUIC takes the smaller of the two sides' idle timeouts.
+pub fn set_liveness(config: &mut quinn::ClientConfig, idle: Duration, keep_alive: Duration) {
+    config.transport_config(liveness(idle, keep_alive));
 }
 
 fn server(

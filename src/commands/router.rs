@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use strata_node::rpc::ALPN;
-use strata_quic::tls::mutual_client_config;
+use strata_quic::tls::{mutual_client_config, set_liveness};
 use strata_router::admission::AdmissionLimits;
 use strata_router::auth::KeyStore;
 use strata_router::cluster::Cluster;
@@ -65,9 +65,14 @@ enum PolicyName {
     LeastLoaded,
 }
 
+/// A node that sends nothing for this long (not even a keep-alive) is taken for dead and its
+/// streams fail over: a hung node is noticed within it.
+const NODE_IDLE_TIMEOUT: Duration = Duration::from_secs(3);
+const NODE_KEEP_ALIVE: Duration = Duration::from_millis(500);
+
 /// A TLS client configuration for the node ALPN from the identity in `dir`.
 pub fn node_client_config(dir: &Path) -> Result<quinn::ClientConfig> {
-    let config = match OperatorIdentity::load(dir) {
+    let mut config = match OperatorIdentity::load(dir) {
         Ok(id) => mutual_client_config(id.chain(), ALPN)?,
         Err(operator) => {
             let id = super::node::member_identity(dir).with_context(|| {
@@ -79,6 +84,7 @@ pub fn node_client_config(dir: &Path) -> Result<quinn::ClientConfig> {
             mutual_client_config(id.chain(), ALPN)?
         }
     };
+    set_liveness(&mut config, NODE_IDLE_TIMEOUT, NODE_KEEP_ALIVE);
     Ok(config)
 }
 
