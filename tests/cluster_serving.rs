@@ -141,9 +141,10 @@ fn router_answers_like_one_process_and_routes_shared_prefixes_to_their_cache() {
         assert!(!want.is_empty());
         assert_eq!(complete(cluster.router_addr, &prompt, 16), want, "{prompt}");
     }
-    // Let the KV events of the last requests reach the router, then repeat the workload: every
-    // prefix is now cached somewhere and its requests go there.
-    std::thread::sleep(Duration::from_millis(500));
+    // Let the KV events of the last requests reach the router (generously: a loaded machine
+    // delays them), then repeat the workload: every prefix is now cached somewhere and its
+    // requests go there.
+    std::thread::sleep(Duration::from_secs(2));
     let (hit, by_cache) = routing_quality(cluster.router_addr);
     assert_eq!(by_cache, 12.0);
     assert!(hit > 0.9, "prefix hit ratio {hit}");
@@ -186,7 +187,7 @@ fn a_second_router_and_a_restarted_one_route_by_the_nodes_caches_at_once() {
     for prompt in prompts() {
         complete(cluster.router_addr, &prompt, 4);
     }
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_secs(2));
     // A second router, active beside the first: its index comes from the nodes' dumps, so its
     // very first requests go where their prefixes are cached.
     let (_second, second) = cluster.start_router(&[]);
@@ -306,34 +307,30 @@ fn streams_across_a_node_fault(router_args: &[&str], signal: &str) -> (Vec<bool>
     (same, get(cluster.router_addr, "/metrics"))
 }
 
-#[test]
-fn sigkill_of_a_node_under_32_streams_breaks_none_of_them() {
-    let _serial = serial();
-    let (same, metrics) = streams_across_a_node_kill(&[]);
+/// Every one of the 32 streams survives `signal` sent to a node, and some failed over.
+fn assert_streams_survive(signal: &str) {
+    let (same, metrics) = streams_across_a_node_fault(&[], signal);
     let broken: Vec<usize> = (0..same.len()).filter(|&i| !same[i]).collect();
     assert!(
         broken.is_empty(),
-        "streams {broken:?} differ from the fault-free run"
+        "streams {broken:?} differ from the fault-free run (SIG{signal})"
     );
     assert!(
         metric(&metrics, "strata_router_failovers_total") >= 1.0,
-        "no stream was on the killed node?\n{metrics}"
+        "no stream was on the node sent SIG{signal}?\n{metrics}"
     );
+}
+
+#[test]
+fn sigkill_of_a_node_under_32_streams_breaks_none_of_them() {
+    let _serial = serial();
+    assert_streams_survive("KILL");
 }
 
 #[test]
 fn a_hung_node_under_32_streams_breaks_none_of_them() {
     let _serial = serial();
-    let (same, metrics) = streams_across_a_node_fault(&[], "STOP");
-    let broken: Vec<usize> = (0..same.len()).filter(|&i| !same[i]).collect();
-    assert!(
-        broken.is_empty(),
-        "streams {broken:?} differ from the fault-free run"
-    );
-    assert!(
-        metric(&metrics, "strata_router_failovers_total") >= 1.0,
-        "no stream was on the hung node?\n{metrics}"
-    );
+    assert_streams_survive("STOP");
 }
 
 #[test]

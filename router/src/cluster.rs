@@ -63,6 +63,19 @@ struct Node {
 }
 
 impl Node {
+    /// A node at `addr` in index slot `slot`, not connected yet.
+    fn new(addr: SocketAddr, slot: Slot) -> Arc<Self> {
+        Arc::new(Self {
+            addr,
+            slot,
+            ring_key: ring_key(addr),
+            client: RwLock::new(None),
+            load: Mutex::new(NodeLoad::default()),
+            routed: AtomicU64::new(0),
+            removed: AtomicBool::new(false),
+        })
+    }
+
     /// The connection, if the node is up.
     fn client(&self) -> Option<NodeClient> {
         let client = self.client.read().unwrap_or_else(PoisonError::into_inner);
@@ -139,17 +152,18 @@ impl Cluster {
             let slot = index
                 .add_node()
                 .map_err(|e| ClusterError::Index(e.to_string()))?;
-            let node = Arc::new(Node {
-                addr,
-                slot,
-                ring_key: ring_key(addr),
-                client: RwLock::new(None),
-                load: Mutex::new(NodeLoad::default()),
-                routed: AtomicU64::new(0),
-                removed: AtomicBool::new(false),
-            });
+            let node = Node::new(addr, slot);
             match dial(endpoint, addr, server_name, &config).await {
                 Ok((client, info)) => {
+                    // The node's cache is in the index before the first request is routed (a
+                    // restarted router routes as well as before at once); the supervisor then
+                    // follows the events from a fresh dump.
+                    match client.kv_dump().await {
+                        Ok(dump) => {
+                            let _ = index.load_dump(slot, &dump);
+                        }
+                        Err(e) => tracing::warn!("node {addr}: no initial cache dump: {e}"),
+                    }
                     node.set_client(Some(client));
                     node.load
                         .lock()
@@ -226,15 +240,7 @@ impl Cluster {
             .unwrap_or_else(PoisonError::into_inner)
             .add_node()
             .map_err(|e| ClusterError::Index(e.to_string()))?;
-        let node = Arc::new(Node {
-            addr,
-            slot,
-            ring_key: ring_key(addr),
-            client: RwLock::new(None),
-            load: Mutex::new(NodeLoad::default()),
-            routed: AtomicU64::new(0),
-            removed: AtomicBool::new(false),
-        });
+        let node = Node::new(addr, slot);
         nodes.push(Arc::clone(&node));
         drop(nodes);
         tracing::info!("node {addr} added");

@@ -67,8 +67,8 @@ enum PolicyName {
 
 /// A node that sends nothing for this long (not even a keep-alive) is taken for dead and its
 /// streams fail over: a hung node is noticed within it.
-const NODE_IDLE_TIMEOUT: Duration = Duration::from_secs(3);
-const NODE_KEEP_ALIVE: Duration = Duration::from_millis(500);
+const NODE_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
+const NODE_KEEP_ALIVE: Duration = Duration::from_secs(1);
 
 /// A TLS client configuration for the node ALPN from the identity in `dir`.
 pub fn node_client_config(dir: &Path) -> Result<quinn::ClientConfig> {
