@@ -4,13 +4,12 @@
 
 mod cluster;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use cluster::synth;
+use cluster::{Process, synth};
 
 fn strata(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_strata"))
@@ -28,39 +27,22 @@ fn success(o: &Output) -> String {
     String::from_utf8(o.stdout.clone()).unwrap()
 }
 
-/// A running `strata serve`, killed when dropped; its log lines arrive on `log`.
+/// A running `strata serve`, killed when dropped.
 struct Server {
-    child: Child,
+    process: Process,
     addr: SocketAddr,
-    log: mpsc::Receiver<String>,
     seen: Vec<String>,
 }
 
 impl Server {
     /// Starts `strata serve ARGS` and waits for the address it announces.
     fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
-            .arg("serve")
-            .args(args)
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run strata serve");
-        let (tx, log) = mpsc::channel();
-        let stderr = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { return };
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let serve: Vec<&str> = std::iter::once("serve")
+            .chain(args.iter().copied())
+            .collect();
         let mut server = Self {
-            child,
+            process: Process::start(&serve),
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-            log,
             seen: Vec::new(),
         };
         let line = server.wait_for_log("serving `", Duration::from_secs(120));
@@ -75,7 +57,7 @@ impl Server {
         let deadline = Instant::now() + limit;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.log.recv_timeout(left) {
+            match self.process.log.recv_timeout(left) {
                 Ok(line) => {
                     self.seen.push(line.clone());
                     if line.contains(needle) {
@@ -92,7 +74,7 @@ impl Server {
 
     fn signal(&self, name: &str) {
         let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.process.child.id().to_string()])
             .status()
             .expect("run kill");
         assert!(status.success());
@@ -102,19 +84,12 @@ impl Server {
     fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
         let deadline = Instant::now() + limit;
         loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            if let Some(status) = self.process.child.try_wait().unwrap() {
                 return status;
             }
             assert!(Instant::now() < deadline, "still running after {limit:?}");
             std::thread::sleep(Duration::from_millis(20));
         }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

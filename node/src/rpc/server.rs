@@ -119,25 +119,28 @@ async fn generate(
     let id = stream.id;
     let stopped = send.stopped();
     tokio::pin!(stopped);
+    // `Ok(true)` once the request's last event went out.
     let relayed = async {
         write_frame(send, &GenerateFrame::Accepted { id }).await?;
         while let Some(event) = stream.events.recv().await {
             let last = !matches!(event, TokenEvent::Token { .. });
             write_frame(send, &GenerateFrame::Event(event)).await?;
             if last {
-                break;
+                return Ok(true);
             }
         }
-        Ok::<_, FrameError>(())
+        Ok::<_, FrameError>(true)
     };
     let outcome = tokio::select! {
         outcome = relayed => outcome,
-        _ = &mut stopped => Ok(()),
+        _ = &mut stopped => Ok(false),
     };
-    // Finished requests are gone already; anything else (the router stopped reading, the
-    // connection died, a write failed) frees the request's blocks now.
-    let _ = engine.cancel(id);
-    outcome
+    // A finished request is gone already; otherwise (the router stopped reading, the
+    // connection died, a write failed) its blocks are freed now, not at its next token.
+    if !matches!(outcome, Ok(true)) {
+        let _ = engine.cancel(id);
+    }
+    outcome.map(|_| ())
 }
 
 /// Streams the KV events from now on, until the subscriber goes away.
