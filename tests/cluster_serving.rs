@@ -14,8 +14,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use cluster::{
-    Process, START, complete, complete_with, completion_body, get, metric, strata, stream_text,
-    synth,
+    Process, START, complete, complete_with, completion_body, get, metric, post, strata,
+    stream_text, synth,
 };
 use strata_topology::transport::ClusterCa;
 
@@ -645,4 +645,67 @@ fn a_node_joining_the_group_under_load_changes_the_ring_and_gets_traffic() {
         0,
         "requests failed while the node joined"
     );
+}
+
+/// The text, prompt tokens and cached prompt tokens of a greedy completion through `addr`.
+fn complete_cached(addr: SocketAddr, prompt: &str, max_tokens: u32) -> (String, u64, u64) {
+    let body = completion_body(prompt, max_tokens, false, None);
+    let (status, body) = post(addr, "/v1/completions", &body);
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    let usage = &v["usage"];
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    (text, usage["prompt_tokens"].as_u64().unwrap(), cached)
+}
+
+/// Round-robin sends the second request of a long prompt to the node that has not seen it;
+/// with fetching on, that node imports the prompt's KV blocks from the node that computed them
+/// (over QUIC, with its member certificate). Returns the prompt's tokens, the second request's
+/// cached prompt tokens and the fetches the router asked for.
+fn fetch_round(router_args: &[&str]) -> (u64, u64, f64) {
+    let mut args = vec!["--policy", "round-robin"];
+    args.extend_from_slice(router_args);
+    let cluster = start_cluster_with(2, &args);
+    let prompt = format!(
+        "a long shared context: {} and then the question?",
+        "every block of this prompt is worth keeping. ".repeat(40)
+    );
+    let (first, _, cached_first) = complete_cached(cluster.router_addr, &prompt, 8);
+    assert_eq!(cached_first, 0, "a cold cluster has nothing cached");
+    // Let the first node's KV events reach the router.
+    std::thread::sleep(Duration::from_secs(2));
+    let (second, prompt_tokens, cached) = complete_cached(cluster.router_addr, &prompt, 8);
+    assert_eq!(second, first, "the same greedy text, fetched KV or not");
+    let metrics = get(cluster.router_addr, "/metrics");
+    let per_node: Vec<f64> = cluster
+        .node_addrs
+        .iter()
+        .map(|a| {
+            metric(
+                &metrics,
+                &format!("strata_router_node_requests_total{{node=\"{a}\"}}"),
+            )
+        })
+        .collect();
+    assert_eq!(per_node, vec![1.0, 1.0], "round-robin used both nodes");
+    let fetches = metric(&metrics, "strata_router_kv_fetches_total");
+    (prompt_tokens, cached, fetches)
+}
+
+#[test]
+fn a_node_fetches_a_prefix_cached_on_another_instead_of_computing_it() {
+    let _serial = serial();
+    let (prompt, cached, fetches) = fetch_round(&[]);
+    assert_eq!(fetches, 1.0);
+    // Every full block of the prompt arrives (the last token is always computed, for logits).
+    assert!(
+        cached + 2 * 16 > prompt && cached > 0,
+        "{cached} of {prompt} prompt tokens cached on the second node"
+    );
+    // Canary: without fetching, the second node computes everything.
+    let (_, cached, fetches) = fetch_round(&["--kv-fetch", "false"]);
+    assert_eq!((cached, fetches), (0, 0.0));
 }

@@ -108,6 +108,10 @@ impl Backend for NullBackend {
         self.num_blocks
     }
 
+    fn kv_layout(&self) -> String {
+        "none".into()
+    }
+
     fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError> {
         let rows = seqs.iter().filter(|s| s.want_logits).count();
         Ok(vec![0.0; rows * VOCAB])

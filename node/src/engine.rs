@@ -13,7 +13,7 @@ use strata_protocol::{FinishReason, GenerateRequest, TokenEvent};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::backend::Backend;
-use crate::kv::{BlockManager, BlockManagerConfig, KvDump, KvError, KvEvent};
+use crate::kv::{BlockHash, BlockManager, BlockManagerConfig, KvDump, KvError, KvEvent, KvLayout};
 use crate::scheduler::{EngineLoad, Scheduler, SchedulerLimits, Sequence};
 
 #[derive(Debug, Clone)]
@@ -143,6 +143,15 @@ enum Command {
     Submit(Box<Sequence>),
     Cancel(u64),
     Dump(mpsc::Sender<KvDump>),
+    ExportKv {
+        hashes: Vec<BlockHash>,
+        reply: mpsc::Sender<Vec<(BlockHash, Vec<u8>)>>,
+    },
+    ImportKv {
+        parent: Option<BlockHash>,
+        blocks: Vec<(BlockHash, Vec<u8>)>,
+        reply: mpsc::Sender<usize>,
+    },
 }
 
 pub struct Engine {
@@ -153,6 +162,7 @@ pub struct Engine {
     config: ModelConfig,
     block_size: usize,
     device_blocks: usize,
+    kv_layout: KvLayout,
     grammar: Option<Arc<GrammarCompiler>>,
     /// The scheduler's load as of its last step or command.
     load: Arc<Mutex<EngineLoad>>,
@@ -164,6 +174,15 @@ impl Engine {
         let model = backend.model_config().clone();
         let block_size = backend.block_size();
         let device_blocks = backend.num_blocks();
+        let kv_layout = KvLayout {
+            backend: backend.kv_layout(),
+            model_type: model.architecture.model_type().to_string(),
+            num_layers: model.num_layers,
+            num_kv_heads: model.num_kv_heads,
+            head_dim: model.head_dim,
+            block_size,
+            block_bytes: backend.block_bytes(),
+        };
         let manager = BlockManager::new(
             BlockManagerConfig {
                 block_size,
@@ -195,6 +214,7 @@ impl Engine {
             config: model,
             block_size,
             device_blocks,
+            kv_layout,
             grammar: config.grammar,
             load,
         })
@@ -203,6 +223,11 @@ impl Engine {
     /// Tokens per KV block.
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+
+    /// How this engine's KV blocks are laid out, for exchanging them with other nodes.
+    pub fn kv_layout(&self) -> &KvLayout {
+        &self.kv_layout
     }
 
     /// The load as of the scheduler's last step (or command, when idle).
@@ -248,6 +273,33 @@ impl Engine {
         rx.recv().map_err(|_| SubmitError::Stopped)
     }
 
+    /// The bytes of the leading run of `hashes` cached here (any tier), for another node.
+    /// Blocks the engine thread between two steps for the copy.
+    pub fn kv_export(
+        &self,
+        hashes: Vec<BlockHash>,
+    ) -> Result<Vec<(BlockHash, Vec<u8>)>, SubmitError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Command::ExportKv { hashes, reply })?;
+        rx.recv().map_err(|_| SubmitError::Stopped)
+    }
+
+    /// Caches `blocks` (a run of a hash chain after `parent`, with bytes in this engine's
+    /// [`KvLayout`]) as if computed here; returns how many leading blocks are now cached.
+    pub fn kv_import(
+        &self,
+        parent: Option<BlockHash>,
+        blocks: Vec<(BlockHash, Vec<u8>)>,
+    ) -> Result<usize, SubmitError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Command::ImportKv {
+            parent,
+            blocks,
+            reply,
+        })?;
+        rx.recv().map_err(|_| SubmitError::Stopped)
+    }
+
     fn send(&self, command: Command) -> Result<(), SubmitError> {
         let tx = self.commands.as_ref().ok_or(SubmitError::Stopped)?;
         tx.send(command).map_err(|_| SubmitError::Stopped)
@@ -272,27 +324,41 @@ fn run(
     let publish = |scheduler: &Scheduler| {
         *load.lock().unwrap_or_else(PoisonError::into_inner) = scheduler.load();
     };
-    let apply = |scheduler: &mut Scheduler, command: Command| match command {
-        Command::Submit(seq) => scheduler.add(*seq),
-        Command::Dump(reply) => {
-            let _ = reply.send(scheduler.block_manager().dump());
-        }
-        Command::Cancel(id) => {
-            if let Err(e) = scheduler.cancel(id, FinishReason::Cancelled) {
-                scheduler.fail_all(&e.to_string());
+    let apply =
+        |scheduler: &mut Scheduler, backend: &mut dyn Backend, command: Command| match command {
+            Command::Submit(seq) => scheduler.add(*seq),
+            Command::Dump(reply) => {
+                let _ = reply.send(scheduler.block_manager().dump());
             }
-        }
-    };
+            Command::ExportKv { hashes, reply } => {
+                let _ = reply.send(scheduler.block_manager().export_prefix(&hashes, backend));
+            }
+            Command::ImportKv {
+                parent,
+                blocks,
+                reply,
+            } => {
+                let imported = scheduler
+                    .block_manager_mut()
+                    .import_prefix(parent, &blocks, backend);
+                let _ = reply.send(imported);
+            }
+            Command::Cancel(id) => {
+                if let Err(e) = scheduler.cancel(id, FinishReason::Cancelled) {
+                    scheduler.fail_all(&e.to_string());
+                }
+            }
+        };
     loop {
         if scheduler.is_idle() {
             match rx.recv() {
-                Ok(command) => apply(&mut scheduler, command),
+                Ok(command) => apply(&mut scheduler, backend.as_mut(), command),
                 Err(_) => return,
             }
         }
         loop {
             match rx.try_recv() {
-                Ok(command) => apply(&mut scheduler, command),
+                Ok(command) => apply(&mut scheduler, backend.as_mut(), command),
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) if scheduler.is_idle() => return,
                 Err(mpsc::TryRecvError::Disconnected) => break,

@@ -51,6 +51,9 @@ impl KvBlockIo for TestBackend {
 }
 
 impl Backend for TestBackend {
+    fn kv_layout(&self) -> String {
+        self.inner.kv_layout()
+    }
     fn model_config(&self) -> &ModelConfig {
         self.inner.model_config()
     }

@@ -227,6 +227,10 @@ impl Scheduler {
         }
     }
 
+    pub fn block_manager_mut(&mut self) -> &mut BlockManager {
+        &mut self.blocks
+    }
+
     pub fn block_manager(&self) -> &BlockManager {
         &self.blocks
     }

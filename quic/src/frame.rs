@@ -1,4 +1,5 @@
-//! One frame: a 4-byte big-endian length, then that many bytes of JSON.
+//! One frame: a 4-byte big-endian length, then that many bytes: JSON, or a binary payload
+//! (rkyv) where a call says so.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -28,12 +29,20 @@ pub async fn write_frame<T: Serialize>(
     value: &T,
 ) -> Result<(), FrameError> {
     let body = serde_json::to_vec(value).map_err(FrameError::Encode)?;
+    write_frame_bytes(send, &body).await
+}
+
+/// Writes `body` (already encoded, JSON or not) as one frame.
+pub async fn write_frame_bytes(
+    send: &mut quinn::SendStream,
+    body: &[u8],
+) -> Result<(), FrameError> {
     if body.len() > MAX_FRAME {
         return Err(FrameError::Oversize(body.len() as u64));
     }
     let len = u32::try_from(body.len()).map_err(|_| FrameError::Oversize(body.len() as u64))?;
     send.write_all(&len.to_be_bytes()).await?;
-    send.write_all(&body).await?;
+    send.write_all(body).await?;
     Ok(())
 }
 

@@ -12,5 +12,7 @@
 pub mod frame;
 pub mod tls;
 
-pub use frame::{FrameError, MAX_FRAME, read_frame, read_frame_bytes, write_frame};
+pub use frame::{
+    FrameError, MAX_FRAME, read_frame, read_frame_bytes, write_frame, write_frame_bytes,
+};
 pub use tls::{Chain, TlsError};

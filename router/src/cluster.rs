@@ -16,14 +16,16 @@ use std::time::Duration;
 
 use strata_model::ModelConfig;
 use strata_model::grammar::GrammarCompiler;
-use strata_node::kv::{block_hash, prompt_block_hashes};
-use strata_node::rpc::{KvFeed, NodeClient, NodeError, NodeInfo, RefusalKind, RemoteStream};
+use strata_node::kv::{KvLayout, block_hash, prompt_block_hashes};
+use strata_node::rpc::{
+    KvFeed, KvFetch, NodeClient, NodeError, NodeInfo, RefusalKind, RemoteStream,
+};
 use strata_node::{Admission, RequestStream, SubmitError};
 use strata_protocol::{GenerateRequest, Resume, TokenEvent};
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tokio::sync::oneshot;
 
-use crate::routing::{Candidate, NodeLoad, PrefixIndex, Reason, Router, Slot};
+use crate::routing::{Candidate, KvFetchConfig, NodeLoad, PrefixIndex, Reason, Router, Slot};
 
 /// How often each node's load is asked for.
 const LOAD_INTERVAL: Duration = Duration::from_millis(50);
@@ -55,6 +57,8 @@ struct Node {
     ring_key: u64,
     /// The live connection; `None` while the node is unreachable (the supervisor redials it).
     client: RwLock<Option<NodeClient>>,
+    /// Its KV layout as it last said: blocks move only between nodes with equal layouts.
+    kv_layout: RwLock<Option<KvLayout>>,
     load: Mutex<NodeLoad>,
     /// Requests routed here (first attempts and failovers).
     routed: AtomicU64,
@@ -70,6 +74,7 @@ impl Node {
             slot,
             ring_key: ring_key(addr),
             client: RwLock::new(None),
+            kv_layout: RwLock::new(None),
             load: Mutex::new(NodeLoad::default()),
             routed: AtomicU64::new(0),
             removed: AtomicBool::new(false),
@@ -89,6 +94,25 @@ impl Node {
     fn set_client(&self, client: Option<NodeClient>) {
         *self.client.write().unwrap_or_else(PoisonError::into_inner) = client;
     }
+
+    /// Records what the node said about itself when it was dialed.
+    fn set_info(&self, info: &NodeInfo) {
+        *self
+            .kv_layout
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(info.kv_layout.clone());
+        self.load
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .capacity_blocks = info.capacity_blocks as u64;
+    }
+
+    fn kv_layout(&self) -> Option<KvLayout> {
+        self.kv_layout
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 /// Counters of the routing decisions, for `/metrics` and the cluster tests.
@@ -102,6 +126,27 @@ pub struct ClusterStats {
     /// Prompt blocks routed, summed.
     pub prompt_blocks: AtomicU64,
     pub failovers: AtomicU64,
+    /// Requests sent with a cross-node KV fetch, and the blocks those fetches named.
+    pub kv_fetches: AtomicU64,
+    pub kv_fetch_blocks: AtomicU64,
+}
+
+/// How a cluster treats failures and cached prefixes held elsewhere.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClusterOptions {
+    /// Continue a request on another node when its node fails (on by default).
+    pub failover: bool,
+    /// When a node imports prompt blocks another node holds instead of computing them.
+    pub kv_fetch: KvFetchConfig,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        Self {
+            failover: true,
+            kv_fetch: KvFetchConfig::default(),
+        }
+    }
 }
 
 /// The nodes behind this router.
@@ -121,8 +166,7 @@ pub struct Cluster {
     router: Mutex<Router>,
     next_id: AtomicU64,
     cancels: Mutex<HashMap<u64, oneshot::Sender<()>>>,
-    /// Continue a request on another node when its node fails (on by default).
-    failover: bool,
+    options: ClusterOptions,
     pub stats: ClusterStats,
 }
 
@@ -139,7 +183,7 @@ impl Cluster {
         config: ModelConfig,
         grammar: Option<Arc<GrammarCompiler>>,
         router: Router,
-        failover: bool,
+        options: ClusterOptions,
     ) -> Result<Arc<Self>, ClusterError> {
         if addrs.is_empty() {
             return Err(ClusterError::NoNodes);
@@ -165,10 +209,7 @@ impl Cluster {
                         Err(e) => tracing::warn!("node {addr}: no initial cache dump: {e}"),
                     }
                     node.set_client(Some(client));
-                    node.load
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .capacity_blocks = info.capacity_blocks as u64;
+                    node.set_info(&info);
                     infos.push(info);
                 }
                 Err(e @ ClusterError::Mismatch { .. }) => return Err(e),
@@ -197,7 +238,7 @@ impl Cluster {
             router: Mutex::new(router),
             next_id: AtomicU64::new(1),
             cancels: Mutex::new(HashMap::new()),
-            failover,
+            options,
             stats: ClusterStats::default(),
         });
         for node in cluster.nodes() {
@@ -331,6 +372,16 @@ impl Cluster {
                 "Requests continued on another node after theirs failed.",
                 &s.failovers,
             ),
+            (
+                "strata_router_kv_fetches_total",
+                "Requests sent with a cross-node KV fetch.",
+                &s.kv_fetches,
+            ),
+            (
+                "strata_router_kv_fetch_blocks_total",
+                "Prompt blocks those fetches named.",
+                &s.kv_fetch_blocks,
+            ),
         ] {
             let value = value.load(Ordering::Relaxed);
             let _ = writeln!(
@@ -385,8 +436,13 @@ impl Cluster {
         }
     }
 
-    /// The node for `request`, among the live ones not in `exclude`.
-    fn route(&self, request: &GenerateRequest, exclude: &[Slot]) -> Option<Arc<Node>> {
+    /// The node for `request`, among the live ones not in `exclude`, and the prompt blocks it
+    /// should fetch from another node first, if that pays.
+    fn route(
+        &self,
+        request: &GenerateRequest,
+        exclude: &[Slot],
+    ) -> Option<(Arc<Node>, Option<KvFetch>)> {
         let bs = self.block_size;
         let chain = prompt_block_hashes(&request.prompt, bs, request.cache_salt);
         let prefix_key = match chain.first() {
@@ -424,12 +480,35 @@ impl Cluster {
             .fetch_add(chain.len() as u64, Ordering::Relaxed);
         let node = nodes.iter().find(|n| n.slot == decision.slot)?;
         node.routed.fetch_add(1, Ordering::Relaxed);
-        // Count the request against the node until its next load report.
+        let fetch = decision.holder.and_then(|(slot, held)| {
+            let holder = nodes
+                .iter()
+                .find(|n| n.slot == slot && n.slot != node.slot)?;
+            let layout = node
+                .kv_layout()
+                .filter(|l| Some(l) == holder.kv_layout().as_ref())?;
+            let (from, to) =
+                self.options
+                    .kv_fetch
+                    .plan(decision.cached_blocks, held, layout.block_bytes, bs)?;
+            self.stats.kv_fetches.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .kv_fetch_blocks
+                .fetch_add(u64::from(to - from), Ordering::Relaxed);
+            Some(KvFetch {
+                peer: holder.addr,
+                from,
+                to,
+            })
+        });
+        // Count the request against the node until its next load report (minus what it will
+        // fetch rather than compute).
+        let fetched_tokens = fetch.map_or(0, |f| u64::from(f.to - f.from) * bs as u64);
         node.load
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .queued_prefill_tokens += request.prompt.len() as u64;
-        Some(Arc::clone(node))
+            .queued_prefill_tokens += (request.prompt.len() as u64).saturating_sub(fetched_tokens);
+        Some((Arc::clone(node), fetch))
     }
 
     /// Runs `request` on a node, moving it to another when its node fails, until it ends, the
@@ -458,7 +537,7 @@ impl Cluster {
                 });
                 return;
             };
-            let Some(node) = self.route(&attempt, &tried) else {
+            let Some((node, fetch)) = self.route(&attempt, &tried) else {
                 let why = if failures.is_empty() {
                     "no node is available".to_string()
                 } else {
@@ -475,7 +554,7 @@ impl Cluster {
                 failures.push(format!("node {} went away", node.addr));
                 continue;
             };
-            let mut stream = match client.generate(attempt.clone()).await {
+            let mut stream = match client.generate_with(attempt.clone(), fetch).await {
                 Ok(stream) => stream,
                 // A node shutting down refuses as unavailable: another may take the request.
                 Err(NodeError::Refused(refusal)) if refusal.kind == RefusalKind::Unavailable => {
@@ -505,7 +584,7 @@ impl Cluster {
                 }
                 Forwarded::NodeFailed(e) => {
                     node_failed(&node, &e);
-                    if !self.failover {
+                    if !self.options.failover {
                         let message = format!("the node running the request failed: {e}");
                         let _ = tx.send(TokenEvent::Failed { message });
                         return;
@@ -674,11 +753,7 @@ impl Supervisor {
                 cluster
                     .device_blocks
                     .fetch_min(info.capacity_blocks, Ordering::Relaxed);
-                self.node
-                    .load
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .capacity_blocks = info.capacity_blocks as u64;
+                self.node.set_info(&info);
                 self.node.set_client(Some(client.clone()));
                 tracing::info!("node {} connected", self.node.addr);
                 Some(client)

@@ -11,13 +11,13 @@ use anyhow::{Context, Result};
 use clap::Subcommand;
 use serde_json::{Value, json};
 use strata_collective::inventory::{Inventory, InventoryError, inspect, suggest_tp_pairs};
-use strata_node::rpc::{ALPN, NodeService};
-use strata_quic::tls::mutual_server_config;
+use strata_node::rpc::{ALPN, NodeService, Peers};
+use strata_quic::tls::{mutual_client_config, mutual_server_config};
 use strata_router::{Device, start_engine_on};
 use strata_topology::lease_driver::{Clock, SystemClock};
 use strata_topology::server::{DataLayout, ServerConfig};
 use strata_topology::state::{Change, Command};
-use strata_topology::transport::ca::MEMBER_CERT_FILE;
+use strata_topology::transport::ca::{MEMBER_CERT_FILE, SERVER_NAME};
 use strata_topology::transport::{Client, MemberIdentity, client_endpoint};
 
 #[derive(Subcommand)]
@@ -61,6 +61,10 @@ pub enum NodeCommand {
         /// Tokens per KV block.
         #[arg(long, default_value_t = 16)]
         block_size: usize,
+        /// How long importing a prompt's cached blocks from another node may take (when a
+        /// router asks for it) before the request computes them instead, in milliseconds.
+        #[arg(long, default_value_t = 2000)]
+        kv_fetch_timeout_ms: u64,
     },
 }
 
@@ -77,6 +81,7 @@ pub fn run(command: NodeCommand) -> Result<()> {
             tp,
             kv_cache_mib,
             block_size,
+            kv_fetch_timeout_ms,
         } => {
             let device: Device = device.parse().map_err(anyhow::Error::msg)?;
             let identity = match (&identity, &data) {
@@ -89,15 +94,23 @@ pub fn run(command: NodeCommand) -> Result<()> {
                 start_engine_on(&model, device, tp, block_size, kv_cache_mib << 20)
                     .with_context(|| format!("{}: starting the engine", model.display()))?;
             let server = mutual_server_config(identity.chain(), ALPN)?;
+            // Nodes dial each other with the same certificate to fetch KV blocks.
+            let peer_client = mutual_client_config(identity.chain(), ALPN)?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
             runtime.block_on(async move {
-                let endpoint = quinn::Endpoint::server(server, listen)
+                let mut endpoint = quinn::Endpoint::server(server, listen)
                     .with_context(|| format!("cannot listen on {listen}"))?;
+                endpoint.set_default_client_config(peer_client);
                 let addr = endpoint.local_addr()?;
-                let service = Arc::new(NodeService::new(Arc::new(engine), tp));
+                let peers = Peers::new(
+                    endpoint.clone(),
+                    SERVER_NAME,
+                    Duration::from_millis(kv_fetch_timeout_ms),
+                );
+                let service = Arc::new(NodeService::new(Arc::new(engine), tp).with_peers(peers));
                 tracing::info!(
                     "node serving `{}` on quic://{addr} ({} KV blocks of {} tokens, tp {tp})",
                     model.display(),

@@ -11,8 +11,8 @@ use strata_node::rpc::ALPN;
 use strata_quic::tls::{mutual_client_config, set_liveness};
 use strata_router::admission::AdmissionLimits;
 use strata_router::auth::KeyStore;
-use strata_router::cluster::Cluster;
-use strata_router::routing::{Policy, Router, RoutingConfig};
+use strata_router::cluster::{Cluster, ClusterOptions};
+use strata_router::routing::{Policy, Router, RoutingSettings};
 use strata_router::watcher;
 use strata_router::{Access, ServedModel, ServingParts, grammar_compiler};
 use strata_topology::transport::{Client, OperatorIdentity, client_endpoint, operator_endpoint};
@@ -52,6 +52,15 @@ pub struct RouterArgs {
     /// out byte-identical); `false` ends such a stream with an error.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     failover: bool,
+    /// Let a node import prompt blocks another node has cached when that beats computing them
+    /// (the cost model is in --routing-config's `[kv_fetch]`); `false` never fetches.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    kv_fetch: bool,
+    /// Routing parameters (TOML): `[cache_aware]` (credits, load_weight,
+    /// bounded_load_epsilon) and `[kv_fetch]` (enabled, link_bytes_per_s, fetch_overhead_s,
+    /// prefill_tokens_per_s, min_blocks). Keys left out keep their defaults.
+    #[arg(long)]
+    routing_config: Option<PathBuf>,
     /// API keys (`strata keys add`); without the flag the router is open.
     #[arg(long)]
     keys_file: Option<PathBuf>,
@@ -122,8 +131,19 @@ async fn serving_nodes_now(client: &Client, seeds: &[String]) -> Result<Vec<Sock
 }
 
 pub fn run(args: RouterArgs) -> Result<()> {
+    let mut settings = match &args.routing_config {
+        None => RoutingSettings::default(),
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("{}: reading the routing config", path.display()))?;
+            RoutingSettings::from_toml(&text)
+                .map_err(anyhow::Error::msg)
+                .with_context(|| format!("{}: not a routing config", path.display()))?
+        }
+    };
+    settings.kv_fetch.enabled &= args.kv_fetch;
     let policy = match args.policy {
-        PolicyName::CacheAware => Policy::CacheAware(RoutingConfig::default()),
+        PolicyName::CacheAware => Policy::CacheAware(settings.cache_aware),
         PolicyName::RoundRobin => Policy::RoundRobin,
         PolicyName::LeastLoaded => Policy::LeastLoaded,
     };
@@ -175,7 +195,10 @@ pub fn run(args: RouterArgs) -> Result<()> {
             config,
             grammar,
             Router::new(policy),
-            args.failover,
+            ClusterOptions {
+                failover: args.failover,
+                kv_fetch: settings.kv_fetch,
+            },
         )
         .await?;
         if let Some(topology) = topology {

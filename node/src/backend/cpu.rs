@@ -103,6 +103,10 @@ impl KvBlockIo for CpuBackend {
 }
 
 impl Backend for CpuBackend {
+    fn kv_layout(&self) -> String {
+        "cpu f32 [layer][k|v][slot][kv_dim]".into()
+    }
+
     fn model_config(&self) -> &ModelConfig {
         self.model.config()
     }

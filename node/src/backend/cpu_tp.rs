@@ -242,6 +242,10 @@ impl KvBlockIo for CpuTpBackend {
 }
 
 impl Backend for CpuTpBackend {
+    fn kv_layout(&self) -> String {
+        format!("cpu f32 tp{} rank-major", self.ranks.len())
+    }
+
     fn model_config(&self) -> &ModelConfig {
         &self.config
     }

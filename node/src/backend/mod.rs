@@ -54,6 +54,9 @@ pub trait Backend: KvBlockIo + Send {
     fn block_size(&self) -> usize;
     /// Blocks in the device pool.
     fn num_blocks(&self) -> usize;
+    /// How a block's bytes ([`KvBlockIo::export_block`]) are laid out: element type, rank
+    /// order. Two backends exchange KV blocks only if their layouts (and models) are equal.
+    fn kv_layout(&self) -> String;
     /// Computes one step. Returns `vocab_size` logits per sequence with `want_logits`, in order.
     fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError>;
 }

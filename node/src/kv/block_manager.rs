@@ -292,6 +292,91 @@ impl BlockManager {
         Ok(())
     }
 
+    /// The bytes of the leading run of `hashes` that is cached, in any tier, for another node to
+    /// import ([`BlockManager::import_prefix`]). Nothing moves between tiers and recency is not
+    /// touched; an unreadable disk block ends the run.
+    pub fn export_prefix(
+        &self,
+        hashes: &[BlockHash],
+        io: &dyn KvBlockIo,
+    ) -> Vec<(BlockHash, Vec<u8>)> {
+        let mut out = Vec::new();
+        for &hash in hashes {
+            let bytes = match self.index.get(&hash).map(|e| e.location) {
+                None => break,
+                Some(Location::Device(id)) => {
+                    let mut bytes = vec![0; self.block_bytes];
+                    io.export_block(id, &mut bytes);
+                    bytes
+                }
+                Some(Location::Host) => match self.host.peek(hash) {
+                    Some(bytes) => bytes.to_vec(),
+                    None => break,
+                },
+                Some(Location::Disk) => {
+                    let mut bytes = Vec::new();
+                    match self.disk.as_ref().map(|d| d.read_only(hash, &mut bytes)) {
+                        Some(Ok(())) => bytes,
+                        _ => break,
+                    }
+                }
+            };
+            out.push((hash, bytes));
+        }
+        out
+    }
+
+    /// Caches blocks computed elsewhere: `blocks` is a run of a hash chain whose first block's
+    /// parent is `parent`, each with its bytes. Each block not cached here already goes into a
+    /// device block and is indexed (published as `Stored` on device), unreferenced and most
+    /// recently used, so the next request with this prefix acquires it like one computed here.
+    /// Never evicts a block imported by the same call: at most [`BlockManager::available`]
+    /// blocks are taken. Returns how many leading blocks of `blocks` are now cached here (those
+    /// imported and those that already were); a block of the wrong length ends the run.
+    pub fn import_prefix(
+        &mut self,
+        parent: Option<BlockHash>,
+        blocks: &[(BlockHash, Vec<u8>)],
+        io: &mut dyn KvBlockIo,
+    ) -> usize {
+        let mut room = self.available();
+        let mut parent = parent;
+        let mut cached = 0;
+        for (hash, bytes) in blocks {
+            let hash = *hash;
+            if !self.index.contains_key(&hash) {
+                if room == 0 || bytes.len() != self.block_bytes {
+                    break;
+                }
+                let Some(id) = self.obtain_block(io) else {
+                    break;
+                };
+                room -= 1;
+                io.import_block(id, bytes);
+                self.blocks[id as usize] = DeviceBlock {
+                    refcount: 0,
+                    hash: Some(hash),
+                };
+                self.cached.touch(id);
+                self.index.insert(
+                    hash,
+                    IndexEntry {
+                        parent,
+                        location: Location::Device(id),
+                    },
+                );
+                self.events.publish(KvEventKind::Stored {
+                    hash,
+                    parent,
+                    tier: Tier::Device,
+                });
+            }
+            parent = Some(hash);
+            cached += 1;
+        }
+        cached
+    }
+
     /// For subscribing from other threads while the manager lives in the engine's.
     pub fn event_sender(&self) -> broadcast::Sender<KvEvent> {
         self.events.sender()

@@ -16,7 +16,9 @@ pub use block_manager::{BlockManager, BlockManagerConfig, CommitOutcome, PrefixL
 pub use events::{KvDump, KvEvent, KvEventKind, KvEventLog, KvReplica, ReplicaError};
 pub use hash::{block_hash, prompt_block_hashes};
 pub use tiers::{DiskTier, HostTier};
-pub use types::{BlockHash, BlockHashHasher, BlockHashMap, BlockId, CacheSalt, KvBlockIo, Tier};
+pub use types::{
+    BlockHash, BlockHashHasher, BlockHashMap, BlockId, CacheSalt, KvBlockIo, KvLayout, Tier,
+};
 
 /// Errors of the KV block manager and its tiers.
 #[derive(Debug, thiserror::Error)]

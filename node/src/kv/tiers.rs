@@ -130,6 +130,11 @@ impl HostTier {
         self.bytes.remove(&victim).map(|b| (victim, b))
     }
 
+    /// The block's bytes, leaving its recency as it is.
+    pub fn peek(&self, hash: BlockHash) -> Option<&[u8]> {
+        self.bytes.get(&hash).map(Vec::as_slice)
+    }
+
     /// The block's bytes, marking it most recently used.
     pub fn get(&mut self, hash: BlockHash) -> Option<&[u8]> {
         let bytes = self.bytes.get(&hash)?;
@@ -253,6 +258,15 @@ impl DiskTier {
     /// Reads the block into `out` (`block_bytes` long), marking it most recently used. A missing
     /// file is an `Io` error (NotFound); a file of the wrong length is `ShortBlock`.
     pub fn read(&mut self, hash: BlockHash, out: &mut Vec<u8>) -> Result<(), KvError> {
+        self.read_only(hash, out)?;
+        if self.lru.contains(&hash) {
+            self.lru.touch(hash);
+        }
+        Ok(())
+    }
+
+    /// Reads the block into `out` like [`DiskTier::read`], leaving its recency as it is.
+    pub fn read_only(&self, hash: BlockHash, out: &mut Vec<u8>) -> Result<(), KvError> {
         let path = self.block_path(hash);
         let bytes = fs::read(&path).map_err(|source| KvError::Io {
             path: path.clone(),
@@ -266,9 +280,6 @@ impl DiskTier {
             });
         }
         *out = bytes;
-        if self.lru.contains(&hash) {
-            self.lru.touch(hash);
-        }
         Ok(())
     }
 

@@ -21,6 +21,20 @@ pub enum Tier {
     Disk,
 }
 
+/// What two nodes must share to exchange KV blocks: the same model shape, block size and byte
+/// layout. A block's hash names its tokens, not its bytes; this names the bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvLayout {
+    /// The backend's [`crate::backend::Backend::kv_layout`].
+    pub backend: String,
+    pub model_type: String,
+    pub num_layers: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub block_size: usize,
+    pub block_bytes: usize,
+}
+
 /// Moves one block's KV bytes between the backend's device pool and the lower tiers. Implemented
 /// by each backend (the CPU backend copies memory; the CUDA backend will use pinned host buffers).
 pub trait KvBlockIo {

@@ -4,10 +4,13 @@ use std::net::SocketAddr;
 
 use serde::de::DeserializeOwned;
 use strata_protocol::{GenerateRequest, TokenEvent};
-use strata_quic::{FrameError, read_frame, write_frame};
+use strata_quic::{FrameError, read_frame, read_frame_bytes, write_frame};
 
-use super::wire::{GenerateFrame, KvFeed, NodeInfo, NodeRequest, Refusal};
-use crate::kv::KvDump;
+use super::wire::{
+    GenerateCall, GenerateFrame, KvBlockPayload, KvExportHead, KvFeed, KvFetch, NodeInfo,
+    NodeRequest, Refusal,
+};
+use crate::kv::{BlockHash, KvDump, KvLayout};
 use crate::scheduler::EngineLoad;
 
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +75,18 @@ impl NodeClient {
     /// Submits `request`; its events follow on the returned stream. Dropping the stream (or
     /// [`RemoteStream::cancel`]) cancels the request on the node.
     pub async fn generate(&self, request: GenerateRequest) -> Result<RemoteStream, NodeError> {
-        let mut recv = self.call(&NodeRequest::Generate(Box::new(request))).await?;
+        self.generate_with(request, None).await
+    }
+
+    /// [`NodeClient::generate`], the node first importing the prompt blocks `fetch` names from
+    /// the peer that holds them.
+    pub async fn generate_with(
+        &self,
+        request: GenerateRequest,
+        fetch: Option<KvFetch>,
+    ) -> Result<RemoteStream, NodeError> {
+        let call = GenerateCall { request, fetch };
+        let mut recv = self.call(&NodeRequest::Generate(Box::new(call))).await?;
         match self.frame(&mut recv).await? {
             GenerateFrame::Accepted { id } => Ok(RemoteStream {
                 id,
@@ -98,6 +112,28 @@ impl NodeClient {
     pub async fn kv_dump(&self) -> Result<KvDump, NodeError> {
         let mut recv = self.call(&NodeRequest::KvDump).await?;
         self.frame(&mut recv).await
+    }
+
+    /// The bytes of the leading run of `hashes` the node has cached, in its layout.
+    pub async fn kv_export(
+        &self,
+        hashes: Vec<BlockHash>,
+    ) -> Result<(KvLayout, Vec<(BlockHash, Vec<u8>)>), NodeError> {
+        let addr = self.addr;
+        let mut recv = self.call(&NodeRequest::KvExport { hashes }).await?;
+        let head: KvExportHead = self.frame(&mut recv).await?;
+        let mut blocks = Vec::with_capacity(head.blocks as usize);
+        for _ in 0..head.blocks {
+            let frame = read_frame_bytes(&mut recv)
+                .await
+                .map_err(|source| NodeError::Frame { addr, source })?
+                .ok_or(NodeError::Ended { addr })?;
+            let block = KvBlockPayload::decode(&frame).map_err(|e| {
+                self.protocol(&format!("a KV block payload that does not decode: {e}"))
+            })?;
+            blocks.push(block);
+        }
+        Ok((head.layout, blocks))
     }
 
     /// The node's KV events from now on.

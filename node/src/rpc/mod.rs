@@ -9,7 +9,11 @@
 //! - `KvDump`: every cached block and its tier as of an event number.
 //! - `KvEvents`: the KV events from now on, numbered without gaps; a subscriber that fell behind
 //!   receives [`KvFeed::Lagged`] and should take a dump.
-//! - `Info`: what the node serves (model shape, block size, capacity).
+//! - `Info`: what the node serves (model shape, block size, capacity, KV layout).
+//! - `KvExport`: the bytes of the leading cached run of some blocks ([`KvExportHead`], then one
+//!   rkyv [`KvBlockPayload`] frame per block). A `Generate` call may carry a [`KvFetch`]: the
+//!   node imports those prompt blocks from the peer named before the request starts (nodes dial
+//!   each other with their member certificates).
 //!
 //! The certificates come from the cluster CA (`strata cluster`); this crate only uses them, so
 //! that the node does not depend on the topology group.
@@ -19,5 +23,8 @@ mod server;
 mod wire;
 
 pub use client::{KvSubscription, NodeClient, NodeError, RemoteStream};
-pub use server::{NodeService, serve};
-pub use wire::{ALPN, GenerateFrame, KvFeed, NodeInfo, NodeRequest, Refusal, RefusalKind};
+pub use server::{FetchStats, NodeService, Peers, serve};
+pub use wire::{
+    ALPN, GenerateCall, GenerateFrame, KvBlockPayload, KvExportHead, KvFeed, KvFetch, NodeInfo,
+    NodeRequest, Refusal, RefusalKind,
+};

@@ -1,18 +1,78 @@
-//! The node side: accepts routers' connections, one call per stream.
+//! The node side: accepts routers' (and peer nodes') connections, one call per stream.
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use strata_protocol::TokenEvent;
-use strata_quic::{FrameError, read_frame, write_frame};
+use strata_protocol::{GenerateRequest, TokenEvent};
+use strata_quic::{FrameError, read_frame, write_frame, write_frame_bytes};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::wire::{GenerateFrame, KvFeed, NodeInfo, NodeRequest, Refusal, RefusalKind};
+use super::client::NodeClient;
+use super::wire::{
+    GenerateCall, GenerateFrame, KvBlockPayload, KvExportHead, KvFeed, KvFetch, NodeInfo,
+    NodeRequest, Refusal, RefusalKind,
+};
 use crate::Engine;
+use crate::kv::{BlockHash, KvLayout, prompt_block_hashes};
+
+/// The most blocks one `KvExport` call answers (it holds them in memory at once); an importer
+/// asks for longer runs in calls of [`FETCH_CHUNK`].
+const MAX_EXPORT_BLOCKS: usize = 256;
+/// Blocks an importer asks a peer for per call.
+const FETCH_CHUNK: usize = 64;
 
 /// The engine a node serves, and what it says about itself.
 pub struct NodeService {
     engine: Arc<Engine>,
     info: NodeInfo,
+    peers: Option<Peers>,
+    stats: FetchStats,
+}
+
+/// How a node reaches its peers to fetch KV blocks: an endpoint whose client configuration
+/// carries the node's certificate, the name peers' certificates are checked for, and how long a
+/// fetch may take before the request computes its prefix instead.
+pub struct Peers {
+    endpoint: quinn::Endpoint,
+    server_name: String,
+    timeout: Duration,
+    clients: tokio::sync::Mutex<HashMap<SocketAddr, NodeClient>>,
+}
+
+impl Peers {
+    pub fn new(endpoint: quinn::Endpoint, server_name: &str, timeout: Duration) -> Self {
+        Self {
+            endpoint,
+            server_name: server_name.to_string(),
+            timeout,
+            clients: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A live connection to `addr`, dialed if there is none.
+    async fn client(&self, addr: SocketAddr) -> Result<NodeClient, super::NodeError> {
+        let mut clients = self.clients.lock().await;
+        if let Some(client) = clients.get(&addr).filter(|c| !c.is_closed()) {
+            return Ok(client.clone());
+        }
+        let client = NodeClient::connect(&self.endpoint, addr, &self.server_name).await?;
+        clients.insert(addr, client.clone());
+        Ok(client)
+    }
+}
+
+/// Cross-node KV counters of one node.
+#[derive(Debug, Default)]
+pub struct FetchStats {
+    /// Blocks imported from peers.
+    pub imported_blocks: AtomicU64,
+    /// Fetches that brought nothing usable (unreachable peer, timeout, layout mismatch).
+    pub failed: AtomicU64,
+    /// Blocks exported to peers.
+    pub exported_blocks: AtomicU64,
 }
 
 impl NodeService {
@@ -25,12 +85,106 @@ impl NodeService {
             block_size: engine.block_size(),
             capacity_blocks: engine.load().capacity_blocks as usize,
             tp,
+            kv_layout: engine.kv_layout().clone(),
         };
-        Self { engine, info }
+        Self {
+            engine,
+            info,
+            peers: None,
+            stats: FetchStats::default(),
+        }
+    }
+
+    /// Lets the node fetch KV blocks from peers when a call asks it to; without peers such
+    /// calls run as if they had not asked.
+    pub fn with_peers(mut self, peers: Peers) -> Self {
+        self.peers = Some(peers);
+        self
     }
 
     pub fn info(&self) -> &NodeInfo {
         &self.info
+    }
+
+    pub fn fetch_stats(&self) -> &FetchStats {
+        &self.stats
+    }
+
+    /// Imports `fetch`'s blocks of `request`'s prompt from its peer, within the peers' timeout.
+    /// Returns the blocks imported; failures are logged and counted, never the request's.
+    async fn fetch(&self, request: &GenerateRequest, fetch: KvFetch) -> usize {
+        let Some(peers) = &self.peers else {
+            return 0;
+        };
+        let chain = prompt_block_hashes(
+            &request.prompt,
+            self.engine.block_size(),
+            request.cache_salt,
+        );
+        let to = (fetch.to as usize).min(chain.len());
+        let from = (fetch.from as usize).min(to);
+        if from == to {
+            return 0;
+        }
+        let parent = from.checked_sub(1).map(|i| chain[i]);
+        let fetched = tokio::time::timeout(
+            peers.timeout,
+            self.import_run(peers, fetch.peer, parent, &chain[from..to]),
+        )
+        .await;
+        let outcome = match fetched {
+            Ok(outcome) => outcome,
+            Err(_) => Err(format!("no answer within {:?}", peers.timeout)),
+        };
+        match outcome {
+            Ok(n) => {
+                tracing::debug!("imported {n} KV blocks from {}", fetch.peer);
+                n
+            }
+            Err(e) => {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("KV fetch from {}: {e}; computing instead", fetch.peer);
+                0
+            }
+        }
+    }
+
+    /// Asks `peer` for `run` (after `parent`) in chunks and imports each; stops where the peer's
+    /// cached run ends. Blocks imported before an error stay cached.
+    async fn import_run(
+        &self,
+        peers: &Peers,
+        peer: SocketAddr,
+        mut parent: Option<BlockHash>,
+        run: &[BlockHash],
+    ) -> Result<usize, String> {
+        let client = peers.client(peer).await.map_err(|e| e.to_string())?;
+        let mut imported = 0;
+        for chunk in run.chunks(FETCH_CHUNK) {
+            let (layout, blocks) = client
+                .kv_export(chunk.to_vec())
+                .await
+                .map_err(|e| e.to_string())?;
+            check_export(self.engine.kv_layout(), chunk, &layout, &blocks)?;
+            let complete = blocks.len() == chunk.len();
+            let Some(&(last, _)) = blocks.last() else {
+                break;
+            };
+            let engine = Arc::clone(&self.engine);
+            let cached = tokio::task::spawn_blocking(move || engine.kv_import(parent, blocks))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?;
+            imported += cached;
+            self.stats
+                .imported_blocks
+                .fetch_add(cached as u64, Ordering::Relaxed);
+            if !complete || cached < chunk.len() {
+                break;
+            }
+            parent = Some(last);
+        }
+        Ok(imported)
     }
 }
 
@@ -87,7 +241,41 @@ async fn serve_stream(
     };
     let engine = &service.engine;
     match request {
-        NodeRequest::Generate(request) => generate(&mut send, engine, *request).await?,
+        NodeRequest::Generate(call) => {
+            let GenerateCall { request, fetch } = *call;
+            if let Some(fetch) = fetch {
+                service.fetch(&request, fetch).await;
+            }
+            generate(&mut send, engine, request).await?
+        }
+        NodeRequest::KvExport { mut hashes } => {
+            hashes.truncate(MAX_EXPORT_BLOCKS);
+            let exporter = Arc::clone(engine);
+            match tokio::task::spawn_blocking(move || exporter.kv_export(hashes)).await {
+                Ok(Ok(blocks)) => {
+                    let head = KvExportHead {
+                        layout: engine.kv_layout().clone(),
+                        blocks: blocks.len() as u32,
+                    };
+                    write_frame(&mut send, &head).await?;
+                    service
+                        .stats
+                        .exported_blocks
+                        .fetch_add(blocks.len() as u64, Ordering::Relaxed);
+                    for (hash, bytes) in blocks {
+                        match KvBlockPayload::encode(hash, bytes) {
+                            Ok(frame) => write_frame_bytes(&mut send, &frame).await?,
+                            Err(e) => {
+                                tracing::error!("KV export: {e}");
+                                send.reset(quinn::VarInt::from_u32(1))?;
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+                _ => send.reset(quinn::VarInt::from_u32(1))?,
+            }
+        }
         NodeRequest::Load => write_frame(&mut send, &engine.load()).await?,
         NodeRequest::Info => write_frame(&mut send, &service.info).await?,
         NodeRequest::KvDump => {
@@ -108,7 +296,7 @@ async fn serve_stream(
 async fn generate(
     send: &mut quinn::SendStream,
     engine: &Engine,
-    request: strata_protocol::GenerateRequest,
+    request: GenerateRequest,
 ) -> Result<(), FrameError> {
     let mut stream = match engine.submit(request) {
         Ok(stream) => stream,
@@ -156,5 +344,86 @@ async fn kv_events(send: &mut quinn::SendStream, engine: &Engine) -> Result<(), 
             }
         };
         write_frame(send, &item).await?;
+    }
+}
+
+/// Whether an export answering `asked` can be imported by a node of layout `own`: the same
+/// layout, and the blocks asked for, in order, each of the layout's size.
+fn check_export(
+    own: &KvLayout,
+    asked: &[BlockHash],
+    layout: &KvLayout,
+    blocks: &[(BlockHash, Vec<u8>)],
+) -> Result<(), String> {
+    if layout != own {
+        return Err(format!(
+            "the peer's KV layout {layout:?} is not this node's {own:?}"
+        ));
+    }
+    if blocks.len() > asked.len() || blocks.iter().zip(asked).any(|((got, _), want)| got != want) {
+        return Err("the peer answered with blocks not asked for".into());
+    }
+    if let Some((hash, bytes)) = blocks.iter().find(|(_, b)| b.len() != own.block_bytes) {
+        return Err(format!(
+            "the peer sent block {hash:?} of {} bytes, the layout's blocks are {}",
+            bytes.len(),
+            own.block_bytes
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(backend: &str) -> KvLayout {
+        KvLayout {
+            backend: backend.into(),
+            model_type: "qwen3".into(),
+            num_layers: 2,
+            num_kv_heads: 2,
+            head_dim: 8,
+            block_size: 4,
+            block_bytes: 8,
+        }
+    }
+
+    #[test]
+    fn an_export_is_imported_only_in_the_same_layout_and_as_asked() {
+        let own = layout("cpu f32");
+        let asked = [BlockHash(1), BlockHash(2), BlockHash(3)];
+        let blocks = vec![(BlockHash(1), vec![0; 8]), (BlockHash(2), vec![0; 8])];
+        check_export(&own, &asked, &own, &blocks).unwrap();
+        check_export(&own, &asked, &own, &[]).unwrap();
+        // Canaries: each must be refused.
+        let tp2 = layout("cpu f32 tp2 rank-major");
+        assert!(
+            check_export(&own, &asked, &tp2, &blocks)
+                .unwrap_err()
+                .contains("layout")
+        );
+        let swapped = vec![(BlockHash(2), vec![0; 8]), (BlockHash(1), vec![0; 8])];
+        assert!(check_export(&own, &asked, &own, &swapped).is_err());
+        let extra: Vec<_> = (1..=4).map(|h| (BlockHash(h), vec![0; 8])).collect();
+        assert!(check_export(&own, &asked, &own, &extra).is_err());
+        let short = vec![(BlockHash(1), vec![0; 7])];
+        assert!(
+            check_export(&own, &asked, &own, &short)
+                .unwrap_err()
+                .contains("7 bytes")
+        );
+    }
+
+    /// A block payload survives the rkyv round trip; a truncated archive is refused.
+    #[test]
+    fn block_payloads_round_trip_and_are_validated() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        let frame = KvBlockPayload::encode(BlockHash(u128::MAX - 7), bytes.clone()).unwrap();
+        assert_eq!(
+            KvBlockPayload::decode(&frame).unwrap(),
+            (BlockHash(u128::MAX - 7), bytes)
+        );
+        assert!(KvBlockPayload::decode(&frame[..frame.len() - 3]).is_err());
     }
 }

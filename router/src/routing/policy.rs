@@ -99,6 +99,9 @@ pub struct Decision {
     /// Leading blocks of the request already cached there.
     pub cached_blocks: u32,
     pub reason: Reason,
+    /// The candidate holding the most leading blocks of the request (ties: the lower slot) and
+    /// how many, when some candidate holds any: where a cross-node fetch would come from.
+    pub holder: Option<(Slot, u32)>,
 }
 
 /// Picks nodes by a [`Policy`]. `route` takes `&mut self` only for the round-robin cursor.
@@ -138,18 +141,27 @@ impl Router {
         if nodes.is_empty() {
             return None;
         }
-        match &self.policy {
+        let credits = match &self.policy {
+            Policy::CacheAware(config) => config.credits,
+            _ => [1.0; 3],
+        };
+        let overlap = index.overlap(chain, credits);
+        let decide = |slot: Slot, reason| Decision {
+            slot,
+            cached_blocks: overlap.blocks[slot.index()],
+            reason,
+            holder: None,
+        };
+        let mut decision = match &self.policy {
             Policy::RoundRobin => {
                 let node = nodes[self.next % nodes.len()];
                 self.next = self.next.wrapping_add(1);
-                Some(self.decide(index, node.slot, chain, Reason::RoundRobin))
+                decide(node.slot, Reason::RoundRobin)
             }
             Policy::LeastLoaded => {
-                let node = least_loaded(nodes, block_size);
-                Some(self.decide(index, node.slot, chain, Reason::LeastLoaded))
+                decide(least_loaded(nodes, block_size).slot, Reason::LeastLoaded)
             }
             Policy::CacheAware(config) => {
-                let overlap = index.overlap(chain, config.credits);
                 let request_blocks = chain.len().max(1) as f32;
                 let mut best: Option<(f32, &Candidate)> = None;
                 for node in nodes {
@@ -169,41 +181,21 @@ impl Router {
                 let idle_score =
                     -config.load_weight * request_blocks * idle.load.utilization(block_size);
                 match best {
-                    Some((score, node)) if score >= idle_score => Some(Decision {
-                        slot: node.slot,
-                        cached_blocks: overlap.blocks[node.slot.index()],
-                        reason: Reason::Cache,
-                    }),
-                    Some(_) => Some(Decision {
-                        slot: idle.slot,
-                        cached_blocks: overlap.blocks[idle.slot.index()],
-                        reason: Reason::LeastLoaded,
-                    }),
-                    None => {
-                        let node = ring_owner(nodes, prefix_key, config, block_size);
-                        Some(Decision {
-                            slot: node.slot,
-                            cached_blocks: 0,
-                            reason: Reason::Ring,
-                        })
-                    }
+                    Some((score, node)) if score >= idle_score => decide(node.slot, Reason::Cache),
+                    Some(_) => decide(idle.slot, Reason::LeastLoaded),
+                    None => decide(
+                        ring_owner(nodes, prefix_key, config, block_size).slot,
+                        Reason::Ring,
+                    ),
                 }
             }
-        }
-    }
-
-    fn decide(
-        &self,
-        index: &PrefixIndex,
-        slot: Slot,
-        chain: &[BlockHash],
-        reason: Reason,
-    ) -> Decision {
-        Decision {
-            slot,
-            cached_blocks: index.overlap(chain, [1.0; 3]).blocks[slot.index()],
-            reason,
-        }
+        };
+        decision.holder = nodes
+            .iter()
+            .map(|n| (n.slot, overlap.blocks[n.slot.index()]))
+            .filter(|&(_, blocks)| blocks > 0)
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)));
+        Some(decision)
     }
 }
 

@@ -226,3 +226,25 @@ fn policies_read_from_config() {
     assert_eq!(c.credits, [1.0, 0.75, 0.25]);
     assert!(serde_json::from_str::<Policy>(r#"{"policy": "cache_aware", "lod": 1}"#).is_err());
 }
+
+/// Every decision names the candidate holding the most of the prompt: where the chosen node
+/// would fetch the rest from.
+#[test]
+fn decisions_name_the_best_holder() {
+    let (index, a, b) = two_nodes();
+    let nodes = [candidate(a, 0), candidate(b, 0)];
+    let prompt = chain(&[1, 2, 3, 4]);
+    let mut rr = Router::new(Policy::RoundRobin);
+    let first = rr.route(&index, &nodes, &prompt, 1, 16).unwrap();
+    let second = rr.route(&index, &nodes, &prompt, 1, 16).unwrap();
+    assert_eq!((first.slot, first.cached_blocks), (a, 3));
+    assert_eq!((second.slot, second.cached_blocks), (b, 2));
+    assert_eq!(first.holder, Some((a, 3)));
+    assert_eq!(second.holder, Some((a, 3)));
+    // Without `a`, `b` holds the most.
+    let only_b = rr.route(&index, &nodes[1..], &prompt, 1, 16).unwrap();
+    assert_eq!(only_b.holder, Some((b, 2)));
+    // Nobody holds an unknown prompt.
+    let cold = rr.route(&index, &nodes, &chain(&[7, 8]), 7, 16).unwrap();
+    assert_eq!(cold.holder, None);
+}

@@ -154,6 +154,9 @@ impl Backend for PacedBackend {
     fn num_blocks(&self) -> usize {
         self.inner.num_blocks()
     }
+    fn kv_layout(&self) -> String {
+        self.inner.kv_layout()
+    }
     fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError> {
         self.steps.fetch_add(1, Ordering::Relaxed);
         std::thread::sleep(self.delay);

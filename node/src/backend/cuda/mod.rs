@@ -1237,6 +1237,10 @@ impl KvBlockIo for CudaBackend {
 }
 
 impl Backend for CudaBackend {
+    fn kv_layout(&self) -> String {
+        "cuda bf16 [layer][k|v][slot][kv_dim]".into()
+    }
+
     fn model_config(&self) -> &ModelConfig {
         &self.config
     }

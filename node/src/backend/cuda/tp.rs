@@ -209,6 +209,10 @@ impl KvBlockIo for CudaTpBackend {
 }
 
 impl Backend for CudaTpBackend {
+    fn kv_layout(&self) -> String {
+        format!("cuda bf16 tp{} rank-major", self.ranks.len())
+    }
+
     fn model_config(&self) -> &ModelConfig {
         &self.config
     }
