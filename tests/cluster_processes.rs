@@ -301,4 +301,37 @@ fn an_operator_identity_reads_and_writes_without_a_member_directory() {
     // --identity without --addr has no member to ask.
     let no_addr = cli_bare(&["status", "--identity", ops]);
     assert!(!no_addr.status.success());
+
+    // Placement through the operator: a member without GPUs hosts no group, and the group
+    // says why; removing a placement that does not exist is refused by name.
+    let place = cli_bare(&[
+        "place",
+        "--identity",
+        ops,
+        "--addr",
+        &listen,
+        "--model",
+        "m",
+        "--tp",
+        "1",
+    ]);
+    assert!(!place.status.success());
+    assert!(
+        stderr(&place).contains("the group refused"),
+        "{}",
+        stderr(&place)
+    );
+    let unplace = cli_bare(&[
+        "unplace",
+        "--identity",
+        ops,
+        "--addr",
+        &listen,
+        "--model",
+        "m",
+    ]);
+    assert!(!unplace.status.success());
+    assert!(stderr(&unplace).contains("`m`"), "{}", stderr(&unplace));
+    let placement = cli_bare(&["placement", "--identity", ops, "--addr", &listen, "--json"]);
+    assert_eq!(String::from_utf8_lossy(&placement.stdout).trim(), "{}");
 }

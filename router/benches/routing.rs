@@ -11,7 +11,9 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 use strata_node::kv::{BlockHash, KvEvent, KvEventKind, Tier};
-use strata_router::routing::{Candidate, NodeLoad, Policy, PrefixIndex, Router, Slot};
+use strata_router::routing::{
+    Candidate, NodeLoad, Policy, PrefixIndex, Router, Slot, VNODES_PER_GPU,
+};
 
 const REPS: usize = 5;
 const NODES: usize = 64;
@@ -142,7 +144,8 @@ fn routing(index: &PrefixIndex, slots: &[Slot]) -> Value {
         .iter()
         .map(|&slot| Candidate {
             slot,
-            ring_key: rng.next(),
+            ring_id: rng.next(),
+            vnodes: VNODES_PER_GPU,
             load: NodeLoad {
                 queued_prefill_tokens: rng.below(8192) as u64,
                 active_blocks: rng.below(6000) as u64,

@@ -25,7 +25,9 @@ use strata_protocol::{GenerateRequest, Resume, TokenEvent};
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tokio::sync::oneshot;
 
-use crate::routing::{Candidate, KvFetchConfig, NodeLoad, PrefixIndex, Reason, Router, Slot};
+use crate::routing::{
+    Candidate, KvFetchConfig, NodeLoad, PrefixIndex, Reason, Router, Slot, VNODES_PER_GPU,
+};
 
 /// How often each node's load is asked for.
 const LOAD_INTERVAL: Duration = Duration::from_millis(50);
@@ -54,7 +56,8 @@ pub enum ClusterError {
 struct Node {
     addr: SocketAddr,
     slot: Slot,
-    ring_key: u64,
+    /// Its member id and virtual nodes on the ownership ring.
+    ring: Mutex<RingMember>,
     /// The live connection; `None` while the node is unreachable (the supervisor redials it).
     client: RwLock<Option<NodeClient>>,
     /// Its KV layout as it last said: blocks move only between nodes with equal layouts.
@@ -72,7 +75,7 @@ impl Node {
         Arc::new(Self {
             addr,
             slot,
-            ring_key: ring_key(addr),
+            ring: Mutex::new(RingMember::of_address(addr)),
             client: RwLock::new(None),
             kv_layout: RwLock::new(None),
             load: Mutex::new(NodeLoad::default()),
@@ -105,6 +108,10 @@ impl Node {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .capacity_blocks = info.capacity_blocks as u64;
+    }
+
+    fn ring(&self) -> RingMember {
+        *self.ring.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn kv_layout(&self) -> Option<KvLayout> {
@@ -269,10 +276,16 @@ impl Cluster {
         self.nodes().iter().map(|n| n.addr).collect()
     }
 
-    /// Adds the node at `addr` (dialed in the background); nothing if it is there already.
-    pub fn add_node(self: &Arc<Self>, addr: SocketAddr) -> Result<(), ClusterError> {
+    /// Adds the node at `addr` (dialed in the background), placed on the ownership ring as
+    /// `ring`; a node already there only takes the new ring place.
+    pub fn add_node(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        ring: RingMember,
+    ) -> Result<(), ClusterError> {
         let mut nodes = self.nodes.write().unwrap_or_else(PoisonError::into_inner);
-        if nodes.iter().any(|n| n.addr == addr) {
+        if let Some(node) = nodes.iter().find(|n| n.addr == addr) {
+            *node.ring.lock().unwrap_or_else(PoisonError::into_inner) = ring;
             return Ok(());
         }
         let slot = self
@@ -282,6 +295,7 @@ impl Cluster {
             .add_node()
             .map_err(|e| ClusterError::Index(e.to_string()))?;
         let node = Node::new(addr, slot);
+        *node.ring.lock().unwrap_or_else(PoisonError::into_inner) = ring;
         nodes.push(Arc::clone(&node));
         drop(nodes);
         tracing::info!("node {addr} added");
@@ -455,7 +469,8 @@ impl Cluster {
             .filter(|n| n.alive() && !exclude.contains(&n.slot))
             .map(|n| Candidate {
                 slot: n.slot,
-                ring_key: n.ring_key,
+                ring_id: n.ring().id,
+                vnodes: n.ring().vnodes,
                 load: *n.load.lock().unwrap_or_else(PoisonError::into_inner),
             })
             .collect();
@@ -661,9 +676,23 @@ fn node_failed(node: &Node, e: &NodeError) {
     tracing::warn!("node {} failed a request: {e}", node.addr);
 }
 
-/// A node's stable key on the ownership ring: a hash of its address.
-fn ring_key(addr: SocketAddr) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(addr.to_string().as_bytes())
+/// A node on the ownership ring: the member id and virtual node count the topology group's
+/// ring gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingMember {
+    pub id: u64,
+    pub vnodes: u32,
+}
+
+impl RingMember {
+    /// A node known only by its address (`strata router --nodes`): a hash of the address as its
+    /// id, one GPU's virtual nodes. Every router given the same addresses agrees on it.
+    pub fn of_address(addr: SocketAddr) -> Self {
+        Self {
+            id: xxhash_rust::xxh3::xxh3_64(addr.to_string().as_bytes()),
+            vnodes: VNODES_PER_GPU,
+        }
+    }
 }
 
 /// Dials `addr` and checks the model it serves against `config`.

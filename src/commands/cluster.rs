@@ -22,8 +22,8 @@ use strata_topology::NodeId;
 use strata_topology::lease_driver::{Clock, SystemClock};
 use strata_topology::server::{DataLayout, Server, ServerConfig, Timing, shutdown_signal};
 use strata_topology::state::{
-    Capacity, Change, Command, DEFAULT_JOIN_TOKEN_TTL_MS, MemberAddresses, MemberSpec, RaftRole,
-    UnixMillis,
+    Applied, Capacity, Change, Command, DEFAULT_JOIN_TOKEN_TTL_MS, MemberAddresses, MemberSpec,
+    PlacementRequest, RaftRole, UnixMillis,
 };
 use strata_topology::transport::ca::{CA_KEY_FILE, check_operator_name, sha256_hex};
 use strata_topology::transport::client::commit_via_leader;
@@ -57,6 +57,12 @@ pub enum ClusterCommand {
     Members(ViewArgs),
     /// Model placement: groups of GPUs per model.
     Placement(ViewArgs),
+    /// Place a model: tensor-parallel groups of GPUs on the members (computed once by the
+    /// group, then stored). Routers following the group send the model's requests only to the
+    /// members hosting one of its groups.
+    Place(PlaceArgs),
+    /// Remove a model's placement: its requests go to every serving member again.
+    Unplace(UnplaceArgs),
     /// Remove a member from the group (then stop its process): the one in --data, or
     /// --member.
     Leave(LeaveArgs),
@@ -135,6 +141,42 @@ pub struct LeaveArgs {
 }
 
 #[derive(Args)]
+pub struct PlaceArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The model's served name (a router serves its checkpoint directory's name).
+    #[arg(long)]
+    model: String,
+    /// GPUs per tensor-parallel group (a group never spans members).
+    #[arg(long, default_value_t = 1)]
+    tp: u32,
+    /// Groups to run.
+    #[arg(long, default_value_t = 1)]
+    replicas: u32,
+    /// Memory every GPU of a group needs, in MiB.
+    #[arg(long, default_value_t = 0)]
+    min_gpu_memory_mib: u64,
+    /// Only members with this label qualify (`key=value`; repeat for several).
+    #[arg(long = "label", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+}
+
+#[derive(Args)]
+pub struct UnplaceArgs {
+    #[command(flatten)]
+    target: Target,
+    #[arg(long)]
+    model: String,
+}
+
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("`{text}` is not key=value")),
+    }
+}
+
+#[derive(Args)]
 pub struct OperatorArgs {
     /// The data directory of the member holding the cluster CA key (the one that ran `init`).
     #[arg(long)]
@@ -185,6 +227,8 @@ pub fn run(command: ClusterCommand) -> Result<()> {
             ClusterCommand::Status(args) => show(args, print_status).await,
             ClusterCommand::Members(args) => show(args, print_members).await,
             ClusterCommand::Placement(args) => show(args, print_placement).await,
+            ClusterCommand::Place(args) => place(args).await,
+            ClusterCommand::Unplace(args) => unplace(args).await,
             ClusterCommand::Leave(args) => leave(args).await,
             ClusterCommand::Token(args) => issue_token(args).await,
             ClusterCommand::Operator(args) => issue_operator(&args),
@@ -585,6 +629,51 @@ fn print_placement(view: &ClusterView, as_json: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+async fn place(args: PlaceArgs) -> Result<()> {
+    let request = PlacementRequest {
+        model: args.model.clone(),
+        tp_size: args.tp,
+        replicas: args.replicas,
+        min_gpu_memory_mib: args.min_gpu_memory_mib,
+        required_labels: args.labels.into_iter().collect(),
+    };
+    let applied = operator_commit(&args.target, Change::PlaceModel(request))
+        .await
+        .with_context(|| format!("placing `{}`", args.model))?;
+    for (i, group) in applied.placed.iter().enumerate() {
+        let gpus: Vec<String> = group.gpus.iter().map(ToString::to_string).collect();
+        println!(
+            "{} group {i}: member {} GPUs {}",
+            args.model,
+            group.node,
+            gpus.join(",")
+        );
+    }
+    Ok(())
+}
+
+async fn unplace(args: UnplaceArgs) -> Result<()> {
+    let change = Change::RemoveModel {
+        model: args.model.clone(),
+    };
+    operator_commit(&args.target, change)
+        .await
+        .with_context(|| format!("removing `{}`'s placement", args.model))?;
+    println!("{} is no longer placed", args.model);
+    Ok(())
+}
+
+/// Commits `change` through the member `target` names; the group's refusal is an error.
+async fn operator_commit(target: &Target, change: Change) -> Result<Applied> {
+    let Operator { client, addr, .. } = operator(target)?;
+    let outcome = client
+        .propose(&addr, Command::new(SystemClock.now_ms(), change))
+        .await?
+        .1;
+    client.endpoint().close(0u32.into(), b"done");
+    outcome.map_err(|r| anyhow::anyhow!("the group refused: {r}"))
 }
 
 async fn issue_token(args: TokenArgs) -> Result<()> {

@@ -10,13 +10,15 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use serde_json::{Value, json};
-use strata_collective::inventory::{Inventory, InventoryError, inspect, suggest_tp_pairs};
+use strata_collective::inventory::{
+    Inventory, InventoryError, LinkKind, inspect, suggest_tp_pairs,
+};
 use strata_node::rpc::{ALPN, NodeService, Peers};
 use strata_quic::tls::{mutual_client_config, mutual_server_config};
 use strata_router::{Device, start_engine_on};
 use strata_topology::lease_driver::{Clock, SystemClock};
 use strata_topology::server::{DataLayout, ServerConfig};
-use strata_topology::state::{Change, Command};
+use strata_topology::state::{Change, Command, Gpu};
 use strata_topology::transport::ca::{MEMBER_CERT_FILE, SERVER_NAME};
 use strata_topology::transport::{Client, MemberIdentity, client_endpoint};
 
@@ -120,8 +122,9 @@ pub fn run(command: NodeCommand) -> Result<()> {
                 if let Some(data) = data {
                     let rpc = advertise.unwrap_or(addr);
                     let blocks = service.info().capacity_blocks as u64;
+                    let gpus = engine_gpus(device, tp);
                     tokio::spawn(async move {
-                        match declare(&data, &identity, rpc, blocks).await {
+                        match declare(&data, &identity, rpc, blocks, gpus).await {
                             Ok(()) => tracing::info!("declared to the topology group as {rpc}"),
                             Err(e) => tracing::error!("declaring to the topology group: {e:#}"),
                         }
@@ -137,13 +140,71 @@ pub fn run(command: NodeCommand) -> Result<()> {
 /// How long a node keeps trying to declare itself to its member before giving up.
 const DECLARE_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Records `rpc` (and the KV capacity) in the member's record through the member in `data`,
-/// retrying while the member starts or the group elects a leader.
+/// The GPUs an engine on `device` with `tp` ranks runs on, as a member declares them: memory,
+/// and a link group per NVLink island (GPUs joined by NVLink, directly or through each other,
+/// share the smallest index among them). None on the CPU, or without a driver.
+fn engine_gpus(device: Device, tp: usize) -> Vec<Gpu> {
+    let Device::Cuda(first) = device else {
+        return Vec::new();
+    };
+    let inventory = match inspect() {
+        Ok(inventory) => inventory,
+        Err(e) => {
+            tracing::warn!("declaring no GPUs: {e}");
+            return Vec::new();
+        }
+    };
+    let used: Vec<usize> = (first..first + tp.max(1)).collect();
+    let group = nvlink_islands(&inventory);
+    inventory
+        .gpus
+        .iter()
+        .filter(|g| used.contains(&g.index))
+        .map(|g| Gpu {
+            index: g.index as u32,
+            memory_mib: g.memory_total >> 20,
+            link_group: group[&g.index] as u32,
+        })
+        .collect()
+}
+
+/// Each GPU's NVLink island, named by its smallest index: each GPU's group is lowered to its
+/// NVLink neighbours' until nothing changes.
+fn nvlink_islands(inventory: &Inventory) -> std::collections::BTreeMap<usize, usize> {
+    let mut group: std::collections::BTreeMap<usize, usize> =
+        inventory.gpus.iter().map(|g| (g.index, g.index)).collect();
+    loop {
+        let mut changed = false;
+        for link in inventory
+            .links
+            .iter()
+            .filter(|l| l.kind == LinkKind::NvLink)
+        {
+            let (Some(&a), Some(&b)) = (group.get(&link.from), group.get(&link.to)) else {
+                continue;
+            };
+            let low = a.min(b);
+            for at in [link.from, link.to] {
+                if group[&at] != low {
+                    group.insert(at, low);
+                    changed = true;
+                }
+            }
+        }
+        if !changed {
+            return group;
+        }
+    }
+}
+
+/// Records `rpc`, the KV capacity and the engine's GPUs in the member's record through the
+/// member in `data`, retrying while the member starts or the group elects a leader.
 async fn declare(
     data: &Path,
     identity: &MemberIdentity,
     rpc: SocketAddr,
     kv_blocks: u64,
+    gpus: Vec<Gpu>,
 ) -> Result<()> {
     let config = ServerConfig::load(&DataLayout::new(data).config()).map_err(anyhow::Error::msg)?;
     let member = config
@@ -163,6 +224,7 @@ async fn declare(
                 .with_context(|| format!("member {} is not in the group", identity.id))?;
             spec.addresses.rpc = rpc.to_string();
             spec.capacity.kv_blocks = kv_blocks;
+            spec.gpus = gpus.clone();
             let change = Change::UpdateMember(spec);
             let (_, outcome) = client
                 .propose(&member, Command::new(SystemClock.now_ms(), change))
@@ -328,4 +390,44 @@ fn to_json(inv: &Inventory) -> Value {
     json!({"driver": inv.driver_version, "gpus": gpus, "links": links, "tp_pairs": pairs,
            "link_source": "CUDA driver P2P attributes: access + native atomics = nvlink, \
                            access alone = pcie"})
+}
+
+#[cfg(test)]
+mod tests {
+    use strata_collective::inventory::{GpuInfo, PeerLink};
+
+    use super::*;
+
+    #[test]
+    fn nvlink_islands_are_connected_components() {
+        let gpu = |index| GpuInfo {
+            index,
+            name: "H200".into(),
+            memory_total: 141 << 30,
+            memory_free: None,
+            compute_capability: (9, 0),
+            pci_bus_id: String::new(),
+        };
+        let link = |from, to, kind| PeerLink {
+            from,
+            to,
+            p2p_access: true,
+            native_atomics: kind == LinkKind::NvLink,
+            performance_rank: 0,
+            kind,
+        };
+        // 3-1 and 1-0 over NVLink (a chain), 2 alone on PCIe, 4-5 a pair.
+        let inventory = Inventory {
+            driver_version: 13000,
+            gpus: (0..6).map(gpu).collect(),
+            links: vec![
+                link(3, 1, LinkKind::NvLink),
+                link(1, 0, LinkKind::NvLink),
+                link(2, 0, LinkKind::Pcie),
+                link(5, 4, LinkKind::NvLink),
+            ],
+        };
+        let islands: Vec<usize> = nvlink_islands(&inventory).into_values().collect();
+        assert_eq!(islands, vec![0, 0, 2, 0, 4, 4]);
+    }
 }

@@ -15,6 +15,7 @@ use strata_router::cluster::{Cluster, ClusterOptions};
 use strata_router::routing::{Policy, Router, RoutingSettings};
 use strata_router::watcher;
 use strata_router::{Access, ServedModel, ServingParts, grammar_compiler};
+use strata_topology::state::ClusterState;
 use strata_topology::transport::{Client, OperatorIdentity, client_endpoint, operator_endpoint};
 
 /// How long one call to the topology group may take.
@@ -107,15 +108,14 @@ fn topology_client(dir: &Path) -> Result<Client> {
     Ok(Client::new(endpoint, TOPOLOGY_TIMEOUT))
 }
 
-/// The serving members of the group, waiting until there is at least one.
-async fn serving_nodes_now(client: &Client, seeds: &[String]) -> Result<Vec<SocketAddr>> {
+/// The group's state once at least one member serves `model`.
+async fn serving_state_now(client: &Client, seeds: &[String], model: &str) -> Result<ClusterState> {
     let mut told = false;
     loop {
         match watcher::read_state(client, seeds).await {
             Ok(state) => {
-                let nodes = watcher::serving_nodes(&state);
-                if !nodes.is_empty() {
-                    return Ok(nodes);
+                if !watcher::serving_nodes(&state, model).is_empty() {
+                    return Ok(state);
                 }
                 if !told {
                     tracing::info!(
@@ -184,9 +184,16 @@ pub fn run(args: RouterArgs) -> Result<()> {
         } else {
             Some(topology_client(&args.identity)?)
         };
-        let nodes = match &topology {
+        let state = match &topology {
+            None => None,
+            Some(topology) => Some(serving_state_now(topology, &args.cluster, &name).await?),
+        };
+        let nodes = match &state {
             None => args.nodes.clone(),
-            Some(topology) => serving_nodes_now(topology, &args.cluster).await?,
+            Some(state) => watcher::serving_nodes(state, &name)
+                .iter()
+                .map(|n| n.addr)
+                .collect(),
         };
         let cluster = Cluster::connect(
             &endpoint,
@@ -201,11 +208,14 @@ pub fn run(args: RouterArgs) -> Result<()> {
             },
         )
         .await?;
-        if let Some(topology) = topology {
+        if let (Some(topology), Some(state)) = (topology, state) {
+            // The nodes take their places on the group's ring before the first request.
+            watcher::sync(&cluster, &state, &name);
             tokio::spawn(watcher::follow(
                 cluster.clone(),
                 topology,
                 args.cluster.clone(),
+                name.clone(),
             ));
         }
         tracing::info!("routing over {} node(s)", nodes.len());

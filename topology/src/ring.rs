@@ -57,10 +57,10 @@ impl OwnershipRing {
 
     /// The member owning `key`, or `None` on an empty ring.
     pub fn owner(&self, key: &[u8]) -> Option<NodeId> {
-        let key_hash = xxh3_64(key);
+        let hashed = key_hash(key);
         self.members
             .iter()
-            .map(|(&node, &vnodes)| (best_score(key_hash, node, vnodes), node))
+            .map(|(&node, &vnodes)| (member_score(hashed, node, vnodes), node))
             // Ties (astronomically rare) go to the smaller id: max_by_key keeps the last
             // maximum, and the iteration is by increasing id, so compare on reversed id.
             .max_by_key(|&(score, node)| (score, std::cmp::Reverse(node)))
@@ -70,19 +70,26 @@ impl OwnershipRing {
     /// Every member, best owner of `key` first: the order a router walks when the owner is
     /// over its load bound.
     pub fn ranked(&self, key: &[u8]) -> Vec<NodeId> {
-        let key_hash = xxh3_64(key);
+        let hashed = key_hash(key);
         let mut scored: Vec<(u64, NodeId)> = self
             .members
             .iter()
-            .map(|(&node, &vnodes)| (best_score(key_hash, node, vnodes), node))
+            .map(|(&node, &vnodes)| (member_score(hashed, node, vnodes), node))
             .collect();
         scored.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         scored.into_iter().map(|(_, node)| node).collect()
     }
 }
 
-/// The highest score among a member's virtual nodes for a key.
-fn best_score(key_hash: u64, node: NodeId, vnodes: u32) -> u64 {
+/// A key's hash, the first argument of [`member_score`].
+pub fn key_hash(key: &[u8]) -> u64 {
+    xxh3_64(key)
+}
+
+/// The highest score among a member's virtual nodes for a key: the member that scores highest
+/// owns the key (ties: the smaller id). Routers rank their candidates with it, so that they
+/// agree with the group's ring without holding it.
+pub fn member_score(key_hash: u64, node: NodeId, vnodes: u32) -> u64 {
     (0..vnodes)
         .map(|vnode| point_score(key_hash, node, vnode))
         .max()

@@ -9,7 +9,9 @@ mod tests;
 
 pub use fetch::KvFetchConfig;
 pub use index::{IndexError, MAX_NODES, Overlap, PrefixIndex, Slot};
-pub use policy::{Candidate, Decision, NodeLoad, Policy, Reason, Router, RoutingConfig};
+pub use policy::{
+    Candidate, Decision, NodeLoad, Policy, Reason, Router, RoutingConfig, VNODES_PER_GPU,
+};
 
 use serde::{Deserialize, Serialize};
 

@@ -1,9 +1,13 @@
 //! Choosing a node for a request (DESIGN.md §6): cache-aware by default — credit for the prefix a
-//! node already holds, minus its load — and, for a prefix no node holds, the prefix's owner on a
-//! rendezvous ring with bounded load. Round-robin and least-loaded exist for comparison.
+//! node already holds, minus its load — and, for a prefix no node holds, the prefix's owner on
+//! the topology group's ownership ring (`strata_topology::ring`: the same scores, so every router
+//! agrees with the group's ring at its epoch) with bounded load. Round-robin and least-loaded
+//! exist for comparison.
 
 use serde::{Deserialize, Serialize};
 use strata_node::kv::BlockHash;
+pub use strata_topology::ring::VNODES_PER_GPU;
+use strata_topology::ring::{key_hash, member_score};
 
 use super::index::{MAX_NODES, PrefixIndex, Slot};
 
@@ -75,8 +79,11 @@ impl NodeLoad {
 #[derive(Debug, Clone, Copy)]
 pub struct Candidate {
     pub slot: Slot,
-    /// The node's stable identity on the ring (a hash of its id).
-    pub ring_key: u64,
+    /// The node on the ownership ring: its member id and virtual node count, as the group's
+    /// ring has them (a router given fixed addresses uses a hash of the address and
+    /// [`VNODES_PER_GPU`]).
+    pub ring_id: u64,
+    pub vnodes: u32,
     pub load: NodeLoad,
 }
 
@@ -109,13 +116,6 @@ pub struct Decision {
 pub struct Router {
     policy: Policy,
     next: usize,
-}
-
-/// A 64-bit mix (splitmix64's finalizer) for rendezvous scores.
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
 }
 
 impl Router {
@@ -211,19 +211,21 @@ fn least_loaded(nodes: &[Candidate], block_size: usize) -> Candidate {
         .expect("nodes is not empty")
 }
 
-/// The prefix's owner by rendezvous hashing, skipping owners above the load bound.
+/// The prefix's owner on the ownership ring (the key is the prefix key's little-endian
+/// bytes), skipping owners above the load bound.
 fn ring_owner(
     nodes: &[Candidate],
     prefix_key: u128,
     config: &RoutingConfig,
     block_size: usize,
 ) -> Candidate {
-    let key = (prefix_key as u64) ^ ((prefix_key >> 64) as u64);
+    let key = key_hash(&prefix_key.to_le_bytes());
     let mut ranked: Vec<(u64, &Candidate)> = nodes
         .iter()
-        .map(|n| (mix(key ^ mix(n.ring_key)), n))
+        .map(|n| (member_score(key, n.ring_id, n.vnodes), n))
         .collect();
-    ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.slot.cmp(&b.1.slot)));
+    // Highest score first; ties to the smaller id, as the group's ring breaks them.
+    ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.ring_id.cmp(&b.1.ring_id)));
     let mean = nodes
         .iter()
         .map(|n| n.load.utilization(block_size))

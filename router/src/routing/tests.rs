@@ -135,7 +135,8 @@ fn the_index_holds_at_most_max_nodes() {
 fn candidate(slot: Slot, used: u64) -> Candidate {
     Candidate {
         slot,
-        ring_key: slot.index() as u64 * 7919 + 1,
+        ring_id: slot.index() as u64 * 7919 + 1,
+        vnodes: VNODES_PER_GPU,
         load: NodeLoad {
             queued_prefill_tokens: 0,
             active_blocks: used,
@@ -247,4 +248,41 @@ fn decisions_name_the_best_holder() {
     // Nobody holds an unknown prompt.
     let cold = rr.route(&index, &nodes, &chain(&[7, 8]), 7, 16).unwrap();
     assert_eq!(cold.holder, None);
+}
+
+/// For a prefix no node holds, every router picks the owner the topology group's ring names:
+/// the same member ids and virtual nodes give the same owner for every key.
+#[test]
+fn cold_prefixes_go_to_the_groups_ring_owner() {
+    use strata_topology::ring::OwnershipRing;
+    let mut index = PrefixIndex::new();
+    let members = [(11u64, 8u32), (42, 16), (7, 8), (99, 24)];
+    let nodes: Vec<Candidate> = members
+        .iter()
+        .map(|&(id, vnodes)| Candidate {
+            ring_id: id,
+            vnodes,
+            ..candidate(index.add_node().unwrap(), 10)
+        })
+        .collect();
+    let mut ring = OwnershipRing::default();
+    ring.update(members.into_iter().collect());
+    let mut router = Router::new(Policy::default());
+    let mut owners = std::collections::HashMap::new();
+    for key in 0..2000u128 {
+        let prefix_key = key.wrapping_mul(0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c834);
+        let decision = router
+            .route(&index, &nodes, &chain(&[prefix_key]), prefix_key, 16)
+            .unwrap();
+        assert_eq!(decision.reason, Reason::Ring);
+        let chosen = nodes.iter().find(|n| n.slot == decision.slot).unwrap();
+        assert_eq!(
+            Some(chosen.ring_id),
+            ring.owner(&prefix_key.to_le_bytes()),
+            "key {key}"
+        );
+        *owners.entry(chosen.ring_id).or_insert(0) += 1;
+    }
+    // Weighted by virtual nodes: 99 (24) owns about three times what 11 (8) owns.
+    assert!(owners[&99] > 2 * owners[&11], "{owners:?}");
 }
