@@ -679,6 +679,8 @@ fn fetch_round(router_args: &[&str]) -> (u64, u64, f64) {
     std::thread::sleep(Duration::from_secs(2));
     let (second, prompt_tokens, cached) = complete_cached(cluster.router_addr, &prompt, 8);
     assert_eq!(second, first, "the same greedy text, fetched KV or not");
+    // Let a load report (every 50 ms) carry the nodes' rates.
+    std::thread::sleep(Duration::from_millis(300));
     let metrics = get(cluster.router_addr, "/metrics");
     let per_node: Vec<f64> = cluster
         .node_addrs
@@ -691,7 +693,23 @@ fn fetch_round(router_args: &[&str]) -> (u64, u64, f64) {
         })
         .collect();
     assert_eq!(per_node, vec![1.0, 1.0], "round-robin used both nodes");
+    // The nodes report what they measured: the first its compute rate (it prefilled the
+    // prompt); the second its fetch's throughput if it fetched, else its compute rate.
+    let rate = |name: &str, node: SocketAddr| {
+        metric(
+            &metrics,
+            &format!("strata_router_node_{name}{{node=\"{node}\"}}"),
+        )
+    };
     let fetches = metric(&metrics, "strata_router_kv_fetches_total");
+    let [a, b] = [cluster.node_addrs[0], cluster.node_addrs[1]];
+    assert!(rate("tokens_per_second", a) > 0.0, "{metrics}");
+    let measured = if fetches > 0.0 {
+        rate("fetch_bytes_per_second", b)
+    } else {
+        rate("tokens_per_second", b)
+    };
+    assert!(measured > 0.0, "{metrics}");
     (prompt_tokens, cached, fetches)
 }
 

@@ -16,6 +16,21 @@ use crate::backend::Backend;
 use crate::kv::{BlockHash, BlockManager, BlockManagerConfig, KvDump, KvError, KvEvent, KvLayout};
 use crate::scheduler::{EngineLoad, Scheduler, SchedulerLimits, Sequence};
 
+/// Steps computing at least this many tokens are timed for [`EngineLoad::tokens_per_s`]:
+/// smaller ones (decode) say little about the prefill rate.
+pub const RATE_SAMPLE_TOKENS: usize = 64;
+
+/// A moving average of rates: each new sample weighs this much.
+const RATE_WEIGHT: f64 = 0.25;
+
+/// Folds `sample` into the moving average `avg` (0 = none yet).
+pub fn average_rate(avg: u64, sample: f64) -> u64 {
+    if avg == 0 {
+        return sample as u64;
+    }
+    (avg as f64 * (1.0 - RATE_WEIGHT) + sample * RATE_WEIGHT) as u64
+}
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub limits: SchedulerLimits,
@@ -321,8 +336,13 @@ fn run(
     rx: mpsc::Receiver<Command>,
     load: &Mutex<EngineLoad>,
 ) {
-    let publish = |scheduler: &Scheduler| {
-        *load.lock().unwrap_or_else(PoisonError::into_inner) = scheduler.load();
+    // The compute rate of prefill-heavy steps, carried into every published load.
+    let mut tokens_per_s = 0;
+    let publish = |scheduler: &Scheduler, tokens_per_s: u64| {
+        *load.lock().unwrap_or_else(PoisonError::into_inner) = EngineLoad {
+            tokens_per_s,
+            ..scheduler.load()
+        };
     };
     let apply =
         |scheduler: &mut Scheduler, backend: &mut dyn Backend, command: Command| match command {
@@ -364,15 +384,20 @@ fn run(
                 Err(mpsc::TryRecvError::Disconnected) => break,
             }
         }
-        publish(&scheduler);
+        publish(&scheduler, tokens_per_s);
+        let started = std::time::Instant::now();
         match scheduler.step(backend.as_mut()) {
             Ok(0) => std::thread::yield_now(),
+            Ok(n) if n >= RATE_SAMPLE_TOKENS => {
+                let seconds = started.elapsed().as_secs_f64().max(1e-9);
+                tokens_per_s = average_rate(tokens_per_s, n as f64 / seconds);
+            }
             Ok(_) => {}
             // A failed step is a bug or a broken backend: every request in flight learns why.
             Err(e) => scheduler.fail_all(&e.to_string()),
         }
         if scheduler.is_idle() {
-            publish(&scheduler);
+            publish(&scheduler, tokens_per_s);
         }
     }
 }

@@ -10,4 +10,6 @@ pub mod kv;
 pub mod rpc;
 pub mod scheduler;
 
-pub use engine::{Admission, Engine, EngineConfig, RequestStream, SubmitError};
+pub use engine::{
+    Admission, Engine, EngineConfig, RATE_SAMPLE_TOKENS, RequestStream, SubmitError, average_rate,
+};

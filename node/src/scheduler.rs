@@ -160,6 +160,15 @@ pub struct EngineLoad {
     pub active_blocks: u64,
     /// Device KV blocks in all.
     pub capacity_blocks: u64,
+    /// Tokens per second the engine computes in steps of at least
+    /// [`crate::RATE_SAMPLE_TOKENS`] tokens (prefill-heavy steps), a moving average;
+    /// 0 until such a step ran. What a router's fetch cost model takes as the prefill rate.
+    #[serde(default)]
+    pub tokens_per_s: u64,
+    /// Bytes per second this node's cross-node KV fetches achieved, a moving average (filled by
+    /// the node service; 0 until a fetch ran).
+    #[serde(default)]
+    pub fetch_bytes_per_s: u64,
 }
 
 /// One sequence's share of the step being built.
@@ -224,6 +233,8 @@ impl Scheduler {
                 .sum(),
             active_blocks: self.blocks.referenced_blocks() as u64,
             capacity_blocks: self.blocks.device_blocks() as u64,
+            tokens_per_s: 0,
+            fetch_bytes_per_s: 0,
         }
     }
 

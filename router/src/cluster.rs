@@ -26,7 +26,8 @@ use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
 use tokio::sync::oneshot;
 
 use crate::routing::{
-    Candidate, KvFetchConfig, NodeLoad, PrefixIndex, Reason, Router, Slot, VNODES_PER_GPU,
+    Candidate, KvFetchConfig, MeasuredRates, NodeLoad, PrefixIndex, Reason, Router, Slot,
+    VNODES_PER_GPU,
 };
 
 /// How often each node's load is asked for.
@@ -63,6 +64,8 @@ struct Node {
     /// Its KV layout as it last said: blocks move only between nodes with equal layouts.
     kv_layout: RwLock<Option<KvLayout>>,
     load: Mutex<NodeLoad>,
+    /// Its compute and fetch rates as it last reported them.
+    rates: Mutex<MeasuredRates>,
     /// Requests routed here (first attempts and failovers).
     routed: AtomicU64,
     /// Taken out of the cluster: its supervisor ends.
@@ -79,6 +82,7 @@ impl Node {
             client: RwLock::new(None),
             kv_layout: RwLock::new(None),
             load: Mutex::new(NodeLoad::default()),
+            rates: Mutex::new(MeasuredRates::default()),
             routed: AtomicU64::new(0),
             removed: AtomicBool::new(false),
         })
@@ -364,6 +368,24 @@ impl Cluster {
                 "strata_router_node_requests_total{{node=\"{addr}\"}} {n}"
             );
         }
+        for (name, help, rate) in [
+            (
+                "strata_router_node_tokens_per_second",
+                "Tokens per second each node's prefill-heavy steps compute (its report).",
+                (|r: &MeasuredRates| r.tokens_per_s) as fn(&MeasuredRates) -> u64,
+            ),
+            (
+                "strata_router_node_fetch_bytes_per_second",
+                "Bytes per second each node's cross-node KV fetches achieved (its report).",
+                |r: &MeasuredRates| r.fetch_bytes_per_s,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for node in self.nodes() {
+                let rates = *node.rates.lock().unwrap_or_else(PoisonError::into_inner);
+                let _ = writeln!(out, "{name}{{node=\"{}\"}} {}", node.addr, rate(&rates));
+            }
+        }
         let epoch = self.ring_epoch.load(Ordering::Relaxed);
         let _ = writeln!(
             out,
@@ -502,10 +524,13 @@ impl Cluster {
             let layout = node
                 .kv_layout()
                 .filter(|l| Some(l) == holder.kv_layout().as_ref())?;
-            let (from, to) =
-                self.options
-                    .kv_fetch
-                    .plan(decision.cached_blocks, held, layout.block_bytes, bs)?;
+            let rates = *node.rates.lock().unwrap_or_else(PoisonError::into_inner);
+            let (from, to) = self.options.kv_fetch.with_measured(rates).plan(
+                decision.cached_blocks,
+                held,
+                layout.block_bytes,
+                bs,
+            )?;
             self.stats.kv_fetches.fetch_add(1, Ordering::Relaxed);
             self.stats
                 .kv_fetch_blocks
@@ -829,6 +854,14 @@ impl Supervisor {
                         queued_prefill_tokens: load.queued_prefill_tokens,
                         active_blocks: load.active_blocks,
                         capacity_blocks: load.capacity_blocks,
+                    };
+                    *self
+                        .node
+                        .rates
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = MeasuredRates {
+                        tokens_per_s: load.tokens_per_s,
+                        fetch_bytes_per_s: load.fetch_bytes_per_s,
                     };
                 }
             }

@@ -16,7 +16,9 @@ use super::wire::{
     NodeRequest, Refusal, RefusalKind,
 };
 use crate::Engine;
+use crate::engine::average_rate;
 use crate::kv::{BlockHash, KvLayout, prompt_block_hashes};
+use crate::scheduler::EngineLoad;
 
 /// The most blocks one `KvExport` call answers (it holds them in memory at once); an importer
 /// asks for longer runs in calls of [`FETCH_CHUNK`].
@@ -73,6 +75,8 @@ pub struct FetchStats {
     pub failed: AtomicU64,
     /// Blocks exported to peers.
     pub exported_blocks: AtomicU64,
+    /// Bytes per second fetches achieved (from asking to imported), a moving average.
+    pub bytes_per_s: AtomicU64,
 }
 
 impl NodeService {
@@ -127,6 +131,7 @@ impl NodeService {
             return 0;
         }
         let parent = from.checked_sub(1).map(|i| chain[i]);
+        let started = std::time::Instant::now();
         let fetched = tokio::time::timeout(
             peers.timeout,
             self.import_run(peers, fetch.peer, parent, &chain[from..to]),
@@ -138,7 +143,18 @@ impl NodeService {
         };
         match outcome {
             Ok(n) => {
-                tracing::debug!("imported {n} KV blocks from {}", fetch.peer);
+                let seconds = started.elapsed().as_secs_f64().max(1e-9);
+                let bytes = (n * self.engine.kv_layout().block_bytes) as f64;
+                if n > 0 {
+                    let rate = &self.stats.bytes_per_s;
+                    let avg = average_rate(rate.load(Ordering::Relaxed), bytes / seconds);
+                    rate.store(avg, Ordering::Relaxed);
+                }
+                tracing::debug!(
+                    "imported {n} KV blocks from {} in {:.1} ms",
+                    fetch.peer,
+                    seconds * 1e3
+                );
                 n
             }
             Err(e) => {
@@ -276,7 +292,13 @@ async fn serve_stream(
                 _ => send.reset(quinn::VarInt::from_u32(1))?,
             }
         }
-        NodeRequest::Load => write_frame(&mut send, &engine.load()).await?,
+        NodeRequest::Load => {
+            let load = EngineLoad {
+                fetch_bytes_per_s: service.stats.bytes_per_s.load(Ordering::Relaxed),
+                ..engine.load()
+            };
+            write_frame(&mut send, &load).await?
+        }
         NodeRequest::Info => write_frame(&mut send, &service.info).await?,
         NodeRequest::KvDump => {
             let engine = Arc::clone(engine);

@@ -5,8 +5,10 @@
 //! `fetch_overhead_s + blocks × block_bytes / link_bytes_per_s`
 //! `< blocks × block_size / prefill_tokens_per_s`.
 //!
-//! The three rates are configuration; their defaults and the measurements behind them are in
-//! docs/PERFORMANCE.md ("Cross-node KV fetch").
+//! The rates are configuration, replaced by what the chosen node measured of itself once it has
+//! (its compute rate in prefill-heavy steps, the throughput of its past fetches; reported with
+//! its load); the defaults and the measurements behind them are in docs/PERFORMANCE.md
+//! ("Cross-node KV fetch").
 
 use serde::{Deserialize, Serialize};
 
@@ -23,22 +25,51 @@ pub struct KvFetchConfig {
     pub prefill_tokens_per_s: f64,
     /// Fewest blocks worth a fetch.
     pub min_blocks: u32,
+    /// Take a node's own measured rates over `link_bytes_per_s` and `prefill_tokens_per_s`
+    /// once it reports them.
+    pub measured_rates: bool,
+}
+
+/// Rates a node measured of itself; 0 = not measured yet.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MeasuredRates {
+    pub tokens_per_s: u64,
+    pub fetch_bytes_per_s: u64,
 }
 
 impl Default for KvFetchConfig {
     fn default() -> Self {
+        // Priors until a node has measured itself (docs/PERFORMANCE.md, "Cross-node KV
+        // fetch"): a 100 Gb/s link, so that a first fetch happens and is measured; the H200's
+        // prefill rate on the Llama-3.1-8B shape (30 469 tokens/s at 512 tokens,
+        // docs/receipts/cuda-battery-h200.json).
         Self {
             enabled: true,
-            // 10 Gb/s: a commodity link between hosts.
-            link_bytes_per_s: 1.25e9,
+            link_bytes_per_s: 12.5e9,
             fetch_overhead_s: 0.002,
-            prefill_tokens_per_s: 10_000.0,
+            prefill_tokens_per_s: 30_000.0,
             min_blocks: 2,
+            measured_rates: true,
         }
     }
 }
 
 impl KvFetchConfig {
+    /// These parameters with `measured`'s rates in place of the configured ones (where measured,
+    /// and if `measured_rates` allows).
+    pub fn with_measured(&self, measured: MeasuredRates) -> Self {
+        let mut out = self.clone();
+        if self.measured_rates {
+            if measured.tokens_per_s > 0 {
+                out.prefill_tokens_per_s = measured.tokens_per_s as f64;
+            }
+            if measured.fetch_bytes_per_s > 0 {
+                out.link_bytes_per_s = measured.fetch_bytes_per_s as f64;
+            }
+        }
+        out
+    }
+
     /// Seconds to fetch `blocks` blocks of `block_bytes`.
     pub fn fetch_seconds(&self, blocks: u32, block_bytes: usize) -> f64 {
         self.fetch_overhead_s + f64::from(blocks) * block_bytes as f64 / self.link_bytes_per_s
@@ -107,6 +138,38 @@ mod tests {
         assert!(any.fetch_seconds(1, BLOCK_8B) > any.compute_seconds(1, 16));
         assert_eq!(any.plan(0, 1, BLOCK_8B, 16), None);
         assert_eq!(any.plan(0, 2, BLOCK_8B, 16), Some((0, 2)));
+    }
+
+    #[test]
+    fn measured_rates_replace_the_configured_ones() {
+        let config = KvFetchConfig::default();
+        let measured = MeasuredRates {
+            tokens_per_s: 1_000,
+            fetch_bytes_per_s: 0,
+        };
+        let used = config.with_measured(measured);
+        assert_eq!(used.prefill_tokens_per_s, 1_000.0);
+        assert_eq!(
+            used.link_bytes_per_s, config.link_bytes_per_s,
+            "not measured yet"
+        );
+        // A slow measured link turns a fetch the defaults would make into a computation.
+        assert_eq!(config.plan(0, 100, BLOCK_8B, 16), Some((0, 100)));
+        let slow = config.with_measured(MeasuredRates {
+            tokens_per_s: 30_000,
+            fetch_bytes_per_s: 100_000_000,
+        });
+        assert_eq!(slow.plan(0, 100, BLOCK_8B, 16), None);
+        let fast = config.with_measured(MeasuredRates {
+            tokens_per_s: 30_000,
+            fetch_bytes_per_s: 40_000_000_000,
+        });
+        assert_eq!(fast.plan(0, 100, BLOCK_8B, 16), Some((0, 100)));
+        let fixed = KvFetchConfig {
+            measured_rates: false,
+            ..config.clone()
+        };
+        assert_eq!(fixed.with_measured(measured), fixed);
     }
 
     #[test]

@@ -7,7 +7,7 @@ mod policy;
 #[cfg(test)]
 mod tests;
 
-pub use fetch::KvFetchConfig;
+pub use fetch::{KvFetchConfig, MeasuredRates};
 pub use index::{IndexError, MAX_NODES, Overlap, PrefixIndex, Slot};
 pub use policy::{
     Candidate, Decision, NodeLoad, Policy, Reason, Router, RoutingConfig, VNODES_PER_GPU,
