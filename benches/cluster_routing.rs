@@ -258,8 +258,9 @@ fn run_arm(
 }
 
 /// The fetch alone: per tenant, its prompt computed on one idle node, then sent to the other
-/// (round-robin), which fetches the prefix or computes it. Returns the first and second TTFTs.
-fn fetch_phase(fetch: bool, env: &Env<'_>) -> Result<(Vec<Duration>, Vec<Duration>)> {
+/// (round-robin), which fetches the prefix or computes it. Returns the first and second TTFTs
+/// and the rates the nodes measured of themselves (per node: tokens/s, fetch bytes/s).
+fn fetch_phase(fetch: bool, env: &Env<'_>) -> Result<(Vec<Duration>, Vec<Duration>, Value)> {
     let arm = if fetch { "fetch" } else { "compute" };
     let (nodes, addrs) = start_nodes(arm, 2, env)?;
     let (routers, router) = start_routers(arm, 1, &addrs, "round-robin", fetch, env)?;
@@ -277,9 +278,21 @@ fn fetch_phase(fetch: bool, env: &Env<'_>) -> Result<(Vec<Duration>, Vec<Duratio
         );
         second.push(timed.ttft);
     }
+    // Let a load report carry the last measurements.
+    std::thread::sleep(Duration::from_millis(300));
+    let m = get(router[0], "/metrics");
+    let rates: Vec<Value> = addrs
+        .iter()
+        .map(|a| {
+            json!({
+                "tokens_per_s": metric(&m, &format!("strata_router_node_tokens_per_second{{node=\"{a}\"}}")),
+                "fetch_bytes_per_s": metric(&m, &format!("strata_router_node_fetch_bytes_per_second{{node=\"{a}\"}}")),
+            })
+        })
+        .collect();
     drop(routers);
     drop(nodes);
-    Ok((first, second))
+    Ok((first, second, json!(rates)))
 }
 
 fn main() -> Result<()> {
@@ -342,8 +355,8 @@ fn main() -> Result<()> {
     let p50 = |a: &Arm| percentile(&a.ttft, 0.5);
     let p99 = |a: &Arm| percentile(&a.ttft, 0.99);
     eprintln!("fetch phase: {TENANTS} prompts computed on one node, then sent to the other");
-    let (mut computed, mut fetched) = fetch_phase(true, &env)?;
-    let (_, mut recomputed) = fetch_phase(false, &env)?;
+    let (mut computed, mut fetched, fetch_rates) = fetch_phase(true, &env)?;
+    let (_, mut recomputed, compute_rates) = fetch_phase(false, &env)?;
     for v in [&mut computed, &mut fetched, &mut recomputed] {
         v.sort_unstable();
     }
@@ -362,6 +375,9 @@ fn main() -> Result<()> {
         // Upper bounds of the time each path takes: the whole TTFT is charged to it.
         "implied_prefill_tokens_per_s": (PREFIX_TOKENS + QUESTION_TOKENS) as f64 / (compute_ms / 1e3),
         "implied_fetch_bytes_per_s": prefix_bytes / (fetch_ms / 1e3),
+        // What the nodes measured of themselves (the cost model's inputs at run time).
+        "node_rates_fetching": fetch_rates,
+        "node_rates_computing": compute_rates,
     });
     eprintln!("fetch phase: {fetch_phase}");
     let out = json!({
