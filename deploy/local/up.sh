@@ -5,13 +5,16 @@
 # operator certificate) to find the nodes. Stop it with down.sh.
 #
 # Usage: deploy/local/up.sh [--nodes N] [--routers M] [--model DIR] [--dir DIR] [--base-port P]
+#                           [--node-args "ARGS"] [--router-args "ARGS"]
 #   --model   checkpoint directory (default: the embedded demo model, synthesized once)
+#   --node-args, --router-args  more flags for every `strata node serve` / `strata router`
+#             (split on spaces), e.g. --node-args "--device cuda:0" --router-args "--kv-fetch false"
 #   --dir     where data, logs and pids go (default: ./strata-local)
 #   --base-port  first port used (default 17000): members P+10i (and P+10i+1 for joins),
 #                nodes P+10i+2 (UDP), routers P+100+j (HTTP)
 # Needs `strata` on PATH or STRATA=path/to/strata.
 set -euo pipefail
-nodes=3 routers=2 model="" dir=./strata-local base=17000
+nodes=3 routers=2 model="" dir=./strata-local base=17000 node_args="" router_args=""
 while [[ $# -gt 0 ]]; do
     case $1 in
         --nodes) nodes=$2; shift 2 ;;
@@ -19,6 +22,8 @@ while [[ $# -gt 0 ]]; do
         --model) model=$2; shift 2 ;;
         --dir) dir=$2; shift 2 ;;
         --base-port) base=$2; shift 2 ;;
+        --node-args) node_args=$2; shift 2 ;;
+        --router-args) router_args=$2; shift 2 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
     esac
 done
@@ -45,9 +50,10 @@ spawn() {
     echo "$! $name" >>"$dir/pids"
 }
 
-# Waits until the log of $1 contains $2.
+# Waits until the log of $1 contains $2 (up to STRATA_UP_WAIT_S seconds, default 60: a GPU node
+# compiling its kernels may need more).
 wait_log() {
-    for _ in $(seq 600); do
+    for _ in $(seq $((${STRATA_UP_WAIT_S:-60} * 10))); do
         grep -q -- "$2" "$dir/$1.log" 2>/dev/null && return 0
         sleep 0.1
     done
@@ -84,8 +90,9 @@ for i in $(seq 2 "$nodes"); do
 done
 node_list=""
 for i in $(seq 1 "$nodes"); do
+    # shellcheck disable=SC2086 # extra flags are split on spaces on purpose
     spawn "node-$i" "$strata" node serve --model "$model" --data "$dir/member-$i" \
-        --listen "127.0.0.1:$(node_port "$i")"
+        --listen "127.0.0.1:$(node_port "$i")" $node_args
     node_list+="${node_list:+,}127.0.0.1:$(node_port "$i")"
 done
 for i in $(seq 1 "$nodes"); do wait_log "node-$i" "declared to the topology group"; done
@@ -95,8 +102,9 @@ fi
 members=""
 for i in $(seq 1 "$nodes"); do members+="${members:+,}127.0.0.1:$(member_port "$i")"; done
 for j in $(seq 1 "$routers"); do
+    # shellcheck disable=SC2086
     spawn "router-$j" "$strata" router --model "$model" --cluster "$members" \
-        --identity "$dir/router-identity" --port $((base + 100 + j))
+        --identity "$dir/router-identity" --port $((base + 100 + j)) $router_args
 done
 for j in $(seq 1 "$routers"); do wait_log "router-$j" "on http://"; done
 echo "raft group: $nodes voters (member 1 at 127.0.0.1:$(member_port 1))"

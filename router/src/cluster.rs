@@ -524,7 +524,7 @@ impl Cluster {
             let layout = node
                 .kv_layout()
                 .filter(|l| Some(l) == holder.kv_layout().as_ref())?;
-            let rates = *node.rates.lock().unwrap_or_else(PoisonError::into_inner);
+            let rates = measured_rates(node, &nodes, &layout);
             let (from, to) = self.options.kv_fetch.with_measured(rates).plan(
                 decision.cached_blocks,
                 held,
@@ -671,6 +671,32 @@ impl Cluster {
                 return Forwarded::Done;
             }
         }
+    }
+}
+
+/// The rates to judge a fetch to `node` by: its own measurements, and for a rate it has not
+/// measured yet, the mean of what the nodes with the same KV layout (the same backend and model)
+/// measured; zero where none has.
+fn measured_rates(node: &Node, nodes: &[Arc<Node>], layout: &KvLayout) -> MeasuredRates {
+    let own = *node.rates.lock().unwrap_or_else(PoisonError::into_inner);
+    let peers: Vec<MeasuredRates> = nodes
+        .iter()
+        .filter(|n| n.kv_layout().as_ref() == Some(layout))
+        .map(|n| *n.rates.lock().unwrap_or_else(PoisonError::into_inner))
+        .collect();
+    let mean = |rate: fn(&MeasuredRates) -> u64| {
+        let measured: Vec<u64> = peers.iter().map(rate).filter(|&r| r > 0).collect();
+        measured.iter().sum::<u64>() / (measured.len() as u64).max(1)
+    };
+    MeasuredRates {
+        tokens_per_s: match own.tokens_per_s {
+            0 => mean(|r| r.tokens_per_s),
+            own => own,
+        },
+        fetch_bytes_per_s: match own.fetch_bytes_per_s {
+            0 => mean(|r| r.fetch_bytes_per_s),
+            own => own,
+        },
     }
 }
 
@@ -901,5 +927,69 @@ impl Supervisor {
                 None => return Err("the node ended its feed".into()),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(backend: &str) -> KvLayout {
+        KvLayout {
+            backend: backend.into(),
+            model_type: "llama".into(),
+            num_layers: 4,
+            num_kv_heads: 4,
+            head_dim: 64,
+            block_size: 16,
+            block_bytes: 131_072,
+        }
+    }
+
+    /// A node that has not measured a rate is judged by its peers of the same layout, never by
+    /// nodes of another backend.
+    #[test]
+    fn unmeasured_rates_come_from_peers_of_the_same_layout() {
+        let mut index = PrefixIndex::new();
+        let mut node = |port: u16, backend: &str, tokens: u64, fetch: u64| {
+            let n = Node::new(
+                SocketAddr::from(([127, 0, 0, 1], port)),
+                index.add_node().unwrap(),
+            );
+            *n.kv_layout.write().unwrap() = Some(layout(backend));
+            *n.rates.lock().unwrap() = MeasuredRates {
+                tokens_per_s: tokens,
+                fetch_bytes_per_s: fetch,
+            };
+            n
+        };
+        let fresh = node(1, "cpu", 0, 0);
+        let nodes = vec![
+            Arc::clone(&fresh),
+            node(2, "cpu", 1_000, 0),
+            node(3, "cpu", 3_000, 200),
+            node(4, "cuda", 30_000, 9_000),
+        ];
+        let rates = measured_rates(&fresh, &nodes, &layout("cpu"));
+        assert_eq!(rates.tokens_per_s, 2_000);
+        assert_eq!(rates.fetch_bytes_per_s, 200);
+        // Its own measurements win once it has them.
+        *fresh.rates.lock().unwrap() = MeasuredRates {
+            tokens_per_s: 500,
+            fetch_bytes_per_s: 0,
+        };
+        assert_eq!(
+            measured_rates(&fresh, &nodes, &layout("cpu")),
+            MeasuredRates {
+                tokens_per_s: 500,
+                fetch_bytes_per_s: 200
+            }
+        );
+        // Nobody of its layout measured anything: zero, and the configured priors apply.
+        let alone = node(5, "tpu", 0, 0);
+        assert_eq!(
+            measured_rates(&alone, &nodes, &layout("tpu")),
+            MeasuredRates::default()
+        );
     }
 }
