@@ -87,18 +87,12 @@ impl KvBlockIo for CpuBackend {
 
     fn export_block(&self, id: BlockId, out: &mut [u8]) {
         let n = Self::floats_per_block(self.model.config(), self.block_size);
-        let src = &self.pool[id as usize * n..(id as usize + 1) * n];
-        for (o, v) in out.chunks_exact_mut(4).zip(src) {
-            o.copy_from_slice(&v.to_le_bytes());
-        }
+        super::to_le_bytes(&self.pool[id as usize * n..(id as usize + 1) * n], out);
     }
 
     fn import_block(&mut self, id: BlockId, data: &[u8]) {
         let n = Self::floats_per_block(self.model.config(), self.block_size);
-        let dst = &mut self.pool[id as usize * n..(id as usize + 1) * n];
-        for (d, b) in dst.iter_mut().zip(data.chunks_exact(4)) {
-            *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
+        super::from_le_bytes(data, &mut self.pool[id as usize * n..(id as usize + 1) * n]);
     }
 }
 

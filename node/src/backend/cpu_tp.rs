@@ -219,10 +219,10 @@ impl KvBlockIo for CpuTpBackend {
         for rank in &self.ranks {
             let n = rank.block_floats;
             let pool = lock(&rank.pool);
-            let src = &pool[id as usize * n..(id as usize + 1) * n];
-            for (o, v) in out[at..at + n * 4].chunks_exact_mut(4).zip(src) {
-                o.copy_from_slice(&v.to_le_bytes());
-            }
+            super::to_le_bytes(
+                &pool[id as usize * n..(id as usize + 1) * n],
+                &mut out[at..at + n * 4],
+            );
             at += n * 4;
         }
     }
@@ -232,10 +232,10 @@ impl KvBlockIo for CpuTpBackend {
         for rank in &self.ranks {
             let n = rank.block_floats;
             let mut pool = lock(&rank.pool);
-            let dst = &mut pool[id as usize * n..(id as usize + 1) * n];
-            for (d, b) in dst.iter_mut().zip(data[at..at + n * 4].chunks_exact(4)) {
-                *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
+            super::from_le_bytes(
+                &data[at..at + n * 4],
+                &mut pool[id as usize * n..(id as usize + 1) * n],
+            );
             at += n * 4;
         }
     }

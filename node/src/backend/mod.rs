@@ -15,6 +15,53 @@ use strata_model::ModelConfig;
 
 use crate::kv::{BlockId, KvBlockIo};
 
+/// Writes `values` into `out` (`size_of_val(values)` bytes) little-endian: the byte layout of
+/// exported KV blocks. One copy on little-endian hosts.
+pub(crate) fn to_le_bytes<T: bytemuck::Pod + LeBytes>(values: &[T], out: &mut [u8]) {
+    if cfg!(target_endian = "little") {
+        out.copy_from_slice(bytemuck::cast_slice(values));
+    } else {
+        for (o, v) in out.chunks_exact_mut(size_of::<T>()).zip(values) {
+            v.write_le(o);
+        }
+    }
+}
+
+/// Reads `values` back from little-endian `data`, as [`to_le_bytes`] wrote them.
+pub(crate) fn from_le_bytes<T: bytemuck::Pod + LeBytes>(data: &[u8], values: &mut [T]) {
+    if cfg!(target_endian = "little") {
+        bytemuck::cast_slice_mut::<T, u8>(values).copy_from_slice(data);
+    } else {
+        for (v, b) in values.iter_mut().zip(data.chunks_exact(size_of::<T>())) {
+            *v = T::read_le(b);
+        }
+    }
+}
+
+/// The element types of KV blocks, byte by byte (for big-endian hosts).
+pub(crate) trait LeBytes: Sized {
+    fn write_le(&self, out: &mut [u8]);
+    fn read_le(bytes: &[u8]) -> Self;
+}
+
+impl LeBytes for f32 {
+    fn write_le(&self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_le_bytes());
+    }
+    fn read_le(b: &[u8]) -> Self {
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+}
+
+impl LeBytes for half::bf16 {
+    fn write_le(&self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_le_bytes());
+    }
+    fn read_le(b: &[u8]) -> Self {
+        half::bf16::from_le_bytes([b[0], b[1]])
+    }
+}
+
 /// One sequence's part of a step.
 #[derive(Debug, Clone, Copy)]
 pub struct StepSeq<'a> {

@@ -176,7 +176,8 @@ impl NodeService {
     }
 
     /// Asks `peer` for `run` (after `parent`) in chunks and imports each; stops where the peer's
-    /// cached run ends. Blocks imported before an error stay cached.
+    /// cached run ends. The next chunk is asked for before this one is imported, so the transfer
+    /// and the import overlap. Blocks imported before an error stay cached.
     async fn import_run(
         &self,
         peers: &Peers,
@@ -185,12 +186,19 @@ impl NodeService {
         run: &[BlockHash],
     ) -> Result<usize, String> {
         let client = peers.client(peer).await.map_err(|e| e.to_string())?;
+        let ask = |chunk: &[BlockHash]| {
+            let (client, hashes) = (client.clone(), chunk.to_vec());
+            AbortOnDrop(tokio::spawn(async move { client.kv_export(hashes).await }))
+        };
+        let mut chunks = run.chunks(FETCH_CHUNK);
+        let mut next = chunks.next().map(|chunk| (chunk, ask(chunk)));
         let mut imported = 0;
-        for chunk in run.chunks(FETCH_CHUNK) {
-            let (layout, blocks) = client
-                .kv_export(chunk.to_vec())
+        while let Some((chunk, mut answer)) = next.take() {
+            let (layout, blocks) = (&mut answer.0)
                 .await
+                .map_err(|e| e.to_string())?
                 .map_err(|e| e.to_string())?;
+            next = chunks.next().map(|chunk| (chunk, ask(chunk)));
             check_export(self.engine.kv_layout(), chunk, &layout, &blocks)?;
             let complete = blocks.len() == chunk.len();
             let Some(&(last, _)) = blocks.last() else {
@@ -211,6 +219,16 @@ impl NodeService {
             parent = Some(last);
         }
         Ok(imported)
+    }
+}
+
+/// A spawned task that is stopped when its handle is dropped (a fetch that ends early does not
+/// leave the chunk it asked for ahead running).
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

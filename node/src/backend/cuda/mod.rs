@@ -1193,45 +1193,42 @@ impl KvBlockIo for CudaBackend {
         self.config.num_layers * 2 * self.block_size * self.shard.kv_rows.len() * 2
     }
 
-    /// Layout: `[layer][k|v][slot][kv_dim]` bf16, little-endian.
+    /// Layout: `[layer][k|v][slot][kv_dim]` bf16, little-endian. Every layer's copy is queued
+    /// before one synchronization.
     fn export_block(&self, id: BlockId, out: &mut [u8]) {
         let n = self.block_size * self.shard.kv_rows.len();
         let start = id as usize * n;
-        let mut host = vec![bf16::ZERO; n];
-        for (l, (k, v)) in self.k_cache.iter().zip(&self.v_cache).enumerate() {
-            for (kind, cache) in [k, v].into_iter().enumerate() {
-                self.stream
-                    .memcpy_dtoh(&cache.slice(start..start + n), &mut host)
-                    .expect("device-to-host copy of a KV block");
-                self.stream.synchronize().expect("stream synchronize");
-                let at = (l * 2 + kind) * n * 2;
-                for (i, x) in host.iter().enumerate() {
-                    out[at + 2 * i..at + 2 * i + 2].copy_from_slice(&x.to_le_bytes());
-                }
-            }
+        let mut host = vec![bf16::ZERO; n * 2 * self.config.num_layers];
+        let parts = self
+            .k_cache
+            .iter()
+            .zip(&self.v_cache)
+            .flat_map(|(k, v)| [k, v]);
+        for (cache, part) in parts.zip(host.chunks_exact_mut(n)) {
+            self.stream
+                .memcpy_dtoh(&cache.slice(start..start + n), part)
+                .expect("device-to-host copy of a KV block");
         }
+        self.stream.synchronize().expect("stream synchronize");
+        super::to_le_bytes(&host, out);
     }
 
     fn import_block(&mut self, id: BlockId, data: &[u8]) {
         let n = self.block_size * self.shard.kv_rows.len();
         let start = id as usize * n;
-        for l in 0..self.config.num_layers {
-            for kind in 0..2 {
-                let at = (l * 2 + kind) * n * 2;
-                let host: Vec<bf16> = data[at..at + n * 2]
-                    .chunks_exact(2)
-                    .map(|b| bf16::from_le_bytes([b[0], b[1]]))
-                    .collect();
-                let cache = if kind == 0 {
-                    &mut self.k_cache[l]
-                } else {
-                    &mut self.v_cache[l]
-                };
-                self.stream
-                    .memcpy_htod(&host, &mut cache.slice_mut(start..start + n))
-                    .expect("host-to-device copy of a KV block");
-            }
+        let mut host = vec![bf16::ZERO; n * 2 * self.config.num_layers];
+        super::from_le_bytes(data, &mut host);
+        let parts = self
+            .k_cache
+            .iter_mut()
+            .zip(self.v_cache.iter_mut())
+            .flat_map(|(k, v)| [k, v]);
+        for (cache, part) in parts.zip(host.chunks_exact(n)) {
+            self.stream
+                .memcpy_htod(part, &mut cache.slice_mut(start..start + n))
+                .expect("host-to-device copy of a KV block");
         }
+        // `host` must outlive the queued copies.
         self.stream.synchronize().expect("stream synchronize");
     }
 }
