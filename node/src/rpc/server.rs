@@ -66,17 +66,13 @@ impl Peers {
     }
 }
 
-/// Cross-node KV counters of one node.
+/// What a node's fetches brought, for the rate it reports with its load.
 #[derive(Debug, Default)]
-pub struct FetchStats {
+struct FetchStats {
     /// Blocks imported from peers.
-    pub imported_blocks: AtomicU64,
-    /// Fetches that brought nothing usable (unreachable peer, timeout, layout mismatch).
-    pub failed: AtomicU64,
-    /// Blocks exported to peers.
-    pub exported_blocks: AtomicU64,
+    imported_blocks: AtomicU64,
     /// Bytes per second fetches achieved (from asking to imported), a moving average.
-    pub bytes_per_s: AtomicU64,
+    bytes_per_s: AtomicU64,
 }
 
 impl NodeService {
@@ -110,12 +106,8 @@ impl NodeService {
         &self.info
     }
 
-    pub fn fetch_stats(&self) -> &FetchStats {
-        &self.stats
-    }
-
     /// Imports `fetch`'s blocks of `request`'s prompt from its peer, within the peers' timeout.
-    /// Returns the blocks imported; failures are logged and counted, never the request's.
+    /// Returns the blocks imported; failures are logged, never the request's.
     async fn fetch(&self, request: &GenerateRequest, fetch: KvFetch) -> usize {
         let Some(peers) = &self.peers else {
             return 0;
@@ -168,7 +160,6 @@ impl NodeService {
                 n
             }
             Err(e) => {
-                self.stats.failed.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!("KV fetch from {}: {e}; computing instead", fetch.peer);
                 0
             }
@@ -302,10 +293,6 @@ async fn serve_stream(
                         blocks: blocks.len() as u32,
                     };
                     write_frame(&mut send, &head).await?;
-                    service
-                        .stats
-                        .exported_blocks
-                        .fetch_add(blocks.len() as u64, Ordering::Relaxed);
                     for (hash, bytes) in blocks {
                         match KvBlockPayload::encode(hash, bytes) {
                             Ok(frame) => write_frame_bytes(&mut send, &frame).await?,
