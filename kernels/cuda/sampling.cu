@@ -1,31 +1,39 @@
-// On-device greedy sampling: the argmax of each row of f32 logits.
+// On-device greedy sampling: the argmax of each row of f32 logits, in the CPU sampler's order.
 #include "common.cuh"
 
 constexpr int ARGMAX_THREADS = 1024;
 constexpr u32 NO_TOKEN = 0xffffffffu;
 
-// The total order argmax follows: NaN never wins, a larger value wins, equal values go to the
-// lower index. Because it is a total order, the result does not depend on how the row is split.
+// The sampler's sanitizing (strata_model::sampler): NaN ranks as -inf, +inf as FLT_MAX.
+__device__ __forceinline__ float sanitize(float v) {
+    if (isnan(v)) return -INFINITY;
+    return v == INFINITY ? 3.402823466e38f : v;
+}
+
+// The total order argmax follows: only finite sanitized values compete, a larger value wins,
+// equal values go to the lower index. Because it is a total order, the result does not depend on
+// how the row is split.
 __device__ __forceinline__ bool beats(float v, u32 i, float best, u32 best_i) {
-    if (isnan(v)) return false;
-    if (best_i == NO_TOKEN || isnan(best)) return true;
+    if (v == -INFINITY) return false;
+    if (best_i == NO_TOKEN) return true;
     return v > best || (v == best && i < best_i);
 }
 
-__device__ __forceinline__ void consider(float v, u32 i, float& best, u32& best_i) {
+__device__ __forceinline__ void consider(float raw, u32 i, float& best, u32& best_i) {
+    const float v = sanitize(raw);
     if (beats(v, i, best, best_i)) {
         best = v;
         best_i = i;
     }
 }
 
-// out[m] = argmax over logits[m, 0..vocab) (one block per row). A row with no non-NaN value
-// gives 0xffffffff.
+// out[m] = argmax over logits[m * stride + 0..vocab) (one block per row). A row with no finite
+// value after sanitizing gives 0xffffffff.
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
-argmax_f32(u32* __restrict__ out, const float* __restrict__ logits, u32 vocab) {
+argmax_f32(u32* __restrict__ out, const float* __restrict__ logits, u32 vocab, u32 stride) {
     __shared__ float best_v[ARGMAX_THREADS / 32];
     __shared__ u32 best_ix[ARGMAX_THREADS / 32];
-    const float* row = logits + (u64)blockIdx.x * vocab;
+    const float* row = logits + (u64)blockIdx.x * stride;
     float best = 0.0f;
     u32 best_i = NO_TOKEN;
     u32 start = 0;

@@ -316,11 +316,13 @@ pub(crate) fn check_gemv3(
     Ok(results)
 }
 
-/// The reference argmax: NaN never wins, lowest index on ties (`highest_on_ties` is the canary).
+/// The reference argmax, the CPU sampler's greedy order: NaN ranks as -inf and never wins, +inf
+/// ranks as `f32::MAX`, lowest index on ties (`highest_on_ties` is the canary).
 fn argmax_ref(row: &[f32], highest_on_ties: bool) -> u32 {
     let mut best: Option<(f32, usize)> = None;
-    for (i, &v) in row.iter().enumerate() {
-        if v.is_nan() {
+    for (i, &raw) in row.iter().enumerate() {
+        let v = if raw == f32::INFINITY { f32::MAX } else { raw };
+        if v.is_nan() || v == f32::NEG_INFINITY {
             continue;
         }
         best = match best {
@@ -338,27 +340,43 @@ pub(crate) fn check_argmax(
     rng: &mut Rng,
 ) -> Result<Vec<CheckResult>, KernelError> {
     let mut results = Vec::new();
-    // offset 1 makes the rows 4-byte but not 16-byte aligned: the scalar path.
-    for (rows, vocab, offset) in [(5, 151_936, 0), (4, 1001, 1)] {
-        let mut logits: Vec<f32> = (0..rows * vocab + offset)
+    // offset 1 makes the rows 4-byte but not 16-byte aligned: the scalar path. A stride above
+    // the vocabulary is the padded layout of the LM head's logits: the pad must never win.
+    for (rows, vocab, stride, offset) in [
+        (7, 151_936, 151_936, 0),
+        (6, 1001, 1001, 1),
+        (6, 1001, 1008, 0),
+    ] {
+        let mut logits: Vec<f32> = (0..rows * stride + offset)
             .map(|_| (rng.unit() * 20.0 - 10.0) as f32)
             .collect();
-        let row = |r: usize| offset + r * vocab;
+        let row = |r: usize| offset + r * stride;
         // Row 0: a tie for the maximum; row 1: NaNs, one at the front; row 2: all NaN;
-        // row 3: a tie at -inf-free large values near the end.
+        // row 3: a tie of large values near the end; row 4: +inf ties with f32::MAX (the lower
+        // index wins); row 5: -inf and NaN only, but for one value at the end.
         let (i, j) = (rng.below(vocab / 2), vocab / 2 + rng.below(vocab / 2));
         logits[row(0) + i] = 50.0;
         logits[row(0) + j] = 50.0;
         logits[row(1)] = f32::NAN;
         logits[row(1) + rng.below(vocab)] = f32::NAN;
         logits[row(1) + vocab - 1] = 60.0;
-        logits[row(2)..row(3)].fill(f32::NAN);
+        logits[row(2)..row(2) + vocab].fill(f32::NAN);
         logits[row(3) + vocab - 2] = 70.0;
         logits[row(3) + vocab - 1] = 70.0;
+        logits[row(4) + j] = f32::MAX;
+        logits[row(4) + i] = f32::INFINITY;
+        logits[row(4) + vocab - 1] = f32::INFINITY;
+        logits[row(5)..row(5) + vocab].fill(f32::NEG_INFINITY);
+        logits[row(5) + 1] = f32::NAN;
+        logits[row(5) + vocab - 1] = -1e30;
+        for r in 0..rows {
+            // The pad columns hold the largest value of the row: read, they would win.
+            logits[row(r) + vocab..row(r) + stride].fill(1e9);
+        }
         let d_logits = upload(s, &logits)?;
         let mut out = upload(s, &vec![0xdead_beefu32; rows])?;
         let view = d_logits.slice(offset..);
-        kernels.argmax(s, &mut out, &view, rows, vocab)?;
+        kernels.argmax(s, &mut out, &view, rows, vocab, stride)?;
         let out = download(s, &out)?;
         let expect = |ties: bool| -> Vec<u32> {
             (0..rows)
@@ -367,7 +385,7 @@ pub(crate) fn check_argmax(
         };
         let count = |reference: &[u32]| out.iter().zip(reference).filter(|(a, b)| a != b).count();
         let written = out.iter().all(|&v| v != 0xdead_beef);
-        let case = format!("rows={rows} vocab={vocab} offset={offset}");
+        let case = format!("rows={rows} vocab={vocab} stride={stride} offset={offset}");
         let detail = format!("got {out:?}, expected {:?}", expect(false));
         results.push(CheckResult::compare(
             "argmax",
@@ -476,7 +494,8 @@ mod tests {
         assert_eq!(argmax_ref(&[1.0, 3.0, f32::NAN, 3.0], false), 1);
         assert_eq!(argmax_ref(&[1.0, 3.0, f32::NAN, 3.0], true), 3);
         assert_eq!(argmax_ref(&[f32::NAN, f32::NAN], false), NO_TOKEN);
-        assert_eq!(argmax_ref(&[f32::NEG_INFINITY, f32::NAN], false), 0);
+        assert_eq!(argmax_ref(&[f32::NEG_INFINITY, f32::NAN], false), NO_TOKEN);
+        assert_eq!(argmax_ref(&[f32::MAX, f32::INFINITY], false), 0);
     }
 
     #[test]

@@ -49,7 +49,9 @@ pub enum SamplerError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
     pub token: u32,
-    pub logprob: f32,
+    /// The drawn token's log-probability; `None` under greedy decoding unless the parameters ask
+    /// for log-probabilities (the log-softmax of a whole vocabulary is not free).
+    pub logprob: Option<f32>,
     /// When the parameters ask for log-probabilities (see [`TokenLogprobs`]).
     pub logprobs: Option<Box<TokenLogprobs>>,
 }
@@ -179,15 +181,54 @@ impl Sampler {
         }
         self.shape(logits);
         let mut sampled = if self.params.temperature == 0.0 {
-            greedy(logits)?
+            let token = greedy_token(logits).ok_or(SamplerError::NoFiniteLogit)?;
+            Sampled {
+                token,
+                logprob: None,
+                logprobs: None,
+            }
         } else {
             self.draw(logits)?
         };
         if let Some(k) = self.params.logprobs {
-            sampled.logprobs = Some(Box::new(report_logprobs(logits, sampled.token, k as usize)));
+            let report = report_logprobs(logits, sampled.token, k as usize);
+            sampled.logprob.get_or_insert(report.logprob);
+            sampled.logprobs = Some(Box::new(report));
         }
         self.history.observe_output(sampled.token);
         Ok(sampled)
+    }
+
+    /// Whether [`Sampler::sample`] would return exactly [`greedy_token`] of the raw logits and
+    /// nothing else: greedy, no bias, no penalty, no log-probabilities. Such a row can be
+    /// sampled where the logits are (on the GPU) and only its token id brought back; the token
+    /// is then recorded with [`Sampler::accept`].
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0
+            && p.logit_bias.is_empty()
+            && p.repetition_penalty == 1.0
+            && p.presence_penalty == 0.0
+            && p.frequency_penalty == 0.0
+            && p.logprobs.is_none()
+    }
+
+    /// Records `token`, chosen elsewhere by [`greedy_token`] over this row's logits (see
+    /// [`Sampler::is_plain_greedy`]), as [`Sampler::sample`] would have: same history, same
+    /// RNG position (greedy draws nothing).
+    pub fn accept(&mut self, token: u32) -> Result<Sampled, SamplerError> {
+        if token as usize >= self.vocab_size {
+            return Err(SamplerError::TokenOutOfVocab {
+                token,
+                vocab_size: self.vocab_size,
+            });
+        }
+        self.history.observe_output(token);
+        Ok(Sampled {
+            token,
+            logprob: None,
+            logprobs: None,
+        })
     }
 
     /// Steps 1–3 of the chain, in place.
@@ -268,15 +309,14 @@ impl Sampler {
         let log_weight = scale.log_weight(sanitize(logits[token as usize]));
         Ok(Sampled {
             token,
-            logprob: (log_weight - total.ln()) as f32,
+            logprob: Some((log_weight - total.ln()) as f32),
             logprobs: None,
         })
     }
 }
 
 /// `token`'s log-probability and the `k` most likely tokens under the log-softmax of the shaped
-/// logits at temperature 1, summed exactly as the greedy path sums (so under greedy decoding the
-/// two agree to the bit).
+/// logits at temperature 1 (under greedy decoding, also the token's reported logprob).
 fn report_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
     let max = logits
         .iter()
@@ -473,8 +513,10 @@ fn sanitize(logit: f32) -> f32 {
     }
 }
 
-/// Argmax of the shaped logits (lowest id on ties) and its log-softmax at temperature 1.
-fn greedy(logits: &[f32]) -> Result<Sampled, SamplerError> {
+/// Greedy decoding's choice: the argmax of `logits` in the sampler's order (NaN never wins,
+/// `+inf` ties with `f32::MAX`, the lowest id among equals), or `None` when no entry is finite
+/// after sanitizing. The GPU's greedy kernel follows the same order; this is its reference.
+pub fn greedy_token(logits: &[f32]) -> Option<u32> {
     let mut best: Option<(u32, f32)> = None;
     for (id, &raw) in (0u32..).zip(logits) {
         let logit = sanitize(raw);
@@ -482,17 +524,7 @@ fn greedy(logits: &[f32]) -> Result<Sampled, SamplerError> {
             best = Some((id, logit));
         }
     }
-    let (token, max) = best.ok_or(SamplerError::NoFiniteLogit)?;
-    let scale = Scale::new(max, 1.0);
-    let total: f64 = logits
-        .iter()
-        .map(|&l| f64::from(scale.weight(sanitize(l))))
-        .sum();
-    Ok(Sampled {
-        token,
-        logprob: -total.ln() as f32,
-        logprobs: None,
-    })
+    best.map(|(token, _)| token)
 }
 
 /// 53 random bits → uniform in [0, 1).
@@ -545,10 +577,23 @@ mod tests {
     fn greedy_takes_argmax_with_lowest_id_on_ties_and_never_nan() {
         let mut s = Sampler::new(&SamplingParams::greedy(), 5).unwrap();
         let out = pick(&mut s, &[f32::NAN, 1.0, 3.0, 3.0, -2.0]);
-        assert_eq!(out.token, 2);
+        assert_eq!(
+            (out.token, out.logprob),
+            (2, None),
+            "no logprob unless asked"
+        );
+        let mut asked = Sampler::new(
+            &params(|p| {
+                p.temperature = 0.0;
+                p.logprobs = Some(0);
+            }),
+            5,
+        )
+        .unwrap();
+        let out = pick(&mut asked, &[f32::NAN, 1.0, 3.0, 3.0, -2.0]);
         let expected = log_softmax(&[1.0, 3.0, 3.0, -2.0], 1.0)[1];
         assert!(
-            (out.logprob as f64 - expected).abs() < 1e-6,
+            (out.logprob.unwrap() as f64 - expected).abs() < 1e-6,
             "{out:?} vs {expected}"
         );
         let nan = f32::NAN;
@@ -614,7 +659,7 @@ mod tests {
         let mut greedy = Sampler::new(&SamplingParams::greedy(), 64).unwrap();
         let mut top1 = Sampler::new(&params(|p| p.top_k = 1), 64).unwrap();
         assert_eq!(run(&mut greedy, &rows), run(&mut top1, &rows));
-        assert_eq!(pick(&mut top1, &rows[0]).logprob, 0.0);
+        assert_eq!(pick(&mut top1, &rows[0]).logprob, Some(0.0));
     }
 
     #[test]
@@ -623,7 +668,7 @@ mod tests {
         for _ in 0..200 {
             let out = pick(&mut s, &[1.0; 6]);
             assert!(out.token < 2, "token {}", out.token);
-            assert!((out.logprob - 0.5f32.ln()).abs() < 1e-6);
+            assert!((out.logprob.unwrap() - 0.5f32.ln()).abs() < 1e-6);
         }
     }
 
@@ -671,7 +716,7 @@ mod tests {
             assert!(nucleus.contains(&(out.token as usize)), "{out:?}");
             let expected = logp[out.token as usize] - mass.ln();
             assert!(
-                (f64::from(out.logprob) - expected).abs() < 1e-4,
+                (f64::from(out.logprob.unwrap()) - expected).abs() < 1e-4,
                 "{out:?} vs {expected}"
             );
         }
@@ -686,7 +731,7 @@ mod tests {
             let out = pick(&mut s, &logits);
             counts[out.token as usize] += 1;
             let expected = [0.5f32 / 0.8, 0.3 / 0.8][out.token as usize].ln();
-            assert!((out.logprob - expected).abs() < 1e-5);
+            assert!((out.logprob.unwrap() - expected).abs() < 1e-5);
         }
         assert_eq!(counts[2], 0);
         assert!(counts[0] > counts[1] && counts[1] > 0, "{counts:?}");
@@ -721,7 +766,7 @@ mod tests {
         for _ in 0..draws {
             let out = pick(&mut s, &logits);
             let expected = probs[out.token as usize].ln();
-            assert!((out.logprob as f64 - expected).abs() < 1e-5);
+            assert!((out.logprob.unwrap() as f64 - expected).abs() < 1e-5);
             counts[out.token as usize] += 1;
         }
         let chi2: f64 = counts
@@ -742,14 +787,14 @@ mod tests {
         let mut zeros = 0;
         for _ in 0..1000 {
             let out = pick(&mut s, &logits);
-            assert!((out.logprob as f64 - expected[out.token as usize]).abs() < 1e-5);
+            assert!((out.logprob.unwrap() as f64 - expected[out.token as usize]).abs() < 1e-5);
             zeros += u32::from(out.token == 0);
         }
         assert!(zeros > 800, "{zeros}"); // p(0) = 0.867 at T = 0.5 vs 0.665 at T = 1
         // A vanishing temperature is effectively greedy, without overflow.
         let mut cold = Sampler::new(&params(|p| p.temperature = 1e-30), 3).unwrap();
         let out = pick(&mut cold, &[0.0, f32::MAX, -f32::MAX]);
-        assert_eq!((out.token, out.logprob), (1, 0.0));
+        assert_eq!((out.token, out.logprob), (1, Some(0.0)));
     }
 
     #[test]
@@ -833,7 +878,7 @@ mod tests {
         for _ in 0..100 {
             let out = pick(&mut s, &[f32::INFINITY, f32::NAN, 3.0, f32::INFINITY]);
             assert!(out.token == 0 || out.token == 3);
-            assert!((out.logprob - 0.5f32.ln()).abs() < 1e-6);
+            assert!((out.logprob.unwrap() - 0.5f32.ln()).abs() < 1e-6);
         }
         assert!(s.output().iter().all(|&t| t == 0 || t == 3));
     }
@@ -850,5 +895,48 @@ mod tests {
         let (ptr, cap) = (s.candidates.as_ptr(), s.candidates.capacity());
         run(&mut s, &rows[1..]);
         assert_eq!((ptr, cap), (s.candidates.as_ptr(), s.candidates.capacity()));
+    }
+
+    #[test]
+    fn accepting_the_greedy_token_equals_sampling_it() {
+        let rows = random_rows(9, 40, 300);
+        let mut sampled = Sampler::new(&SamplingParams::greedy(), 300).unwrap();
+        let mut accepted = sampled.clone();
+        assert!(sampled.is_plain_greedy());
+        for row in &rows {
+            let token = greedy_token(row).unwrap();
+            assert_eq!(pick(&mut sampled, row).token, token);
+            assert_eq!(accepted.accept(token).unwrap().token, token);
+        }
+        assert_eq!(sampled.state(), accepted.state());
+        assert!(accepted.accept(300).is_err(), "out of the vocabulary");
+        // Anything that shapes the logits or reports from them needs the row on the host.
+        for shaped in [
+            params(|p| p.temperature = 0.5),
+            params(|p| {
+                p.temperature = 0.0;
+                p.repetition_penalty = 1.1;
+            }),
+            params(|p| {
+                p.temperature = 0.0;
+                p.logit_bias.insert(1, 1.0);
+            }),
+            params(|p| {
+                p.temperature = 0.0;
+                p.logprobs = Some(0);
+            }),
+        ] {
+            assert!(!Sampler::new(&shaped, 300).unwrap().is_plain_greedy());
+        }
+    }
+
+    #[test]
+    fn greedy_token_sanitizes_like_the_sampler() {
+        let (nan, inf) = (f32::NAN, f32::INFINITY);
+        assert_eq!(greedy_token(&[nan, -inf, -inf]), None);
+        assert_eq!(greedy_token(&[-inf, -inf, -3.0]), Some(2));
+        // +inf ranks as f32::MAX: a tie, so the lower id wins.
+        assert_eq!(greedy_token(&[0.0, f32::MAX, inf]), Some(1));
+        assert_eq!(greedy_token(&[-0.0, 0.0]), Some(0));
     }
 }

@@ -14,7 +14,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::backend::Backend;
 use crate::kv::{BlockHash, BlockManager, BlockManagerConfig, KvDump, KvError, KvEvent, KvLayout};
-use crate::scheduler::{EngineLoad, Scheduler, SchedulerLimits, Sequence};
+use crate::scheduler::{EngineLoad, Scheduler, SchedulerLimits, Sequence, StepTimes};
 
 /// Steps computing at least this many tokens are timed for [`EngineLoad::tokens_per_s`]:
 /// smaller ones (decode) say little about the prefill rate.
@@ -179,8 +179,8 @@ pub struct Engine {
     device_blocks: usize,
     kv_layout: KvLayout,
     grammar: Option<Arc<GrammarCompiler>>,
-    /// The scheduler's load as of its last step or command.
-    load: Arc<Mutex<EngineLoad>>,
+    /// The scheduler's load as of its last step or command, and its steps' times so far.
+    load: Arc<Mutex<(EngineLoad, StepTimes)>>,
 }
 
 impl Engine {
@@ -215,7 +215,7 @@ impl Engine {
             model.max_position_embeddings,
         );
         let (tx, rx) = mpsc::channel();
-        let load = Arc::new(Mutex::new(scheduler.load()));
+        let load = Arc::new(Mutex::new((scheduler.load(), scheduler.times())));
         let published = Arc::clone(&load);
         let thread = std::thread::Builder::new()
             .name("strata-engine".into())
@@ -247,7 +247,12 @@ impl Engine {
 
     /// The load as of the scheduler's last step (or command, when idle).
     pub fn load(&self) -> EngineLoad {
-        *self.load.lock().unwrap_or_else(PoisonError::into_inner)
+        self.load.lock().unwrap_or_else(PoisonError::into_inner).0
+    }
+
+    /// Where the engine thread's steps spent their time so far (as of its last step).
+    pub fn step_times(&self) -> StepTimes {
+        self.load.lock().unwrap_or_else(PoisonError::into_inner).1
     }
 
     pub fn model_config(&self) -> &ModelConfig {
@@ -334,15 +339,16 @@ fn run(
     mut backend: Box<dyn Backend>,
     mut scheduler: Scheduler,
     rx: mpsc::Receiver<Command>,
-    load: &Mutex<EngineLoad>,
+    load: &Mutex<(EngineLoad, StepTimes)>,
 ) {
     // The compute rate of prefill-heavy steps, carried into every published load.
     let mut tokens_per_s = 0;
     let publish = |scheduler: &Scheduler, tokens_per_s: u64| {
-        *load.lock().unwrap_or_else(PoisonError::into_inner) = EngineLoad {
+        let load_now = EngineLoad {
             tokens_per_s,
             ..scheduler.load()
         };
+        *load.lock().unwrap_or_else(PoisonError::into_inner) = (load_now, scheduler.times());
     };
     let apply =
         |scheduler: &mut Scheduler, backend: &mut dyn Backend, command: Command| match command {

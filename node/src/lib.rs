@@ -1,15 +1,22 @@
 //! strata-node: the engine runtime every backend plugs into — the step interface, paged KV with a
 //! tiered prefix cache and its event stream, the continuous-batching scheduler, and the in-process
-//! [`Engine`] handle.
+//! [`Engine`] handle, built from one [`EngineSpec`] by [`launch::start_engine`].
 
 pub mod backend;
 mod engine;
 #[cfg(test)]
 mod gates;
 pub mod kv;
+pub mod launch;
 pub mod rpc;
 pub mod scheduler;
+pub mod spec;
 
 pub use engine::{
     Admission, Engine, EngineConfig, RATE_SAMPLE_TOKENS, RequestStream, SubmitError, average_rate,
 };
+pub use launch::{
+    CudaPlacement, LoadedModel, ModelLoadError, ServingParts, eos_ids, grammar_compiler,
+    start_cuda_engine, start_engine,
+};
+pub use spec::{Device, EngineSpec, KvBudget};

@@ -12,12 +12,12 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use strata_model::grammar::ConstrainedDecoder;
-use strata_model::sampler::Sampler;
+use strata_model::sampler::{Sampler, SamplerError};
 use strata_model::stop::is_stop_token;
 use strata_protocol::{FinishReason, GenerateRequest, TokenEvent, Usage};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::backend::{Backend, BackendError, StepSeq};
+use crate::backend::{Backend, BackendError, StepOutput, StepSeq};
 use crate::kv::{BlockHash, BlockId, BlockManager, KvError, block_hash, prompt_block_hashes};
 
 /// Limits of one step.
@@ -145,6 +145,7 @@ pub struct Scheduler {
     running: Vec<Sequence>,
     steps: u64,
     preemptions: u64,
+    times: StepTimes,
     #[cfg(test)]
     pub(crate) faults: Faults,
 }
@@ -171,6 +172,20 @@ pub struct EngineLoad {
     pub fetch_bytes_per_s: u64,
 }
 
+/// Where the engine thread's steps spent their time, summed over every step that computed
+/// something: planning (expiry, admission, block allocation, prefix lookups), the backend's
+/// forward pass (with the copy of logits or sampled tokens back to the host), and sampling and
+/// bookkeeping on the host (penalties, grammar, events, finished sequences).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepTimes {
+    pub steps: u64,
+    /// Tokens computed (prompt and generated).
+    pub tokens: u64,
+    pub plan_ns: u64,
+    pub forward_ns: u64,
+    pub sample_ns: u64,
+}
+
 /// One sequence's share of the step being built.
 struct Planned {
     index: usize,
@@ -193,6 +208,7 @@ impl Scheduler {
             running: Vec::new(),
             steps: 0,
             preemptions: 0,
+            times: StepTimes::default(),
             #[cfg(test)]
             faults: Faults::default(),
         }
@@ -254,9 +270,15 @@ impl Scheduler {
         self.preemptions
     }
 
+    /// The time of every step so far, by phase.
+    pub fn times(&self) -> StepTimes {
+        self.times
+    }
+
     /// Plans and runs one step. Returns the number of tokens computed (0 when there was nothing
     /// to do or nothing could be scheduled).
     pub fn step(&mut self, backend: &mut dyn Backend) -> Result<usize, StepError> {
+        let started = Instant::now();
         self.expire()?;
         let plan = self.plan(backend)?;
         if plan.is_empty() {
@@ -275,21 +297,53 @@ impl Scheduler {
                 }
             })
             .collect();
-        let rows = steps.iter().filter(|s| s.want_logits).count();
-        let mut logits = backend.step(&steps)?;
+        // Rows whose sampling needs nothing but the argmax of the raw logits are sampled by the
+        // backend (on the GPU, where the logits are); the others come back as logits.
+        let greedy: Vec<bool> = plan
+            .iter()
+            .map(|p| {
+                let s = &self.running[p.index];
+                s.sampler.is_plain_greedy() && s.constraint.is_none() && !self.masks_stops(s)
+            })
+            .collect();
+        let wanting = steps.iter().zip(&greedy).filter(|(s, _)| s.want_logits);
+        let (greedy_rows, rows) = wanting.fold(
+            (0, 0),
+            |(g, r), (_, &is)| {
+                if is { (g + 1, r) } else { (g, r + 1) }
+            },
+        );
+        let planned = Instant::now();
+        let mut output = backend.step_sampling(&steps, &greedy)?;
+        let forwarded = Instant::now();
         let vocab = backend.model_config().vocab_size;
-        if logits.len() != rows * vocab {
+        if output.logits.len() != rows * vocab || output.tokens.len() != greedy_rows {
             return Err(StepError::Logits {
-                got: logits.len(),
+                got: output.logits.len(),
                 rows,
                 vocab,
             });
         }
         let computed: usize = plan.iter().map(|p| p.chunk).sum();
         self.steps += 1;
-        // One row per sequence wanting logits, checked just above.
-        self.apply(&plan, &mut logits, vocab)?;
+        // One row (or token) per sequence wanting logits, checked just above.
+        self.apply(&plan, &greedy, &mut output, vocab)?;
+        let nanos = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let t = &mut self.times;
+        t.steps += 1;
+        t.tokens += computed as u64;
+        t.plan_ns += nanos(planned - started);
+        t.forward_ns += nanos(forwarded - planned);
+        t.sample_ns += nanos(forwarded.elapsed());
         Ok(computed)
+    }
+
+    /// Whether `seq`'s stop tokens must be masked before sampling: it has not reached its
+    /// `min_tokens`, and it has stop tokens.
+    fn masks_stops(&self, seq: &Sequence) -> bool {
+        let p = &seq.request.sampling;
+        seq.generated < p.min_tokens
+            && (!p.stop_token_ids.is_empty() || (!p.ignore_eos && !self.eos.is_empty()))
     }
 
     fn expire(&mut self) -> Result<(), KvError> {
@@ -422,11 +476,19 @@ impl Scheduler {
     }
 
     /// After the backend ran: advance, register full blocks, sample, finish.
-    fn apply(&mut self, plan: &[Planned], logits: &mut [f32], vocab: usize) -> Result<(), KvError> {
+    fn apply(
+        &mut self,
+        plan: &[Planned],
+        greedy: &[bool],
+        output: &mut StepOutput,
+        vocab: usize,
+    ) -> Result<(), KvError> {
         let bs = self.blocks.block_size();
-        let mut rows = logits.chunks_exact_mut(vocab);
+        let mut rows = output.logits.chunks_exact_mut(vocab);
+        let mut tokens = output.tokens.iter();
         let mut finished: Vec<(u64, FinishReason)> = Vec::new();
-        for p in plan {
+        for (p, &is_greedy) in plan.iter().zip(greedy) {
+            let masks_stops = self.masks_stops(&self.running[p.index]);
             let seq = &mut self.running[p.index];
             seq.computed += p.chunk;
             while seq.hashes.len() < seq.computed / bs {
@@ -443,14 +505,27 @@ impl Scheduler {
             if seq.computed < seq.tokens.len() {
                 continue;
             }
-            let row = rows
-                .next()
-                .expect("one logits row per sequence wanting logits");
-            let masked = match seq.constraint.as_mut() {
-                Some(c) => c.mask(row).map_err(|e| e.to_string()),
-                None => Ok(()),
+            let sampled = if is_greedy {
+                let token = tokens
+                    .next()
+                    .expect("one token per greedy sequence wanting logits");
+                token
+                    .ok_or(SamplerError::NoFiniteLogit)
+                    .and_then(|t| seq.sampler.accept(t))
+                    .map_err(|e| e.to_string())
+            } else {
+                let row = rows
+                    .next()
+                    .expect("one logits row per sequence wanting logits");
+                if masks_stops {
+                    mask_stops(row, &seq.request.sampling, &self.eos);
+                }
+                let masked = match seq.constraint.as_mut() {
+                    Some(c) => c.mask(row).map_err(|e| e.to_string()),
+                    None => Ok(()),
+                };
+                masked.and_then(|()| seq.sampler.sample(row).map_err(|e| e.to_string()))
             };
-            let sampled = masked.and_then(|()| seq.sampler.sample(row).map_err(|e| e.to_string()));
             let reason = match sampled {
                 Err(message) => {
                     let _ = seq.events.send(TokenEvent::Failed { message });
@@ -480,7 +555,6 @@ impl Scheduler {
                     seq.tokens.push(s.token);
                     let _ = seq.events.send(TokenEvent::Token {
                         id: s.token,
-                        logprob: s.logprob,
                         logprobs: s.logprobs,
                         rng_pos: seq.sampler.rng_pos(),
                     });
@@ -531,5 +605,16 @@ impl Scheduler {
             usage: seq.usage(),
         });
         Ok(())
+    }
+}
+
+/// Makes `params`' stop tokens unsampleable in `row` (before `min_tokens`): the request's stop
+/// token ids and, unless it ignores them, the model's end-of-sequence ids.
+fn mask_stops(row: &mut [f32], params: &strata_protocol::SamplingParams, eos: &[u32]) {
+    let eos = if params.ignore_eos { &[][..] } else { eos };
+    for &token in params.stop_token_ids.iter().chain(eos) {
+        if let Some(logit) = row.get_mut(token as usize) {
+            *logit = f32::NEG_INFINITY;
+        }
     }
 }

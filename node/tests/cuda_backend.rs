@@ -25,6 +25,7 @@ fn starts_on_a_gpu_or_says_why_not() {
         device: 0,
         block_size: 16,
         kv_cache_bytes: 16 << 20,
+        kv_memory_fraction: None,
         kernel_cache: None,
         max_positions: None,
         graphs: true,

@@ -48,8 +48,8 @@ fn drain(mut stream: RequestStream) -> (Vec<u32>, FinishReason, Usage) {
     let mut tokens = Vec::new();
     while let Some(event) = stream.events.blocking_recv() {
         match event {
-            TokenEvent::Token { id, logprob, .. } => {
-                assert!(logprob <= 0.0);
+            TokenEvent::Token { id, logprobs, .. } => {
+                assert!(logprobs.is_none(), "not asked for");
                 tokens.push(id);
             }
             TokenEvent::Finished { reason, usage } => return (tokens, reason, usage),
@@ -259,20 +259,14 @@ fn logprobs_list_the_most_likely_tokens() {
     let mut stream = engine.submit(r).unwrap();
     let mut seen = 0;
     while let Some(event) = stream.events.blocking_recv() {
-        let TokenEvent::Token {
-            id,
-            logprob,
-            logprobs,
-            ..
-        } = event
-        else {
+        let TokenEvent::Token { id, logprobs, .. } = event else {
             break;
         };
         let info = logprobs.expect("asked for logprobs");
         assert_eq!(info.top.len(), 5);
         // Greedy: the chosen token is the most likely one, with the same log-probability.
-        assert_eq!(info.top[0], (id, logprob));
-        assert_eq!(info.logprob, logprob);
+        assert_eq!(info.top[0], (id, info.logprob));
+        assert!(info.logprob <= 0.0);
         assert!(info.top.windows(2).all(|w| w[0].1 >= w[1].1));
         let mass: f32 = info.top.iter().map(|(_, l)| l.exp()).sum();
         assert!(mass <= 1.0 + 1e-5);
@@ -355,4 +349,78 @@ fn a_sampled_request_resumed_elsewhere_continues_the_same_stream() {
         second.submit(spent),
         Err(SubmitError::ResumeSpent { output: 24, .. })
     ));
+}
+
+fn engine_with_eos(eos: Vec<u32>) -> (tempfile::TempDir, Engine) {
+    let dir = tempfile::tempdir().unwrap();
+    synthesize(&SynthSpec::tiny(Architecture::Llama, 3), dir.path(), None).unwrap();
+    let backend = CpuBackend::with_blocks(CpuModel::load(dir.path()).unwrap(), 16, 64);
+    let config = EngineConfig {
+        limits: SchedulerLimits::default(),
+        host_blocks: 0,
+        disk: None,
+        eos_token_ids: eos,
+        grammar: None,
+    };
+    (dir, Engine::start(Box::new(backend), config).unwrap())
+}
+
+#[test]
+fn ignore_eos_and_min_tokens_hold_back_the_end() {
+    // The model's own first greedy tokens, with no end-of-sequence id at all.
+    let (_d, free) = engine_with_eos(vec![]);
+    let (free_run, _, _) = drain(free.submit(request(20, 8)).unwrap());
+    let eos = free_run[0];
+    let (_d, engine) = engine_with_eos(vec![eos]);
+    let with = |f: fn(&mut SamplingParams)| {
+        let mut r = request(20, 8);
+        f(&mut r.sampling);
+        drain(engine.submit(r).unwrap())
+    };
+    // The canary arm: honouring EOS, the model ends at once.
+    let (tokens, reason, _) = with(|p| p.ignore_eos = false);
+    assert_eq!((tokens.len(), reason), (0, FinishReason::Stop));
+    // ignore_eos runs to max_tokens, the same tokens as a model without EOS.
+    let (tokens, reason, _) = with(|p| p.ignore_eos = true);
+    assert_eq!((&tokens, reason), (&free_run, FinishReason::Length));
+    // min_tokens: EOS cannot be sampled for the first 3 tokens; a stop token id (with
+    // ignore_eos) is held back the same way.
+    let (tokens, _, _) = with(|p| {
+        p.ignore_eos = false;
+        p.min_tokens = 3;
+    });
+    assert!(tokens.len() >= 3, "{tokens:?}");
+    assert!(!tokens[..3].contains(&eos), "{tokens:?}");
+    let mut r = request(20, 8);
+    r.sampling.stop_token_ids = vec![eos];
+    r.sampling.min_tokens = 2;
+    let (tokens, _, _) = drain(engine.submit(r).unwrap());
+    assert!(
+        tokens.len() >= 2 && !tokens[..2].contains(&eos),
+        "{tokens:?}"
+    );
+    // min_tokens above max_tokens is refused by name.
+    let mut r = request(20, 4);
+    r.sampling.min_tokens = 5;
+    let err = engine.submit(r).err().expect("refused").to_string();
+    assert!(err.contains("min_tokens"), "{err}");
+}
+
+#[test]
+fn step_times_account_for_every_step() {
+    let (_d, engine) = engine(64);
+    let before = engine.step_times();
+    let (tokens, _, _) = drain(engine.submit(request(40, 8)).unwrap());
+    assert_eq!(tokens.len(), 8);
+    // Published before the next step or when idle: wait for the idle publication.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut times = engine.step_times();
+    while times.steps < before.steps + 8 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+        times = engine.step_times();
+    }
+    // One prefill step (40 tokens, sampling the first token), then 7 decode steps.
+    assert_eq!(times.steps - before.steps, 8, "{times:?}");
+    assert_eq!(times.tokens - before.tokens, 40 + 7, "{times:?}");
+    assert!(times.forward_ns > 0 && times.plan_ns > 0 && times.sample_ns > 0);
 }

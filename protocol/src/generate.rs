@@ -67,7 +67,6 @@ pub struct Usage {
 pub enum TokenEvent {
     Token {
         id: u32,
-        logprob: f32,
         /// Present when the request asked for log-probabilities.
         logprobs: Option<Box<TokenLogprobs>>,
         /// The sampler's RNG position after drawing this token: what a continuation of the

@@ -30,6 +30,9 @@ pub struct SamplingParams {
     /// Seed of the sampling RNG; the same seed with the same logits gives the same tokens.
     pub seed: u64,
     pub max_tokens: u32,
+    /// Stop token ids (the request's and, unless `ignore_eos`, the model's end-of-sequence ids)
+    /// cannot be generated before this many tokens were (vLLM's `min_tokens`; 0 = off).
+    pub min_tokens: u32,
     /// Token ids that end generation (in addition to the model's end-of-sequence ids, unless
     /// `ignore_eos`). The stop token is not part of the returned text.
     pub stop_token_ids: Vec<u32>,
@@ -57,6 +60,7 @@ impl Default for SamplingParams {
             logit_bias: BTreeMap::new(),
             seed: 0,
             max_tokens: 256,
+            min_tokens: 0,
             stop_token_ids: Vec::new(),
             stop: Vec::new(),
             ignore_eos: false,
@@ -118,6 +122,13 @@ impl SamplingParams {
         check("frequency_penalty", self.frequency_penalty, true, "finite")?;
         for bias in self.logit_bias.values() {
             check("logit_bias", *bias, true, "finite")?;
+        }
+        if self.min_tokens > self.max_tokens {
+            return Err(SamplingParamsError {
+                field: "min_tokens",
+                value: self.min_tokens as f32,
+                range: "<= max_tokens",
+            });
         }
         if let Some(k) = self.logprobs {
             check(

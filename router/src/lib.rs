@@ -25,16 +25,15 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
 use axum::routing::get;
-use tokio::net::TcpListener;
+use axum::serve::{ListenerExt, TapIo};
+use tokio::net::{TcpListener, TcpStream};
 
 use crate::admission::{Admission, AdmissionLimits};
 use crate::auth::{KeyRing, KeyStore, KeysFileWatch, LiveKeys};
 use crate::error::ApiError;
 use crate::request_id::RequestIds;
-pub use crate::state::{
-    AppState, CudaPlacement, Device, EngineHandle, LoadedModel, ModelLoadError, ServedModel,
-    ServingParts, eos_ids, grammar_compiler, start_cuda_engine, start_engine_on,
-};
+pub use crate::state::{AppState, EngineHandle, ServedModel};
+use strata_node::{EngineSpec, ModelLoadError, start_engine};
 
 /// Everything `strata serve` needs to start.
 #[derive(Debug, Clone)]
@@ -46,12 +45,8 @@ pub struct ServeConfig {
     /// `owned_by` in /v1/models.
     pub owned_by: String,
     pub addr: SocketAddr,
-    pub kv_cache_mib: usize,
-    pub block_size: usize,
-    /// Where the engine runs.
-    pub device: Device,
-    /// Tensor-parallel ranks (1 = none).
-    pub tp: usize,
+    /// The engine to build (the node crate's concern: the router only passes it on).
+    pub engine: EngineSpec,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -76,14 +71,7 @@ pub fn load_state(config: &ServeConfig) -> Result<AppState, ServeError> {
         path: config.model_dir.clone(),
         source,
     };
-    let (engine, parts) = start_engine_on(
-        &config.model_dir,
-        config.device,
-        config.tp,
-        config.block_size,
-        config.kv_cache_mib << 20,
-    )
-    .map_err(model_err)?;
+    let (engine, parts) = start_engine(&config.model_dir, &config.engine).map_err(model_err)?;
     Ok(Arc::new(ServedModel::new(
         config.model_name.clone(),
         config.owned_by.clone(),
@@ -155,10 +143,23 @@ pub async fn serve_on_with(
     access: &Access,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    axum::serve(listener, build_app_with(state, access))
+    axum::serve(no_delay(listener), build_app_with(state, access))
         .with_graceful_shutdown(shutdown)
         .await?;
     Ok(())
+}
+
+/// Every accepted connection sends its writes at once (TCP_NODELAY): a streamed token is one
+/// small write, and Nagle's algorithm would hold it back until the previous one is acknowledged
+/// (delayed ACKs make that tens of milliseconds on a reused connection).
+fn no_delay(listener: TcpListener) -> TapIo<TcpListener, fn(&mut TcpStream)> {
+    listener.tap_io(set_no_delay)
+}
+
+fn set_no_delay(tcp: &mut TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::warn!("cannot set TCP_NODELAY on a connection: {e}");
+    }
 }
 
 /// How often a running server looks at its keys file.
@@ -202,7 +203,7 @@ pub async fn serve_state(
         tokio::spawn(watch.run(KEYS_POLL_INTERVAL));
     }
     let app = build_app_live(state, access.limits, keys);
-    axum::serve(listener, app)
+    axum::serve(no_delay(listener), app)
         .with_graceful_shutdown(shutdown)
         .await?;
     tracing::info!("stopped: every in-flight request has finished");
@@ -252,5 +253,33 @@ pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 's
             let _ = tokio::signal::ctrl_c().await;
             tracing::info!("Ctrl-C: no new connections; finishing the requests in flight");
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::serve::Listener;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_send_without_delay() {
+        let plain = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .unwrap();
+        let addr = plain.local_addr().unwrap();
+        let mut listener = no_delay(plain);
+        let client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (server_side, _) = listener.accept().await;
+        assert!(server_side.nodelay().unwrap(), "TCP_NODELAY is set");
+        // The canary: a connection accepted without the wrapper keeps Nagle's algorithm on.
+        let plain = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .unwrap();
+        let addr = plain.local_addr().unwrap();
+        let _other = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (bare, _) = plain.accept().await.unwrap();
+        assert!(!bare.nodelay().unwrap());
+        drop(client);
     }
 }

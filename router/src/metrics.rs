@@ -406,10 +406,45 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .and_then(Result::ok)
         .map(|dump| TierCounts::of(&dump));
     let mut text = state.metrics.render(kv);
+    if let Some(times) = state.engine.step_times() {
+        render_step_times(&mut text, &times);
+    }
     if let crate::state::EngineHandle::Cluster(cluster) = &state.engine {
         text.push_str(&cluster.render_metrics());
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// The engine thread's steps: how many, the tokens they computed, and their time by phase
+/// (docs/PERFORMANCE.md reads a step's host overhead from these).
+fn render_step_times(out: &mut String, t: &strata_node::scheduler::StepTimes) {
+    let name = "strata_engine_steps_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Engine steps that computed tokens.\n# TYPE {name} counter\n{name} {}",
+        t.steps
+    );
+    let name = "strata_engine_step_tokens_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Tokens computed by engine steps (prompt and generated).\n\
+         # TYPE {name} counter\n{name} {}",
+        t.tokens
+    );
+    let name = "strata_engine_step_seconds_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Engine step time by phase: plan (scheduling, KV blocks), forward (the \
+         backend, with the copy back to the host), sample (sampling and bookkeeping on the \
+         host).\n# TYPE {name} counter"
+    );
+    for (phase, ns) in [
+        ("plan", t.plan_ns),
+        ("forward", t.forward_ns),
+        ("sample", t.sample_ns),
+    ] {
+        let _ = writeln!(out, "{name}{{phase=\"{phase}\"}} {}", ns as f64 / 1e9);
+    }
 }
 
 /// Middleware: counts every answered request by its route pattern, its surface and status.

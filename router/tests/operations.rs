@@ -283,6 +283,19 @@ async fn metrics_export_the_serving_families() {
     assert_eq!(value("strata_kv_cached_blocks{tier=\"disk\"}"), 0.0);
     value("strata_inter_token_latency_seconds_count");
     value("strata_generated_tokens_per_second");
+    // The first request's prefill and 3 decode steps at least (the engine publishes its times
+    // between steps, so the second request's last step may not be in yet).
+    assert!(value("strata_engine_steps_total") >= 4.0, "{text}");
+    assert!(
+        value("strata_engine_step_tokens_total") >= 40.0 + 3.0,
+        "{text}"
+    );
+    for phase in ["plan", "forward", "sample"] {
+        let seconds = value(&format!(
+            "strata_engine_step_seconds_total{{phase=\"{phase}\"}}"
+        ));
+        assert!(seconds > 0.0, "{phase}: {text}");
+    }
 }
 
 #[test]

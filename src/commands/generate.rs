@@ -1,4 +1,4 @@
-//! `strata generate`: one prompt through the engine (CPU backend), streamed to stdout.
+//! `strata generate`: one prompt through the engine, streamed to stdout.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -11,8 +11,10 @@ use strata_model::chat::{ChatRequest, ChatTemplate};
 use strata_model::synth::ensure_demo_model;
 use strata_model::text_stream::TextStream;
 use strata_model::tokenizer::Tokenizer;
+use strata_node::start_engine;
 use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
-use strata_router::{Device, start_engine_on};
+
+use super::engine_args::EngineSettings;
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -48,18 +50,8 @@ pub struct GenerateArgs {
     /// Where the demo model is kept (default: $XDG_CACHE_HOME/strata or ~/.cache/strata).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
-    /// Memory for the KV cache, in MiB.
-    #[arg(long, default_value_t = 256)]
-    kv_cache_mib: usize,
-    /// Tokens per KV block.
-    #[arg(long, default_value_t = 16)]
-    block_size: usize,
-    /// Where the engine runs: cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: Device,
-    /// Tensor-parallel ranks (CPU today); output is byte-identical to 1.
-    #[arg(long, default_value_t = 1)]
-    tp: usize,
+    #[command(flatten)]
+    engine: EngineSettings,
 }
 
 pub fn default_cache_dir() -> PathBuf {
@@ -80,16 +72,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             dir
         }
     };
-    if args.block_size == 0 {
-        bail!("--block-size must be at least 1");
-    }
-    let (engine, parts) = start_engine_on(
-        &dir,
-        args.device,
-        args.tp,
-        args.block_size,
-        args.kv_cache_mib << 20,
-    )?;
+    let (engine, parts) = start_engine(&dir, &args.engine.spec()?)?;
     let prompt = encode_prompt(&args, &dir, parts.template.as_ref(), &parts.tokenizer)?;
     let sampling = sampling_params(&args, &parts.generation_config);
     let stops = sampling.stop.clone();

@@ -9,11 +9,12 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use strata_model::ModelConfig;
+use strata_model::sampler::greedy_token;
 use strata_model::weights::parameter_count;
 use strata_node::Engine;
-use strata_node::backend::{Backend, CudaBackend, CudaOptions, StepSeq, WeightSource};
+use strata_node::backend::{Backend, CudaBackend, CudaOptions, StepOutput, StepSeq, WeightSource};
+use strata_node::{CudaPlacement, Device, EngineSpec, KvBudget, start_cuda_engine, start_engine};
 use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
-use strata_router::{CudaPlacement, Device, start_cuda_engine, start_engine_on};
 
 #[derive(Subcommand)]
 pub enum GpuCommand {
@@ -186,21 +187,26 @@ fn generate(engine: &Engine, prompt: Vec<u32>, tokens: u32) -> Result<(Vec<u32>,
 
 fn parity(args: ParityArgs) -> Result<()> {
     let reference_dir = args.reference_model.as_deref().unwrap_or(&args.model);
-    let (cpu, _) = start_engine_on(reference_dir, Device::Cpu, 1, 16, 64 << 20)?;
+    let (cpu, _) = start_engine(reference_dir, &fixed_kv(Device::Cpu, 64 << 20))?;
     let gpu = match (args.nccl, args.device) {
-        (false, device) => start_engine_on(&args.model, device, 1, 16, 256 << 20)?.0,
+        (false, device) => start_engine(&args.model, &fixed_kv(device, 256 << 20))?.0,
         (true, Device::Cuda(ordinal)) => {
             let placement = CudaPlacement {
                 through_nccl: true,
                 ..CudaPlacement::single(ordinal)
             };
-            start_cuda_engine(&args.model, &placement, 16, 256 << 20)?.0
+            start_cuda_engine(
+                &args.model,
+                &placement,
+                &fixed_kv(Device::Cuda(0), 256 << 20),
+            )?
+            .0
         }
         (true, Device::Cpu) => bail!("--nccl needs a CUDA device"),
     };
     // With --nccl, the same GPU without the group: the communicator must change no bit.
     let direct = if args.nccl {
-        Some(start_engine_on(&args.model, args.device, 1, 16, 256 << 20)?.0)
+        Some(start_engine(&args.model, &fixed_kv(args.device, 256 << 20))?.0)
     } else {
         None
     };
@@ -277,7 +283,7 @@ fn parity(args: ParityArgs) -> Result<()> {
 }
 
 fn invariance(args: InvarianceArgs) -> Result<()> {
-    let (engine, _) = start_engine_on(&args.model, args.device, 1, 16, 512 << 20)?;
+    let (engine, _) = start_engine(&args.model, &fixed_kv(args.device, 512 << 20))?;
     let vocab = engine.model_config().vocab_size;
     let alone: Vec<Vec<u32>> = (0..args.batch)
         .map(|i| generate(&engine, prompt(i, vocab), args.tokens).map(|(ids, _)| ids))
@@ -330,6 +336,14 @@ fn invariance(args: InvarianceArgs) -> Result<()> {
     Ok(())
 }
 
+/// The device's engine with a KV cache of `bytes` (the checks need little).
+pub(super) fn fixed_kv(device: Device, bytes: usize) -> EngineSpec {
+    EngineSpec {
+        kv: KvBudget::Bytes(bytes),
+        ..EngineSpec::for_device(device)
+    }
+}
+
 fn read_config(path: &Path) -> Result<ModelConfig> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -350,6 +364,7 @@ fn synthetic_backend(
         device,
         block_size,
         kv_cache_bytes: kv_bytes,
+        kv_memory_fraction: None,
         kernel_cache: None,
         max_positions: Some(positions),
         graphs: true,
@@ -401,10 +416,31 @@ fn decode_step(
     tokens: &[u32],
 ) -> Result<Vec<f32>> {
     let tokens: Vec<[u32; 1]> = tokens.iter().map(|&t| [t]).collect();
-    let seqs: Vec<StepSeq<'_>> = tables
+    Ok(backend.step(&decode_seqs(tables, positions, &tokens))?)
+}
+
+/// [`decode_step`] through [`Backend::step_sampling`]: the rows in `greedy` come back as tokens.
+fn decode_sampling(
+    backend: &mut CudaBackend,
+    tables: &[Vec<u32>],
+    positions: &[usize],
+    tokens: &[u32],
+    greedy: &[bool],
+) -> Result<StepOutput> {
+    let tokens: Vec<[u32; 1]> = tokens.iter().map(|&t| [t]).collect();
+    let seqs = decode_seqs(tables, positions, &tokens);
+    Ok(backend.step_sampling(&seqs, greedy)?)
+}
+
+fn decode_seqs<'a>(
+    tables: &'a [Vec<u32>],
+    positions: &[usize],
+    tokens: &'a [[u32; 1]],
+) -> Vec<StepSeq<'a>> {
+    tables
         .iter()
         .zip(positions)
-        .zip(&tokens)
+        .zip(tokens)
         .map(|((table, &position), token)| StepSeq {
             tokens: token,
             first_position: position,
@@ -412,8 +448,7 @@ fn decode_step(
             block_table: table,
             want_logits: true,
         })
-        .collect();
-    Ok(backend.step(&seqs)?)
+        .collect()
 }
 
 fn tables_for(batch: usize, blocks_per_seq: usize) -> Vec<Vec<u32>> {
@@ -478,7 +513,90 @@ fn check_graphs(
     Ok(Value::Array(checks))
 }
 
+/// Greedy sampling on the device against the CPU sampler's greedy choice over the same step's
+/// logits, token for token, at each batch size, through graph replay and eager launches: every
+/// row greedy, then every other row (the others' logits must come back bit for bit). The canary
+/// takes the host's choice with each row's top logit removed (the runner-up) and must differ.
+fn check_sampling(
+    backend: &mut CudaBackend,
+    batches: &[usize],
+    context: usize,
+    blocks_per_seq: usize,
+    vocab: usize,
+) -> Result<Value> {
+    let mut checks = Vec::new();
+    for &batch in batches {
+        let tables = tables_for(batch, blocks_per_seq);
+        let contexts: Vec<usize> = (0..batch).map(|b| 1 + (b * 89 + 5) % context).collect();
+        fill_contexts(backend, &tables, &contexts, vocab)?;
+        let tokens: Vec<u32> = (0..batch as u32)
+            .map(|b| (b * 4099 + 1) % vocab as u32)
+            .collect();
+        let mut mismatches = 0;
+        let mut canary_caught = true;
+        for graphs in [true, false] {
+            backend.set_graphs(graphs);
+            let logits = decode_step(backend, &tables, &contexts, &tokens)?;
+            let host: Vec<Option<u32>> = logits.chunks_exact(vocab).map(greedy_token).collect();
+            let all = vec![true; batch];
+            let device = decode_sampling(backend, &tables, &contexts, &tokens, &all)?;
+            mismatches += count_differing(&device.tokens, &host) + device.logits.len();
+            let every_other: Vec<bool> = (0..batch).map(|b| b % 2 == 0).collect();
+            let mixed = decode_sampling(backend, &tables, &contexts, &tokens, &every_other)?;
+            let (mut want_tokens, mut want_logits) = (Vec::new(), Vec::new());
+            for (b, row) in logits.chunks_exact(vocab).enumerate() {
+                if every_other[b] {
+                    want_tokens.push(host[b]);
+                } else {
+                    want_logits.extend_from_slice(row);
+                }
+            }
+            mismatches += count_differing(&mixed.tokens, &want_tokens);
+            mismatches += mixed.logits.len().abs_diff(want_logits.len());
+            mismatches += mixed
+                .logits
+                .iter()
+                .zip(&want_logits)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let runner_up: Vec<Option<u32>> = logits
+                .chunks_exact(vocab)
+                .map(|row| {
+                    let mut row = row.to_vec();
+                    if let Some(top) = greedy_token(&row) {
+                        row[top as usize] = f32::NEG_INFINITY;
+                    }
+                    greedy_token(&row)
+                })
+                .collect();
+            canary_caught &= count_differing(&device.tokens, &runner_up) == batch;
+        }
+        backend.set_graphs(true);
+        let passed = mismatches == 0;
+        println!(
+            "  sampling batch {batch:>3}: device greedy {} host greedy (graphs and eager),              canary {}",
+            if passed { "==" } else { "!=" },
+            if canary_caught { "caught" } else { "MISSED" },
+        );
+        ensure!(
+            passed,
+            "batch {batch}: {mismatches} device-sampled tokens or logits differ from the host's"
+        );
+        ensure!(
+            canary_caught,
+            "batch {batch}: the canary was not told apart"
+        );
+        checks.push(json!({"batch": batch, "identical": passed, "canary_caught": canary_caught}));
+    }
+    Ok(Value::Array(checks))
+}
+
+fn count_differing(a: &[Option<u32>], b: &[Option<u32>]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len())
+}
+
 /// Median, min and max seconds per decode step of `tables`, `steps` timed after 8 warm-ups.
+/// Every row is sampled greedily on the device, as the engine serves greedy requests.
 fn time_decode(
     backend: &mut CudaBackend,
     tables: &[Vec<u32>],
@@ -486,11 +604,12 @@ fn time_decode(
     steps: usize,
 ) -> Result<(f64, f64, f64)> {
     let tokens = vec![11u32; tables.len()];
+    let greedy = vec![true; tables.len()];
     let mut times = Vec::new();
     for s in 0..steps + 8 {
         let positions = vec![context + s; tables.len()];
         let start = Instant::now();
-        decode_step(backend, tables, &positions, &tokens)?;
+        decode_sampling(backend, tables, &positions, &tokens, &greedy)?;
         if s >= 8 {
             times.push(start.elapsed().as_secs_f64());
         }
@@ -527,6 +646,13 @@ fn decode(args: DecodeArgs) -> Result<()> {
         args.context
     );
     let graph_checks = check_graphs(
+        &mut backend,
+        &args.check_graphs,
+        args.context,
+        blocks_per_seq,
+        vocab,
+    )?;
+    let sampling_checks = check_sampling(
         &mut backend,
         &args.check_graphs,
         args.context,
@@ -599,9 +725,11 @@ fn decode(args: DecodeArgs) -> Result<()> {
         args.json.as_deref(),
         &json!({"config": args.config, "device": backend.device_name(),
                 "weight_bytes": weight_bytes, "context": args.context,
-                "bandwidth_bytes_per_s": args.bandwidth, "includes": "host copy of f32 logits each step",
+                "bandwidth_bytes_per_s": args.bandwidth,
+                "includes": "greedy sampling on the device, token ids copied to the host",
                 "sharded_reduction": args.sharded,
-                "graph_checks": graph_checks, "results": results}),
+                "graph_checks": graph_checks, "sampling_checks": sampling_checks,
+                "results": results}),
     )
 }
 

@@ -15,8 +15,10 @@ use serde_json::json;
 use strata_model::cpu::PartialsFault;
 use strata_node::Engine;
 use strata_node::backend::TpTransport;
+use strata_node::{CudaPlacement, Device, start_cuda_engine};
 use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
-use strata_router::{CudaPlacement, start_cuda_engine};
+
+use super::gpu::fixed_kv;
 
 use super::gpu::{prompt, write_json};
 
@@ -98,7 +100,12 @@ fn differing(reference: &[Stream], got: &[Stream]) -> Vec<usize> {
 
 pub fn run(args: TpArgs) -> Result<()> {
     let start = |placement: &CudaPlacement| -> Result<Engine> {
-        Ok(start_cuda_engine(&args.model, placement, 16, 256 << 20)?.0)
+        Ok(start_cuda_engine(
+            &args.model,
+            placement,
+            &fixed_kv(Device::Cuda(0), 256 << 20),
+        )?
+        .0)
     };
     let reference = {
         let engine = start(&CudaPlacement {

@@ -1,4 +1,5 @@
 pub mod cluster;
+pub mod engine_args;
 pub mod generate;
 pub mod gpu;
 pub mod gpu_nccl;

@@ -8,14 +8,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use strata_collective::inventory::{
     Inventory, InventoryError, LinkKind, inspect, suggest_tp_pairs,
 };
 use strata_node::rpc::{ALPN, NodeService, Peers};
 use strata_quic::tls::{mutual_client_config, mutual_server_config};
-use strata_router::{Device, start_engine_on};
+
+use super::engine_args::EngineSettings;
+use strata_node::{Device, start_engine};
 use strata_topology::lease_driver::{Clock, SystemClock};
 use strata_topology::server::{DataLayout, ServerConfig};
 use strata_topology::state::{Change, Command, Gpu};
@@ -32,69 +34,60 @@ pub enum NodeCommand {
         json: bool,
     },
     /// Serve a model's engine to routers over QUIC (mutual TLS with the cluster CA).
-    Serve {
-        /// Checkpoint directory (HF layout).
-        #[arg(long)]
-        model: PathBuf,
-        /// Address of the RPC endpoint (UDP); port 0 picks a free one (the address is printed).
-        #[arg(long, default_value = "127.0.0.1:7070")]
-        listen: SocketAddr,
-        /// The node's certificate from the cluster CA: a member's data directory (`strata cluster
-        /// init|join --data`), or a directory holding `ca.pem`, `member.pem` and `member.key`.
-        #[arg(long, required_unless_present = "data")]
-        identity: Option<PathBuf>,
-        /// The data directory of the topology member this node serves beside: its identity is
-        /// the node's, and the node declares its RPC address in the member's record, so that
-        /// routers following the group (`strata router --cluster`) find it.
-        #[arg(long, conflicts_with = "identity")]
-        data: Option<PathBuf>,
-        /// The RPC address routers dial; default: --listen (with the port it got).
-        #[arg(long)]
-        advertise: Option<SocketAddr>,
-        /// Where the engine runs: cpu, cuda or cuda:N.
-        #[arg(long, default_value = "cpu")]
-        device: String,
-        /// Tensor-parallel ranks (threads on the CPU, one GPU each on CUDA).
-        #[arg(long, default_value_t = 1)]
-        tp: usize,
-        /// Memory for the KV cache, in MiB.
-        #[arg(long, default_value_t = 256)]
-        kv_cache_mib: usize,
-        /// Tokens per KV block.
-        #[arg(long, default_value_t = 16)]
-        block_size: usize,
-        /// How long importing a prompt's cached blocks from another node may take (when a
-        /// router asks for it) before the request computes them instead, in milliseconds.
-        #[arg(long, default_value_t = 2000)]
-        kv_fetch_timeout_ms: u64,
-    },
+    Serve(Box<NodeServeArgs>),
+}
+
+#[derive(Args)]
+pub struct NodeServeArgs {
+    /// Checkpoint directory (HF layout).
+    #[arg(long)]
+    model: PathBuf,
+    /// Address of the RPC endpoint (UDP); port 0 picks a free one (the address is printed).
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: SocketAddr,
+    /// The node's certificate from the cluster CA: a member's data directory (`strata cluster
+    /// init|join --data`), or a directory holding `ca.pem`, `member.pem` and `member.key`.
+    #[arg(long, required_unless_present = "data")]
+    identity: Option<PathBuf>,
+    /// The data directory of the topology member this node serves beside: its identity is
+    /// the node's, and the node declares its RPC address in the member's record, so that
+    /// routers following the group (`strata router --cluster`) find it.
+    #[arg(long, conflicts_with = "identity")]
+    data: Option<PathBuf>,
+    /// The RPC address routers dial; default: --listen (with the port it got).
+    #[arg(long)]
+    advertise: Option<SocketAddr>,
+    #[command(flatten)]
+    engine: EngineSettings,
+    /// How long importing a prompt's cached blocks from another node may take (when a
+    /// router asks for it) before the request computes them instead, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    kv_fetch_timeout_ms: u64,
 }
 
 pub fn run(command: NodeCommand) -> Result<()> {
     match command {
         NodeCommand::Inspect { json } => inspect_node(json),
-        NodeCommand::Serve {
-            model,
-            listen,
-            identity,
-            data,
-            advertise,
-            device,
-            tp,
-            kv_cache_mib,
-            block_size,
-            kv_fetch_timeout_ms,
-        } => {
-            let device: Device = device.parse().map_err(anyhow::Error::msg)?;
+        NodeCommand::Serve(args) => {
+            let NodeServeArgs {
+                model,
+                listen,
+                identity,
+                data,
+                advertise,
+                engine,
+                kv_fetch_timeout_ms,
+            } = *args;
+            let spec = engine.spec()?;
+            let (device, tp) = (spec.device, spec.tp);
             let identity = match (&identity, &data) {
                 (Some(dir), _) => member_identity(dir)?,
                 // A member still joining gets its certificate in a moment.
                 (None, Some(dir)) => wait_for_identity(dir)?,
                 (None, None) => anyhow::bail!("give --identity or --data"),
             };
-            let (engine, _) =
-                start_engine_on(&model, device, tp, block_size, kv_cache_mib << 20)
-                    .with_context(|| format!("{}: starting the engine", model.display()))?;
+            let (engine, _) = start_engine(&model, &spec)
+                .with_context(|| format!("{}: starting the engine", model.display()))?;
             let server = mutual_server_config(identity.chain(), ALPN)?;
             // Nodes dial each other with the same certificate to fetch KV blocks.
             let peer_client = mutual_client_config(identity.chain(), ALPN)?;

@@ -8,13 +8,14 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use strata_node::rpc::ALPN;
+use strata_node::{ServingParts, grammar_compiler};
 use strata_quic::tls::{mutual_client_config, set_liveness};
 use strata_router::admission::AdmissionLimits;
 use strata_router::auth::KeyStore;
 use strata_router::cluster::{Cluster, ClusterOptions};
 use strata_router::routing::{Policy, Router, RoutingSettings};
 use strata_router::watcher;
-use strata_router::{Access, ServedModel, ServingParts, grammar_compiler};
+use strata_router::{Access, ServedModel};
 use strata_topology::state::ClusterState;
 use strata_topology::transport::{Client, OperatorIdentity, client_endpoint, operator_endpoint};
 

@@ -13,13 +13,12 @@ use strata_router::admission::AdmissionLimits;
 use strata_router::auth::KeyStore;
 use strata_router::{Access, ServeConfig};
 
+use super::engine_args::EngineSettings;
 use super::generate::default_cache_dir;
 use super::keys::KEYS_FILE;
 
 const DEFAULT_HOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const DEFAULT_PORT: u16 = 8080;
-const DEFAULT_KV_CACHE_MIB: usize = 256;
-const DEFAULT_BLOCK_SIZE: usize = 16;
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -31,9 +30,9 @@ pub struct ServeArgs {
 }
 
 /// Every setting of `strata serve`, each optional so a flag, the config file and the default
-/// can be told apart. The same struct reads the flags and the file, so neither can lack one.
+/// can be told apart. The same struct reads the flags and the file, so neither can lack one;
+/// a file's keys are checked against the flags' names ([`ServeSettings::known_keys`]).
 #[derive(Args, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
 struct ServeSettings {
     /// Checkpoint directory (HF layout). Default: the embedded demo model, synthesized on first use.
     #[arg(long)]
@@ -44,20 +43,9 @@ struct ServeSettings {
     /// Listening port; 0 picks a free one (the address is printed) [default: 8080].
     #[arg(long)]
     port: Option<u16>,
-    /// Memory for the KV cache, in MiB [default: 256].
-    #[arg(long)]
-    kv_cache_mib: Option<usize>,
-    /// Tokens per KV block [default: 16].
-    #[arg(long)]
-    block_size: Option<usize>,
-    /// Where the engine runs: cpu, cuda or cuda:N [default: cpu].
-    #[arg(long)]
-    device: Option<String>,
-    /// Tensor-parallel ranks: the model's heads and MLP split over this many workers (threads
-    /// on the CPU; on CUDA one GPU each, cuda:N .. N+tp-1, over NCCL), with output
-    /// byte-identical to 1 [default: 1].
-    #[arg(long)]
-    tp: Option<usize>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    engine: EngineSettings,
     /// Where the demo model is kept (default: $XDG_CACHE_HOME/strata or ~/.cache/strata).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
@@ -81,7 +69,7 @@ impl ServeSettings {
     fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading the config file {}", path.display()))?;
-        let mut settings: Self = toml::from_str(&text)
+        let mut settings = Self::parse_toml(&text)
             .with_context(|| format!("invalid config file {}", path.display()))?;
         let base = path.parent().unwrap_or(Path::new(""));
         for dir in [
@@ -99,16 +87,36 @@ impl ServeSettings {
         Ok(settings)
     }
 
+    /// The settings of a config file's text; a key that is no flag's name is refused by name
+    /// (the engine's settings are flattened in, which serde's own check does not see through).
+    fn parse_toml(text: &str) -> Result<Self> {
+        let table: toml::Table = toml::from_str(text)?;
+        let known = Self::known_keys();
+        if let Some(key) = table
+            .keys()
+            .find(|k| !known.contains(&k.as_str().to_string()))
+        {
+            anyhow::bail!("unknown key `{key}`; the keys are: {}", known.join(", "));
+        }
+        Ok(table.try_into()?)
+    }
+
+    /// The flags' names, `_` for `-`: the keys a config file may hold.
+    fn known_keys() -> Vec<String> {
+        let command = <Self as Args>::augment_args(clap::Command::new("serve"));
+        command
+            .get_arguments()
+            .map(|a| a.get_id().as_str().to_string())
+            .collect()
+    }
+
     /// Each setting from `self`, else from `fallback`.
     fn or(self, fallback: Self) -> Self {
         Self {
             model: self.model.or(fallback.model),
             host: self.host.or(fallback.host),
             port: self.port.or(fallback.port),
-            kv_cache_mib: self.kv_cache_mib.or(fallback.kv_cache_mib),
-            block_size: self.block_size.or(fallback.block_size),
-            device: self.device.or(fallback.device),
-            tp: self.tp.or(fallback.tp),
+            engine: self.engine.or(fallback.engine),
             cache_dir: self.cache_dir.or(fallback.cache_dir),
             keys_file: self.keys_file.or(fallback.keys_file),
             max_inflight: self.max_inflight.or(fallback.max_inflight),
@@ -167,13 +175,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             settings.host.unwrap_or(DEFAULT_HOST),
             settings.port.unwrap_or(DEFAULT_PORT),
         ),
-        kv_cache_mib: settings.kv_cache_mib.unwrap_or(DEFAULT_KV_CACHE_MIB),
-        block_size: settings.block_size.unwrap_or(DEFAULT_BLOCK_SIZE),
-        device: match &settings.device {
-            Some(d) => d.parse().map_err(anyhow::Error::msg)?,
-            None => Default::default(),
-        },
-        tp: settings.tp.unwrap_or(1),
+        engine: settings.engine.spec()?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -193,16 +195,22 @@ mod tests {
             port: Some(9000),
             ..Default::default()
         };
-        let file: ServeSettings = toml::from_str("port = 8000\nmax_queued = 7\n").unwrap();
+        let file =
+            ServeSettings::parse_toml("port = 8000\nmax_queued = 7\nmax_running = 9\n").unwrap();
         let merged = flags.or(file);
         assert_eq!(merged.port, Some(9000));
         assert_eq!(merged.max_queued, Some(7));
         assert_eq!(merged.max_inflight, None);
+        assert_eq!(
+            merged.engine.max_running,
+            Some(9),
+            "engine keys read from the file"
+        );
     }
 
     #[test]
     fn unknown_keys_are_named() {
-        let Err(e) = toml::from_str::<ServeSettings>("port = 1\nmax_inflights = 2\n") else {
+        let Err(e) = ServeSettings::parse_toml("port = 1\nmax_inflights = 2\n") else {
             panic!("an unknown key was accepted");
         };
         assert!(e.to_string().contains("max_inflights"), "{e}");

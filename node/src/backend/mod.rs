@@ -12,6 +12,7 @@ pub use cuda::{
 };
 
 use strata_model::ModelConfig;
+use strata_model::sampler::greedy_token;
 
 use crate::kv::{BlockId, KvBlockIo};
 
@@ -106,6 +107,62 @@ pub trait Backend: KvBlockIo + Send {
     fn kv_layout(&self) -> String;
     /// Computes one step. Returns `vocab_size` logits per sequence with `want_logits`, in order.
     fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError>;
+
+    /// Computes one step like [`Backend::step`], but a sequence with `want_logits` whose entry in
+    /// `greedy` is true gets its greedy token ([`greedy_token`] of its logits) instead of its
+    /// logits. A backend whose logits live on a device takes the argmax there and brings back
+    /// four bytes instead of a vocabulary's row; the token is the same as the host's.
+    fn step_sampling(
+        &mut self,
+        seqs: &[StepSeq<'_>],
+        greedy: &[bool],
+    ) -> Result<StepOutput, BackendError> {
+        let logits = self.step(seqs)?;
+        Ok(StepOutput::split(
+            logits,
+            seqs,
+            greedy,
+            self.model_config().vocab_size,
+        ))
+    }
+}
+
+/// What [`Backend::step_sampling`] returns, per sequence with `want_logits`, in order: a greedy
+/// token for the greedy ones, a row of logits for the others.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepOutput {
+    /// `vocab_size` logits per wanting sequence that is not greedy.
+    pub logits: Vec<f32>,
+    /// Per wanting greedy sequence: [`greedy_token`] of its logits (`None`: no finite logit).
+    pub tokens: Vec<Option<u32>>,
+}
+
+impl StepOutput {
+    /// Takes the greedy sequences' tokens out of `logits` (one row per wanting sequence), on
+    /// the host.
+    pub fn split(logits: Vec<f32>, seqs: &[StepSeq<'_>], greedy: &[bool], vocab: usize) -> Self {
+        let wanting = || {
+            seqs.iter()
+                .enumerate()
+                .filter(|(_, s)| s.want_logits)
+                .map(|(i, _)| greedy.get(i).copied().unwrap_or(false))
+        };
+        if !wanting().any(|g| g) {
+            return Self {
+                logits,
+                tokens: Vec::new(),
+            };
+        }
+        let mut out = Self::default();
+        for (g, row) in wanting().zip(logits.chunks_exact(vocab)) {
+            if g {
+                out.tokens.push(greedy_token(row));
+            } else {
+                out.logits.extend_from_slice(row);
+            }
+        }
+        out
+    }
 }
 
 /// One sequence of a step, owned, so that it can be shared with tensor-parallel rank threads.

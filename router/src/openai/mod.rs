@@ -188,6 +188,16 @@ fn sampling_params(
         max_tokens,
         stop: f.stop.as_ref().map(|s| s.clone_vec()).unwrap_or_default(),
         logprobs: logprobs(f)?,
+        ignore_eos: f.ignore_eos.unwrap_or(false),
+        min_tokens: match f.min_tokens {
+            None => 0,
+            Some(v) => u32::try_from(v).map_err(|_| {
+                ApiError::invalid(
+                    Some("min_tokens"),
+                    format!("`min_tokens` must be a non-negative integer; got {v}"),
+                )
+            })?,
+        },
         ..SamplingParams::default()
     };
     sampling

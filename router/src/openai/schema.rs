@@ -26,6 +26,10 @@ pub struct SamplingFields {
     pub top_k: Option<i64>,
     pub min_p: Option<f32>,
     pub repetition_penalty: Option<f32>,
+    /// Extensions (vLLM's names): keep generating past end-of-sequence tokens; hold back stop
+    /// tokens until this many tokens were generated. Benchmarks depend on both.
+    pub ignore_eos: Option<bool>,
+    pub min_tokens: Option<i64>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     /// Accepted and ignored: no per-user behaviour yet.

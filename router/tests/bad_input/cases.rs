@@ -201,6 +201,17 @@ pub fn openai() -> Vec<Case> {
             .param("top_p")
             .mentions(&["2"]),
         bad(CHAT, "top_p 0", json!({"top_p": 0})).param("top_p"),
+        bad(CHAT, "negative min_tokens", json!({"min_tokens": -1}))
+            .param("min_tokens")
+            .mentions(&["min_tokens", "-1"]),
+        bad(
+            COMPLETIONS,
+            "min_tokens above max_tokens",
+            json!({"min_tokens": 5}),
+        )
+        .param("min_tokens")
+        .mentions(&["min_tokens", "max_tokens"]),
+        bad(CHAT, "ignore_eos as a string", json!({"ignore_eos": "yes"})),
         bad(
             CHAT,
             "logit_bias keyed by text",

@@ -18,8 +18,9 @@ use strata_node::backend::{Backend, BackendError, CpuBackend, StepSeq};
 use strata_node::kv::{BlockId, KvBlockIo};
 use strata_node::scheduler::SchedulerLimits;
 use strata_node::{Engine, EngineConfig};
-use strata_router::state::{AppState, ServingParts, grammar_compiler};
-use strata_router::{LoadedModel, ServeConfig, ServedModel, load_state, serve_on};
+use strata_node::{EngineSpec, KvBudget, LoadedModel, ServingParts, grammar_compiler};
+use strata_router::state::AppState;
+use strata_router::{ServeConfig, ServedModel, load_state, serve_on};
 
 /// The SDK checkout under target/test-data/py, checked to hold `marker` (a file of the package).
 fn python_packages(marker: &str) -> PathBuf {
@@ -78,10 +79,10 @@ pub fn run_sdk_script(marker: &str, script: &str, base_path: &str) {
         model_name: "tiny-qwen3".into(),
         owned_by: "strata (test)".into(),
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        kv_cache_mib: 16,
-        block_size: 16,
-        device: Default::default(),
-        tp: 1,
+        engine: EngineSpec {
+            kv: KvBudget::Bytes(16 << 20),
+            ..EngineSpec::default()
+        },
     };
     let state = load_state(&config).unwrap();
 

@@ -33,7 +33,7 @@ use strata_kernels::cudarc::driver::{
 };
 use strata_kernels::{
     AttentionHeads, DECODE_SPLIT_TOKENS, DecodeBatch, GEMV_MAX_M, GemmShape, KernelError, Kernels,
-    LtGemm, PagedKv, PrefillChunk, RopeKvShape, decode_workspace_elems,
+    LtGemm, NO_TOKEN, PagedKv, PrefillChunk, RopeKvShape, decode_workspace_elems,
 };
 use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
@@ -49,7 +49,7 @@ use row_parallel::{RowParallel, gemm_shapes};
 
 pub use tp::{CudaTpBackend, TpTransport};
 
-use super::{Backend, BackendError, StepSeq};
+use super::{Backend, BackendError, StepOutput, StepSeq};
 use crate::kv::{BlockId, KvBlockIo};
 use weights::{Weights, synthesize, upload_checkpoint};
 
@@ -95,8 +95,11 @@ pub struct CudaOptions {
     /// CUDA device ordinal.
     pub device: usize,
     pub block_size: usize,
-    /// Bytes of device memory for the KV cache.
+    /// Bytes of device memory for the KV cache (unless `kv_memory_fraction` is given).
     pub kv_cache_bytes: usize,
+    /// Size the KV cache from the device instead: of this fraction of the GPU's memory, what
+    /// the weights (and everything else already allocated) and [`ACTIVATION_RESERVE`] leave.
+    pub kv_memory_fraction: Option<f64>,
     /// Where compiled kernels are cached (default: the user cache directory).
     pub kernel_cache: Option<std::path::PathBuf>,
     /// Rows of the cos/sin table; positions beyond it are refused. Default: the context window.
@@ -115,6 +118,11 @@ pub struct CudaOptions {
     /// other bits). Needs `q_dim` and `intermediate` to be multiples of 256.
     pub sharded_reduction: bool,
 }
+
+/// Device memory kept free beside the weights and the KV cache when the cache is sized from a
+/// fraction of the GPU: step buffers (an 8B model's 2 048-row step takes about 0.3 GB, 256
+/// rows of f32 logits over a 128k vocabulary 0.13 GB), cuBLASLt's workspace and graph memory.
+pub const ACTIVATION_RESERVE: usize = 3 << 29;
 
 /// Row counts of decode-only steps that are replayed through CUDA graphs. A step is padded up to
 /// the next bucket with rows that write to the reserved scratch block and whose outputs are
@@ -151,6 +159,8 @@ struct Scratch {
     inputs: Option<CudaSlice<u32>>,
     /// Page-locked host memory the logits are copied into.
     logits_host: Option<PinnedHostSlice<f32>>,
+    /// The greedy token of each logits row, when the step samples greedily on the device.
+    tokens: Option<CudaSlice<u32>>,
 }
 
 /// Where each per-step index array sits in the packed input buffer. A function of the step's
@@ -336,8 +346,16 @@ impl CudaBackend {
 
         let kv_dim = shard.kv_rows.len();
         let per_block = config.num_layers * 2 * options.block_size * kv_dim * 2;
+        let kv_cache_bytes = match options.kv_memory_fraction {
+            None => options.kv_cache_bytes,
+            Some(fraction) => {
+                stream.context().bind_to_thread()?;
+                let (free, total) = strata_kernels::cudarc::driver::result::mem_get_info()?;
+                kv_bytes_from_fraction(fraction, free, total, per_block)?
+            }
+        };
         // One block beyond the budget's count is the scratch block of padding rows.
-        let num_blocks = (options.kv_cache_bytes / per_block.max(1)).max(1);
+        let num_blocks = (kv_cache_bytes / per_block.max(1)).max(1);
         let allocated = num_blocks + 1;
         let mut k_cache = Vec::with_capacity(config.num_layers);
         let mut v_cache = Vec::with_capacity(config.num_layers);
@@ -528,7 +546,7 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn run(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, CudaError> {
+    fn run(&mut self, seqs: &[StepSeq<'_>], greedy: &[bool]) -> Result<StepOutput, CudaError> {
         let bs = self.block_size;
         // Rows in device order: every sequence's prompt rows, then every decode row.
         let mut prompt_rows = Vec::new();
@@ -578,7 +596,7 @@ impl CudaBackend {
         let mut rows: Vec<Row> = prompt_rows.into_iter().chain(decode_rows).collect();
         let t = rows.len();
         if t == 0 {
-            return Ok(Vec::new());
+            return Ok(StepOutput::default());
         }
         // The logits rows: each wanting sequence's last row, prompt-path rows first.
         let mut wanted: Vec<(usize, usize)> = Vec::new(); // (sequence, device row)
@@ -719,41 +737,124 @@ impl CudaBackend {
         let r = wanted.len();
         if r == 0 {
             self.finish_profile()?;
-            return Ok(Vec::new());
+            return Ok(StepOutput::default());
         }
-        let v = self.config.vocab_size;
-        let (world, per) = (self.shard.world, self.shard.vocab_per_rank);
-        let s = &mut self.scratch;
-        let logits_host = s.logits_host.as_mut().expect("scratch allocated");
-        let device = if world > 1 { &s.logits_all } else { &s.logits };
-        self.stream.memcpy_dtoh(
-            &device
-                .as_ref()
-                .expect("scratch allocated")
-                .slice(..world * logits * per),
-            logits_host,
-        )?;
-        // Event tracking is off, so the pinned slice cannot wait for its own copy: wait for the
-        // stream before reading it.
-        self.stream.synchronize()?;
-        let host = logits_host.as_slice()?;
-        // Device logits row of each wanted entry.
+        // Device logits row of each wanted entry, in the order of `seqs`.
         let mut order: Vec<(usize, usize)> = wanted
             .iter()
             .enumerate()
             .map(|(j, &(seq, row))| (seq, if bucket.is_some() { row } else { j }))
             .collect();
         order.sort_unstable();
+        let is_greedy = |seq: usize| greedy.get(seq).copied().unwrap_or(false);
+        // Greedy rows are reduced where the logits are; only one rank's logits are whole rows.
+        let on_device = self.shard.world == 1 && order.iter().any(|&(seq, _)| is_greedy(seq));
+        let tokens = if on_device {
+            self.greedy_tokens(logits)?
+        } else {
+            Vec::new()
+        };
+        let out = self.download_logits(&order, logits, |seq| on_device && is_greedy(seq))?;
+        let tokens = order
+            .iter()
+            .filter(|&&(seq, _)| on_device && is_greedy(seq))
+            .map(|&(_, j)| (tokens[j] != NO_TOKEN).then_some(tokens[j]))
+            .collect();
+        self.finish_profile()?;
+        let output = StepOutput {
+            logits: out,
+            tokens,
+        };
+        if on_device {
+            Ok(output)
+        } else {
+            // Every row came back whole: the host takes the greedy ones' argmax.
+            Ok(StepOutput::split(
+                output.logits,
+                seqs,
+                greedy,
+                self.config.vocab_size,
+            ))
+        }
+    }
+
+    /// The greedy token of each of the first `logits` rows of this (single) rank's logits,
+    /// reduced on the device; only the tokens cross to the host.
+    fn greedy_tokens(&mut self, logits: usize) -> Result<Vec<u32>, CudaError> {
+        let (v, per) = (self.config.vocab_size, self.shard.vocab_per_rank);
+        let s = &mut self.scratch;
+        if s.tokens.as_ref().is_none_or(|t| t.len() < logits) {
+            s.tokens = Some(self.stream.alloc_zeros::<u32>(logits)?);
+        }
+        let tokens = s.tokens.as_mut().expect("allocated just above");
+        let device = s.logits.as_ref().expect("scratch allocated");
+        let mut view = tokens.slice_mut(..logits);
+        self.kernels.argmax(
+            &self.stream,
+            &mut view,
+            &device.slice(..logits * per),
+            logits,
+            v,
+            per,
+        )?;
+        mark(&mut self.profile, &self.stream, "greedy")?;
+        let mut host = vec![0u32; logits];
+        self.stream
+            .memcpy_dtoh(&tokens.slice(..logits), &mut host)?;
+        self.stream.synchronize()?;
+        Ok(host)
+    }
+
+    /// The logits rows of `order` (sequence, device row) that `skip` does not name, in order,
+    /// through the page-locked buffer: every row in one copy when all are wanted, else row by
+    /// row.
+    fn download_logits(
+        &mut self,
+        order: &[(usize, usize)],
+        logits: usize,
+        skip: impl Fn(usize) -> bool,
+    ) -> Result<Vec<f32>, CudaError> {
+        let v = self.config.vocab_size;
+        let (world, per) = (self.shard.world, self.shard.vocab_per_rank);
+        let kept: Vec<usize> = order
+            .iter()
+            .filter(|&&(seq, _)| !skip(seq))
+            .map(|&(_, j)| j)
+            .collect();
+        if kept.is_empty() {
+            // The greedy tokens' copy already waited for the stream.
+            return Ok(Vec::new());
+        }
+        let s = &mut self.scratch;
+        let logits_host = s.logits_host.as_mut().expect("scratch allocated");
+        let device = if world > 1 { &s.logits_all } else { &s.logits };
+        let device = device.as_ref().expect("scratch allocated");
+        if kept.len() == order.len() || world > 1 {
+            self.stream
+                .memcpy_dtoh(&device.slice(..world * logits * per), logits_host)?;
+        } else {
+            // One rank: row `j` sits at `j * per`; copy just the kept rows to the same places.
+            let host = logits_host.as_mut_slice()?;
+            for &j in &kept {
+                self.stream.memcpy_dtoh(
+                    &device.slice(j * per..(j + 1) * per),
+                    &mut host[j * per..(j + 1) * per],
+                )?;
+            }
+        }
+        // Event tracking is off, so the pinned slice cannot wait for its own copy: wait for the
+        // stream before reading it.
+        self.stream.synchronize()?;
+        let host = logits_host.as_slice()?;
         // Rank `q`'s vocabulary columns of row `j` sit at `(q * logits + j) * per`.
-        let mut out = Vec::with_capacity(r * v);
-        for (_, j) in order {
+        let mut out = Vec::with_capacity(kept.len() * v);
+        for j in kept {
             for q in 0..world {
                 let cols = (q * per).min(v)..((q + 1) * per).min(v);
                 let at = (q * logits + j) * per;
                 out.extend_from_slice(&host[at..at + cols.len()]);
             }
         }
-        self.finish_profile()?;
         Ok(out)
     }
 
@@ -1173,6 +1274,32 @@ fn linear(
     Ok(())
 }
 
+/// The KV cache of `fraction` of a GPU with `free` of `total` bytes free after the weights:
+/// the fraction's bytes less what is in use and [`ACTIVATION_RESERVE`], refused when that is
+/// not one block of `per_block` bytes.
+fn kv_bytes_from_fraction(
+    fraction: f64,
+    free: usize,
+    total: usize,
+    per_block: usize,
+) -> Result<usize, CudaError> {
+    let allowed = (fraction * total as f64) as usize;
+    let used = total.saturating_sub(free);
+    let kv = allowed.saturating_sub(used + ACTIVATION_RESERVE).min(free);
+    if kv < per_block {
+        return Err(CudaError::Unsupported(format!(
+            "gpu memory utilization {fraction} allows {:.2} GiB of this GPU's {:.2} GiB, but              {:.2} GiB are in use (weights) and {:.2} GiB are kept for activations: no room              for a KV block of {per_block} bytes",
+            allowed as f64 / GIB,
+            total as f64 / GIB,
+            used as f64 / GIB,
+            ACTIVATION_RESERVE as f64 / GIB,
+        )));
+    }
+    Ok(kv)
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
 /// `[max_positions, head_dim]`: cos in the first half of a row, sin in the second, from the same
 /// f64 angles as the CPU reference.
 fn cos_sin_table(config: &ModelConfig, max_positions: usize) -> Vec<f32> {
@@ -1251,7 +1378,40 @@ impl Backend for CudaBackend {
     }
 
     fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError> {
-        self.run(seqs)
+        self.run(seqs, &[])
+            .map(|out| out.logits)
             .map_err(|e| BackendError::Device(e.to_string()))
+    }
+
+    fn step_sampling(
+        &mut self,
+        seqs: &[StepSeq<'_>],
+        greedy: &[bool],
+    ) -> Result<StepOutput, BackendError> {
+        self.run(seqs, greedy)
+            .map_err(|e| BackendError::Device(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kv_cache_takes_what_the_fraction_leaves() {
+        const G: usize = 1 << 30;
+        // 140 GiB GPU, 16 GiB of weights in use: 90 % is 126 GiB, less 16 and the reserve.
+        let kv = kv_bytes_from_fraction(0.9, 124 * G, 140 * G, 2 << 20).unwrap();
+        let expected = (0.9 * (140 * G) as f64) as usize - 16 * G - ACTIVATION_RESERVE;
+        assert_eq!(kv, expected);
+        // Never more than is free, whatever the fraction says.
+        let kv = kv_bytes_from_fraction(1.0, G, 140 * G, 2 << 20).unwrap_or(0);
+        assert!(kv <= G);
+        // A fraction below what the weights take is refused by name.
+        let err = kv_bytes_from_fraction(0.1, 124 * G, 140 * G, 2 << 20).unwrap_err();
+        assert!(
+            err.to_string().contains("gpu memory utilization 0.1"),
+            "{err}"
+        );
     }
 }

@@ -58,7 +58,14 @@ fn slice_bf16(
     let len = out_rows.max(rows.len()) * cols.len();
     let mut out = Vec::with_capacity(len);
     for run in t.runs(width, rows, cols) {
-        out.extend(run.chunks_exact(size).map(convert));
+        // bf16 on a little-endian host, 2-byte aligned in the mapping: the bytes are the values.
+        let aligned = (dtype == WeightDtype::BF16 && cfg!(target_endian = "little"))
+            .then(|| bytemuck::try_cast_slice::<u8, bf16>(run).ok())
+            .flatten();
+        match aligned {
+            Some(values) => out.extend_from_slice(values),
+            None => out.extend(run.chunks_exact(size).map(convert)),
+        }
     }
     out.resize(len, bf16::ZERO);
     out

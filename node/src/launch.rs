@@ -1,0 +1,335 @@
+//! Engine assembly: a checkpoint directory and an [`EngineSpec`] in, a running [`Engine`] and
+//! the pieces the front door keeps (tokenizer, chat template, decoding defaults) out. The one
+//! place that knows how devices, tensor-parallel ranks and KV budgets become a backend.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use strata_collective::nccl::NcclGroup;
+use strata_model::chat::{ChatTemplate, TemplateError};
+use strata_model::cpu::{CpuModel, LoadError, PartialsFault};
+use strata_model::grammar::GrammarCompiler;
+use strata_model::tokenizer::{Tokenizer, TokenizerError};
+use strata_model::weights::Checkpoint;
+use strata_model::{ConfigError, GenerationConfig, ModelConfig};
+
+use crate::backend::{
+    Backend, CpuBackend, CpuTpBackend, CudaBackend, CudaOptions, CudaTpBackend, TpTransport,
+    WeightSource,
+};
+use crate::kv::KvError;
+use crate::scheduler::SchedulerLimits;
+use crate::spec::{Device, EngineSpec, KvBudget};
+use crate::{Engine, EngineConfig};
+
+/// Why a checkpoint could not be made ready to serve.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelLoadError {
+    #[error(transparent)]
+    Weights(#[from] LoadError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    GenerationConfig(#[from] ConfigError),
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error("cannot start the engine: {0}")]
+    Engine(#[from] KvError),
+    #[error("block size must be at least 1")]
+    BlockSize,
+    #[error("{0}")]
+    Device(String),
+}
+
+/// Starts the engine `spec` describes for the checkpoint in `dir`; the rest of the checkpoint
+/// (tokenizer, chat template, decoding defaults) is kept for the front door.
+pub fn start_engine(
+    dir: &Path,
+    spec: &EngineSpec,
+) -> Result<(Engine, ServingParts), ModelLoadError> {
+    spec.validate().map_err(ModelLoadError::Device)?;
+    let cpu_bytes = || match spec.kv {
+        KvBudget::Bytes(bytes) => Ok(bytes),
+        KvBudget::GpuFraction(_) => Err(ModelLoadError::Device(
+            "the CPU backend needs a KV cache size in bytes".into(),
+        )),
+    };
+    let placement = match (spec.device, spec.tp) {
+        (Device::Cpu, 1) => {
+            return LoadedModel::load(dir)?.start_engine(
+                spec.block_size,
+                cpu_bytes()?,
+                spec.limits,
+            );
+        }
+        (Device::Cpu, tp) => {
+            // Each rank reads only its slices of the mapped checkpoint.
+            let (config, checkpoint, parts, eos_token_ids) = serving_parts(dir)?;
+            let backend =
+                CpuTpBackend::new(&config, &checkpoint, tp, spec.block_size, cpu_bytes()?)
+                    .map_err(|e| ModelLoadError::Device(format!("--tp {tp}: {e}")))?;
+            return start_parts(Box::new(backend), parts, eos_token_ids, spec.limits);
+        }
+        (Device::Cuda(first), tp) => CudaPlacement {
+            devices: (first..first + tp).collect(),
+            ..CudaPlacement::single(first)
+        },
+    };
+    start_cuda_engine(dir, &placement, spec)
+}
+
+/// How the CUDA engine lays out its tensor-parallel ranks (DESIGN.md §5).
+#[derive(Debug, Clone)]
+pub struct CudaPlacement {
+    /// Rank `r` runs on `devices[r]`; one device runs alone.
+    pub devices: Vec<usize>,
+    /// Alone: run as the one rank of an NCCL group on its own stream, the o and down outputs
+    /// all-reduced through it (the TP = 1 path through the communicator; same bits as without).
+    pub through_nccl: bool,
+    /// Compute o and down in the shard order, byte-identical at every TP degree; always so with
+    /// several ranks.
+    pub sharded_reduction: bool,
+    /// Several ranks: NCCL, or host-staged; by default NCCL when every device is distinct.
+    pub transport: Option<TpTransport>,
+    /// A deliberately wrong reduction of the partials, for the canary of `strata gpu tp`.
+    #[doc(hidden)]
+    pub fault: PartialsFault,
+}
+
+impl CudaPlacement {
+    /// One rank on `ordinal`, the fused order.
+    pub fn single(ordinal: usize) -> Self {
+        CudaPlacement {
+            devices: vec![ordinal],
+            through_nccl: false,
+            sharded_reduction: false,
+            transport: None,
+            fault: PartialsFault::None,
+        }
+    }
+}
+
+/// The engine on the CUDA devices of `placement`.
+/// `spec`'s device and TP degree give way to the placement's devices.
+pub fn start_cuda_engine(
+    dir: &Path,
+    placement: &CudaPlacement,
+    spec: &EngineSpec,
+) -> Result<(Engine, ServingParts), ModelLoadError> {
+    if spec.block_size == 0 {
+        return Err(ModelLoadError::BlockSize);
+    }
+    let devices = &placement.devices;
+    let (Some(&first), Some(&last)) = (devices.first(), devices.iter().max()) else {
+        return Err(ModelLoadError::Device("no CUDA device given".into()));
+    };
+    let device = Device::Cuda(first);
+    let label = if devices.len() == 1 {
+        device.to_string()
+    } else {
+        format!("cuda:{devices:?} (tensor parallel {})", devices.len())
+    };
+    if let Ok(inventory) = strata_collective::inventory::inspect()
+        && last >= inventory.gpus.len()
+    {
+        let count = inventory.gpus.len();
+        return Err(ModelLoadError::Device(format!(
+            "{label}: device {last} does not exist; this machine has {count} GPU(s)"
+        )));
+    }
+    let (config, checkpoint, parts, eos_token_ids) = serving_parts(dir)?;
+    let (kv_cache_bytes, kv_memory_fraction) = match spec.kv {
+        // Over all ranks, as on the CPU.
+        KvBudget::Bytes(bytes) => (bytes / devices.len(), None),
+        KvBudget::GpuFraction(f) => (0, Some(f)),
+    };
+    let options = CudaOptions {
+        device: first,
+        block_size: spec.block_size,
+        kv_cache_bytes,
+        kv_memory_fraction,
+        kernel_cache: None,
+        max_positions: None,
+        graphs: true,
+        tp_rank: 0,
+        tp_world: 1,
+        sharded_reduction: placement.sharded_reduction,
+    };
+    let source = WeightSource::Checkpoint(&checkpoint);
+    let failed = |e: &dyn std::fmt::Display| ModelLoadError::Device(format!("{label}: {e}"));
+    let backend: Box<dyn Backend> = if devices.len() > 1 {
+        let transport = placement
+            .transport
+            .unwrap_or_else(|| TpTransport::for_devices(devices));
+        let mut backend = CudaTpBackend::new(&config, source, &options, devices, transport)
+            .map_err(|e| failed(&e))?;
+        if placement.fault != PartialsFault::None {
+            backend.inject_partials_fault(placement.fault);
+        }
+        Box::new(backend)
+    } else {
+        let mut backend = CudaBackend::new(&config, source, &options).map_err(|e| failed(&e))?;
+        if placement.through_nccl {
+            let comm = NcclGroup::on_streams(vec![backend.stream().clone()])
+                .map_err(|e| ModelLoadError::Device(format!("{label}: NCCL: {e}")))?
+                .pop()
+                .expect("one communicator per stream");
+            backend
+                .attach_communicator(Box::new(comm))
+                .map_err(|e| failed(&e))?;
+        }
+        Box::new(backend)
+    };
+    start_parts(backend, parts, eos_token_ids, spec.limits)
+}
+
+/// What a sharded backend starts from: the config and the mapped checkpoint (weights not yet
+/// read), and what the front door keeps.
+fn serving_parts(
+    dir: &Path,
+) -> Result<(ModelConfig, Checkpoint, ServingParts, Vec<u32>), ModelLoadError> {
+    let (config, parts, eos_token_ids) = ServingParts::from_dir(dir)?;
+    let checkpoint = Checkpoint::open(dir).map_err(LoadError::from)?;
+    Ok((config, checkpoint, parts, eos_token_ids))
+}
+
+/// The engine over `backend`, with a grammar compiler from the parts' tokenizer.
+fn start_parts(
+    backend: Box<dyn Backend>,
+    parts: ServingParts,
+    eos_token_ids: Vec<u32>,
+    limits: SchedulerLimits,
+) -> Result<(Engine, ServingParts), ModelLoadError> {
+    let vocab = backend.model_config().vocab_size;
+    let grammar = grammar_compiler(&parts.tokenizer, vocab, &eos_token_ids);
+    let engine = Engine::start(
+        backend,
+        EngineConfig {
+            limits,
+            host_blocks: 0,
+            disk: None,
+            eos_token_ids,
+            grammar,
+        },
+    )?;
+    Ok((engine, parts))
+}
+
+/// A checkpoint directory read into memory: weights, tokenizer, chat template, decoding defaults.
+pub struct LoadedModel {
+    pub model: CpuModel,
+    pub tokenizer: Tokenizer,
+    /// `None` when the checkpoint ships no chat template.
+    pub template: Option<ChatTemplate>,
+    pub generation_config: GenerationConfig,
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl LoadedModel {
+    pub fn load(dir: &Path) -> Result<Self, ModelLoadError> {
+        let model = CpuModel::load(dir)?;
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        let template = ChatTemplate::from_dir(dir)?;
+        let generation_config = GenerationConfig::from_dir(dir)?;
+        let eos_token_ids = eos_ids(model.config(), &generation_config, &tokenizer);
+        Ok(Self {
+            model,
+            tokenizer,
+            template,
+            generation_config,
+            eos_token_ids,
+        })
+    }
+
+    /// Starts the CPU engine over the weights; the rest is kept for the front door.
+    pub fn start_engine(
+        self,
+        block_size: usize,
+        kv_cache_bytes: usize,
+        limits: SchedulerLimits,
+    ) -> Result<(Engine, ServingParts), ModelLoadError> {
+        if block_size == 0 {
+            return Err(ModelLoadError::BlockSize);
+        }
+        let grammar = grammar_compiler(
+            &self.tokenizer,
+            self.model.config().vocab_size,
+            &self.eos_token_ids,
+        );
+        let backend = CpuBackend::new(self.model, block_size, kv_cache_bytes);
+        let engine = Engine::start(
+            Box::new(backend),
+            EngineConfig {
+                limits,
+                host_blocks: 0,
+                disk: None,
+                eos_token_ids: self.eos_token_ids,
+                grammar,
+            },
+        )?;
+        let parts = ServingParts {
+            tokenizer: self.tokenizer,
+            template: self.template,
+            generation_config: self.generation_config,
+        };
+        Ok((engine, parts))
+    }
+}
+
+/// The pieces of a [`LoadedModel`] the front door keeps once the engine owns the weights.
+pub struct ServingParts {
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    pub generation_config: GenerationConfig,
+}
+
+impl ServingParts {
+    /// The front door's pieces of the checkpoint in `dir`, without its weights (a router's
+    /// machine need not hold them), with the model's config and end-of-sequence ids.
+    pub fn from_dir(dir: &Path) -> Result<(ModelConfig, Self, Vec<u32>), ModelLoadError> {
+        let config = ModelConfig::from_dir(dir)?;
+        let tokenizer = Tokenizer::from_dir(dir)?;
+        let template = ChatTemplate::from_dir(dir)?;
+        let generation_config = GenerationConfig::from_dir(dir)?;
+        let eos_token_ids = eos_ids(&config, &generation_config, &tokenizer);
+        let parts = Self {
+            tokenizer,
+            template,
+            generation_config,
+        };
+        Ok((config, parts, eos_token_ids))
+    }
+}
+
+/// Every id that ends a sequence: config.json, generation_config.json and the tokenizer's eos.
+pub fn eos_ids(config: &ModelConfig, g: &GenerationConfig, tokenizer: &Tokenizer) -> Vec<u32> {
+    let mut ids: Vec<u32> = config
+        .eos_token_ids
+        .iter()
+        .chain(&g.eos_token_ids)
+        .copied()
+        .collect();
+    ids.extend(tokenizer.eos_token_id());
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The grammar compiler for structured output, ending grammars with `eos` (or, when the model
+/// names none, the tokenizer's end-of-sequence token). `None`, with the reason on stderr, when
+/// the tokenizer's vocabulary cannot be mapped to bytes: constrained requests are then refused.
+pub fn grammar_compiler(
+    tokenizer: &Tokenizer,
+    model_vocab: usize,
+    eos: &[u32],
+) -> Option<Arc<GrammarCompiler>> {
+    let fallback: Vec<u32> = tokenizer.eos_token_id().into_iter().collect();
+    let eos = if eos.is_empty() { &fallback } else { eos };
+    match GrammarCompiler::new(tokenizer, model_vocab, eos) {
+        Ok(compiler) => Some(Arc::new(compiler)),
+        Err(e) => {
+            eprintln!("structured output is off: {e}");
+            None
+        }
+    }
+}

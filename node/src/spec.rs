@@ -1,0 +1,178 @@
+//! One engine spec (DESIGN.md §3): where the engine runs and with what budgets. Every command
+//! that runs an engine (`serve`, `node serve`, `generate`, the GPU checks) builds it from this,
+//! through [`crate::launch::start_engine`]; the router receives the engine and knows nothing of
+//! devices.
+
+use crate::scheduler::SchedulerLimits;
+
+/// Where the engine runs: the CPU reference or a CUDA GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    #[default]
+    Cpu,
+    Cuda(usize),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+
+    /// `cpu`, `cuda` (device 0) or `cuda:N`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("unknown device {s:?}: use cpu, cuda or cuda:N")),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// How much memory the KV cache takes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvBudget {
+    /// This many bytes over all tensor-parallel ranks.
+    Bytes(usize),
+    /// On CUDA: the engine may use this fraction of each GPU's memory in all; the KV cache gets
+    /// what is left of it after the weights and a reserve for activations (vLLM's
+    /// `--gpu-memory-utilization`).
+    GpuFraction(f64),
+}
+
+/// Default KV budget of the CPU backend.
+pub const CPU_KV_CACHE_BYTES: usize = 256 << 20;
+/// Default share of a GPU's memory the engine takes.
+pub const GPU_MEMORY_FRACTION: f64 = 0.9;
+
+/// Everything an engine is built from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineSpec {
+    pub device: Device,
+    /// Tensor-parallel ranks (1 = none).
+    pub tp: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    pub kv: KvBudget,
+    /// The scheduler's per-step token budget and running-sequence limit.
+    pub limits: SchedulerLimits,
+}
+
+impl EngineSpec {
+    /// The defaults for `device`: on the CPU a 256 MiB KV cache and small steps (512 tokens,
+    /// 64 sequences: a CPU step is slow, so a long prefill would stall every stream); on CUDA
+    /// 90 % of the GPU's memory, 2 048-token steps and 256 sequences (what keeps a GPU busy
+    /// under load while a prefill chunk costs running streams tens of milliseconds at most).
+    pub fn for_device(device: Device) -> Self {
+        let (kv, limits) = match device {
+            Device::Cpu => (
+                KvBudget::Bytes(CPU_KV_CACHE_BYTES),
+                SchedulerLimits::default(),
+            ),
+            Device::Cuda(_) => (
+                KvBudget::GpuFraction(GPU_MEMORY_FRACTION),
+                SchedulerLimits {
+                    max_batch_tokens: 2048,
+                    max_running: 256,
+                },
+            ),
+        };
+        Self {
+            device,
+            tp: 1,
+            block_size: 16,
+            kv,
+            limits,
+        }
+    }
+
+    /// The spec's own consistency; the message names the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.tp == 0 {
+            return Err("tp must be at least 1".into());
+        }
+        if self.block_size == 0 {
+            return Err("block size must be at least 1".into());
+        }
+        if self.limits.max_batch_tokens == 0 {
+            return Err("max_batch_tokens must be at least 1".into());
+        }
+        if self.limits.max_running == 0 {
+            return Err("max_running must be at least 1".into());
+        }
+        match self.kv {
+            KvBudget::Bytes(0) => Err("the KV cache needs some memory".into()),
+            KvBudget::GpuFraction(f) if !(f > 0.0 && f <= 1.0) => {
+                Err(format!("gpu memory utilization must be in (0, 1]; got {f}"))
+            }
+            KvBudget::GpuFraction(_) if self.device == Device::Cpu => Err(
+                "gpu memory utilization applies to CUDA devices; give the CPU a KV cache size"
+                    .into(),
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Default for EngineSpec {
+    fn default() -> Self {
+        Self::for_device(Device::Cpu)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse_and_print() {
+        for (text, device) in [
+            ("cpu", Device::Cpu),
+            ("cuda", Device::Cuda(0)),
+            ("cuda:3", Device::Cuda(3)),
+        ] {
+            assert_eq!(text.parse::<Device>(), Ok(device));
+        }
+        assert_eq!(Device::Cuda(3).to_string(), "cuda:3");
+        assert!(
+            "gpu"
+                .parse::<Device>()
+                .unwrap_err()
+                .contains("cpu, cuda or cuda:N")
+        );
+    }
+
+    #[test]
+    fn defaults_follow_the_device_and_bad_settings_are_named() {
+        assert_eq!(
+            EngineSpec::default().kv,
+            KvBudget::Bytes(CPU_KV_CACHE_BYTES)
+        );
+        let cuda = EngineSpec::for_device(Device::Cuda(0));
+        assert_eq!(cuda.kv, KvBudget::GpuFraction(GPU_MEMORY_FRACTION));
+        assert!(cuda.limits.max_batch_tokens > SchedulerLimits::default().max_batch_tokens);
+        assert_eq!(cuda.validate(), Ok(()));
+        let bad = |f: fn(&mut EngineSpec)| {
+            let mut spec = EngineSpec::for_device(Device::Cuda(0));
+            f(&mut spec);
+            spec.validate().unwrap_err()
+        };
+        assert!(bad(|s| s.tp = 0).contains("tp"));
+        assert!(bad(|s| s.limits.max_batch_tokens = 0).contains("max_batch_tokens"));
+        assert!(bad(|s| s.kv = KvBudget::GpuFraction(1.5)).contains("(0, 1]"));
+        assert!(
+            bad(|s| s.device = Device::Cpu).contains("CUDA devices"),
+            "a fraction of GPU memory means nothing on the CPU"
+        );
+    }
+}

@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# Serving under load on the GPU machine (issue 17's battery), with the carried release binary:
+#   scripts/device/serve_bench.sh OUT_DIR
+# It builds nothing. In order:
+#   1. the kernel self-test (the greedy argmax against the CPU sampler's order, with canaries);
+#   2. the engine microbenchmark on the 8B shape (`strata gpu decode`: greedy on the device,
+#      graph replay == eager and device sampling == host sampling checked first, with canaries);
+#   3. an 8B-shaped Llama (bf16, synthesized weights, the Llama 3.1 tokenizer carried in
+#      .device/llama3_1) served by `strata serve --device cuda:0` (defaults: 90 % of the GPU,
+#      2 048-token steps, 256 sequences); its load time gives the weights' upload rate;
+#   4. scripts/bench/serve_load.py against it: 512-token prompts, 128 output tokens (ignore_eos), at
+#      each concurrency of CONCURRENCY (one bench call each, /metrics read before and after for
+#      the engine's step time by phase, nvidia-smi sampling GPU utilization alongside), then
+#      decode-only (16-token prompts) at 64, then TTFT at concurrency 1 on fresh connections;
+#   5. BASELINE (a path to another strata binary, e.g. the previous commit's) served and
+#      benched the same way at the same concurrencies, when given.
+# Everything lands in OUT_DIR (logs packed into logs.tar.gz) with receipt.json; a table last.
+set -uo pipefail
+
+OUT=${1:?usage: serve_bench.sh OUT_DIR}
+BIN=${STRATA_BIN:-.device/strata}
+BENCH_CONFIG=${BENCH_CONFIG:-configs/llama-3.1-8b.json}
+TOKENIZER=${TOKENIZER:-.device/llama3_1/tokenizer.json}
+CONCURRENCY=${CONCURRENCY:-1,16,64,128}
+BASELINE=${BASELINE:-}
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+MODEL=${TMPDIR:-/tmp}/strata-serve-8b
+PORT=18280
+mkdir -p "$OUT/logs"
+failed=0
+
+{
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    "$BIN" --version
+    sha256sum "$BIN"
+} >"$OUT/machine.txt" 2>&1
+cat "$OUT/machine.txt"
+
+"$BIN" kernels selftest >"$OUT/logs/selftest.log" 2>&1 || { echo "kernel selftest FAILED"; failed=1; }
+tail -n 3 "$OUT/logs/selftest.log"
+"$BIN" gpu decode --config "$BENCH_CONFIG" --batch "$CONCURRENCY" --context 512 --steps 128 \
+    --check-graphs 1,33 --json "$OUT/decode.json" 2>&1 | tee "$OUT/logs/decode.log"
+[[ ${PIPESTATUS[0]} == 0 ]] || failed=1
+
+# The served checkpoint: the 8B config's shape, Llama 3.1's tokenizer (its vocabulary sizes the
+# embedding and LM head).
+shape() { python3 -c "import json,sys; c=json.load(open('$BENCH_CONFIG')); print(c[sys.argv[1]])" "$1"; }
+start=$SECONDS
+"$BIN" model synth --arch llama --out "$MODEL" --layers "$(shape num_hidden_layers)" \
+    --hidden "$(shape hidden_size)" --heads "$(shape num_attention_heads)" \
+    --kv-heads "$(shape num_key_value_heads)" --intermediate "$(shape intermediate_size)" \
+    --max-position 8192 --rope-theta 500000 --tokenizer "$TOKENIZER" >"$OUT/logs/synth.log" 2>&1 ||
+    { echo "synth FAILED"; cat "$OUT/logs/synth.log"; exit 1; }
+echo "synthesized $(du -sh "$MODEL" | cut -f1) in $((SECONDS - start)) s"
+cat "$MODEL"/*.safetensors >/dev/null # in the page cache, as a served model usually is
+
+serve_and_bench() { # name binary extra-serve-args...
+    local name=$1 bin=$2
+    shift 2
+    local t0=$SECONDS
+    "$bin" serve --model "$MODEL" --device cuda:0 --port $PORT "$@" >"$OUT/logs/serve-$name.log" 2>&1 &
+    local pid=$!
+    local up=0
+    for _ in $(seq 600); do
+        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && { up=1; break; }
+        kill -0 $pid 2>/dev/null || break
+        sleep 0.5
+    done
+    if [[ $up != 1 ]]; then
+        echo "serve ($name) did not come up"; tail -20 "$OUT/logs/serve-$name.log"; failed=1; return
+    fi
+    echo "{\"name\": \"$name\", \"ready_s\": $((SECONDS - t0))}" >"$OUT/ready-$name.json"
+    point() { # label bench-args...
+        local label=$1
+        shift
+        curl -s "http://127.0.0.1:$PORT/metrics" >"$OUT/logs/metrics-$name-$label-before.txt"
+        nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 \
+            >"$OUT/logs/util-$name-$label.txt" 2>/dev/null &
+        local smi=$!
+        python3 scripts/bench/serve_load.py --url "http://127.0.0.1:$PORT" --vocab-size 128000 \
+            --label "$name $label" --json "$OUT/bench-$name-$label.json" "$@" 2>&1 |
+            tee "$OUT/logs/bench-$name-$label.log"
+        [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
+        kill $smi 2>/dev/null
+        wait $smi 2>/dev/null
+        curl -s "http://127.0.0.1:$PORT/metrics" >"$OUT/logs/metrics-$name-$label-after.txt"
+    }
+    for c in ${CONCURRENCY//,/ }; do
+        point "c$c" --concurrency "$c" --input-len 512 --output-len 128
+    done
+    point decode-c64 --concurrency 64 --input-len 16 --output-len 128
+    point fresh-c1 --concurrency 1 --input-len 512 --output-len 16 --connection fresh --num-prompts 16
+    point reuse-c1 --concurrency 1 --input-len 512 --output-len 16 --connection reuse --num-prompts 16
+    kill -TERM $pid
+    wait $pid
+}
+
+serve_and_bench new "$BIN"
+if [[ -n $BASELINE ]]; then
+    # The previous binary knew no fraction of the GPU: the same KV bytes as a fixed size.
+    serve_and_bench baseline "$BASELINE" --kv-cache-mib 100000
+fi
+
+python3 - "$OUT" "$failed" <<'PY'
+import glob, json, os, re, sys
+out, failed = sys.argv[1], sys.argv[2] == "1"
+machine = open(os.path.join(out, "machine.txt")).read().split("\n")
+def metrics(path):
+    values = {}
+    for line in open(path):
+        m = re.match(r'^(strata_engine_[a-z_]+(?:\{phase="\w+"\})?) ([0-9.e+-]+)$', line.strip())
+        if m:
+            values[m.group(1)] = float(m.group(2))
+    return values
+receipt = {
+    "what": "Serving under load on the GPU (scripts/device/serve_bench.sh)",
+    "gpu": machine[0], "binary_version": machine[1], "binary_sha256": machine[2].split()[0],
+    "git_sha": os.environ.get("STRATA_GIT_SHA", "unknown"), "checks_passed": not failed,
+    "decode": json.load(open(os.path.join(out, "decode.json"))) if os.path.exists(os.path.join(out, "decode.json")) else None,
+    "serve": {},
+}
+for path in sorted(glob.glob(os.path.join(out, "ready-*.json"))):
+    r = json.load(open(path))
+    receipt["serve"].setdefault(r["name"], {})["ready_s"] = r["ready_s"]
+for path in sorted(glob.glob(os.path.join(out, "bench-*.json"))):
+    name, label = os.path.basename(path)[6:-5].split("-", 1)
+    bench = json.load(open(path))
+    logs = os.path.join(out, "logs")
+    before = metrics(os.path.join(logs, f"metrics-{name}-{label}-before.txt"))
+    after = metrics(os.path.join(logs, f"metrics-{name}-{label}-after.txt"))
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    steps = delta.get("strata_engine_steps_total", 0.0)
+    phases = {p: delta.get(f'strata_engine_step_seconds_total{{phase="{p}"}}', 0.0) for p in ("plan", "forward", "sample")}
+    util = [float(x) for x in open(os.path.join(logs, f"util-{name}-{label}.txt")).read().split() if x.strip().isdigit()]
+    receipt["serve"].setdefault(name, {})[label] = {
+        "bench": bench,
+        "engine_steps": steps,
+        "step_ms_by_phase": {p: 1e3 * s / steps if steps else None for p, s in phases.items()},
+        "gpu_utilization_mean_pct": sum(util) / len(util) if util else None,
+        "gpu_utilization_samples": len(util),
+    }
+json.dump(receipt, open(os.path.join(out, "receipt.json"), "w"), indent=2)
+
+print("\n== serving under load ==")
+decode = {d["batch"]: d for d in (receipt["decode"] or {}).get("results", [])}
+for name, arms in receipt["serve"].items():
+    print(f"[{name}] ready in {arms.get('ready_s')} s")
+    for label, r in arms.items():
+        if not isinstance(r, dict):
+            continue
+        for p in r["bench"].get("points", []):
+            c = p.get("concurrency")
+            micro = decode.get(c, {}).get("tokens_per_s")
+            step = decode.get(c, {}).get("step_ms", {}).get("median")
+            ratio = f"{p['output_tokens_per_s'] / micro:5.2f}" if micro else "  -  "
+            ph = r["step_ms_by_phase"]
+            fmt = lambda v: f"{v:6.2f}" if v is not None else "   -  "
+            print(f"  {label:<11} out {p['output_tokens_per_s']:8.0f} tok/s  vs micro {ratio}  "
+                  f"TTFT p50 {p['ttft_ms']['p50']:8.1f} p99 {p['ttft_ms']['p99']:8.1f}  "
+                  f"ITL p50 {p['itl_ms']['p50']:6.1f} (step {step if step else float('nan'):6.2f})  "
+                  f"GPU {r['gpu_utilization_mean_pct'] or float('nan'):5.1f} %  "
+                  f"plan/fwd/sample ms {fmt(ph['plan'])} {fmt(ph['forward'])} {fmt(ph['sample'])}")
+PY
+(cd "$OUT" && tar -czf logs.tar.gz logs $(ls *.json | grep -v '^receipt.json$') && rm -rf logs \
+    $(ls *.json | grep -v '^receipt.json$'))
+exit $failed

@@ -1,0 +1,160 @@
+//! The engine's settings as flags and TOML keys, defined once: `serve`, `node serve` and
+//! `generate` flatten [`EngineSettings`] into their own and build the engine from
+//! [`EngineSettings::spec`].
+
+use anyhow::Result;
+use clap::Args;
+use serde::Deserialize;
+use strata_node::{Device, EngineSpec, KvBudget};
+
+/// Every engine setting, each optional so a flag, a config file and the device's default can be
+/// told apart (`EngineSpec::for_device` holds the defaults).
+#[derive(Args, Deserialize, Default, Clone, Debug, PartialEq)]
+pub struct EngineSettings {
+    /// Where the engine runs: cpu, cuda or cuda:N [default: cpu].
+    #[arg(long)]
+    pub device: Option<String>,
+    /// Tensor-parallel ranks: the model's heads and MLP split over this many workers (threads
+    /// on the CPU; on CUDA one GPU each, cuda:N .. N+tp-1, over NCCL), with output
+    /// byte-identical to 1 [default: 1].
+    #[arg(long)]
+    pub tp: Option<usize>,
+    /// Tokens per KV block [default: 16].
+    #[arg(long)]
+    pub block_size: Option<usize>,
+    /// Memory for the KV cache, in MiB, over all ranks [default on the CPU: 256; on CUDA the
+    /// cache is sized by --gpu-memory-utilization].
+    #[arg(long, conflicts_with = "gpu_memory_utilization")]
+    pub kv_cache_mib: Option<usize>,
+    /// CUDA: the fraction of each GPU's memory the engine may take; the KV cache gets what the
+    /// weights and a reserve for activations leave of it [default: 0.9].
+    #[arg(long)]
+    pub gpu_memory_utilization: Option<f64>,
+    /// Tokens one engine step computes, prompt chunks and decode tokens together: longer
+    /// prompts are prefilled in chunks beside running streams [default: 512 on the CPU, 2048 on
+    /// CUDA].
+    #[arg(long)]
+    pub max_batch_tokens: Option<usize>,
+    /// Sequences decoding at once; more wait [default: 64 on the CPU, 256 on CUDA].
+    #[arg(long)]
+    pub max_running: Option<usize>,
+}
+
+impl EngineSettings {
+    /// Each setting from `self`, else from `fallback`.
+    pub fn or(self, fallback: Self) -> Self {
+        Self {
+            device: self.device.or(fallback.device),
+            tp: self.tp.or(fallback.tp),
+            block_size: self.block_size.or(fallback.block_size),
+            kv_cache_mib: self.kv_cache_mib.or(fallback.kv_cache_mib),
+            gpu_memory_utilization: self
+                .gpu_memory_utilization
+                .or(fallback.gpu_memory_utilization),
+            max_batch_tokens: self.max_batch_tokens.or(fallback.max_batch_tokens),
+            max_running: self.max_running.or(fallback.max_running),
+        }
+    }
+
+    /// The device's defaults with every given setting applied, checked.
+    pub fn spec(&self) -> Result<EngineSpec> {
+        let device: Device = match &self.device {
+            Some(d) => d.parse().map_err(anyhow::Error::msg)?,
+            None => Device::Cpu,
+        };
+        let mut spec = EngineSpec::for_device(device);
+        if let Some(tp) = self.tp {
+            spec.tp = tp;
+        }
+        if let Some(block_size) = self.block_size {
+            spec.block_size = block_size;
+        }
+        match (self.kv_cache_mib, self.gpu_memory_utilization) {
+            (Some(_), Some(_)) => {
+                anyhow::bail!("give kv_cache_mib or gpu_memory_utilization, not both")
+            }
+            (Some(mib), None) => {
+                spec.kv = KvBudget::Bytes(mib.checked_mul(1 << 20).ok_or_else(|| {
+                    anyhow::anyhow!("kv_cache_mib {mib} is more memory than can be addressed")
+                })?);
+            }
+            (None, Some(fraction)) => spec.kv = KvBudget::GpuFraction(fraction),
+            (None, None) => {}
+        }
+        if let Some(tokens) = self.max_batch_tokens {
+            spec.limits.max_batch_tokens = tokens;
+        }
+        if let Some(running) = self.max_running {
+            spec.limits.max_running = running;
+        }
+        spec.validate().map_err(anyhow::Error::msg)?;
+        Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_apply_over_the_device_defaults() {
+        let spec = EngineSettings::default().spec().unwrap();
+        assert_eq!(spec, EngineSpec::default());
+        let cuda = EngineSettings {
+            device: Some("cuda:1".into()),
+            max_running: Some(128),
+            ..Default::default()
+        };
+        let spec = cuda.spec().unwrap();
+        assert_eq!(spec.device, Device::Cuda(1));
+        assert_eq!(spec.limits.max_running, 128);
+        assert_eq!(spec.kv, KvBudget::GpuFraction(0.9));
+        let fixed = EngineSettings {
+            kv_cache_mib: Some(64),
+            ..cuda
+        };
+        assert_eq!(fixed.spec().unwrap().kv, KvBudget::Bytes(64 << 20));
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let err = |s: EngineSettings| s.spec().unwrap_err().to_string();
+        assert!(
+            err(EngineSettings {
+                device: Some("tpu".into()),
+                ..Default::default()
+            })
+            .contains("cpu, cuda or cuda:N")
+        );
+        assert!(
+            err(EngineSettings {
+                gpu_memory_utilization: Some(0.5),
+                ..Default::default()
+            })
+            .contains("CUDA devices")
+        );
+        assert!(
+            err(EngineSettings {
+                max_batch_tokens: Some(0),
+                ..Default::default()
+            })
+            .contains("max_batch_tokens")
+        );
+        assert!(
+            err(EngineSettings {
+                device: Some("cuda".into()),
+                kv_cache_mib: Some(1),
+                gpu_memory_utilization: Some(0.5),
+                ..Default::default()
+            })
+            .contains("not both")
+        );
+    }
+
+    #[test]
+    fn the_fields_are_the_flags() {
+        let flags: EngineSettings = toml::from_str("max_batch_tokens = 4096\ntp = 2\n").unwrap();
+        assert_eq!(flags.max_batch_tokens, Some(4096));
+        assert_eq!(flags.tp, Some(2));
+    }
+}
