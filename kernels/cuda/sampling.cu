@@ -4,17 +4,21 @@
 constexpr int ARGMAX_THREADS = 1024;
 constexpr u32 NO_TOKEN = 0xffffffffu;
 
+#define STRATA_POS_INF __int_as_float(0x7f800000)
+#define STRATA_NEG_INF __int_as_float(0xff800000)
+#define STRATA_FLT_MAX __int_as_float(0x7f7fffff)
+
 // The sampler's sanitizing (strata_model::sampler): NaN ranks as -inf, +inf as FLT_MAX.
 __device__ __forceinline__ float sanitize(float v) {
-    if (isnan(v)) return -INFINITY;
-    return v == INFINITY ? 3.402823466e38f : v;
+    if (isnan(v)) return STRATA_NEG_INF;
+    return v == STRATA_POS_INF ? STRATA_FLT_MAX : v;
 }
 
 // The total order argmax follows: only finite sanitized values compete, a larger value wins,
 // equal values go to the lower index. Because it is a total order, the result does not depend on
 // how the row is split.
 __device__ __forceinline__ bool beats(float v, u32 i, float best, u32 best_i) {
-    if (v == -INFINITY) return false;
+    if (v == STRATA_NEG_INF) return false;
     if (best_i == NO_TOKEN) return true;
     return v > best || (v == best && i < best_i);
 }

@@ -36,7 +36,7 @@ failed=0
 } >"$OUT/machine.txt" 2>&1
 cat "$OUT/machine.txt"
 
-"$BIN" kernels selftest >"$OUT/logs/selftest.log" 2>&1 || { echo "kernel selftest FAILED"; failed=1; }
+"$BIN" kernels selftest >"$OUT/logs/selftest.log" 2>&1 || { echo "kernel selftest FAILED"; tail -40 "$OUT/logs/selftest.log"; exit 1; }
 tail -n 3 "$OUT/logs/selftest.log"
 "$BIN" gpu decode --config "$BENCH_CONFIG" --batch "$CONCURRENCY" --context 512 --steps 128 \
     --check-graphs 1,33 --json "$OUT/decode.json" 2>&1 | tee "$OUT/logs/decode.log"
