@@ -133,7 +133,9 @@ GEMV_ENTRIES(16)
 // Tensor-core variant: one kernel family for every M in 1..=64, rows padded to the m16n8k16 MMA
 // shape in XT = ceil(M / 16) tiles of 16 rows (`gemv_mma_{bf16,f32}_x{XT}`).
 //
-// A block of 16 warps owns 8 * MMA_TILES consecutive rows of W; warp w owns the 32-wide k-steps
+// A block of 16 warps owns 8 * TILES consecutive rows of W (TILES = MmaTiles<XT>: 2 for one x
+// tile, 4 for more, so that each block's x loads, which every block repeats, stay at most twice
+// its weight loads); warp w owns the 32-wide k-steps
 // w, w + 16, w + 32, ... Lane (g = lane / 4, t = lane % 4) streams 16 bytes of W row n0 + g at
 // k = 32 s + 8 t, and for every x tile j the matching 16 bytes of x rows 16 j + g and
 // 16 j + g + 8. Each weight fragment feeds the MMAs of every x tile, so W is read once for up to
@@ -144,10 +146,14 @@ GEMV_ENTRIES(16)
 // Batch invariance: rows of x beyond M are zeros, a tensor-core dot product of one output row
 // never reads another row, and per (m, n) the order is fixed by K alone: k-steps in ascending
 // order within a warp (UNROLL only changes how many loads are in flight), then the 16 warp totals
-// in warp order. So row m gets the same bits from every XT, every M and every grid.
+// in warp order. So row m gets the same bits from every XT, every M, every TILES and every grid.
 constexpr int MMA_WARPS = 16;
-constexpr int MMA_TILES = 2;
-constexpr int MMA_ROWS = 8 * MMA_TILES;
+
+// Tiles of 8 W rows per block for XT x tiles; mirrored by `mma_rows` in `src/gemv.rs`.
+template <int XT>
+struct MmaTiles {
+    static constexpr int T = XT == 1 ? 2 : 4;
+};
 
 // Loads in flight per warp step for XT x tiles: fewer as the x fragments take registers.
 template <int XT>
@@ -173,6 +179,8 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
                                               u32 n_rows, u32 k, u32 ld_arg, u32 block) {
     const u32 ld = SLICED ? ld_arg : k;
     constexpr int U = MmaUnroll<XT>::U;
+    constexpr int MMA_TILES = MmaTiles<XT>::T;
+    constexpr int MMA_ROWS = 8 * MMA_TILES;
     __shared__ float partial[MMA_WARPS][16][MMA_ROWS + 1];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
@@ -282,8 +290,9 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
         __nv_bfloat16* __restrict__ y2, const __nv_bfloat16* __restrict__ x,                    \
         const __nv_bfloat16* __restrict__ w0, const __nv_bfloat16* __restrict__ w1,             \
         const __nv_bfloat16* __restrict__ w2, u32 m, u32 n0, u32 n1, u32 n2, u32 k) {           \
-        const u32 blocks0 = (n0 + MMA_ROWS - 1) / MMA_ROWS;                                     \
-        const u32 blocks1 = (n1 + MMA_ROWS - 1) / MMA_ROWS;                                     \
+        constexpr u32 ROWS = 8 * MmaTiles<XT>::T;                                               \
+        const u32 blocks0 = (n0 + ROWS - 1) / ROWS;                                             \
+        const u32 blocks1 = (n1 + ROWS - 1) / ROWS;                                             \
         const u32 b = blockIdx.x;                                                               \
         if (b < blocks0) {                                                                      \
             gemv_mma_body<XT, false>(y0, x, w0, m, n0, k, k, b);                                   \

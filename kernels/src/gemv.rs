@@ -60,8 +60,11 @@ pub enum GemvVariant {
     Mma,
 }
 
-/// Rows of W per block of the MMA variant; mirrors `MMA_ROWS` in `cuda/gemv.cu`.
-const MMA_ROWS: u32 = 16;
+/// Rows of W per block of the MMA variant for `m` rows of x; mirrors `MmaTiles` in
+/// `cuda/gemv.cu` (two tiles of 8 for one x tile of 16 rows, four for more).
+fn mma_rows(m: usize) -> u32 {
+    if m.div_ceil(MMA_X_ROWS) == 1 { 16 } else { 32 }
+}
 /// Threads per block of the MMA variant (16 warps); mirrors `MMA_WARPS` in `cuda/gemv.cu`.
 const MMA_THREADS: u32 = 512;
 
@@ -151,7 +154,7 @@ impl Kernels {
             ),
             GemvVariant::Mma => (
                 format!("{}{}", T::MMA_NAME, m.div_ceil(MMA_X_ROWS)),
-                n32.div_ceil(MMA_ROWS),
+                n32.div_ceil(mma_rows(m)),
                 MMA_THREADS,
             ),
         };
@@ -204,7 +207,7 @@ impl Kernels {
         for i in 0..3 {
             need_len(K, "y", ys[i].len(), product(K, &[m, ns[i]])?)?;
             need_len(K, "w", ws[i].len(), product(K, &[ns[i], k])?)?;
-            blocks += to_u32(K, "n", ns[i])?.div_ceil(MMA_ROWS);
+            blocks += to_u32(K, "n", ns[i])?.div_ceil(mma_rows(m));
         }
         if blocks == 0 {
             return Ok(());
@@ -296,7 +299,7 @@ impl Kernels {
             .arg(&kslice32)
             .arg(&ld32)
             .arg(&stride64);
-        let mut config = grid(n32.div_ceil(MMA_ROWS), MMA_THREADS);
+        let mut config = grid(n32.div_ceil(mma_rows(m)), MMA_THREADS);
         config.grid_dim.1 = shards32;
         // SAFETY: lengths, alignment and argument types checked above match the kernel.
         unsafe { b.launch(config) }?;

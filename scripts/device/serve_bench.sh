@@ -12,6 +12,7 @@
 #      each concurrency of CONCURRENCY (one bench call each, /metrics read before and after for
 #      the engine's step time by phase, nvidia-smi sampling GPU utilization alongside), then
 #      decode-only (16-token prompts) at 64, then TTFT at concurrency 1 on fresh connections;
+#   DECODE_BASELINE (a path to another strata binary) runs step 2 through it too, same run;
 #   5. BASELINE (a path to another strata binary, e.g. the previous commit's) served and
 #      benched the same way at the same concurrencies, when given.
 # Everything lands in OUT_DIR (logs packed into logs.tar.gz) with receipt.json; a table last.
@@ -41,6 +42,12 @@ tail -n 3 "$OUT/logs/selftest.log"
 "$BIN" gpu decode --config "$BENCH_CONFIG" --batch "$CONCURRENCY" --context 512 --steps 128 \
     --check-graphs 1,33 --json "$OUT/decode.json" 2>&1 | tee "$OUT/logs/decode.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
+if [[ -n ${DECODE_BASELINE:-} ]]; then
+    # The same microbenchmark through another binary (e.g. before a kernel change), same run.
+    "$DECODE_BASELINE" gpu decode --config "$BENCH_CONFIG" --batch "$CONCURRENCY" --context 512 \
+        --steps 128 --check-graphs 1,33 --json "$OUT/decode-baseline.json" 2>&1 |
+        tee "$OUT/logs/decode-baseline.log"
+fi
 
 # The served checkpoint: the 8B config's shape, Llama 3.1's tokenizer (its vocabulary sizes the
 # embedding and LM head).
@@ -117,6 +124,7 @@ receipt = {
     "gpu": machine[0], "binary_version": machine[1], "binary_sha256": machine[2].split()[0],
     "git_sha": os.environ.get("STRATA_GIT_SHA", "unknown"), "checks_passed": not failed,
     "decode": json.load(open(os.path.join(out, "decode.json"))) if os.path.exists(os.path.join(out, "decode.json")) else None,
+    "decode_baseline": json.load(open(os.path.join(out, "decode-baseline.json"))) if os.path.exists(os.path.join(out, "decode-baseline.json")) else None,
     "serve": {},
 }
 for path in sorted(glob.glob(os.path.join(out, "ready-*.json"))):
