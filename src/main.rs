@@ -41,6 +41,10 @@ enum Command {
     Node(commands::node::NodeCommand),
     /// The HTTP surfaces in front of `strata node` processes, routing by cached prefix and load.
     Router(commands::router::RouterArgs),
+    /// Benchmarks of a running server: `bench serve` sweeps load against any OpenAI-compatible
+    /// endpoint.
+    #[command(subcommand)]
+    Bench(commands::bench::BenchCommand),
 }
 
 fn main() {
@@ -56,6 +60,7 @@ fn main() {
         Command::Node(cmd) => commands::node::run(cmd),
         Command::Router(args) => commands::router::run(args),
         Command::Cluster(cmd) => commands::cluster::run(cmd),
+        Command::Bench(cmd) => commands::bench::run(cmd),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -8,7 +8,7 @@
 #   3. an 8B-shaped Llama (bf16, synthesized weights, the Llama 3.1 tokenizer carried in
 #      .device/llama3_1) served by `strata serve --device cuda:0` (defaults: 90 % of the GPU,
 #      2 048-token steps, 256 sequences); its load time gives the weights' upload rate;
-#   4. scripts/bench/serve_load.py against it: 512-token prompts, 128 output tokens (ignore_eos), at
+#   4. `strata bench serve` against it: 512-token prompts, 128 output tokens (ignore_eos), at
 #      each concurrency of CONCURRENCY (one bench call each, /metrics read before and after for
 #      the engine's step time by phase, nvidia-smi sampling GPU utilization alongside), then
 #      decode-only (16-token prompts) at 64, then TTFT at concurrency 1 on fresh connections;
@@ -84,7 +84,7 @@ serve_and_bench() { # name binary extra-serve-args...
         nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 \
             >"$OUT/logs/util-$name-$label.txt" 2>/dev/null &
         local smi=$!
-        python3 scripts/bench/serve_load.py --url "http://127.0.0.1:$PORT" --vocab-size 128000 \
+        "$BIN" bench serve --url "http://127.0.0.1:$PORT" --vocab-size 128000 \
             --label "$name $label" --json "$OUT/bench-$name-$label.json" "$@" 2>&1 |
             tee "$OUT/logs/bench-$name-$label.log"
         [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
@@ -160,10 +160,10 @@ for name, arms in receipt["serve"].items():
             c = p.get("concurrency")
             micro = decode.get(c, {}).get("tokens_per_s")
             step = decode.get(c, {}).get("step_ms", {}).get("median")
-            ratio = f"{p['output_tokens_per_s'] / micro:5.2f}" if micro else "  -  "
+            ratio = f"{p['output_tok_s'] / micro:5.2f}" if micro else "  -  "
             ph = r["step_ms_by_phase"]
             fmt = lambda v: f"{v:6.2f}" if v is not None else "   -  "
-            print(f"  {label:<11} out {p['output_tokens_per_s']:8.0f} tok/s  vs micro {ratio}  "
+            print(f"  {label:<11} out {p['output_tok_s']:8.0f} tok/s  vs micro {ratio}  "
                   f"TTFT p50 {p['ttft_ms']['p50']:8.1f} p99 {p['ttft_ms']['p99']:8.1f}  "
                   f"ITL p50 {p['itl_ms']['p50']:6.1f} (step {step if step else float('nan'):6.2f})  "
                   f"GPU {r['gpu_utilization_mean_pct'] or float('nan'):5.1f} %  "

@@ -1,3 +1,4 @@
+pub mod bench;
 pub mod cluster;
 pub mod engine_args;
 pub mod generate;
