@@ -118,11 +118,16 @@ pub enum StepError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Kv(#[from] KvError),
-    #[error("the backend returned {got} logits for {rows} rows of {vocab}")]
+    #[error(
+        "the backend returned {got} logits and {tokens} greedy tokens for {rows} rows of {vocab} \
+         and {greedy} greedy rows"
+    )]
     Logits {
         got: usize,
         rows: usize,
         vocab: usize,
+        tokens: usize,
+        greedy: usize,
     },
 }
 
@@ -322,6 +327,8 @@ impl Scheduler {
                 got: output.logits.len(),
                 rows,
                 vocab,
+                tokens: output.tokens.len(),
+                greedy: greedy_rows,
             });
         }
         let computed: usize = plan.iter().map(|p| p.chunk).sum();

@@ -457,6 +457,27 @@ fn tables_for(batch: usize, blocks_per_seq: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Block tables, context lengths and next tokens of a batch of decode rows.
+type StaggeredBatch = (Vec<Vec<u32>>, Vec<usize>, Vec<u32>);
+
+/// `batch` sequences of staggered context lengths below `context` (so padded rows, table widths
+/// and split counts all vary), their contexts filled, and one next token each.
+fn staggered_batch(
+    backend: &mut CudaBackend,
+    batch: usize,
+    context: usize,
+    blocks_per_seq: usize,
+    vocab: usize,
+) -> Result<StaggeredBatch> {
+    let tables = tables_for(batch, blocks_per_seq);
+    let contexts: Vec<usize> = (0..batch).map(|b| 1 + (b * 97 + 13) % context).collect();
+    fill_contexts(backend, &tables, &contexts, vocab)?;
+    let tokens: Vec<u32> = (0..batch as u32)
+        .map(|b| (b * 7919 + 3) % vocab as u32)
+        .collect();
+    Ok((tables, contexts, tokens))
+}
+
 /// Graph replay against eager launches, bit for bit, at each batch size: sequences of staggered
 /// context lengths (so the padded rows, the table width and the split counts all vary), the same
 /// step run with graphs on and off. The canary changes one row's token in the eager run and
@@ -470,12 +491,8 @@ fn check_graphs(
 ) -> Result<Value> {
     let mut checks = Vec::new();
     for &batch in batches {
-        let tables = tables_for(batch, blocks_per_seq);
-        let contexts: Vec<usize> = (0..batch).map(|b| 1 + (b * 97 + 13) % context).collect();
-        fill_contexts(backend, &tables, &contexts, vocab)?;
-        let tokens: Vec<u32> = (0..batch as u32)
-            .map(|b| (b * 7919 + 3) % vocab as u32)
-            .collect();
+        let (tables, contexts, tokens) =
+            staggered_batch(backend, batch, context, blocks_per_seq, vocab)?;
         backend.set_graphs(true);
         let graphs_before = backend.captured_graphs();
         let replayed = decode_step(backend, &tables, &contexts, &tokens)?;
@@ -526,12 +543,8 @@ fn check_sampling(
 ) -> Result<Value> {
     let mut checks = Vec::new();
     for &batch in batches {
-        let tables = tables_for(batch, blocks_per_seq);
-        let contexts: Vec<usize> = (0..batch).map(|b| 1 + (b * 89 + 5) % context).collect();
-        fill_contexts(backend, &tables, &contexts, vocab)?;
-        let tokens: Vec<u32> = (0..batch as u32)
-            .map(|b| (b * 4099 + 1) % vocab as u32)
-            .collect();
+        let (tables, contexts, tokens) =
+            staggered_batch(backend, batch, context, blocks_per_seq, vocab)?;
         let mut mismatches = 0;
         let mut canary_caught = true;
         for graphs in [true, false] {
