@@ -44,7 +44,10 @@ pub use check::{FunctionResources, Report, check};
 pub use elementwise::RopeKvShape;
 pub use gemm::{GemmOut, GemmShape, LtGemm};
 pub use gemv::{DEFAULT_VARIANT, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvOut, GemvVariant};
-pub use sampling::NO_TOKEN;
+pub use sampling::{
+    NO_TOKEN, SAMPLE_CANDIDATE_WORDS, SAMPLE_HEAD_WORDS, SAMPLE_PLAN_WORDS, SHAPE_ENTRY_WORDS,
+    SampleHead, SamplePlan, ShapeOp,
+};
 pub use selftest::selftest;
 
 /// One CUDA source file of the crate: `module` is its stem (`gemv` for `cuda/gemv.cu`), the name

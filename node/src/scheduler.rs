@@ -12,12 +12,12 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use strata_model::grammar::ConstrainedDecoder;
-use strata_model::sampler::{Sampler, SamplerError};
+use strata_model::sampler::{RowPlan, Sampler, SamplerError};
 use strata_model::stop::is_stop_token;
 use strata_protocol::{FinishReason, GenerateRequest, TokenEvent, Usage};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::backend::{Backend, BackendError, StepOutput, StepSeq};
+use crate::backend::{Backend, BackendError, RowSampling, StepOutput, StepSeq};
 use crate::kv::{BlockHash, BlockId, BlockManager, KvError, block_hash, prompt_block_hashes};
 
 /// Limits of one step.
@@ -119,8 +119,8 @@ pub enum StepError {
     #[error(transparent)]
     Kv(#[from] KvError),
     #[error(
-        "the backend returned {got} logits and {tokens} greedy tokens for {rows} rows of {vocab} \
-         and {greedy} greedy rows"
+        "the backend returned {got} logits, {tokens} greedy tokens and {summaries} row summaries \
+         for {rows} rows of {vocab}, {greedy} greedy rows and {summary_rows} summarized rows"
     )]
     Logits {
         got: usize,
@@ -128,6 +128,8 @@ pub enum StepError {
         vocab: usize,
         tokens: usize,
         greedy: usize,
+        summaries: usize,
+        summary_rows: usize,
     },
 }
 
@@ -289,6 +291,26 @@ impl Scheduler {
         if plan.is_empty() {
             return Ok(0);
         }
+        // How each row wanting logits is sampled: rows that need nothing but the argmax of the
+        // raw logits, and rows a sampling plan describes, are reduced by the backend (on the GPU,
+        // where the logits are); grammar-constrained rows come back as logits. A non-greedy plan
+        // takes its random word from the sequence's stream here.
+        let mut plans: Vec<Option<RowPlan>> = Vec::with_capacity(plan.len());
+        for p in &plan {
+            let s = &self.running[p.index];
+            let wants = s.computed + p.chunk == s.tokens.len();
+            let masks_stops = self.masks_stops(s);
+            if !wants || s.constraint.is_some() || (s.sampler.is_plain_greedy() && !masks_stops) {
+                plans.push(None);
+                continue;
+            }
+            let masked = if masks_stops {
+                stop_tokens(&s.request.sampling, &self.eos)
+            } else {
+                Vec::new()
+            };
+            plans.push(Some(self.running[p.index].sampler.plan(masked)));
+        }
         let steps: Vec<StepSeq<'_>> = plan
             .iter()
             .map(|p| {
@@ -302,39 +324,55 @@ impl Scheduler {
                 }
             })
             .collect();
-        // Rows whose sampling needs nothing but the argmax of the raw logits are sampled by the
-        // backend (on the GPU, where the logits are); the others come back as logits.
-        let greedy: Vec<bool> = plan
+        let sampling: Vec<RowSampling<'_>> = plan
             .iter()
-            .map(|p| {
+            .zip(&plans)
+            .map(|(p, row_plan)| {
                 let s = &self.running[p.index];
-                s.sampler.is_plain_greedy() && s.constraint.is_none() && !self.masks_stops(s)
+                match row_plan {
+                    Some(row_plan) => RowSampling::Summary(row_plan),
+                    None if s.constraint.is_none() && s.sampler.is_plain_greedy() => {
+                        RowSampling::Greedy
+                    }
+                    None => RowSampling::Host,
+                }
             })
             .collect();
-        let wanting = steps.iter().zip(&greedy).filter(|(s, _)| s.want_logits);
-        let (greedy_rows, rows) = wanting.fold(
-            (0, 0),
-            |(g, r), (_, &is)| {
-                if is { (g + 1, r) } else { (g, r + 1) }
-            },
-        );
+        let mut counts = [0usize; 3];
+        for (step, how) in steps.iter().zip(&sampling) {
+            if step.want_logits {
+                counts[match how {
+                    RowSampling::Host => 0,
+                    RowSampling::Greedy => 1,
+                    RowSampling::Summary(_) => 2,
+                }] += 1;
+            }
+        }
+        let [rows, greedy_rows, summary_rows] = counts;
         let planned = Instant::now();
-        let mut output = backend.step_sampling(&steps, &greedy)?;
+        let mut output = backend.step_sampling(&steps, &sampling)?;
         let forwarded = Instant::now();
         let vocab = backend.model_config().vocab_size;
-        if output.logits.len() != rows * vocab || output.tokens.len() != greedy_rows {
+        if output.logits.len() != rows * vocab
+            || output.tokens.len() != greedy_rows
+            || output.summaries.len() != summary_rows
+        {
             return Err(StepError::Logits {
                 got: output.logits.len(),
                 rows,
                 vocab,
                 tokens: output.tokens.len(),
                 greedy: greedy_rows,
+                summaries: output.summaries.len(),
+                summary_rows,
             });
         }
         let computed: usize = plan.iter().map(|p| p.chunk).sum();
         self.steps += 1;
         // One row (or token) per sequence wanting logits, checked just above.
-        self.apply(&plan, &greedy, &mut output, vocab)?;
+        let kinds: Vec<Kind> = sampling.iter().map(Kind::of).collect();
+        drop(sampling);
+        self.apply(&plan, &kinds, plans, &mut output, vocab)?;
         let nanos = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let t = &mut self.times;
         t.steps += 1;
@@ -486,16 +524,17 @@ impl Scheduler {
     fn apply(
         &mut self,
         plan: &[Planned],
-        greedy: &[bool],
+        kinds: &[Kind],
+        plans: Vec<Option<RowPlan>>,
         output: &mut StepOutput,
         vocab: usize,
     ) -> Result<(), KvError> {
         let bs = self.blocks.block_size();
         let mut rows = output.logits.chunks_exact_mut(vocab);
         let mut tokens = output.tokens.iter();
+        let mut summaries = output.summaries.drain(..);
         let mut finished: Vec<(u64, FinishReason)> = Vec::new();
-        for (p, &is_greedy) in plan.iter().zip(greedy) {
-            let masks_stops = self.masks_stops(&self.running[p.index]);
+        for ((p, kind), row_plan) in plan.iter().zip(kinds).zip(plans) {
             let seq = &mut self.running[p.index];
             seq.computed += p.chunk;
             while seq.hashes.len() < seq.computed / bs {
@@ -512,26 +551,46 @@ impl Scheduler {
             if seq.computed < seq.tokens.len() {
                 continue;
             }
-            let sampled = if is_greedy {
-                let token = tokens
-                    .next()
-                    .expect("one token per greedy sequence wanting logits");
-                token
-                    .ok_or(SamplerError::NoFiniteLogit)
-                    .and_then(|t| seq.sampler.accept(t))
-                    .map_err(|e| e.to_string())
-            } else {
-                let row = rows
-                    .next()
-                    .expect("one logits row per sequence wanting logits");
-                if masks_stops {
-                    mask_stops(row, &seq.request.sampling, &self.eos);
+            let sampled = match kind {
+                Kind::Greedy => {
+                    let token = tokens
+                        .next()
+                        .expect("one token per greedy sequence wanting logits");
+                    token
+                        .ok_or(SamplerError::NoFiniteLogit)
+                        .and_then(|t| seq.sampler.accept(t))
+                        .map_err(|e| e.to_string())
                 }
-                let masked = match seq.constraint.as_mut() {
-                    Some(c) => c.mask(row).map_err(|e| e.to_string()),
-                    None => Ok(()),
-                };
-                masked.and_then(|()| seq.sampler.sample(row).map_err(|e| e.to_string()))
+                Kind::Summary => {
+                    let summary = summaries
+                        .next()
+                        .expect("one summary per summarized sequence wanting logits");
+                    let row_plan = row_plan.expect("a plan per summarized sequence");
+                    summary
+                        .ok_or(SamplerError::NoFiniteLogit)
+                        .and_then(|summary| seq.sampler.finish(&row_plan, summary))
+                        .map_err(|e| e.to_string())
+                }
+                Kind::Host => {
+                    let row = rows
+                        .next()
+                        .expect("one logits row per sequence wanting logits");
+                    // Only grammar-constrained rows come back whole (see `step`); their stop
+                    // tokens are masked here before `min_tokens`.
+                    let p = &seq.request.sampling;
+                    if seq.generated < p.min_tokens {
+                        for token in stop_tokens(p, &self.eos) {
+                            if let Some(logit) = row.get_mut(token as usize) {
+                                *logit = f32::NEG_INFINITY;
+                            }
+                        }
+                    }
+                    let masked = match seq.constraint.as_mut() {
+                        Some(c) => c.mask(row).map_err(|e| e.to_string()),
+                        None => Ok(()),
+                    };
+                    masked.and_then(|()| seq.sampler.sample(row).map_err(|e| e.to_string()))
+                }
             };
             let reason = match sampled {
                 Err(message) => {
@@ -615,13 +674,27 @@ impl Scheduler {
     }
 }
 
-/// Makes `params`' stop tokens unsampleable in `row` (before `min_tokens`): the request's stop
-/// token ids and, unless it ignores them, the model's end-of-sequence ids.
-fn mask_stops(row: &mut [f32], params: &strata_protocol::SamplingParams, eos: &[u32]) {
+/// The tokens `params` stops on, masked before `min_tokens`: the request's stop token ids and,
+/// unless it ignores them, the model's end-of-sequence ids.
+fn stop_tokens(params: &strata_protocol::SamplingParams, eos: &[u32]) -> Vec<u32> {
     let eos = if params.ignore_eos { &[][..] } else { eos };
-    for &token in params.stop_token_ids.iter().chain(eos) {
-        if let Some(logit) = row.get_mut(token as usize) {
-            *logit = f32::NEG_INFINITY;
+    params.stop_token_ids.iter().chain(eos).copied().collect()
+}
+
+/// How a step's row came back (see [`RowSampling`]), kept past the backend call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Host,
+    Greedy,
+    Summary,
+}
+
+impl Kind {
+    fn of(sampling: &RowSampling<'_>) -> Self {
+        match sampling {
+            RowSampling::Host => Kind::Host,
+            RowSampling::Greedy => Kind::Greedy,
+            RowSampling::Summary(_) => Kind::Summary,
         }
     }
 }

@@ -66,6 +66,12 @@ pub struct ServeArgs {
     /// Completion tokens per request.
     #[arg(long, default_value_t = 128)]
     output_len: u32,
+    /// Sampling temperature of every request (0: greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Nucleus cut of every request (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
     /// Lengths are drawn uniformly in [len x (1 - r), len x (1 + r)]; 0 gives exact lengths.
     #[arg(long, default_value_t = 0.0)]
     range_ratio: f64,
@@ -206,8 +212,15 @@ async fn sweep(args: &ServeArgs, mut workload: Workload) -> Result<(String, Vec<
     let mut points = Vec::with_capacity(loads.len());
     for (i, &load) in loads.iter().enumerate() {
         let count = args.num_prompts(load);
-        let warm = plan(&mut workload, &mut next_index, &model, args.warmup)?;
-        let measured = plan(&mut workload, &mut next_index, &model, count)?;
+        let sampling = (args.temperature, args.top_p);
+        let warm = plan(
+            &mut workload,
+            &mut next_index,
+            &model,
+            sampling,
+            args.warmup,
+        )?;
+        let measured = plan(&mut workload, &mut next_index, &model, sampling, count)?;
         tracing::info!(
             "point {}/{}: {load}, {count} requests after {} warmup",
             i + 1,
@@ -245,6 +258,7 @@ fn plan(
     workload: &mut Workload,
     next_index: &mut u64,
     model: &str,
+    sampling: (f32, f32),
     count: u32,
 ) -> Result<Vec<PlannedRequest>, WorkloadError> {
     (0..count)
@@ -252,7 +266,7 @@ fn plan(
             let prompt = workload.prompt(*next_index)?;
             *next_index += 1;
             Ok(PlannedRequest {
-                body: completion_body(model, &prompt),
+                body: completion_body(model, &prompt, sampling),
                 prompt_len: prompt.tokens.len() as u64,
             })
         })
@@ -280,6 +294,8 @@ fn json_report(
             "warmup": args.warmup,
             "input_len": args.input_len,
             "output_len": args.output_len,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
             "range_ratio": args.range_ratio,
             "prefix_len": args.prefix_len,
             "prefix_groups": args.prefix_groups,

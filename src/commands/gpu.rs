@@ -12,7 +12,9 @@ use strata_model::ModelConfig;
 use strata_model::sampler::greedy_token;
 use strata_model::weights::parameter_count;
 use strata_node::Engine;
-use strata_node::backend::{Backend, CudaBackend, CudaOptions, StepOutput, StepSeq, WeightSource};
+use strata_node::backend::{
+    Backend, CudaBackend, CudaOptions, RowSampling, StepOutput, StepSeq, WeightSource,
+};
 use strata_node::{CudaPlacement, Device, EngineSpec, KvBudget, start_cuda_engine, start_engine};
 use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
 
@@ -409,7 +411,7 @@ fn fill_contexts(
 }
 
 /// One decode step of every sequence at its own position.
-fn decode_step(
+pub(super) fn decode_step(
     backend: &mut CudaBackend,
     tables: &[Vec<u32>],
     positions: &[usize],
@@ -419,17 +421,17 @@ fn decode_step(
     Ok(backend.step(&decode_seqs(tables, positions, &tokens))?)
 }
 
-/// [`decode_step`] through [`Backend::step_sampling`]: the rows in `greedy` come back as tokens.
-fn decode_sampling(
+/// [`decode_step`] through [`Backend::step_sampling`]: each row comes back as `sampling` asks.
+pub(super) fn decode_sampling(
     backend: &mut CudaBackend,
     tables: &[Vec<u32>],
     positions: &[usize],
     tokens: &[u32],
-    greedy: &[bool],
+    sampling: &[RowSampling<'_>],
 ) -> Result<StepOutput> {
     let tokens: Vec<[u32; 1]> = tokens.iter().map(|&t| [t]).collect();
     let seqs = decode_seqs(tables, positions, &tokens);
-    Ok(backend.step_sampling(&seqs, greedy)?)
+    Ok(backend.step_sampling(&seqs, sampling)?)
 }
 
 fn decode_seqs<'a>(
@@ -462,7 +464,7 @@ type StaggeredBatch = (Vec<Vec<u32>>, Vec<usize>, Vec<u32>);
 
 /// `batch` sequences of staggered context lengths below `context` (so padded rows, table widths
 /// and split counts all vary), their contexts filled, and one next token each.
-fn staggered_batch(
+pub(super) fn staggered_batch(
     backend: &mut CudaBackend,
     batch: usize,
     context: usize,
@@ -551,14 +553,22 @@ fn check_sampling(
             backend.set_graphs(graphs);
             let logits = decode_step(backend, &tables, &contexts, &tokens)?;
             let host: Vec<Option<u32>> = logits.chunks_exact(vocab).map(greedy_token).collect();
-            let all = vec![true; batch];
+            let all = vec![RowSampling::Greedy; batch];
             let device = decode_sampling(backend, &tables, &contexts, &tokens, &all)?;
             mismatches += count_differing(&device.tokens, &host) + device.logits.len();
-            let every_other: Vec<bool> = (0..batch).map(|b| b % 2 == 0).collect();
+            let every_other: Vec<RowSampling<'_>> = (0..batch)
+                .map(|b| {
+                    if b % 2 == 0 {
+                        RowSampling::Greedy
+                    } else {
+                        RowSampling::Host
+                    }
+                })
+                .collect();
             let mixed = decode_sampling(backend, &tables, &contexts, &tokens, &every_other)?;
             let (mut want_tokens, mut want_logits) = (Vec::new(), Vec::new());
             for (b, row) in logits.chunks_exact(vocab).enumerate() {
-                if every_other[b] {
+                if b % 2 == 0 {
                     want_tokens.push(host[b]);
                 } else {
                     want_logits.extend_from_slice(row);
@@ -587,7 +597,7 @@ fn check_sampling(
         backend.set_graphs(true);
         let passed = mismatches == 0;
         println!(
-            "  sampling batch {batch:>3}: device greedy {} host greedy (graphs and eager),              canary {}",
+            "  sampling batch {batch:>3}: device greedy {} host greedy (graphs and eager), canary {}",
             if passed { "==" } else { "!=" },
             if canary_caught { "caught" } else { "MISSED" },
         );
@@ -617,7 +627,7 @@ fn time_decode(
     steps: usize,
 ) -> Result<(f64, f64, f64)> {
     let tokens = vec![11u32; tables.len()];
-    let greedy = vec![true; tables.len()];
+    let greedy = vec![RowSampling::Greedy; tables.len()];
     let mut times = Vec::new();
     for s in 0..steps + 8 {
         let positions = vec![context + s; tables.len()];
@@ -672,11 +682,29 @@ fn decode(args: DecodeArgs) -> Result<()> {
         blocks_per_seq,
         vocab,
     )?;
+    let seeded_checks = super::gpu_sampling::check_seeded_sampling(
+        &mut backend,
+        &args.check_graphs,
+        args.context,
+        blocks_per_seq,
+        vocab,
+    )?;
     for &batch in &args.batch {
         let tables = tables_for(batch, blocks_per_seq);
         fill_contexts(&mut backend, &tables, &vec![args.context; batch], vocab)?;
         backend.set_graphs(true);
         let (min, med, max) = time_decode(&mut backend, &tables, args.context, args.steps)?;
+        let sampled = |backend: &mut CudaBackend, device| {
+            super::gpu_sampling::time_sampled(backend, &tables, args.context, args.steps, device)
+        };
+        let (sampled_device, sampled_host) =
+            (sampled(&mut backend, true)?, sampled(&mut backend, false)?);
+        println!(
+            "             sampled at T 0.8: {:.3} ms a step on the device, {:.3} ms \
+             from host logits",
+            sampled_device * 1e3,
+            sampled_host * 1e3
+        );
         let kv_bytes =
             (batch * (args.context + args.steps / 2) * config.num_layers * 2 * config.kv_dim() * 2)
                 as f64;
@@ -693,7 +721,8 @@ fn decode(args: DecodeArgs) -> Result<()> {
         );
         let mut result = json!({"batch": batch, "step_ms": {"min": min * 1e3, "median": med * 1e3,
             "max": max * 1e3}, "tokens_per_s": tps, "roofline_ms": ideal * 1e3,
-            "roofline_fraction": ideal / med, "runs": args.steps, "graphs": true});
+            "roofline_fraction": ideal / med, "runs": args.steps, "graphs": true,
+            "sampled_step_ms": {"device": sampled_device * 1e3, "host": sampled_host * 1e3}});
         if args.profile {
             backend.set_graphs(false);
             let (_, eager, _) = time_decode(&mut backend, &tables, args.context, args.steps)?;
@@ -742,7 +771,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
                 "includes": "greedy sampling on the device, token ids copied to the host",
                 "sharded_reduction": args.sharded,
                 "graph_checks": graph_checks, "sampling_checks": sampling_checks,
-                "results": results}),
+                "seeded_sampling_checks": seeded_checks, "results": results}),
     )
 }
 

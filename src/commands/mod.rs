@@ -4,6 +4,7 @@ pub mod engine_args;
 pub mod generate;
 pub mod gpu;
 pub mod gpu_nccl;
+pub mod gpu_sampling;
 pub mod gpu_tp;
 pub mod kernels;
 pub mod keys;

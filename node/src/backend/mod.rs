@@ -12,7 +12,7 @@ pub use cuda::{
 };
 
 use strata_model::ModelConfig;
-use strata_model::sampler::greedy_token;
+use strata_model::sampler::{RowPlan, RowSummary, greedy_token};
 
 use crate::kv::{BlockId, KvBlockIo};
 
@@ -108,57 +108,86 @@ pub trait Backend: KvBlockIo + Send {
     /// Computes one step. Returns `vocab_size` logits per sequence with `want_logits`, in order.
     fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError>;
 
-    /// Computes one step like [`Backend::step`], but a sequence with `want_logits` whose entry in
-    /// `greedy` is true gets its greedy token ([`greedy_token`] of its logits) instead of its
-    /// logits. A backend whose logits live on a device takes the argmax there and brings back
-    /// four bytes instead of a vocabulary's row; the token is the same as the host's.
+    /// Computes one step like [`Backend::step`], but each sequence with `want_logits` comes back
+    /// as its entry in `sampling` asks (indexed like `seqs`; missing entries mean
+    /// [`RowSampling::Host`]): its logits row, its greedy token ([`greedy_token`] of its logits),
+    /// or the summary of its row after its plan's shaping ([`RowSummary::of`]). A backend whose
+    /// logits live on a device computes tokens and summaries there and brings back a few bytes
+    /// instead of a vocabulary's row; they equal the host's bit for bit.
     fn step_sampling(
         &mut self,
         seqs: &[StepSeq<'_>],
-        greedy: &[bool],
+        sampling: &[RowSampling<'_>],
     ) -> Result<StepOutput, BackendError> {
         let logits = self.step(seqs)?;
         Ok(StepOutput::split(
             logits,
             seqs,
-            greedy,
+            sampling,
             self.model_config().vocab_size,
         ))
     }
 }
 
-/// What [`Backend::step_sampling`] returns, per sequence with `want_logits`, in order: a greedy
-/// token for the greedy ones, a row of logits for the others.
+/// How [`Backend::step_sampling`] returns a sequence that wants logits.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum RowSampling<'a> {
+    /// The raw logits row (the host samples: grammars, anything else).
+    #[default]
+    Host,
+    /// [`greedy_token`] of the raw logits.
+    Greedy,
+    /// The plan's shaping applied, then [`RowSummary::of`] the shaped row.
+    Summary(&'a RowPlan),
+}
+
+impl RowSampling<'_> {
+    fn of<'s>(sampling: &'s [RowSampling<'s>], seq: usize) -> RowSampling<'s> {
+        sampling.get(seq).copied().unwrap_or_default()
+    }
+}
+
+/// What [`Backend::step_sampling`] returns, per sequence with `want_logits`, in order, by kind.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepOutput {
-    /// `vocab_size` logits per wanting sequence that is not greedy.
+    /// `vocab_size` logits per wanting [`RowSampling::Host`] sequence.
     pub logits: Vec<f32>,
     /// Per wanting greedy sequence: [`greedy_token`] of its logits (`None`: no finite logit).
     pub tokens: Vec<Option<u32>>,
+    /// Per wanting [`RowSampling::Summary`] sequence (`None`: no finite logit after shaping).
+    pub summaries: Vec<Option<RowSummary>>,
 }
 
 impl StepOutput {
-    /// Takes the greedy sequences' tokens out of `logits` (one row per wanting sequence), on
-    /// the host.
-    pub fn split(logits: Vec<f32>, seqs: &[StepSeq<'_>], greedy: &[bool], vocab: usize) -> Self {
+    /// Sorts `logits` (one row per wanting sequence) into what `sampling` asks, on the host.
+    pub fn split(
+        logits: Vec<f32>,
+        seqs: &[StepSeq<'_>],
+        sampling: &[RowSampling<'_>],
+        vocab: usize,
+    ) -> Self {
         let wanting = || {
             seqs.iter()
                 .enumerate()
                 .filter(|(_, s)| s.want_logits)
-                .map(|(i, _)| greedy.get(i).copied().unwrap_or(false))
+                .map(|(i, _)| RowSampling::of(sampling, i))
         };
-        if !wanting().any(|g| g) {
+        if wanting().all(|r| matches!(r, RowSampling::Host)) {
             return Self {
                 logits,
-                tokens: Vec::new(),
+                ..Self::default()
             };
         }
         let mut out = Self::default();
-        for (g, row) in wanting().zip(logits.chunks_exact(vocab)) {
-            if g {
-                out.tokens.push(greedy_token(row));
-            } else {
-                out.logits.extend_from_slice(row);
+        for (how, row) in wanting().zip(logits.chunks_exact(vocab)) {
+            match how {
+                RowSampling::Host => out.logits.extend_from_slice(row),
+                RowSampling::Greedy => out.tokens.push(greedy_token(row)),
+                RowSampling::Summary(plan) => {
+                    let mut row = row.to_vec();
+                    plan.shape(&mut row);
+                    out.summaries.push(RowSummary::of(&row, &plan.draw).ok());
+                }
             }
         }
         out

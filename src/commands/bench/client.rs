@@ -84,17 +84,18 @@ pub struct RequestOutcome {
 
 type Sender = SendRequest<Full<Bytes>>;
 
-/// The JSON of one streamed completion for `prompt`: greedy, exactly `output_len` tokens
-/// (`ignore_eos` and `min_tokens`, which vLLM and strata honour and others ignore), with the
-/// usage chunk at the end.
-pub fn completion_body(model: &str, prompt: &Prompt) -> Bytes {
+/// The JSON of one streamed completion for `prompt`: at `(temperature, top_p)`, exactly
+/// `output_len` tokens (`ignore_eos` and `min_tokens`, which vLLM and strata honour and others
+/// ignore), with the usage chunk at the end.
+pub fn completion_body(model: &str, prompt: &Prompt, (temperature, top_p): (f32, f32)) -> Bytes {
     let body = serde_json::json!({
         "model": model,
         "prompt": prompt.tokens,
         "max_tokens": prompt.output_len,
         "min_tokens": prompt.output_len,
         "ignore_eos": true,
-        "temperature": 0,
+        "temperature": temperature,
+        "top_p": top_p,
         "stream": true,
         "stream_options": {"include_usage": true},
     });

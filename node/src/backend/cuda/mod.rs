@@ -50,8 +50,9 @@ use row_parallel::{RowParallel, gemm_shapes};
 
 pub use tp::{CudaTpBackend, TpTransport};
 
-use super::{Backend, BackendError, StepOutput, StepSeq};
+use super::{Backend, BackendError, RowSampling, StepOutput, StepSeq};
 use crate::kv::{BlockId, KvBlockIo};
+use strata_model::sampler::RowPlan;
 use weights::{Weights, synthesize, upload_checkpoint};
 
 /// Why the CUDA backend could not start or run a step.
@@ -162,6 +163,9 @@ struct Scratch {
     logits_host: Option<PinnedHostSlice<f32>>,
     /// The greedy token of each logits row, when the step samples greedily on the device.
     tokens: Option<CudaSlice<u32>>,
+    /// Seeded sampling's per-row inputs (plans, rows, shaping) and outputs (heads, candidates).
+    sample_in: Option<CudaSlice<u32>>,
+    sample_out: Option<CudaSlice<u32>>,
 }
 
 /// Where each per-step index array sits in the packed input buffer. A function of the step's
@@ -547,7 +551,11 @@ impl CudaBackend {
         Ok(())
     }
 
-    fn run(&mut self, seqs: &[StepSeq<'_>], greedy: &[bool]) -> Result<StepOutput, CudaError> {
+    fn run(
+        &mut self,
+        seqs: &[StepSeq<'_>],
+        sampling: &[RowSampling<'_>],
+    ) -> Result<StepOutput, CudaError> {
         let bs = self.block_size;
         // Rows in device order: every sequence's prompt rows, then every decode row.
         let mut prompt_rows = Vec::new();
@@ -747,36 +755,50 @@ impl CudaBackend {
             .map(|(j, &(seq, row))| (seq, if bucket.is_some() { row } else { j }))
             .collect();
         order.sort_unstable();
-        let is_greedy = |seq: usize| greedy.get(seq).copied().unwrap_or(false);
-        // Greedy rows are reduced where the logits are; only one rank's logits are whole rows.
-        let on_device = self.shard.world == 1 && order.iter().any(|&(seq, _)| is_greedy(seq));
-        let tokens = if on_device {
+        let how = |seq: usize| sampling.get(seq).copied().unwrap_or_default();
+        let is_greedy = |seq: usize| matches!(how(seq), RowSampling::Greedy);
+        // Greedy and summarized rows are reduced where the logits are; only one rank's logits
+        // are whole rows.
+        if self.shard.world > 1 {
+            let logits = self.download_logits(&order, logits, |_| false)?;
+            self.finish_profile()?;
+            return Ok(StepOutput::split(
+                logits,
+                seqs,
+                sampling,
+                self.config.vocab_size,
+            ));
+        }
+        let tokens = if order.iter().any(|&(seq, _)| is_greedy(seq)) {
             self.greedy_tokens(logits)?
         } else {
             Vec::new()
         };
-        let out = self.download_logits(&order, logits, |seq| on_device && is_greedy(seq))?;
+        let summarized: Vec<(usize, &RowPlan)> = order
+            .iter()
+            .filter_map(|&(seq, j)| match how(seq) {
+                RowSampling::Summary(plan) => Some((j, plan)),
+                _ => None,
+            })
+            .collect();
+        let summaries = if summarized.is_empty() {
+            Vec::new()
+        } else {
+            self.row_summaries(&summarized)?
+        };
+        let out =
+            self.download_logits(&order, logits, |seq| !matches!(how(seq), RowSampling::Host))?;
         let tokens = order
             .iter()
-            .filter(|&&(seq, _)| on_device && is_greedy(seq))
+            .filter(|&&(seq, _)| is_greedy(seq))
             .map(|&(_, j)| (tokens[j] != NO_TOKEN).then_some(tokens[j]))
             .collect();
         self.finish_profile()?;
-        let output = StepOutput {
+        Ok(StepOutput {
             logits: out,
             tokens,
-        };
-        if on_device {
-            Ok(output)
-        } else {
-            // Every row came back whole: the host takes the greedy ones' argmax.
-            Ok(StepOutput::split(
-                output.logits,
-                seqs,
-                greedy,
-                self.config.vocab_size,
-            ))
-        }
+            summaries,
+        })
     }
 
     /// Records a profiling event after the launches of `family` (when profiling).
@@ -1307,9 +1329,9 @@ impl Backend for CudaBackend {
     fn step_sampling(
         &mut self,
         seqs: &[StepSeq<'_>],
-        greedy: &[bool],
+        sampling: &[RowSampling<'_>],
     ) -> Result<StepOutput, BackendError> {
-        self.run(seqs, greedy)
+        self.run(seqs, sampling)
             .map_err(|e| BackendError::Device(e.to_string()))
     }
 }

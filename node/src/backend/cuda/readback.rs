@@ -1,5 +1,12 @@
 //! A step's results back to the host: the greedy tokens reduced on the device (4 bytes a row),
-//! and the logits rows the host still samples from, through the page-locked buffer.
+//! the summaries of seeded-sampling rows (a few kilobytes a row), and the logits rows the host
+//! still samples from, through the page-locked buffer.
+
+use strata_kernels::{
+    SAMPLE_CANDIDATE_WORDS, SAMPLE_HEAD_WORDS, SAMPLE_PLAN_WORDS, SHAPE_ENTRY_WORDS, SampleHead,
+    SamplePlan, ShapeOp,
+};
+use strata_model::sampler::{RowPlan, RowSummary};
 
 use super::{CudaBackend, CudaError, mark};
 
@@ -82,5 +89,148 @@ impl CudaBackend {
             }
         }
         Ok(out)
+    }
+}
+
+/// Candidates each summarized row can return; a row with more (a flat distribution under top-p,
+/// a top-k above this) comes back whole and is summarized on the host instead.
+const SUMMARY_CAP: usize = 1024;
+
+impl CudaBackend {
+    /// The [`RowSummary`] of each `(device row, plan)`, computed on the device: the plan's
+    /// shaping applied to the row in place, then the row pass; a few kilobytes per row cross to
+    /// the host. Equal to [`RowSummary::of`] the shaped row, bit for bit (the `gpu decode` gate).
+    pub(super) fn row_summaries(
+        &mut self,
+        rows: &[(usize, &RowPlan)],
+    ) -> Result<Vec<Option<RowSummary>>, CudaError> {
+        let n = rows.len();
+        let (v, per) = (self.config.vocab_size, self.shard.vocab_per_rank);
+        // One upload: plans, then each row's index, then the shaping entries' offsets and words.
+        let mut words: Vec<u32> = Vec::with_capacity(n * (SAMPLE_PLAN_WORDS + 2) + 1);
+        for &(row, plan) in rows {
+            let d = &plan.draw;
+            SamplePlan {
+                inv_t: d.inv_t,
+                min_p_ln: d.min_p_ln,
+                random: d.random,
+                top_p: d.top_p,
+                top_k: d.top_k,
+                logprobs: d.logprobs,
+                row: row as u32,
+            }
+            .write(&mut words);
+        }
+        let rows_at = words.len();
+        words.extend(rows.iter().map(|&(row, _)| row as u32));
+        let begin_at = words.len();
+        let mut entries: Vec<u32> = Vec::new();
+        let mut shaping = false;
+        for &(_, plan) in rows {
+            words.push((entries.len() / SHAPE_ENTRY_WORDS) as u32);
+            let in_row = |t: u32| (t as usize) < v;
+            let mut push = |token: u32, op: ShapeOp, value: f32| {
+                if in_row(token) {
+                    entries.extend([token, op as u32, value.to_bits()]);
+                }
+            };
+            plan.masked
+                .iter()
+                .for_each(|&t| push(t, ShapeOp::Mask, 0.0));
+            plan.bias
+                .iter()
+                .for_each(|&(t, b)| push(t, ShapeOp::Add, b));
+            for &t in &plan.penalized {
+                push(t, ShapeOp::Penalize, plan.penalty);
+            }
+            plan.subtract
+                .iter()
+                .for_each(|&(t, a)| push(t, ShapeOp::Subtract, a));
+            shaping |= !entries.is_empty();
+        }
+        words.push((entries.len() / SHAPE_ENTRY_WORDS) as u32);
+        let entries_at = words.len();
+        words.extend_from_slice(&entries);
+        words.push(0); // never an empty buffer
+
+        let out_words = n * (SAMPLE_HEAD_WORDS + SUMMARY_CAP * SAMPLE_CANDIDATE_WORDS);
+        let s = &mut self.scratch;
+        if s.sample_in.as_ref().is_none_or(|b| b.len() < words.len()) {
+            s.sample_in = Some(
+                self.stream
+                    .alloc_zeros::<u32>(words.len().next_power_of_two())?,
+            );
+        }
+        if s.sample_out.as_ref().is_none_or(|b| b.len() < out_words) {
+            s.sample_out = Some(self.stream.alloc_zeros::<u32>(out_words)?);
+        }
+        let input = s.sample_in.as_mut().expect("allocated just above");
+        self.stream
+            .memcpy_htod(&words, &mut input.slice_mut(..words.len()))?;
+        let input = s.sample_in.as_ref().expect("allocated just above");
+        let logits = s.logits.as_mut().expect("scratch allocated");
+        if shaping {
+            self.kernels.sample_shape(
+                &self.stream,
+                logits,
+                per,
+                &input.slice(rows_at..begin_at),
+                &input.slice(begin_at..entries_at),
+                &input.slice(entries_at..),
+            )?;
+        }
+        let output = s.sample_out.as_mut().expect("allocated just above");
+        let (mut heads, mut lists) = output.split_at_mut(n * SAMPLE_HEAD_WORDS);
+        self.kernels.sample_rows(
+            &self.stream,
+            &mut heads,
+            &mut lists,
+            SUMMARY_CAP,
+            logits,
+            v,
+            per,
+            &input.slice(..rows_at),
+            n,
+        )?;
+        mark(&mut self.profile, &self.stream, "sample")?;
+        let mut host = vec![0u32; out_words];
+        self.stream
+            .memcpy_dtoh(&output.slice(..out_words), &mut host)?;
+        self.stream.synchronize()?;
+
+        let (heads, lists) = host.split_at(n * SAMPLE_HEAD_WORDS);
+        let mut summaries = Vec::with_capacity(n);
+        for (b, &(row, plan)) in rows.iter().enumerate() {
+            let head = SampleHead::read(&heads[b * SAMPLE_HEAD_WORDS..][..SAMPLE_HEAD_WORDS]);
+            if head.no_finite {
+                summaries.push(None);
+                continue;
+            }
+            if head.count as usize > SUMMARY_CAP {
+                // Too many candidates for the list: read the shaped row and summarize it here.
+                let mut shaped = vec![0f32; v];
+                let logits = self.scratch.logits.as_ref().expect("scratch allocated");
+                self.stream
+                    .memcpy_dtoh(&logits.slice(row * per..row * per + v), &mut shaped)?;
+                self.stream.synchronize()?;
+                summaries.push(RowSummary::of(&shaped, &plan.draw).ok());
+                continue;
+            }
+            let list = &lists[b * SUMMARY_CAP * SAMPLE_CANDIDATE_WORDS..];
+            let prefix = list
+                .chunks_exact(SAMPLE_CANDIDATE_WORDS)
+                .take(head.count as usize)
+                .map(|c| (c[0], f32::from_bits(c[1])))
+                .collect();
+            summaries.push(Some(RowSummary {
+                max: head.max,
+                finite: head.finite,
+                chosen: head.chosen.map(|t| (t, head.chosen_logit)),
+                total: head.total,
+                total_unit: head.total_unit,
+                prefix,
+            }));
+        }
+        Ok(summaries)
     }
 }

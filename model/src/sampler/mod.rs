@@ -11,21 +11,28 @@
 //!    log-softmax of the shaped logits at temperature 1.
 //! 5. Temperature, then top-k, then top-p (the smallest most-likely set whose mass reaches `top_p`,
 //!    never empty), then min-p (drop tokens below `min_p` × the top probability).
-//! 6. Softmax over what is left and one draw from the ChaCha8 stream; the logprob reported is the
+//! 6. One draw from the ChaCha8 stream over what is left; the logprob reported is the
 //!    log-probability of the chosen token in exactly that distribution.
 //!
 //! Non-finite logits are made harmless before ranking: NaN counts as `-inf` (never chosen), `+inf`
 //! as `f32::MAX` (so several `+inf` tokens share the mass evenly instead of producing NaN).
 //!
-//! Determinism: ranking uses a total order (logit by `total_cmp`, then token id), so neither
-//! `select_nth_unstable` nor an unstable sort can make results depend on the sort's internals;
-//! sums run in f64 in a fixed order; every non-greedy step consumes exactly one `u64` of the RNG,
-//! which is what makes [`SamplerState`] a word position and nothing more.
+//! Determinism: ranking uses a total order (logit, then token id); weights are fixed-point
+//! integers from a portable exponential, so sums do not depend on the order they run in
+//! ([`row`]); every non-greedy step consumes exactly one `u64` of the RNG, which is what makes
+//! [`SamplerState`] a word position and nothing more.
+//!
+//! Steps 1–3 are a [`RowPlan`]'s shaping lists and steps 4–6 its [`DrawParams`]. A backend that
+//! holds the logits elsewhere (the GPU) applies the plan and summarizes the row there
+//! ([`RowSummary`]); [`Sampler::finish`] completes the draw exactly as [`Sampler::sample`] would.
+
+pub mod row;
 
 use std::collections::HashMap;
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
+pub use row::{DrawParams, Finished, RowSummary};
 use serde::{Deserialize, Serialize};
 use strata_protocol::{SamplingParams, SamplingParamsError, TokenLogprobs};
 
@@ -33,7 +40,7 @@ use strata_protocol::{SamplingParams, SamplingParamsError, TokenLogprobs};
 pub enum SamplerError {
     #[error(transparent)]
     InvalidParams(#[from] SamplingParamsError),
-    #[error("a vocabulary of {0} tokens does not fit u32 token ids")]
+    #[error("a vocabulary of {0} tokens is too large to sample from (at most 8 388 608)")]
     VocabTooLarge(usize),
     #[error("logits row has {got} entries but the sampler's vocabulary has {expected}")]
     LengthMismatch { expected: usize, got: usize },
@@ -43,6 +50,8 @@ pub enum SamplerError {
     SeedMismatch { state: u64, params: u64 },
     #[error("sampler state holds token {token}, outside the vocabulary of {vocab_size}")]
     TokenOutOfVocab { token: u32, vocab_size: usize },
+    #[error("the row summary's candidates stop short of the {0} cut (a backend bug)")]
+    IncompleteSummary(&'static str),
 }
 
 /// One sampled token and its log-probability under the distribution it was drawn from.
@@ -70,23 +79,66 @@ pub struct SamplerState {
     pub output_tokens: Vec<u32>,
 }
 
+/// One step's sampling of one row, prepared before the row exists: the shaping (steps 1–3, plus
+/// tokens masked out first) as sparse lists, and the draw's parameters with its random word
+/// already taken from the stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowPlan {
+    pub draw: DrawParams,
+    /// Set to `-inf` before anything else (stop tokens before `min_tokens`).
+    pub masked: Vec<u32>,
+    /// `logit += bias`, distinct tokens.
+    pub bias: Vec<(u32, f32)>,
+    /// The repetition penalty and the distinct tokens it applies to (empty when it is 1).
+    pub penalty: f32,
+    pub penalized: Vec<u32>,
+    /// `logit -= amount` (presence and frequency penalties), distinct tokens.
+    pub subtract: Vec<(u32, f32)>,
+}
+
+impl RowPlan {
+    /// Applies the shaping to a row, in the chain's order; tokens outside the row are ignored.
+    pub fn shape(&self, row: &mut [f32]) {
+        for &token in &self.masked {
+            if let Some(logit) = row.get_mut(token as usize) {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+        for &(token, bias) in &self.bias {
+            if let Some(logit) = row.get_mut(token as usize) {
+                *logit += bias;
+            }
+        }
+        for &token in &self.penalized {
+            if let Some(logit) = row.get_mut(token as usize) {
+                *logit = if *logit > 0.0 {
+                    *logit / self.penalty
+                } else {
+                    *logit * self.penalty
+                };
+            }
+        }
+        for &(token, amount) in &self.subtract {
+            if let Some(logit) = row.get_mut(token as usize) {
+                *logit -= amount;
+            }
+        }
+    }
+}
+
 /// A sequence's sampler: its [`SamplingParams`], its RNG and its penalty history.
-///
-/// Scratch buffers are kept between calls, so after the first token `sample` allocates nothing
-/// beyond the amortized growth of the output history.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     params: SamplingParams,
     vocab_size: usize,
     rng: ChaCha8Rng,
     history: History,
-    candidates: Vec<Candidate>,
 }
 
 impl Sampler {
     pub fn new(params: &SamplingParams, vocab_size: usize) -> Result<Self, SamplerError> {
         params.validate()?;
-        if u32::try_from(vocab_size).is_err() {
+        if vocab_size > row::MAX_VOCAB {
             return Err(SamplerError::VocabTooLarge(vocab_size));
         }
         Ok(Self {
@@ -94,7 +146,6 @@ impl Sampler {
             vocab_size,
             rng: ChaCha8Rng::seed_from_u64(params.seed),
             history: History::new(vocab_size),
-            candidates: Vec::new(),
         })
     }
 
@@ -179,22 +230,86 @@ impl Sampler {
                 got: logits.len(),
             });
         }
-        self.shape(logits);
-        let mut sampled = if self.params.temperature == 0.0 {
-            let token = greedy_token(logits).ok_or(SamplerError::NoFiniteLogit)?;
-            Sampled {
-                token,
-                logprob: None,
-                logprobs: None,
-            }
+        let plan = self.plan(Vec::new());
+        plan.shape(logits);
+        let summary = RowSummary::of(logits, &plan.draw)?;
+        self.finish(&plan, summary)
+    }
+
+    /// Prepares this step's sampling: the shaping lists from the history, `masked` tokens first,
+    /// and the draw's parameters. A non-greedy plan takes its random word from the stream now, so
+    /// exactly one plan must be finished (or the sequence abandoned) per step.
+    pub fn plan(&mut self, masked: Vec<u32>) -> RowPlan {
+        let p = &self.params;
+        let vocab = self.vocab_size;
+        let in_vocab = |t: &u32| (*t as usize) < vocab;
+        let greedy = p.temperature == 0.0;
+        let bias = p
+            .logit_bias
+            .iter()
+            .filter(|(t, _)| in_vocab(t))
+            .map(|(&t, &b)| (t, b))
+            .collect();
+        let penalized = if p.repetition_penalty != 1.0 {
+            self.history.seen_tokens.clone()
         } else {
-            self.draw(logits)?
+            Vec::new()
         };
-        if let Some(k) = self.params.logprobs {
-            let report = report_logprobs(logits, sampled.token, k as usize);
-            sampled.logprob.get_or_insert(report.logprob);
-            sampled.logprobs = Some(Box::new(report));
+        let (presence, frequency) = (p.presence_penalty, p.frequency_penalty);
+        let subtract = if presence != 0.0 || frequency != 0.0 {
+            // Each entry touches a distinct logit, so the map's iteration order cannot matter.
+            self.history
+                .output_counts
+                .iter()
+                .map(|(&t, &count)| (t, presence + frequency * count as f32))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let draw = DrawParams {
+            inv_t: if greedy {
+                0.0
+            } else {
+                1.0 / f64::from(p.temperature)
+            },
+            top_k: p.top_k,
+            top_p: (f64::from(p.top_p) * row::TOP_P_ONE as f64).round() as u64,
+            min_p_ln: if p.min_p > 0.0 {
+                f64::from(p.min_p).ln()
+            } else {
+                f64::NEG_INFINITY
+            },
+            logprobs: p.logprobs,
+            random: if greedy { 0 } else { self.rng.next_u64() },
+        };
+        RowPlan {
+            draw,
+            masked: masked.into_iter().filter(in_vocab).collect(),
+            bias,
+            penalty: p.repetition_penalty,
+            penalized,
+            subtract,
         }
+    }
+
+    /// Completes `plan`'s draw from the summary of its shaped row (computed by
+    /// [`RowSummary::of`] or by a backend that reproduces it) and records the token.
+    pub fn finish(&mut self, plan: &RowPlan, summary: RowSummary) -> Result<Sampled, SamplerError> {
+        let finished = summary.finish(&plan.draw)?;
+        if finished.token as usize >= self.vocab_size {
+            return Err(SamplerError::TokenOutOfVocab {
+                token: finished.token,
+                vocab_size: self.vocab_size,
+            });
+        }
+        let logprobs = finished.logprobs.map(Box::new);
+        let sampled = Sampled {
+            token: finished.token,
+            logprob: finished
+                .logprob
+                .or_else(|| logprobs.as_ref().map(|l| l.logprob)),
+            logprobs,
+        };
         self.history.observe_output(sampled.token);
         Ok(sampled)
     }
@@ -229,201 +344,6 @@ impl Sampler {
             logprob: None,
             logprobs: None,
         })
-    }
-
-    /// Steps 1–3 of the chain, in place.
-    fn shape(&self, logits: &mut [f32]) {
-        for (&token, &bias) in &self.params.logit_bias {
-            if let Some(logit) = logits.get_mut(token as usize) {
-                *logit += bias;
-            }
-        }
-        let penalty = self.params.repetition_penalty;
-        if penalty != 1.0 {
-            for &token in &self.history.seen_tokens {
-                if let Some(logit) = logits.get_mut(token as usize) {
-                    *logit = if *logit > 0.0 {
-                        *logit / penalty
-                    } else {
-                        *logit * penalty
-                    };
-                }
-            }
-        }
-        let (presence, frequency) = (self.params.presence_penalty, self.params.frequency_penalty);
-        if presence != 0.0 || frequency != 0.0 {
-            // Each entry touches a distinct logit, so the map's iteration order cannot matter.
-            for (&token, &count) in &self.history.output_counts {
-                if let Some(logit) = logits.get_mut(token as usize) {
-                    *logit -= presence + frequency * count as f32;
-                }
-            }
-        }
-    }
-
-    /// Steps 5–6: filter the candidates, then one draw.
-    fn draw(&mut self, logits: &[f32]) -> Result<Sampled, SamplerError> {
-        let (params, candidates) = (&self.params, &mut self.candidates);
-        let top_k = params.top_k as usize;
-        let max = collect_candidates(logits, candidates).ok_or(SamplerError::NoFiniteLogit)?;
-        let scale = Scale::new(max, params.temperature);
-
-        let mut sorted = false;
-        if top_k > 0 && top_k < candidates.len() {
-            candidates.select_nth_unstable_by(top_k - 1, Candidate::rank);
-            candidates.truncate(top_k);
-            candidates.sort_unstable_by(Candidate::rank);
-            sorted = true;
-        }
-        if params.top_p < 1.0 {
-            keep_nucleus(candidates, scale, f64::from(params.top_p), sorted);
-        }
-        if params.min_p > 0.0 {
-            // p / p_max >= min_p  <=>  log weight >= ln(min_p); the top token (0) always stays.
-            let floor = f64::from(params.min_p).ln();
-            candidates.retain(|c| scale.log_weight(c.score) >= floor);
-        }
-
-        // From here on `score` holds the unnormalized probability, so the walk needs no exp.
-        let mut total = 0.0;
-        for c in candidates.iter_mut() {
-            c.score = scale.weight(c.score);
-            total += f64::from(c.score);
-        }
-        let target = unit_f64(self.rng.next_u64()) * total;
-        let mut mass = 0.0;
-        let mut index = 0;
-        for (i, c) in candidates.iter().enumerate() {
-            // A zero weight never moves `mass`, so the walk can only stop on a positive one; if
-            // rounding keeps `target >= mass` to the end, the draw fell into the last positive one
-            // (the top token has weight 1, so one exists).
-            if c.score > 0.0 {
-                index = i;
-            }
-            mass += f64::from(c.score);
-            if target < mass {
-                break;
-            }
-        }
-        let token = candidates[index].id;
-        let log_weight = scale.log_weight(sanitize(logits[token as usize]));
-        Ok(Sampled {
-            token,
-            logprob: Some((log_weight - total.ln()) as f32),
-            logprobs: None,
-        })
-    }
-}
-
-/// `token`'s log-probability and the `k` most likely tokens under the log-softmax of the shaped
-/// logits at temperature 1 (under greedy decoding, also the token's reported logprob).
-fn report_logprobs(logits: &[f32], token: u32, k: usize) -> TokenLogprobs {
-    let max = logits
-        .iter()
-        .map(|&l| sanitize(l))
-        .fold(f32::NEG_INFINITY, f32::max);
-    let scale = Scale::new(max, 1.0);
-    let total: f64 = logits
-        .iter()
-        .map(|&l| f64::from(scale.weight(sanitize(l))))
-        .sum();
-    let log_total = total.ln();
-    let logprob = |l: f32| (scale.log_weight(sanitize(l)) - log_total) as f32;
-    let mut top: Vec<Candidate> = Vec::with_capacity(k + 1);
-    if k > 0 {
-        for (id, &raw) in (0u32..).zip(logits) {
-            let c = Candidate {
-                id,
-                score: sanitize(raw),
-            };
-            if c.score == f32::NEG_INFINITY {
-                continue;
-            }
-            if top.len() < k {
-                top.push(c);
-                top.sort_unstable_by(Candidate::rank);
-            } else if Candidate::rank(&c, &top[k - 1]).is_lt() {
-                top[k - 1] = c;
-                top.sort_unstable_by(Candidate::rank);
-            }
-        }
-    }
-    TokenLogprobs {
-        logprob: logprob(logits[token as usize]),
-        top: top.iter().map(|c| (c.id, logprob(c.score))).collect(),
-    }
-}
-
-/// Refills `candidates` with every token whose sanitized logit is finite, in id order; returns the
-/// top logit, or `None` when no token is left.
-fn collect_candidates(logits: &[f32], candidates: &mut Vec<Candidate>) -> Option<f32> {
-    candidates.clear();
-    let mut max = f32::NEG_INFINITY;
-    for (id, &raw) in (0u32..).zip(logits) {
-        let score = sanitize(raw);
-        if score > f32::NEG_INFINITY {
-            max = max.max(score);
-            candidates.push(Candidate { id, score });
-        }
-    }
-    (!candidates.is_empty()).then_some(max)
-}
-
-/// Top-p: truncates `candidates` (sorted by rank on return) to the smallest most-likely prefix
-/// whose mass reaches `top_p` of the whole.
-fn keep_nucleus(candidates: &mut Vec<Candidate>, scale: Scale, top_p: f64, sorted: bool) {
-    let total: f64 = candidates
-        .iter()
-        .map(|c| f64::from(scale.weight(c.score)))
-        .sum();
-    if !sorted {
-        // Every nucleus token outweighs (1 - top_p) * total / n: the tail from the cutoff token on
-        // holds more than 1 - top_p of the mass over at most n tokens, and the cutoff token is its
-        // heaviest. Dropping lighter tokens before sorting changes nothing but the sort's size
-        // (real logits put most of a 150k vocabulary far below it); half the bound absorbs
-        // rounding. The top token (weight 1 >= total / n) always passes.
-        let floor = 0.5 * (1.0 - top_p) * total / candidates.len() as f64;
-        candidates.retain(|c| f64::from(scale.weight(c.score)) > floor);
-        candidates.sort_unstable_by(Candidate::rank);
-    }
-    let target = top_p * total;
-    let mut mass = 0.0;
-    // Keeping everything is the answer when rounding never lets the mass reach the target.
-    let mut keep = candidates.len();
-    for (i, c) in candidates.iter().enumerate() {
-        mass += f64::from(scale.weight(c.score));
-        if mass >= target {
-            keep = i + 1;
-            break;
-        }
-    }
-    candidates.truncate(keep);
-}
-
-/// Temperature applied relative to the top logit: log-weights are <= 0 and the top token's weight
-/// is exactly 1, so nothing overflows however small the temperature.
-#[derive(Debug, Clone, Copy)]
-struct Scale {
-    max: f64,
-    inv_t: f64,
-}
-
-impl Scale {
-    fn new(max: f32, temperature: f32) -> Self {
-        Self {
-            max: f64::from(max),
-            inv_t: 1.0 / f64::from(temperature),
-        }
-    }
-
-    fn log_weight(self, logit: f32) -> f64 {
-        (f64::from(logit) - self.max) * self.inv_t
-    }
-
-    /// The exp runs in f32, cheaper than f64 over a whole vocabulary; a weight's ~1e-7 relative
-    /// error is far below anything sampling can observe, and sums stay in f64.
-    fn weight(self, logit: f32) -> f32 {
-        (self.log_weight(logit) as f32).exp()
     }
 }
 
@@ -486,20 +406,6 @@ fn insert_bit(bits: &mut [u64], token: u32) -> bool {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Candidate {
-    id: u32,
-    /// The sanitized logit while filtering; the unnormalized probability while drawing.
-    score: f32,
-}
-
-impl Candidate {
-    /// Most likely first, lower id first among equals: a total order over distinct ids.
-    fn rank(a: &Self, b: &Self) -> std::cmp::Ordering {
-        b.score.total_cmp(&a.score).then(a.id.cmp(&b.id))
-    }
-}
-
 /// NaN → -inf (never chosen), +inf → `f32::MAX`, -0 → +0 (so `total_cmp` sees one zero).
 fn sanitize(logit: f32) -> f32 {
     if logit.is_nan() {
@@ -527,11 +433,6 @@ pub fn greedy_token(logits: &[f32]) -> Option<u32> {
     best.map(|(token, _)| token)
 }
 
-/// 53 random bits → uniform in [0, 1).
-fn unit_f64(bits: u64) -> f64 {
-    (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -552,6 +453,11 @@ mod tests {
                     .collect()
             })
             .collect()
+    }
+
+    /// 53 random bits → uniform in [0, 1).
+    fn unit_f64(bits: u64) -> f64 {
+        (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
     }
 
     fn pick(sampler: &mut Sampler, logits: &[f32]) -> Sampled {
@@ -706,11 +612,10 @@ mod tests {
             });
             let nucleus = &order[..=cut.unwrap()];
 
-            let mut candidates = Vec::new();
-            let scale = Scale::new(collect_candidates(&row, &mut candidates).unwrap(), t as f32);
-            keep_nucleus(&mut candidates, scale, top_p.into(), false);
-            let kept: Vec<usize> = candidates.iter().map(|c| c.id as usize).collect();
-            assert_eq!(kept, nucleus);
+            let plan = s.clone().plan(Vec::new());
+            let summary = RowSummary::of(&row, &plan.draw).unwrap();
+            let prefix: Vec<usize> = summary.prefix.iter().map(|c| c.0 as usize).collect();
+            assert!(nucleus.iter().all(|i| prefix.contains(i)), "{nucleus:?}");
 
             let out = pick(s, &row);
             assert!(nucleus.contains(&(out.token as usize)), "{out:?}");
@@ -884,17 +789,48 @@ mod tests {
     }
 
     #[test]
-    fn scratch_is_reused_after_warm_up() {
-        let p = params(|p| {
-            p.top_p = 0.9;
-            p.repetition_penalty = 1.1;
-        });
-        let rows = random_rows(5, 20, 1000);
-        let mut s = Sampler::new(&p, 1000).unwrap();
-        s.sample(&mut rows[0].clone()).unwrap();
-        let (ptr, cap) = (s.candidates.as_ptr(), s.candidates.capacity());
-        run(&mut s, &rows[1..]);
-        assert_eq!((ptr, cap), (s.candidates.as_ptr(), s.candidates.capacity()));
+    fn finishing_from_a_longer_prefix_in_any_order_changes_nothing() {
+        // The GPU's summary may hold more of the ranking than needed (ties at the threshold,
+        // a longer rank prefix) and in any order; the finish must not care. Canary: a prefix
+        // cut short of the nucleus is refused, not sampled from.
+        let rows = random_rows(11, 40, 500);
+        for (i, p) in [
+            params(|p| (p.top_k, p.temperature) = (7, 0.8)),
+            params(|p| (p.top_p, p.min_p) = (0.5, 0.2)),
+            params(|p| (p.top_k, p.top_p, p.logprobs) = (40, 0.9, Some(5))),
+            params(|p| (p.temperature, p.logprobs) = (0.0, Some(3))),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let mut a = Sampler::new(p, 500).unwrap();
+            let mut b = a.clone();
+            for row in &rows {
+                let expected = a.sample(&mut row.clone()).unwrap();
+                let plan = b.plan(Vec::new());
+                let mut summary = RowSummary::of(row, &plan.draw).unwrap();
+                let extra: Vec<(u32, f32)> = (0u32..)
+                    .zip(row)
+                    .map(|(id, &l)| (id, l))
+                    .filter(|c| !summary.prefix.contains(c))
+                    .collect();
+                let mut ranked = extra.clone();
+                ranked.sort_by(row::rank);
+                summary.prefix.extend(ranked.iter().take(10));
+                summary.prefix.reverse();
+                if i == 1 {
+                    // Random logits over 500 tokens: the 0.5 nucleus holds many tokens.
+                    let mut short = summary.clone();
+                    short.sort_prefix();
+                    short.prefix.truncate(1);
+                    assert_eq!(
+                        short.finish(&plan.draw),
+                        Err(SamplerError::IncompleteSummary("top-p"))
+                    );
+                }
+                assert_eq!(b.finish(&plan, summary).unwrap(), expected);
+            }
+        }
     }
 
     #[test]

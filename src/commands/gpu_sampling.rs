@@ -1,0 +1,250 @@
+//! `strata gpu decode`'s seeded-sampling gate and timing: rows sampled on the device (shaping
+//! and the row pass in CUDA, the finish on the host) against the CPU sampler over the same
+//! step's logits.
+
+use anyhow::{Result, ensure};
+use serde_json::{Value, json};
+use strata_model::sampler::{RowPlan, RowSummary, Sampled, Sampler};
+use strata_node::backend::{CudaBackend, RowSampling};
+use strata_protocol::SamplingParams;
+
+use super::gpu::{decode_sampling, decode_step, staggered_batch};
+
+/// The parameter mixes the gate cycles through, one per row: every path of the row pass (the
+/// id-order draw with and without min-p, top-k, top-p from the candidate list, top-p whose list
+/// overflows, greedy with shaping and log-probabilities) and every shaping list.
+fn mixes(vocab: usize) -> Vec<(SamplingParams, bool)> {
+    let p = |f: &dyn Fn(&mut SamplingParams)| {
+        let mut p = SamplingParams {
+            temperature: 1.0,
+            ..SamplingParams::default()
+        };
+        f(&mut p);
+        p
+    };
+    let biased: std::collections::BTreeMap<u32, f32> = (0..8u32)
+        .map(|i| ((i * 7919) % vocab as u32, i as f32 - 3.5))
+        .collect();
+    vec![
+        (p(&|p| p.temperature = 0.8), false),
+        (p(&|p| (p.temperature, p.min_p) = (0.5, 0.1)), false),
+        (p(&|p| p.top_k = 40), false),
+        (p(&|p| (p.temperature, p.top_p) = (0.05, 0.9)), false),
+        (p(&|p| (p.temperature, p.top_p) = (1.5, 0.95)), false),
+        (
+            p(&|p| {
+                (p.top_k, p.top_p, p.min_p) = (20, 0.8, 0.05);
+                (p.temperature, p.logprobs) = (0.9, Some(5));
+            }),
+            false,
+        ),
+        (
+            p(&|p| {
+                (p.temperature, p.logprobs) = (0.0, Some(3));
+                p.repetition_penalty = 1.3;
+                p.logit_bias = biased.clone();
+            }),
+            false,
+        ),
+        (
+            p(&|p| {
+                (p.presence_penalty, p.frequency_penalty) = (0.5, 0.3);
+                p.repetition_penalty = 0.8;
+                p.logprobs = Some(0);
+            }),
+            true,
+        ),
+        (p(&|p| (p.top_k, p.temperature) = (3000, 0.7)), false),
+    ]
+}
+
+/// One sampler per row: the mix for the row, its own seed, a prompt and output history so the
+/// penalty lists are not empty.
+fn samplers(batch: usize, vocab: usize) -> Result<Vec<(Sampler, bool)>> {
+    let mixes = mixes(vocab);
+    (0..batch)
+        .map(|b| {
+            let (mut params, masks) = mixes[b % mixes.len()].clone();
+            params.seed = 1000 + b as u64;
+            let mut s = Sampler::new(&params, vocab)?;
+            let history: Vec<u32> = (0..50u32)
+                .map(|i| (i * 104_729 + b as u32) % vocab as u32)
+                .collect();
+            s.observe_prompt(&history);
+            s.resume(&history[..10], 0)?;
+            Ok((s, masks))
+        })
+        .collect()
+}
+
+/// Tokens masked out before the draw (as before `min_tokens`): a few ids, among them the row's
+/// argmax, so the mask visibly changes the outcome.
+fn masked(row: &[f32]) -> Vec<u32> {
+    let top = strata_model::sampler::greedy_token(row).unwrap_or(0);
+    vec![top, 1, 2, 3]
+}
+
+/// Device summaries against the host reference, token for token and bit for bit, at each batch
+/// size through graph replay and eager launches: every row samples with its mix, the device's
+/// summary is compared with [`RowSummary::of`] the host-shaped row and the finished draw with
+/// [`Sampler::sample`]. The canary flips the top bit of every plan's random word on the device
+/// side and must change some token.
+pub(super) fn check_seeded_sampling(
+    backend: &mut CudaBackend,
+    batches: &[usize],
+    context: usize,
+    blocks_per_seq: usize,
+    vocab: usize,
+) -> Result<Value> {
+    let mut checks = Vec::new();
+    for &batch in batches {
+        let (tables, contexts, tokens) =
+            staggered_batch(backend, batch, context, blocks_per_seq, vocab)?;
+        let (mut mismatches, mut summaries_differing, mut overflowed) = (0, 0, 0);
+        let mut canary_changed = 0;
+        for graphs in [true, false] {
+            backend.set_graphs(graphs);
+            let logits = decode_step(backend, &tables, &contexts, &tokens)?;
+            let rows: Vec<&[f32]> = logits.chunks_exact(vocab).collect();
+            let mut host = samplers(batch, vocab)?;
+            let mut device = samplers(batch, vocab)?;
+            let mut canary = samplers(batch, vocab)?;
+            let plans: Vec<RowPlan> = device
+                .iter_mut()
+                .zip(&rows)
+                .map(|((s, masks), row)| s.plan(if *masks { masked(row) } else { Vec::new() }))
+                .collect();
+            let canary_plans: Vec<RowPlan> = canary
+                .iter_mut()
+                .zip(&rows)
+                .map(|((s, masks), row)| {
+                    let mut plan = s.plan(if *masks { masked(row) } else { Vec::new() });
+                    plan.draw.random ^= 1 << 63;
+                    plan
+                })
+                .collect();
+            let sampling: Vec<RowSampling<'_>> = plans.iter().map(RowSampling::Summary).collect();
+            let out = decode_sampling(backend, &tables, &contexts, &tokens, &sampling)?;
+            let sampling: Vec<RowSampling<'_>> =
+                canary_plans.iter().map(RowSampling::Summary).collect();
+            let canary_out = decode_sampling(backend, &tables, &contexts, &tokens, &sampling)?;
+            ensure!(
+                out.summaries.len() == batch && canary_out.summaries.len() == batch,
+                "batch {batch}: {} summaries for {batch} rows",
+                out.summaries.len()
+            );
+            for (b, row) in rows.iter().enumerate() {
+                let mut shaped = row.to_vec();
+                plans[b].shape(&mut shaped);
+                let mut want = RowSummary::of(&shaped, &plans[b].draw).ok();
+                let mut got = out.summaries[b].clone();
+                want.iter_mut()
+                    .chain(got.iter_mut())
+                    .for_each(|s| s.sort_prefix());
+                summaries_differing += usize::from(want != got);
+                overflowed += usize::from(got.as_ref().is_some_and(|s| s.prefix.len() > 1024));
+
+                let (s, masks) = &mut host[b];
+                let mut reference_row = row.to_vec();
+                if *masks {
+                    for t in masked(row) {
+                        reference_row[t as usize] = f32::NEG_INFINITY;
+                    }
+                }
+                let expected: Sampled = s.sample(&mut reference_row)?;
+                let summary = out.summaries[b].clone().ok_or_else(|| {
+                    anyhow::anyhow!("batch {batch} row {b}: the device found no finite logit")
+                })?;
+                let sampled = device[b].0.finish(&plans[b], summary)?;
+                mismatches += usize::from(!same_sample(&sampled, &expected));
+                if let Some(summary) = canary_out.summaries[b].clone() {
+                    let wrong = canary[b].0.finish(&canary_plans[b], summary)?;
+                    canary_changed += usize::from(wrong.token != expected.token);
+                }
+            }
+        }
+        backend.set_graphs(true);
+        let passed = mismatches == 0 && summaries_differing == 0;
+        let canary_caught = canary_changed > 0;
+        println!(
+            "  seeded sampling batch {batch:>3}: device {} host (summaries and draws, graphs and \
+             eager; {overflowed} row(s) over the candidate list), canary {} ({canary_changed} \
+             tokens changed)",
+            if passed { "==" } else { "!=" },
+            if canary_caught { "caught" } else { "MISSED" },
+        );
+        ensure!(
+            passed,
+            "batch {batch}: {mismatches} device-sampled tokens and {summaries_differing} row \
+             summaries differ from the host's"
+        );
+        ensure!(
+            canary_caught,
+            "batch {batch}: the canary was not told apart"
+        );
+        checks.push(
+            json!({"batch": batch, "identical": passed, "canary_caught": canary_caught,
+            "canary_tokens_changed": canary_changed, "rows_over_candidate_list": overflowed,
+            "mixes": mixes(vocab).len()}),
+        );
+    }
+    Ok(Value::Array(checks))
+}
+
+/// Token, log-probability bits and reported log-probabilities all equal.
+fn same_sample(a: &Sampled, b: &Sampled) -> bool {
+    let bits = |l: Option<f32>| l.map(f32::to_bits);
+    a.token == b.token && bits(a.logprob) == bits(b.logprob) && a.logprobs == b.logprobs
+}
+
+/// Median seconds per decode step of `tables` with every row sampled at temperature 0.8 (what an
+/// OpenAI client sends by default past greedy), on the device (`device`) or from logits on the
+/// host.
+pub(super) fn time_sampled(
+    backend: &mut CudaBackend,
+    tables: &[Vec<u32>],
+    context: usize,
+    steps: usize,
+    device: bool,
+) -> Result<f64> {
+    let vocab = backend_vocab(backend);
+    let params = SamplingParams {
+        temperature: 0.8,
+        ..SamplingParams::default()
+    };
+    let mut samplers: Vec<Sampler> = (0..tables.len())
+        .map(|_| Sampler::new(&params, vocab))
+        .collect::<Result<_, _>>()?;
+    let tokens = vec![11u32; tables.len()];
+    let positions = vec![context; tables.len()];
+    let mut times = Vec::with_capacity(steps);
+    for i in 0..steps + 4 {
+        let started = std::time::Instant::now();
+        if device {
+            let plans: Vec<RowPlan> = samplers.iter_mut().map(|s| s.plan(Vec::new())).collect();
+            let sampling: Vec<RowSampling<'_>> = plans.iter().map(RowSampling::Summary).collect();
+            let out = decode_sampling(backend, tables, &positions, &tokens, &sampling)?;
+            for ((s, plan), summary) in samplers.iter_mut().zip(&plans).zip(out.summaries) {
+                if let Some(summary) = summary {
+                    s.finish(plan, summary)?;
+                }
+            }
+        } else {
+            let sampling = vec![RowSampling::Host; tables.len()];
+            let mut out = decode_sampling(backend, tables, &positions, &tokens, &sampling)?;
+            for (s, row) in samplers.iter_mut().zip(out.logits.chunks_exact_mut(vocab)) {
+                s.sample(row)?;
+            }
+        }
+        if i >= 4 {
+            times.push(started.elapsed().as_secs_f64());
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+fn backend_vocab(backend: &CudaBackend) -> usize {
+    use strata_node::backend::Backend;
+    backend.model_config().vocab_size
+}
