@@ -79,8 +79,8 @@ argmax_f32(u32* __restrict__ out, const float* __restrict__ logits, u32 vocab, u
 // ---------------------------------------------------------------------------------------------
 // Seeded sampling on the device: the row pass of strata_model::sampler::row, bit for bit.
 //
-// `sample_shape` applies a row plan's sparse shaping (masks, logit bias, repetition penalty,
-// presence/frequency amounts) in place; `sample_rows` then reads each shaped row once per need and
+// `sample_shape` applies a row plan's grammar bitmask and sparse shaping (masks, logit bias,
+// repetition penalty, presence/frequency amounts) in place; `sample_rows` then reads each shaped row once per need and
 // writes its summary: the top logit, the count of finite tokens, the greedy or id-order choice,
 // the fixed-point weight totals and a rank prefix of candidates. Everything that must agree with
 // the host is IEEE-exact (`__d*_rn` / `__f*_rn`, never contracted into an FMA) or an integer.
@@ -125,11 +125,24 @@ struct SampleCandidate {
     float logit;
 };
 
+// Per row b, `rows[4 b ..]` = {logits row, first entry, end entry, bitmask offset}: the row's
+// grammar bitmask (bit i % 32 of word i / 32 allows token i; offset 0xffffffff = none) sits at
+// `words[offset]`, its entries at `words[3 * first ..]` as ShapeEntry. The bitmask goes first,
+// then the entries phase by phase.
 extern "C" __global__ void __launch_bounds__(256)
-sample_shape(float* __restrict__ logits, u32 stride, const u32* __restrict__ rows,
-             const u32* __restrict__ begin, const ShapeEntry* __restrict__ entries) {
-    float* row = logits + (u64)rows[blockIdx.x] * stride;
-    const u32 lo = begin[blockIdx.x], hi = begin[blockIdx.x + 1];
+sample_shape(float* __restrict__ logits, u32 stride, u32 vocab, const u32* __restrict__ rows,
+             const u32* __restrict__ words) {
+    const u32* r = rows + 4 * blockIdx.x;
+    float* row = logits + (u64)r[0] * stride;
+    const u32 lo = r[1], hi = r[2], bits_at = r[3];
+    if (bits_at != 0xffffffffu) {
+        const u32* bits = words + bits_at;
+        for (u32 i = threadIdx.x; i < vocab; i += blockDim.x) {
+            if (((bits[i >> 5] >> (i & 31)) & 1u) == 0) row[i] = STRATA_NEG_INF;
+        }
+    }
+    __syncthreads();
+    const ShapeEntry* entries = reinterpret_cast<const ShapeEntry*>(words);
     for (u32 op = 0; op < 4; ++op) {
         for (u32 e = lo + threadIdx.x; e < hi; e += blockDim.x) {
             const ShapeEntry s = entries[e];

@@ -148,35 +148,47 @@ impl SampleHead {
 }
 
 impl Kernels {
-    /// Applies each row's shaping entries in place: for each of the `rows.len()` rows `b`, the
-    /// entries `begin[b]..begin[b + 1]` of `entries` ([`SHAPE_ENTRY_WORDS`] words each: token,
-    /// op, value bits) to `logits[rows[b] * stride ..]`, phase by phase in [`ShapeOp`] order, with
-    /// IEEE-rounded f32 arithmetic. Within a row and phase the tokens must be distinct; every
-    /// token must be below `stride` and every row index below the rows `logits` holds (the caller
-    /// built them, the kernel cannot check device contents).
+    /// Applies each row's grammar bitmask and shaping entries in place. Row `b` is described by
+    /// `rows[4 b .. 4 b + 4]` = (logits row, first entry, end entry, bitmask offset): tokens
+    /// below `vocab` whose bit is clear in `words[offset ..]` (bit `i % 32` of word `i / 32`;
+    /// offset `u32::MAX` = no bitmask) become `-inf`, then the entries `first..end` of `words` read
+    /// as [`SHAPE_ENTRY_WORDS`]-word entries (token, op, value bits) apply phase by phase in
+    /// [`ShapeOp`] order, with IEEE-rounded f32 arithmetic. Within a row and phase the tokens must
+    /// be distinct; tokens below `vocab`, rows below the rows `logits` holds, offsets inside
+    /// `words` (the caller built them: the kernel cannot check device contents).
     pub fn sample_shape(
         &self,
         stream: &Arc<CudaStream>,
         logits: &mut impl DevicePtrMut<f32>,
         stride: usize,
+        vocab: usize,
         rows: &impl DevicePtr<u32>,
-        begin: &impl DevicePtr<u32>,
-        entries: &impl DevicePtr<u32>,
+        words: &impl DevicePtr<u32>,
     ) -> Result<(), KernelError> {
         const K: &str = "sample_shape";
-        let n = rows.len();
-        need_len(K, "begin", begin.len(), n + 1)?;
+        ensure_shape!(
+            vocab <= stride,
+            K,
+            "vocab {vocab} exceeds the row stride {stride}"
+        );
+        ensure_shape!(
+            rows.len() % 4 == 0,
+            K,
+            "rows holds {} words, not 4 per row",
+            rows.len()
+        );
+        let n = rows.len() / 4;
         let (n32, stride32) = (to_u32(K, "rows", n)?, to_u32(K, "stride", stride)?);
+        let vocab32 = to_u32(K, "vocab", vocab)?;
         if n == 0 {
             return Ok(());
         }
         let f = self.function("sampling", K)?;
         let (l, _l) = logits.device_ptr_mut(stream);
         let (r, _r) = rows.device_ptr(stream);
-        let (b_, _b) = begin.device_ptr(stream);
-        let (e, _e) = entries.device_ptr(stream);
+        let (w, _w) = words.device_ptr(stream);
         let mut b = stream.launch_builder(f);
-        b.arg(&l).arg(&stride32).arg(&r).arg(&b_).arg(&e);
+        b.arg(&l).arg(&stride32).arg(&vocab32).arg(&r).arg(&w);
         // SAFETY: argument types match the kernel; indices are the caller's contract above.
         unsafe { b.launch(grid(n32, 256)) }?;
         Ok(())

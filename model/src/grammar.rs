@@ -162,20 +162,28 @@ impl ConstrainedDecoder {
     /// Sets every logit the grammar forbids next to `-inf`. Once the output is complete, only the
     /// end-of-sequence tokens remain.
     pub fn mask(&mut self, logits: &mut [f32]) -> Result<(), GrammarError> {
+        let allowed = self.allowed(logits.len())?;
+        apply_allowed(&allowed, logits);
+        Ok(())
+    }
+
+    /// The tokens the grammar allows next as a bitmask over `vocab` ids (bit `i % 32` of word
+    /// `i / 32`, llguidance's layout); ids past the grammar's vocabulary are not allowed. What
+    /// [`ConstrainedDecoder::mask`] applies; a GPU backend applies the same bits on the device.
+    pub fn allowed(&mut self, vocab: usize) -> Result<Vec<u32>, GrammarError> {
         let allowed = self
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| GrammarError::Matcher(one_line(&e.to_string())))?;
-        let n = logits.len().min(self.vocab_size);
-        for (id, logit) in logits[..n].iter_mut().enumerate() {
-            if !allowed.is_allowed(id as TokenId) {
-                *logit = f32::NEG_INFINITY;
-            }
+        let n = vocab.min(self.vocab_size);
+        let source = allowed.as_slice();
+        let mut words: Vec<u32> = (0..vocab.div_ceil(32))
+            .map(|i| source.get(i).copied().unwrap_or(0))
+            .collect();
+        for id in n..words.len() * 32 {
+            words[id / 32] &= !(1 << (id % 32));
         }
-        for logit in &mut logits[n..] {
-            *logit = f32::NEG_INFINITY;
-        }
-        Ok(())
+        Ok(words)
     }
 
     /// Moves past `token`, which must have been allowed by the last mask.
@@ -492,5 +500,16 @@ mod tests {
             GrammarCompiler::new(&tok, vocab, &[]),
             Err(GrammarError::NoEos)
         ));
+    }
+}
+
+/// Sets every logit whose bit in `allowed` (see [`ConstrainedDecoder::allowed`]) is clear to
+/// `-inf`; ids past the bitmask are not allowed either.
+pub fn apply_allowed(allowed: &[u32], logits: &mut [f32]) {
+    for (id, logit) in logits.iter_mut().enumerate() {
+        let word = allowed.get(id / 32).copied().unwrap_or(0);
+        if word & (1 << (id % 32)) == 0 {
+            *logit = f32::NEG_INFINITY;
+        }
     }
 }

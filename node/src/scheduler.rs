@@ -292,15 +292,16 @@ impl Scheduler {
             return Ok(0);
         }
         // How each row wanting logits is sampled: rows that need nothing but the argmax of the
-        // raw logits, and rows a sampling plan describes, are reduced by the backend (on the GPU,
-        // where the logits are); grammar-constrained rows come back as logits. A non-greedy plan
-        // takes its random word from the sequence's stream here.
+        // raw logits, and rows a sampling plan describes (grammar masks included), are reduced
+        // by the backend (on the GPU, where the logits are). A non-greedy plan takes its random
+        // word from the sequence's stream here.
+        let vocab = backend.model_config().vocab_size;
         let mut plans: Vec<Option<RowPlan>> = Vec::with_capacity(plan.len());
         for p in &plan {
             let s = &self.running[p.index];
             let wants = s.computed + p.chunk == s.tokens.len();
             let masks_stops = self.masks_stops(s);
-            if !wants || s.constraint.is_some() || (s.sampler.is_plain_greedy() && !masks_stops) {
+            if !wants || (s.sampler.is_plain_greedy() && !masks_stops && s.constraint.is_none()) {
                 plans.push(None);
                 continue;
             }
@@ -309,7 +310,20 @@ impl Scheduler {
             } else {
                 Vec::new()
             };
-            plans.push(Some(self.running[p.index].sampler.plan(masked)));
+            let seq = &mut self.running[p.index];
+            // A grammar's mask that cannot be computed leaves the row to the host path, which
+            // reports the error for this sequence alone.
+            let allowed = match seq.constraint.as_mut().map(|c| c.allowed(vocab)) {
+                Some(Err(_)) => {
+                    plans.push(None);
+                    continue;
+                }
+                Some(Ok(bits)) => Some(bits),
+                None => None,
+            };
+            let mut row_plan = seq.sampler.plan(masked);
+            row_plan.allowed = allowed;
+            plans.push(Some(row_plan));
         }
         let steps: Vec<StepSeq<'_>> = plan
             .iter()
@@ -352,7 +366,6 @@ impl Scheduler {
         let planned = Instant::now();
         let mut output = backend.step_sampling(&steps, &sampling)?;
         let forwarded = Instant::now();
-        let vocab = backend.model_config().vocab_size;
         if output.logits.len() != rows * vocab
             || output.tokens.len() != greedy_rows
             || output.summaries.len() != summary_rows
@@ -575,8 +588,8 @@ impl Scheduler {
                     let row = rows
                         .next()
                         .expect("one logits row per sequence wanting logits");
-                    // Only grammar-constrained rows come back whole (see `step`); their stop
-                    // tokens are masked here before `min_tokens`.
+                    // Only a grammar whose mask failed in `step` comes back whole: the mask is
+                    // tried again here and its error ends this sequence.
                     let p = &seq.request.sampling;
                     if seq.generated < p.min_tokens {
                         for token in stop_tokens(p, &self.eos) {

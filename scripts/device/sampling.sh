@@ -5,8 +5,11 @@
 # 2. `strata gpu decode` on the 8B shape: graph replay == eager, device greedy == host greedy and
 #    device seeded sampling == the CPU sampler (nine parameter mixes, summaries and draws, with
 #    canaries), then step times greedy and sampled at T 0.8 on the device and from host logits;
-# 3. an 8B-shaped Llama served by `strata serve --device cuda:0`, benched at concurrency 64 greedy
-#    and at T 0.8, 512-token and 16-token prompts.
+# 3. CUDA vs CPU parity and batch invariance on small synthesized checkpoints (the weights' staged
+#    upload, the scheduler's sampling paths), and TP 2 on one GPU (sliced uploads);
+# 4. an 8B-shaped Llama served by `strata serve --device cuda:0` (its log gives the weights'
+#    upload rate), benched at concurrency 64 greedy and at T 0.8, 512-token and 16-token prompts,
+#    each point with its own prompts (a distinct seed, so no point reuses another's prefix cache).
 # Everything lands in OUT_DIR with receipt.json.
 set -uo pipefail
 
@@ -33,6 +36,19 @@ tail -n 2 "$OUT/logs/selftest.log"
     --check-graphs 1,9,33 --json "$OUT/decode.json" 2>&1 | tee "$OUT/logs/decode.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
 
+SMALL=${TMPDIR:-/tmp}/strata-small
+"$BIN" model synth --arch llama --out "$SMALL" --layers 4 --hidden 512 --heads 8 --kv-heads 2 \
+    --intermediate 1024 --max-position 2048 >/dev/null 2>&1
+for check in "parity --model $SMALL" "invariance --model $SMALL" "tp --model $SMALL --tp 2"; do
+    name=${check%% *}
+    # shellcheck disable=SC2086
+    if "$BIN" gpu $check --json "$OUT/$name.json" >"$OUT/logs/$name.log" 2>&1; then
+        echo "gpu $name: PASS"
+    else
+        echo "gpu $name: FAIL"; tail -5 "$OUT/logs/$name.log"; failed=1
+    fi
+done
+
 shape() { python3 -c "import json,sys; c=json.load(open('$BENCH_CONFIG')); print(c[sys.argv[1]])" "$1"; }
 "$BIN" model synth --arch llama --out "$MODEL" --layers "$(shape num_hidden_layers)" \
     --hidden "$(shape hidden_size)" --heads "$(shape num_attention_heads)" \
@@ -51,11 +67,11 @@ for _ in $(seq 600); do
     sleep 0.5
 done
 echo "serve ready after $((SECONDS - t0)) s"
-grep -iE "upload|weights|loaded" "$OUT/logs/serve.log" | head -5
+grep -E "uploaded .* of weights" "$OUT/logs/serve.log" | sed 's/^.*uploaded/uploaded/' | tee "$OUT/upload.txt"
 if [[ $up == 1 ]]; then
-    for point in "greedy 512 0" "sampled 512 0.8" "greedy 16 0" "sampled 16 0.8"; do
-        read -r name input temp <<<"$point"
-        "$BIN" bench serve --url "http://127.0.0.1:$PORT" --concurrency 64 \
+    for point in "greedy 512 0 1" "sampled 512 0.8 2" "greedy 16 0 3" "sampled 16 0.8 4"; do
+        read -r name input temp seed <<<"$point"
+        "$BIN" bench serve --url "http://127.0.0.1:$PORT" --concurrency 64 --seed "$seed" \
             --input-len "$input" --output-len 128 --vocab-size 128000 --temperature "$temp" \
             --json "$OUT/bench-$name-$input.json" >"$OUT/logs/bench-$name-$input.log" 2>&1 || failed=1
         python3 - "$OUT/bench-$name-$input.json" "$name" "$input" <<'PY'
@@ -77,6 +93,9 @@ out = sys.argv[1]
 receipt = {"decode": json.load(open(f"{out}/decode.json")) if os.path.exists(f"{out}/decode.json") else None,
            "serve": {os.path.basename(f)[6:-5]: json.load(open(f))["points"][0]
                      for f in sorted(glob.glob(f"{out}/bench-*.json"))},
+           "checks": {n: json.load(open(f"{out}/{n}.json")) for n in ("parity", "invariance", "tp")
+                      if os.path.exists(f"{out}/{n}.json")},
+           "upload": open(f"{out}/upload.txt").read().strip() if os.path.exists(f"{out}/upload.txt") else None,
            "machine": open(f"{out}/machine.txt").read()}
 json.dump(receipt, open(f"{out}/receipt.json", "w"), indent=1)
 PY

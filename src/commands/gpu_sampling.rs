@@ -12,8 +12,9 @@ use super::gpu::{decode_sampling, decode_step, staggered_batch};
 
 /// The parameter mixes the gate cycles through, one per row: every path of the row pass (the
 /// id-order draw with and without min-p, top-k, top-p from the candidate list, top-p whose list
-/// overflows, greedy with shaping and log-probabilities) and every shaping list.
-fn mixes(vocab: usize) -> Vec<(SamplingParams, bool)> {
+/// overflows, greedy with shaping and log-probabilities), every shaping list, stop masks and a
+/// grammar's bitmask.
+fn mixes(vocab: usize) -> Vec<(SamplingParams, Extra)> {
     let p = |f: &dyn Fn(&mut SamplingParams)| {
         let mut p = SamplingParams {
             temperature: 1.0,
@@ -26,17 +27,19 @@ fn mixes(vocab: usize) -> Vec<(SamplingParams, bool)> {
         .map(|i| ((i * 7919) % vocab as u32, i as f32 - 3.5))
         .collect();
     vec![
-        (p(&|p| p.temperature = 0.8), false),
-        (p(&|p| (p.temperature, p.min_p) = (0.5, 0.1)), false),
-        (p(&|p| p.top_k = 40), false),
-        (p(&|p| (p.temperature, p.top_p) = (0.05, 0.9)), false),
-        (p(&|p| (p.temperature, p.top_p) = (1.5, 0.95)), false),
+        (p(&|p| p.temperature = 0.8), Extra::None),
+        (p(&|p| (p.temperature, p.min_p) = (0.5, 0.1)), Extra::None),
+        (p(&|p| p.top_k = 40), Extra::None),
+        (p(&|p| (p.temperature, p.top_p) = (0.05, 0.9)), Extra::None),
+        (p(&|p| (p.temperature, p.top_p) = (1.5, 0.95)), Extra::None),
+        (p(&|p| (p.temperature, p.top_k) = (0.7, 50)), Extra::Grammar),
+        (p(&|p| p.temperature = 0.0), Extra::Grammar),
         (
             p(&|p| {
                 (p.top_k, p.top_p, p.min_p) = (20, 0.8, 0.05);
                 (p.temperature, p.logprobs) = (0.9, Some(5));
             }),
-            false,
+            Extra::None,
         ),
         (
             p(&|p| {
@@ -44,7 +47,7 @@ fn mixes(vocab: usize) -> Vec<(SamplingParams, bool)> {
                 p.repetition_penalty = 1.3;
                 p.logit_bias = biased.clone();
             }),
-            false,
+            Extra::None,
         ),
         (
             p(&|p| {
@@ -52,19 +55,69 @@ fn mixes(vocab: usize) -> Vec<(SamplingParams, bool)> {
                 p.repetition_penalty = 0.8;
                 p.logprobs = Some(0);
             }),
-            true,
+            Extra::StopMask,
         ),
-        (p(&|p| (p.top_k, p.temperature) = (3000, 0.7)), false),
+        (p(&|p| (p.top_k, p.temperature) = (3000, 0.7)), Extra::None),
     ]
+}
+
+/// What a row's plan carries besides its parameters' shaping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Extra {
+    None,
+    /// Stop tokens masked (as before `min_tokens`), the argmax among them.
+    StopMask,
+    /// A grammar's allowed-token bitmask (a fixed pseudo-random half of the vocabulary, the
+    /// argmax excluded).
+    Grammar,
+}
+
+impl Extra {
+    fn plan(self, sampler: &mut Sampler, row: &[f32]) -> RowPlan {
+        let mut plan = sampler.plan(if self == Extra::StopMask {
+            masked(row)
+        } else {
+            Vec::new()
+        });
+        if self == Extra::Grammar {
+            plan.allowed = Some(allowed(row));
+        }
+        plan
+    }
+
+    /// The host reference's row: the same masks applied before [`Sampler::sample`] shapes it.
+    fn reference_row(self, row: &[f32]) -> Vec<f32> {
+        let mut row = row.to_vec();
+        match self {
+            Extra::None => {}
+            Extra::StopMask => masked(&row)
+                .iter()
+                .for_each(|&t| row[t as usize] = f32::NEG_INFINITY),
+            Extra::Grammar => strata_model::grammar::apply_allowed(&allowed(&row), &mut row),
+        }
+        row
+    }
+}
+
+/// Half the vocabulary by a fixed hash, never the row's argmax.
+fn allowed(row: &[f32]) -> Vec<u32> {
+    let top = strata_model::sampler::greedy_token(row).unwrap_or(0) as usize;
+    let mut bits = vec![0u32; row.len().div_ceil(32)];
+    for id in 0..row.len() {
+        if id != top && (id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 63 == 1 {
+            bits[id / 32] |= 1 << (id % 32);
+        }
+    }
+    bits
 }
 
 /// One sampler per row: the mix for the row, its own seed, a prompt and output history so the
 /// penalty lists are not empty.
-fn samplers(batch: usize, vocab: usize) -> Result<Vec<(Sampler, bool)>> {
+fn samplers(batch: usize, vocab: usize) -> Result<Vec<(Sampler, Extra)>> {
     let mixes = mixes(vocab);
     (0..batch)
         .map(|b| {
-            let (mut params, masks) = mixes[b % mixes.len()].clone();
+            let (mut params, extra) = mixes[b % mixes.len()].clone();
             params.seed = 1000 + b as u64;
             let mut s = Sampler::new(&params, vocab)?;
             let history: Vec<u32> = (0..50u32)
@@ -72,7 +125,7 @@ fn samplers(batch: usize, vocab: usize) -> Result<Vec<(Sampler, bool)>> {
                 .collect();
             s.observe_prompt(&history);
             s.resume(&history[..10], 0)?;
-            Ok((s, masks))
+            Ok((s, extra))
         })
         .collect()
 }
@@ -112,13 +165,13 @@ pub(super) fn check_seeded_sampling(
             let plans: Vec<RowPlan> = device
                 .iter_mut()
                 .zip(&rows)
-                .map(|((s, masks), row)| s.plan(if *masks { masked(row) } else { Vec::new() }))
+                .map(|((s, extra), row)| extra.plan(s, row))
                 .collect();
             let canary_plans: Vec<RowPlan> = canary
                 .iter_mut()
                 .zip(&rows)
-                .map(|((s, masks), row)| {
-                    let mut plan = s.plan(if *masks { masked(row) } else { Vec::new() });
+                .map(|((s, extra), row)| {
+                    let mut plan = extra.plan(s, row);
                     plan.draw.random ^= 1 << 63;
                     plan
                 })
@@ -144,13 +197,8 @@ pub(super) fn check_seeded_sampling(
                 summaries_differing += usize::from(want != got);
                 overflowed += usize::from(got.as_ref().is_some_and(|s| s.prefix.len() > 1024));
 
-                let (s, masks) = &mut host[b];
-                let mut reference_row = row.to_vec();
-                if *masks {
-                    for t in masked(row) {
-                        reference_row[t as usize] = f32::NEG_INFINITY;
-                    }
-                }
+                let (s, extra) = &mut host[b];
+                let mut reference_row = extra.reference_row(row);
                 let expected: Sampled = s.sample(&mut reference_row)?;
                 let summary = out.summaries[b].clone().ok_or_else(|| {
                     anyhow::anyhow!("batch {batch} row {b}: the device found no finite logit")

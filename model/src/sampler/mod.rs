@@ -85,7 +85,10 @@ pub struct SamplerState {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RowPlan {
     pub draw: DrawParams,
-    /// Set to `-inf` before anything else (stop tokens before `min_tokens`).
+    /// A grammar's allowed tokens (see `ConstrainedDecoder::allowed`): every other logit is set
+    /// to `-inf` before anything else.
+    pub allowed: Option<Vec<u32>>,
+    /// Set to `-inf` before the shaping (stop tokens before `min_tokens`).
     pub masked: Vec<u32>,
     /// `logit += bias`, distinct tokens.
     pub bias: Vec<(u32, f32)>,
@@ -99,6 +102,9 @@ pub struct RowPlan {
 impl RowPlan {
     /// Applies the shaping to a row, in the chain's order; tokens outside the row are ignored.
     pub fn shape(&self, row: &mut [f32]) {
+        if let Some(allowed) = &self.allowed {
+            crate::grammar::apply_allowed(allowed, row);
+        }
         for &token in &self.masked {
             if let Some(logit) = row.get_mut(token as usize) {
                 *logit = f32::NEG_INFINITY;
@@ -284,6 +290,7 @@ impl Sampler {
         };
         RowPlan {
             draw,
+            allowed: None,
             masked: masked.into_iter().filter(in_vocab).collect(),
             bias,
             penalty: p.repetition_penalty,

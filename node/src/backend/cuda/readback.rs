@@ -121,13 +121,18 @@ impl CudaBackend {
             }
             .write(&mut words);
         }
+        // Per row: logits row, its entries' range, its bitmask's offset (after every entry).
         let rows_at = words.len();
-        words.extend(rows.iter().map(|&(row, _)| row as u32));
-        let begin_at = words.len();
         let mut entries: Vec<u32> = Vec::new();
+        let mut bitmasks: Vec<u32> = Vec::new();
         let mut shaping = false;
-        for &(_, plan) in rows {
-            words.push((entries.len() / SHAPE_ENTRY_WORDS) as u32);
+        let entries_len: usize = rows
+            .iter()
+            .map(|(_, p)| p.masked.len() + p.bias.len() + p.penalized.len() + p.subtract.len())
+            .sum::<usize>()
+            * SHAPE_ENTRY_WORDS;
+        for &(row, plan) in rows {
+            let first = (entries.len() / SHAPE_ENTRY_WORDS) as u32;
             let in_row = |t: u32| (t as usize) < v;
             let mut push = |token: u32, op: ShapeOp, value: f32| {
                 if in_row(token) {
@@ -146,11 +151,28 @@ impl CudaBackend {
             plan.subtract
                 .iter()
                 .for_each(|&(t, a)| push(t, ShapeOp::Subtract, a));
-            shaping |= !entries.is_empty();
+            let end = (entries.len() / SHAPE_ENTRY_WORDS) as u32;
+            let bits_at = match &plan.allowed {
+                Some(bits) => {
+                    // The kernel reads `v` bits: a shorter mask allows nothing past its end.
+                    let at = entries_len + bitmasks.len();
+                    bitmasks.extend(
+                        bits.iter()
+                            .copied()
+                            .chain(std::iter::repeat(0))
+                            .take(v.div_ceil(32)),
+                    );
+                    at as u32
+                }
+                None => u32::MAX,
+            };
+            shaping |= end > first || bits_at != u32::MAX;
+            words.extend([row as u32, first, end, bits_at]);
         }
-        words.push((entries.len() / SHAPE_ENTRY_WORDS) as u32);
-        let entries_at = words.len();
+        let words_at = words.len();
         words.extend_from_slice(&entries);
+        words.resize(words_at + entries_len, 0);
+        words.extend_from_slice(&bitmasks);
         words.push(0); // never an empty buffer
 
         let out_words = n * (SAMPLE_HEAD_WORDS + SUMMARY_CAP * SAMPLE_CANDIDATE_WORDS);
@@ -174,9 +196,9 @@ impl CudaBackend {
                 &self.stream,
                 logits,
                 per,
-                &input.slice(rows_at..begin_at),
-                &input.slice(begin_at..entries_at),
-                &input.slice(entries_at..),
+                v,
+                &input.slice(rows_at..words_at),
+                &input.slice(words_at..),
             )?;
         }
         let output = s.sample_out.as_mut().expect("allocated just above");

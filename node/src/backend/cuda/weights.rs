@@ -1,12 +1,15 @@
 //! The CUDA backend's weights on the device: read from a checkpoint (converted to bf16) or
 //! synthesized for benchmarks of shapes without files.
 
+use std::cell::RefCell;
 use std::sync::Arc;
+use std::time::Instant;
 
 use half::bf16;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rayon::prelude::*;
 use std::ops::Range;
-use strata_kernels::cudarc::driver::{CudaSlice, CudaStream};
+use strata_kernels::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 
 use strata_model::ModelConfig;
 use strata_model::cpu::TpLayout;
@@ -58,17 +61,76 @@ fn slice_bf16(
     let len = out_rows.max(rows.len()) * cols.len();
     let mut out = Vec::with_capacity(len);
     for run in t.runs(width, rows, cols) {
-        // bf16 on a little-endian host, 2-byte aligned in the mapping: the bytes are the values.
-        let aligned = (dtype == WeightDtype::BF16 && cfg!(target_endian = "little"))
-            .then(|| bytemuck::try_cast_slice::<u8, bf16>(run).ok())
-            .flatten();
-        match aligned {
+        match as_bf16(dtype, run) {
             Some(values) => out.extend_from_slice(values),
             None => out.extend(run.chunks_exact(size).map(convert)),
         }
     }
     out.resize(len, bf16::ZERO);
     out
+}
+
+/// bf16 bytes of the mapping as values, when they can be read in place: bf16 on a little-endian
+/// host, 2-byte aligned.
+fn as_bf16(dtype: WeightDtype, bytes: &[u8]) -> Option<&[bf16]> {
+    (dtype == WeightDtype::BF16 && cfg!(target_endian = "little"))
+        .then(|| bytemuck::try_cast_slice::<u8, bf16>(bytes).ok())
+        .flatten()
+}
+
+/// Values per staging buffer (64 MiB of bf16).
+const STAGE_VALUES: usize = 32 << 20;
+
+/// Host-to-device copies through a page-locked staging buffer: each chunk is written into it by
+/// all cores at once (page faults of a mapped checkpoint are taken in parallel) and copied by DMA,
+/// instead of one thread filling a pageable vector the driver then copies again.
+struct Staging {
+    stream: Arc<CudaStream>,
+    buffer: PinnedHostSlice<bf16>,
+    /// Bytes uploaded so far.
+    bytes: usize,
+}
+
+impl Staging {
+    fn new(stream: &Arc<CudaStream>) -> Result<Self, CudaError> {
+        // SAFETY: plain page-locked memory (not write-combined: written by the host, read by DMA).
+        let buffer = unsafe {
+            stream
+                .context()
+                .alloc_pinned_with_flags::<bf16>(STAGE_VALUES, 0)
+        }?;
+        Ok(Self {
+            stream: stream.clone(),
+            buffer,
+            bytes: 0,
+        })
+    }
+
+    /// A device copy of `source`.
+    fn upload(&mut self, source: &[bf16]) -> Result<CudaSlice<bf16>, CudaError> {
+        self.upload_parts(&[source])
+    }
+
+    /// A device copy of the concatenation of `parts`.
+    fn upload_parts(&mut self, parts: &[&[bf16]]) -> Result<CudaSlice<bf16>, CudaError> {
+        let len = parts.iter().map(|p| p.len()).sum::<usize>();
+        let mut device = self.stream.alloc_zeros::<bf16>(len.max(1))?;
+        let mut at = 0;
+        for chunk in parts.iter().flat_map(|p| p.chunks(STAGE_VALUES)) {
+            let staged = &mut self.buffer.as_mut_slice()?[..chunk.len()];
+            staged
+                .par_chunks_mut(1 << 16)
+                .zip(chunk.par_chunks(1 << 16))
+                .for_each(|(to, from)| to.copy_from_slice(from));
+            // A slice of the pinned buffer: the driver copies it by DMA, and the copy is waited
+            // for before the buffer is written again.
+            self.stream
+                .memcpy_htod(&*staged, &mut device.slice_mut(at..at + chunk.len()))?;
+            at += chunk.len();
+        }
+        self.bytes += len * 2;
+        Ok(device)
+    }
 }
 
 /// Uploads rank `shard.rank`'s slices of the checkpoint (the whole model at TP = 1): q/k/v rows
@@ -102,7 +164,18 @@ pub(super) fn upload_checkpoint(
         let t = ckpt.get_shaped(name, &[len])?;
         Ok::<_, CudaError>(stream.clone_htod(&slice_bf16(&t, len, 0..1, part, 1))?)
     };
-    let up = |host: Vec<bf16>| Ok::<_, CudaError>(stream.clone_htod(&host)?);
+    let started = Instant::now();
+    let staging = RefCell::new(Staging::new(stream)?);
+    let up = |host: Vec<bf16>| staging.borrow_mut().upload(&host);
+    // A whole bf16 tensor goes from the mapping to the staging buffer without a vector between.
+    let whole = |name: &str, shape: [usize; 2]| {
+        let t = ckpt.get_shaped(name, &shape)?;
+        match as_bf16(t.dtype, t.bytes) {
+            Some(values) => staging.borrow_mut().upload(values),
+            None => up(slice_bf16(&t, shape[1], 0..shape[0], 0..shape[1], 0)),
+        }
+    };
+    let full = |rows: &Range<usize>, n: usize| rows.start == 0 && rows.end == n;
     // A progress bar on a terminal (stderr); nothing otherwise.
     let bar = ProgressBar::with_draw_target(
         Some(config.num_layers as u64 + 2),
@@ -113,7 +186,11 @@ pub(super) fn upload_checkpoint(
     }
     let v = config.vocab_size;
     let per = shard.vocab_per_rank;
-    let embed = up(rows(EMBED, [v, h], shard.vocab.clone(), per)?)?;
+    let embed = if full(&shard.vocab, v) && per == v {
+        whole(EMBED, [v, h])?
+    } else {
+        up(rows(EMBED, [v, h], shard.vocab.clone(), per)?)?
+    };
     bar.inc(1);
     let (qr, kvr, ir) = (
         shard.q_rows.clone(),
@@ -124,14 +201,41 @@ pub(super) fn upload_checkpoint(
     for i in 0..config.num_layers {
         bar.inc(1);
         let n = LayerNames::new(i);
-        let mut gate_up = rows(&n.gate, [inter, h], ir.clone(), 0)?;
-        gate_up.extend(rows(&n.up, [inter, h], ir.clone(), 0)?);
+        let gate = ckpt.get_shaped(&n.gate, &[inter, h])?;
+        let up_proj = ckpt.get_shaped(&n.up, &[inter, h])?;
+        let gate_up = match (
+            as_bf16(gate.dtype, gate.bytes),
+            as_bf16(up_proj.dtype, up_proj.bytes),
+        ) {
+            (Some(g), Some(u)) if full(&ir, inter) => staging.borrow_mut().upload_parts(&[g, u])?,
+            _ => {
+                let mut host = rows(&n.gate, [inter, h], ir.clone(), 0)?;
+                host.extend(rows(&n.up, [inter, h], ir.clone(), 0)?);
+                up(host)?
+            }
+        };
         layers.push(Layer {
             input_norm: vector(&n.input_norm, h, 0..h)?,
-            q: up(rows(&n.q, [q, h], qr.clone(), 0)?)?,
-            k: up(rows(&n.k, [kv, h], kvr.clone(), 0)?)?,
-            v: up(rows(&n.v, [kv, h], kvr.clone(), 0)?)?,
-            o: up(columns(&n.o, [h, q], qr.clone())?)?,
+            q: if full(&qr, q) {
+                whole(&n.q, [q, h])?
+            } else {
+                up(rows(&n.q, [q, h], qr.clone(), 0)?)?
+            },
+            k: if full(&kvr, kv) {
+                whole(&n.k, [kv, h])?
+            } else {
+                up(rows(&n.k, [kv, h], kvr.clone(), 0)?)?
+            },
+            v: if full(&kvr, kv) {
+                whole(&n.v, [kv, h])?
+            } else {
+                up(rows(&n.v, [kv, h], kvr.clone(), 0)?)?
+            },
+            o: if full(&qr, q) {
+                whole(&n.o, [h, q])?
+            } else {
+                up(columns(&n.o, [h, q], qr.clone())?)?
+            },
             qkv_bias: if config.qkv_bias {
                 Some([
                     vector(&n.q_bias, q, qr.clone())?,
@@ -152,17 +256,31 @@ pub(super) fn upload_checkpoint(
                 None
             },
             post_norm: vector(&n.post_attention_norm, h, 0..h)?,
-            gate_up: up(gate_up)?,
-            down: up(columns(&n.down, [h, inter], ir.clone())?)?,
+            gate_up,
+            down: if full(&ir, inter) {
+                whole(&n.down, [h, inter])?
+            } else {
+                up(columns(&n.down, [h, inter], ir.clone())?)?
+            },
         });
     }
     let final_norm = vector(FINAL_NORM, h, 0..h)?;
     let lm_head = if config.tie_word_embeddings {
         None
     } else {
-        Some(up(rows(LM_HEAD, [v, h], shard.vocab.clone(), per)?)?)
+        Some(if full(&shard.vocab, v) && per == v {
+            whole(LM_HEAD, [v, h])?
+        } else {
+            up(rows(LM_HEAD, [v, h], shard.vocab.clone(), per)?)?
+        })
     };
     bar.finish_and_clear();
+    let (bytes, seconds) = (staging.borrow().bytes, started.elapsed().as_secs_f64());
+    tracing::info!(
+        "uploaded {:.2} GB of weights in {seconds:.2} s ({:.2} GB/s)",
+        bytes as f64 / 1e9,
+        bytes as f64 / 1e9 / seconds
+    );
     Ok(Weights {
         embed,
         layers,
