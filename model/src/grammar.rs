@@ -386,6 +386,17 @@ fn one_line(message: &str) -> String {
     message.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// Sets every logit whose bit in `allowed` (see [`ConstrainedDecoder::allowed`]) is clear to
+/// `-inf`; ids past the bitmask are not allowed either.
+pub fn apply_allowed(allowed: &[u32], logits: &mut [f32]) {
+    for (id, logit) in logits.iter_mut().enumerate() {
+        let word = allowed.get(id / 32).copied().unwrap_or(0);
+        if word & (1 << (id % 32)) == 0 {
+            *logit = f32::NEG_INFINITY;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -500,16 +511,5 @@ mod tests {
             GrammarCompiler::new(&tok, vocab, &[]),
             Err(GrammarError::NoEos)
         ));
-    }
-}
-
-/// Sets every logit whose bit in `allowed` (see [`ConstrainedDecoder::allowed`]) is clear to
-/// `-inf`; ids past the bitmask are not allowed either.
-pub fn apply_allowed(allowed: &[u32], logits: &mut [f32]) {
-    for (id, logit) in logits.iter_mut().enumerate() {
-        let word = allowed.get(id / 32).copied().unwrap_or(0);
-        if word & (1 << (id % 32)) == 0 {
-            *logit = f32::NEG_INFINITY;
-        }
     }
 }
