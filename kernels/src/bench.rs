@@ -1,5 +1,6 @@
-//! Timing on the device: the decode GEMV's achieved bandwidth against the bytes it must move, and
-//! prefill attention's achieved FLOP rate, each variant in the same run.
+//! Timing on the device: the decode GEMV's achieved bandwidth against the bytes it must move (and
+//! the pinned cuBLASLt GEMM's on the same shapes), and prefill attention's achieved FLOP rate,
+//! each variant in the same run.
 //!
 //! GEMV weights are random (never zeros: they can run faster than real data) and rotate over
 //! enough copies to exceed the L2 cache, so every launch streams its weights from device memory.
@@ -14,6 +15,7 @@ use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 
+use crate::gemm::{GemmOut, LtGemm};
 use crate::selftest::{Rng, upload};
 use crate::{
     AttentionHeads, GemvVariant, KernelError, Kernels, PagedKv, PrefillChunk, PrefillVariant,
@@ -74,24 +76,7 @@ pub fn gemv_timings(
                 kernels.gemv_with(variant, stream, &mut y16, &x, w, (m, n, k))
             }
         };
-        for i in 0..BATCH {
-            launch(i)?;
-        }
-        let ctx = stream.context();
-        let mut per_launch = Vec::with_capacity(BATCHES);
-        for b in 0..BATCHES {
-            let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-            let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-            start.record(stream)?;
-            for i in 0..BATCH {
-                launch(b * BATCH + i)?;
-            }
-            end.record(stream)?;
-            end.synchronize()?;
-            per_launch.push(start.elapsed_ms(&end)? as f64 * 1e3 / BATCH as f64);
-        }
-        per_launch.sort_by(f64::total_cmp);
-        let micros = per_launch[BATCHES / 2];
+        let micros = median_micros(stream, &mut launch)?;
         let bytes = (n * k + m * k) * 2 + m * n * if f32_out { 4 } else { 2 };
         let timing = GemvTiming {
             variant,
@@ -106,6 +91,90 @@ pub fn gemv_timings(
         out.push(timing);
     }
     Ok(out)
+}
+
+/// One timed cuBLASLt GEMM shape, through the algorithm [`LtGemm`] pins per weight shape (the one
+/// prompt rows use; its rows are the same bits for every M, `check_gemm`).
+#[derive(Debug, Clone)]
+pub struct GemmTiming {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub f32_out: bool,
+    /// Median time per launch, microseconds.
+    pub micros: f64,
+    /// Bytes that must move per launch (W, x, y) over the median time, GB/s.
+    pub gbytes_per_s: f64,
+}
+
+/// Times the pinned cuBLASLt GEMM for each `(m, n, k, f32_out)`, like [`gemv_timings`] (the same
+/// weight rotation, batches and median), handing each timing to `report`.
+pub fn gemm_timings(
+    stream: &Arc<CudaStream>,
+    shapes: &[(usize, usize, usize, bool)],
+    report: &mut dyn FnMut(&GemmTiming),
+) -> Result<Vec<GemmTiming>, KernelError> {
+    let mut gemm = LtGemm::new(stream)?;
+    let mut rng = Rng::new(0xbe4d);
+    let pattern = rng.bf16_vec(PATTERN + 1, 1.0, 0.0);
+    let mut out = Vec::new();
+    let mut cache: HashMap<(usize, usize), Vec<CudaSlice<bf16>>> = HashMap::new();
+    for &(m, n, k, f32_out) in shapes {
+        let weights = match cache.entry((n, k)) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(rotated_copies(stream, &pattern, n * k)?),
+        };
+        let copies = weights.len();
+        let x = upload(stream, &rng.bf16_vec(m * k, 1.0, 0.0))?;
+        let mut y16 = stream.alloc_zeros::<bf16>(m * n)?;
+        let mut y32 = stream.alloc_zeros::<f32>(m * n)?;
+        let micros = median_micros(stream, |i| {
+            let w = &weights[i % copies];
+            if f32_out {
+                gemm.matmul(&mut y32, &x, w, m, n, k, GemmOut::F32)
+            } else {
+                gemm.matmul(&mut y16, &x, w, m, n, k, GemmOut::Bf16)
+            }
+        })?;
+        let bytes = (n * k + m * k) * 2 + m * n * if f32_out { 4 } else { 2 };
+        let timing = GemmTiming {
+            m,
+            n,
+            k,
+            f32_out,
+            micros,
+            gbytes_per_s: bytes as f64 / (micros * 1e-6) / 1e9,
+        };
+        report(&timing);
+        out.push(timing);
+    }
+    Ok(out)
+}
+
+/// Median microseconds per launch of `launch(i)` over [`BATCHES`] event-timed batches of
+/// [`BATCH`] launches, after one warm-up batch.
+fn median_micros(
+    stream: &Arc<CudaStream>,
+    mut launch: impl FnMut(usize) -> Result<(), KernelError>,
+) -> Result<f64, KernelError> {
+    for i in 0..BATCH {
+        launch(i)?;
+    }
+    let ctx = stream.context();
+    let mut per_launch = Vec::with_capacity(BATCHES);
+    for b in 0..BATCHES {
+        let start = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        start.record(stream)?;
+        for i in 0..BATCH {
+            launch(b * BATCH + i)?;
+        }
+        end.record(stream)?;
+        end.synchronize()?;
+        per_launch.push(start.elapsed_ms(&end)? as f64 * 1e3 / BATCH as f64);
+    }
+    per_launch.sort_by(f64::total_cmp);
+    Ok(per_launch[BATCHES / 2])
 }
 
 /// Enough device copies of `len` weights to exceed the L2 cache, each a different phase of the

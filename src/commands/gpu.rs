@@ -103,6 +103,10 @@ pub struct DecodeArgs {
     /// Compute o and down in the shard order of tensor parallelism (eight K-slice partials).
     #[arg(long)]
     sharded: bool,
+    /// Decode rows' projections through the pinned cuBLASLt GEMM prompt rows use, instead of the
+    /// tensor-core GEMV (an experiment: batch-invariant too, different bits).
+    #[arg(long)]
+    decode_gemm: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -658,6 +662,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         max_batch * positions,
         args.sharded,
     )?;
+    backend.set_decode_gemm(args.decode_gemm);
     let weight_bytes = parameter_count(&config) as f64 * 2.0;
     let vocab = config.vocab_size;
     let mut results = Vec::new();
@@ -769,7 +774,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
                 "weight_bytes": weight_bytes, "context": args.context,
                 "bandwidth_bytes_per_s": args.bandwidth,
                 "includes": "greedy sampling on the device, token ids copied to the host",
-                "sharded_reduction": args.sharded,
+                "sharded_reduction": args.sharded, "decode_gemm": args.decode_gemm,
                 "graph_checks": graph_checks, "sampling_checks": sampling_checks,
                 "seeded_sampling_checks": seeded_checks, "results": results}),
     )

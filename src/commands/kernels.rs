@@ -33,12 +33,13 @@ pub enum KernelsCommand {
         #[arg(long)]
         cache_dir: Option<PathBuf>,
     },
-    /// Time the decode GEMV on Llama-3-8B shapes and print its bandwidth (GB/s).
+    /// Time the decode GEMV (and the pinned cuBLASLt GEMM) on Llama-3-8B shapes and print their
+    /// bandwidth (GB/s).
     Bench {
         /// CUDA device ordinal.
         #[arg(long, default_value_t = 0)]
         device: usize,
-        /// Comma-separated row counts M (1..=16).
+        /// Comma-separated row counts M (the GEMV takes 1..=64).
         #[arg(long, value_delimiter = ',', default_value = "1,4,8,16,32,64")]
         m: Vec<usize>,
     },
@@ -96,6 +97,22 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
         shapes.into_iter().partition(|&(m, ..)| m <= GEMV_FMA_MAX_M);
     strata_kernels::bench::gemv_timings(&kernels, &stream, &narrow, &variants, &mut print)?;
     strata_kernels::bench::gemv_timings(&kernels, &stream, &wide, &[GemvVariant::Mma], &mut print)?;
+    // The same shapes through the pinned cuBLASLt GEMM (batch-invariant too, `check_gemm`): what
+    // decode rows would cost on the prompt rows' kernel.
+    let all: Vec<_> = narrow.iter().chain(&wide).copied().collect();
+    let mut print = |t: &strata_kernels::bench::GemmTiming| {
+        println!(
+            "{:<7} {:>3} {:>7} {:>6} {:>4} {:>9.2} {:>8.0}",
+            "Gemm",
+            t.m,
+            t.n,
+            t.k,
+            if t.f32_out { "f32" } else { "bf16" },
+            t.micros,
+            t.gbytes_per_s
+        );
+    };
+    strata_kernels::bench::gemm_timings(&stream, &all, &mut print)?;
 
     // Prefill attention of the 8B shape (32 query heads, 8 KV heads, head_dim 128).
     println!(

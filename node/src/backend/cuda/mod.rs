@@ -266,6 +266,8 @@ pub struct CudaBackend {
     num_blocks: usize,
     scratch: Scratch,
     graphs_enabled: bool,
+    /// Decode rows through the pinned GEMM too (see [`CudaBackend::set_decode_gemm`]).
+    decode_gemm: bool,
     graphs: HashMap<GraphKey, SendGraph>,
     /// The tensor-parallel group this backend is a rank of: the row-parallel o and down
     /// projections are all-reduced through it. `None` runs alone with no collective calls.
@@ -385,6 +387,7 @@ impl CudaBackend {
             num_blocks,
             scratch: Scratch::default(),
             graphs_enabled: options.graphs,
+            decode_gemm: false,
             graphs: HashMap::new(),
             comm: None,
             host_inputs: Vec::new(),
@@ -414,6 +417,15 @@ impl CudaBackend {
     /// step's logits are bitwise the same either way (`strata gpu decode` checks it).
     pub fn set_graphs(&mut self, enabled: bool) {
         self.graphs_enabled = enabled;
+    }
+
+    /// Sends decode rows' projections (q/k/v, o, gate/up, down, LM head) through the pinned
+    /// cuBLASLt GEMM that prompt rows take, instead of the tensor-core GEMV (an experiment for
+    /// `strata gpu decode --decode-gemm`: the GEMM's rows are the same bits for every row count,
+    /// so it is batch-invariant too, but not the GEMV's bits). Cached graphs are dropped.
+    pub fn set_decode_gemm(&mut self, enabled: bool) {
+        self.decode_gemm = enabled;
+        self.graphs.clear();
     }
 
     /// Makes this backend rank `tp_rank` of `comm`'s group ([`CudaOptions::tp_rank`]): from the
@@ -848,10 +860,13 @@ impl CudaBackend {
             scratch: s,
             profile,
             comm,
+            decode_gemm,
             ..
         } = self;
         let bs = *bs;
         let (t, p) = (plan.rows, plan.prompt);
+        // Rows whose projections take the GEMM: the prompt rows, or every row.
+        let gp = if *decode_gemm { t } else { p };
         let h = c.hidden_size;
         let (qd, kvd, inter) = (d.q_rows.len(), d.kv_rows.len(), d.inter_rows.len());
         let shapes = gemm_shapes(c, d, *row_shards);
@@ -931,15 +946,15 @@ impl CudaBackend {
                     s.k.as_mut().expect("scratch allocated"),
                     s.v.as_mut().expect("scratch allocated"),
                 );
-                if p > 0 {
-                    let x = normed.slice(..p * h);
+                if gp > 0 {
+                    let x = normed.slice(..gp * h);
                     for (y, wt, shape) in [
                         (q, &layer.q, shapes.q),
                         (kk, &layer.k, shapes.kv),
                         (v, &layer.v, shapes.kv),
                     ] {
-                        let mut out = y.slice_mut(..p * shape.n);
-                        gemm.matmul_shape(&mut out, &x, wt, p, shape)?;
+                        let mut out = y.slice_mut(..gp * shape.n);
+                        gemm.matmul_shape(&mut out, &x, wt, gp, shape)?;
                     }
                 }
                 let (q, kk, v) = (
@@ -947,7 +962,7 @@ impl CudaBackend {
                     s.k.as_mut().expect("scratch allocated"),
                     s.v.as_mut().expect("scratch allocated"),
                 );
-                let mut row = p;
+                let mut row = gp;
                 while row < t {
                     let m = (t - row).min(GEMV_MAX_M);
                     k.gemv3(
@@ -1049,7 +1064,7 @@ impl CudaBackend {
                 world: d.world,
                 fault: *fault,
                 rows: t,
-                prompt: p,
+                prompt: gp,
             };
             // Before the bias, which is added once.
             rp.project(buf!(proj), get!(attn), &layer.o, h, (qd, c.q_dim()))?;
@@ -1084,7 +1099,7 @@ impl CudaBackend {
                     get!(normed),
                     &layer.gate_up,
                     t,
-                    p,
+                    gp,
                     shapes.gate_up,
                 )?;
             }
@@ -1106,7 +1121,7 @@ impl CudaBackend {
                     world: d.world,
                     fault: *fault,
                     rows: t,
-                    prompt: p,
+                    prompt: gp,
                 };
                 let proj = s.proj.as_mut().expect("scratch allocated");
                 rp.project(
@@ -1144,7 +1159,7 @@ impl CudaBackend {
         let v = d.vocab_per_rank;
         let logits = s.logits.as_mut().expect("scratch allocated");
         let gathered = get!(gathered);
-        let lp = plan.logits_prompt;
+        let lp = if *decode_gemm { r } else { plan.logits_prompt };
         if lp > 0 {
             let mut y = logits.slice_mut(..lp * v);
             let x = gathered.slice(..lp * h);
