@@ -315,3 +315,137 @@ GEMV_MMA_ENTRIES(1)
 GEMV_MMA_ENTRIES(2)
 GEMV_MMA_ENTRIES(3)
 GEMV_MMA_ENTRIES(4)
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core variant 2 (experimental, `gemv_mma2_{bf16,f32}_x{XT}`): the same MMA fragments, a
+// different split. The 16 warps form MMA2_PHASES k-phases × MMA2_GROUPS row groups: warp w takes
+// phase w % MMA2_PHASES and row group w / MMA2_PHASES, and runs the 32-wide k-steps
+// phase, phase + MMA2_PHASES, ... in ascending order over 8 * Mma2Tiles<XT> rows of W. Fewer
+// phases than the first variant's 16 means fewer partial sums per output, so a block holds more
+// rows of W (64 for one x tile, 128 for more) and every block's x loads, which all blocks repeat,
+// are amortized over 2-4 times the weights; warps of one phase read the same x (L1 hits).
+//
+// Batch invariance: per (m, n) the order is the k-steps of each phase in ascending order, then the
+// MMA2_PHASES phase totals in phase order — fixed by K alone, the same for every XT, M, tile count
+// and grid. It is not the first variant's order: the two give different bits.
+constexpr int MMA2_PHASES = 4;
+constexpr int MMA2_GROUPS = MMA_WARPS / MMA2_PHASES;
+
+template <int XT>
+struct Mma2Tiles {
+    static constexpr int T = XT == 1 ? 2 : 4;
+};
+
+template <int XT>
+struct Mma2Unroll {
+    static constexpr int U = XT == 1 ? 4 : (XT == 2 ? 2 : 1);
+};
+
+template <int XT, typename Out>
+__device__ __forceinline__ void gemv_mma2_body(Out* __restrict__ y,
+                                               const __nv_bfloat16* __restrict__ x,
+                                               const __nv_bfloat16* __restrict__ w, u32 m_rows,
+                                               u32 n_rows, u32 k, u32 block) {
+    constexpr int U = Mma2Unroll<XT>::U;
+    constexpr int TILES = Mma2Tiles<XT>::T;
+    constexpr int GROUP_ROWS = 8 * TILES;
+    constexpr int BLOCK_ROWS = GROUP_ROWS * MMA2_GROUPS;
+    __shared__ float partial[MMA2_PHASES][16][BLOCK_ROWS + 1];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int phase = warp % MMA2_PHASES;
+    const int group = warp / MMA2_PHASES;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const u32 n0 = block * BLOCK_ROWS + group * GROUP_ROWS;
+    const u32 steps = k / 32;
+
+    float c[XT][TILES][4];
+#pragma unroll
+    for (int j = 0; j < XT; ++j) {
+#pragma unroll
+        for (int i = 0; i < TILES; ++i) c[j][i][0] = c[j][i][1] = c[j][i][2] = c[j][i][3] = 0.0f;
+    }
+
+    for (u32 s0 = phase; s0 < steps; s0 += MMA2_PHASES * U) {
+        uint4 wv[U][TILES];
+        uint4 xl[U][XT], xh[U][XT];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 s = s0 + u * MMA2_PHASES;
+            const bool live = s < steps;
+#pragma unroll
+            for (int i = 0; i < TILES; ++i) {
+                const u32 n = n0 + i * 8 + g;
+                wv[u][i] = live && n < n_rows ? load_stream(w + (u64)n * k + (u64)s * 32 + t * 8)
+                                              : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int j = 0; j < XT; ++j) {
+                const u32 lo = 16 * j + g;
+                const u32 hi = lo + 8;
+                xl[u][j] = live && lo < m_rows ? load16(x + (u64)lo * k + (u64)s * 32 + t * 8)
+                                               : make_uint4(0, 0, 0, 0);
+                xh[u][j] = live && hi < m_rows ? load16(x + (u64)hi * k + (u64)s * 32 + t * 8)
+                                               : make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (s0 + u * MMA2_PHASES < steps) {
+#pragma unroll
+                for (int j = 0; j < XT; ++j) {
+#pragma unroll
+                    for (int i = 0; i < TILES; ++i) {
+                        mma_bf16_16816(c[j][i], xl[u][j].x, xh[u][j].x, xl[u][j].y, xh[u][j].y,
+                                       wv[u][i].x, wv[u][i].y);
+                        mma_bf16_16816(c[j][i], xl[u][j].z, xh[u][j].z, xl[u][j].w, xh[u][j].w,
+                                       wv[u][i].z, wv[u][i].w);
+                    }
+                }
+            }
+        }
+    }
+
+    // One x tile at a time: the phase totals in phase order.
+#pragma unroll
+    for (int j = 0; j < XT; ++j) {
+        if (j > 0) __syncthreads();
+#pragma unroll
+        for (int i = 0; i < TILES; ++i) {
+            const int col = group * GROUP_ROWS + i * 8 + t * 2;
+            partial[phase][g][col] = c[j][i][0];
+            partial[phase][g][col + 1] = c[j][i][1];
+            partial[phase][g + 8][col] = c[j][i][2];
+            partial[phase][g + 8][col + 1] = c[j][i][3];
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < 16 * BLOCK_ROWS; e += blockDim.x) {
+            const int row = e / BLOCK_ROWS;
+            const int col = e % BLOCK_ROWS;
+            float total = 0.0f;
+#pragma unroll
+            for (int p = 0; p < MMA2_PHASES; ++p) total += partial[p][row][col];
+            const u32 m = 16 * j + row;
+            const u32 n = block * BLOCK_ROWS + col;
+            if (m < m_rows && n < n_rows) store_out(y + (u64)m * n_rows + n, total);
+        }
+    }
+}
+
+#define GEMV_MMA2_ENTRIES(XT)                                                                   \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                \
+        gemv_mma2_bf16_x##XT(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,\
+                             const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {        \
+        gemv_mma2_body<XT>(y, x, w, m, n, k, blockIdx.x);                                       \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                \
+        gemv_mma2_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,         \
+                            const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {         \
+        gemv_mma2_body<XT>(y, x, w, m, n, k, blockIdx.x);                                       \
+    }
+
+GEMV_MMA2_ENTRIES(1)
+GEMV_MMA2_ENTRIES(2)
+GEMV_MMA2_ENTRIES(3)
+GEMV_MMA2_ENTRIES(4)

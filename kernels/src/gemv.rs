@@ -28,16 +28,20 @@ pub trait GemvOut: DeviceRepr {
     const PREFIX: &'static str;
     #[doc(hidden)]
     const MMA_NAME: &'static str;
+    #[doc(hidden)]
+    const MMA2_NAME: &'static str;
 }
 
 impl GemvOut for bf16 {
     const PREFIX: &'static str = "gemv_bf16";
     const MMA_NAME: &'static str = "gemv_mma_bf16_x";
+    const MMA2_NAME: &'static str = "gemv_mma2_bf16_x";
 }
 
 impl GemvOut for f32 {
     const PREFIX: &'static str = "gemv_f32";
     const MMA_NAME: &'static str = "gemv_mma_f32_x";
+    const MMA2_NAME: &'static str = "gemv_mma2_f32_x";
 }
 
 /// The largest M one launch of the default (tensor-core) variant takes.
@@ -58,6 +62,16 @@ pub enum GemvVariant {
     /// Tensor-core m16n8k16 MMAs, one kernel per 16-row tile count (`gemv_mma_{bf16,f32}_x{1..4}`),
     /// every row's reduction order the same in all of them; `k % 32 == 0`.
     Mma,
+    /// The same MMAs split into 4 k-phases instead of 16, so a block holds 64 or 128 rows of W
+    /// (`gemv_mma2_*`; experimental, measured by `strata kernels bench`); its own bits, the same
+    /// for every M; `k % 32 == 0`.
+    Mma2,
+}
+
+/// Rows of W per block of [`GemvVariant::Mma2`]; mirrors `Mma2Tiles` × `MMA2_GROUPS` in
+/// `cuda/gemv.cu`.
+fn mma2_rows(m: usize) -> u32 {
+    if m.div_ceil(MMA_X_ROWS) == 1 { 64 } else { 128 }
 }
 
 /// Rows of W per block of the MMA variant for `m` rows of x; mirrors `MmaTiles` in
@@ -126,7 +140,7 @@ impl Kernels {
         let prefix = T::PREFIX;
         let (step, max_m) = match variant {
             GemvVariant::Fma => (8, GEMV_FMA_MAX_M),
-            GemvVariant::Mma => (32, GEMV_MAX_M),
+            GemvVariant::Mma | GemvVariant::Mma2 => (32, GEMV_MAX_M),
         };
         ensure_shape!(
             (1..=max_m).contains(&m),
@@ -157,6 +171,11 @@ impl Kernels {
                 n32.div_ceil(mma_rows(m)),
                 MMA_THREADS,
             ),
+            GemvVariant::Mma2 => (
+                format!("{}{}", T::MMA2_NAME, m.div_ceil(MMA_X_ROWS)),
+                n32.div_ceil(mma2_rows(m)),
+                MMA_THREADS,
+            ),
         };
         let f = self.function(MODULE, &name)?;
         let (yp, _y) = y.device_ptr_mut(stream);
@@ -167,7 +186,7 @@ impl Kernels {
         let m32 = m as u32;
         let mut b = stream.launch_builder(f);
         b.arg(&yp).arg(&xp).arg(&wp);
-        if variant == GemvVariant::Mma {
+        if variant != GemvVariant::Fma {
             b.arg(&m32);
         }
         b.arg(&n32).arg(&k32);

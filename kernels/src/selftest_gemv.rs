@@ -13,7 +13,7 @@ use crate::selftest::{
 };
 use crate::{CheckResult, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvVariant, KernelError, Kernels, NO_TOKEN};
 
-const VARIANTS: [GemvVariant; 2] = [GemvVariant::Fma, GemvVariant::Mma];
+const VARIANTS: [GemvVariant; 3] = [GemvVariant::Fma, GemvVariant::Mma, GemvVariant::Mma2];
 
 /// `y[m, n] = Σ_k x[m, k] · w[(n + shift) % rows, k]` in f64 (`shift` 1 is the canary).
 pub(crate) fn matmul_ref(
@@ -123,7 +123,7 @@ pub(crate) fn invariance_result(
 fn max_rows(variant: GemvVariant) -> usize {
     match variant {
         GemvVariant::Fma => GEMV_FMA_MAX_M,
-        GemvVariant::Mma => GEMV_MAX_M,
+        GemvVariant::Mma | GemvVariant::Mma2 => GEMV_MAX_M,
     }
 }
 
@@ -164,15 +164,8 @@ fn gemv_invariance(
     // f32 outputs: row-by-row M=1 and the narrower launches against the widest.
     let launch = |x: &cudarc::driver::CudaSlice<bf16>, first: usize, m: usize| {
         let mut y = poisoned_f32(s, m * n)?;
-        kernels.gemv_f32(
-            s,
-            &mut y,
-            &x.slice(first * k..(first + m) * k),
-            &dw,
-            m,
-            n,
-            k,
-        )?;
+        let input = x.slice(first * k..(first + m) * k);
+        kernels.gemv_with(variant, s, &mut y, &input, &dw, (m, n, k))?;
         download(s, &y)
     };
     let full = launch(&dx, 0, wide)?;

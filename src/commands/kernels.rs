@@ -96,7 +96,9 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
     let (narrow, wide): (Vec<_>, Vec<_>) =
         shapes.into_iter().partition(|&(m, ..)| m <= GEMV_FMA_MAX_M);
     strata_kernels::bench::gemv_timings(&kernels, &stream, &narrow, &variants, &mut print)?;
-    strata_kernels::bench::gemv_timings(&kernels, &stream, &wide, &[GemvVariant::Mma], &mut print)?;
+    let mma = [GemvVariant::Mma, GemvVariant::Mma2];
+    strata_kernels::bench::gemv_timings(&kernels, &stream, &narrow, &mma[1..], &mut print)?;
+    strata_kernels::bench::gemv_timings(&kernels, &stream, &wide, &mma, &mut print)?;
     // The same shapes through the pinned cuBLASLt GEMM (batch-invariant too, `check_gemm`): what
     // decode rows would cost on the prompt rows' kernel.
     let all: Vec<_> = narrow.iter().chain(&wide).copied().collect();
