@@ -106,7 +106,8 @@ impl CudaBackend {
     ) -> Result<Vec<Option<RowSummary>>, CudaError> {
         let n = rows.len();
         let (v, per) = (self.config.vocab_size, self.shard.vocab_per_rank);
-        // One upload: plans, then each row's index, then the shaping entries' offsets and words.
+        // One upload: the rows' plans, then per row its descriptor (logits row, entry range,
+        // bitmask offset), then every shaping entry, then the grammar bitmasks.
         let mut words: Vec<u32> = Vec::with_capacity(n * (SAMPLE_PLAN_WORDS + 2) + 1);
         for &(row, plan) in rows {
             let d = &plan.draw;
