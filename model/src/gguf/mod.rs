@@ -10,8 +10,11 @@
 //! [`Gguf`] or [`GgufFile`] can hand out tensor slices without further failure modes. A malformed
 //! file is a [`GgufError`] that says what is wrong and at which byte; it never panics.
 //!
-//! Nothing here is wired into model loading yet.
+//! [`model_config`] reads a [`crate::config::ModelConfig`] from the metadata and
+//! [`hf_tensor_name`] maps tensor names to the crate's Hugging Face names. Nothing here is wired
+//! into model loading yet.
 
+mod config;
 pub mod dequant;
 mod ggml_type;
 mod reader;
@@ -23,6 +26,10 @@ use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+pub use config::{
+    ARCHITECTURE_KEY, GgufConfigError, SUPPORTED_ARCHITECTURES, TOKENS_KEY, hf_tensor_name,
+    model_config,
+};
 pub use dequant::{dequantize, dequantize_into};
 pub use ggml_type::{GgmlType, QK_K};
 pub use value::{GgufArray, GgufValue, GgufValueType};
