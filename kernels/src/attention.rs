@@ -205,6 +205,9 @@ fn address_mut<T>(view: &CudaViewMut<'_, T>, stream: &CudaStream) -> u64 {
     ptr
 }
 
+/// The head dimensions the attention kernels are compiled for.
+pub const ATTENTION_HEAD_DIMS: [usize; 3] = [64, 128, 256];
+
 /// Checks shared by both kernels: head geometry and the cache's shape and alignment.
 fn check_heads_and_cache(
     kernel: &'static str,
@@ -213,7 +216,7 @@ fn check_heads_and_cache(
     stream: &CudaStream,
 ) -> Result<(), KernelError> {
     ensure_shape!(
-        matches!(heads.head_dim, 64 | 128 | 256),
+        ATTENTION_HEAD_DIMS.contains(&heads.head_dim),
         kernel,
         "head_dim {} unsupported (64, 128 or 256)",
         heads.head_dim

@@ -37,8 +37,8 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, DriverError};
 pub use cudarc;
 
 pub use attention::{
-    AttentionHeads, DECODE_SPLIT_TOKENS, DEFAULT_PREFILL_VARIANT, DecodeBatch, PagedKv,
-    PrefillChunk, PrefillVariant, decode_workspace_elems,
+    ATTENTION_HEAD_DIMS, AttentionHeads, DECODE_SPLIT_TOKENS, DEFAULT_PREFILL_VARIANT, DecodeBatch,
+    PagedKv, PrefillChunk, PrefillVariant, decode_workspace_elems,
 };
 pub use check::{FunctionResources, Report, check};
 pub use elementwise::RopeKvShape;

@@ -32,8 +32,9 @@ use strata_kernels::cudarc::driver::{
     CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, PinnedHostSlice,
 };
 use strata_kernels::{
-    AttentionHeads, DECODE_SPLIT_TOKENS, DecodeBatch, GEMV_MAX_M, GemmShape, KernelError, Kernels,
-    LtGemm, NO_TOKEN, PagedKv, PrefillChunk, RopeKvShape, decode_workspace_elems,
+    ATTENTION_HEAD_DIMS, AttentionHeads, DECODE_SPLIT_TOKENS, DecodeBatch, GEMV_MAX_M, GemmShape,
+    KernelError, Kernels, LtGemm, NO_TOKEN, PagedKv, PrefillChunk, RopeKvShape,
+    decode_workspace_elems,
 };
 use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
@@ -307,6 +308,7 @@ impl CudaBackend {
                 "block size must be at least 1".into(),
             ));
         }
+        check_model_shape(config).map_err(CudaError::Unsupported)?;
         let (rank, world) = (options.tp_rank, options.tp_world);
         let shard = TpLayout::new(config, rank, world, 8)
             .map_err(|e| CudaError::Unsupported(e.to_string()))?;
@@ -1232,6 +1234,32 @@ fn linear(
     Ok(())
 }
 
+/// Refuses, at startup, a model whose shapes the kernels do not take — rather than loading it and
+/// failing every request: the attention kernels' head dimensions, and the tensor-core GEMV's
+/// `k % 32` for every projection's input width (hidden, q, intermediate).
+pub fn check_model_shape(config: &ModelConfig) -> Result<(), String> {
+    let d = config.head_dim;
+    if !ATTENTION_HEAD_DIMS.contains(&d) {
+        return Err(format!(
+            "the CUDA backend does not run head_dim {d} (its attention kernels take \
+             {ATTENTION_HEAD_DIMS:?}); the CPU backend does (--device cpu)"
+        ));
+    }
+    for (what, k) in [
+        ("hidden_size", config.hidden_size),
+        ("q_dim", config.q_dim()),
+        ("intermediate_size", config.intermediate_size),
+    ] {
+        if !k.is_multiple_of(32) {
+            return Err(format!(
+                "the CUDA backend needs {what} ({k}) to be a multiple of 32; the CPU backend \
+                 runs it (--device cpu)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The KV cache of `fraction` of a GPU with `free` of `total` bytes free after the weights:
 /// the fraction's bytes less what is in use and [`ACTIVATION_RESERVE`], refused when that is
 /// not one block of `per_block` bytes.
@@ -1354,6 +1382,22 @@ impl Backend for CudaBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shapes_the_kernels_do_not_take_are_refused_at_startup() {
+        let text = include_str!("../../../../configs/llama-3.1-8b.json");
+        let mut config = ModelConfig::from_json(text).unwrap();
+        assert_eq!(check_model_shape(&config), Ok(()));
+        for d in [32, 80, 96] {
+            config.head_dim = d;
+            let err = check_model_shape(&config).unwrap_err();
+            assert!(err.contains(&format!("head_dim {d}")), "{err}");
+        }
+        config.head_dim = 64;
+        config.intermediate_size = 1000;
+        let err = check_model_shape(&config).unwrap_err();
+        assert!(err.contains("intermediate_size (1000)"), "{err}");
+    }
 
     #[test]
     fn the_kv_cache_takes_what_the_fraction_leaves() {
