@@ -63,6 +63,12 @@ fn open(device: usize, what: &str) -> Result<Arc<CudaContext>> {
     CudaContext::new(device).with_context(|| format!("opening CUDA device {device}"))
 }
 
+/// One row of the matrix-kernel table: kernel, shape `(m, n, k, f32 output)`, µs, GB/s.
+fn print_timing(kernel: &str, (m, n, k, f32_out): (usize, usize, usize, bool), us: f64, gbps: f64) {
+    let out = if f32_out { "f32" } else { "bf16" };
+    println!("{kernel:<7} {m:>3} {n:>7} {k:>6} {out:>4} {us:>9.2} {gbps:>8.0}");
+}
+
 fn bench(device: usize, rows: &[usize]) -> Result<()> {
     let ctx = open(device, "bench")?;
     let kernels = Kernels::load(&ctx, None).context("loading the kernels")?;
@@ -81,15 +87,12 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
         "variant", "m", "n", "k", "out", "us", "GB/s"
     );
     let mut print = |t: &strata_kernels::bench::GemvTiming| {
-        println!(
-            "{:<7} {:>3} {:>7} {:>6} {:>4} {:>9.2} {:>8.0}",
-            format!("{:?}", t.variant),
-            t.m,
-            t.n,
-            t.k,
-            if t.f32_out { "f32" } else { "bf16" },
+        let kernel = format!("{:?}", t.variant);
+        print_timing(
+            &kernel,
+            (t.m, t.n, t.k, t.f32_out),
             t.micros,
-            t.gbytes_per_s
+            t.gbytes_per_s,
         );
     };
     // The FMA variant takes at most GEMV_FMA_MAX_M rows; wider shapes run the MMA variant only.
@@ -103,16 +106,7 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
     // decode rows would cost on the prompt rows' kernel.
     let all: Vec<_> = narrow.iter().chain(&wide).copied().collect();
     let mut print = |t: &strata_kernels::bench::GemmTiming| {
-        println!(
-            "{:<7} {:>3} {:>7} {:>6} {:>4} {:>9.2} {:>8.0}",
-            "Gemm",
-            t.m,
-            t.n,
-            t.k,
-            if t.f32_out { "f32" } else { "bf16" },
-            t.micros,
-            t.gbytes_per_s
-        );
+        print_timing("Gemm", (t.m, t.n, t.k, t.f32_out), t.micros, t.gbytes_per_s);
     };
     strata_kernels::bench::gemm_timings(&stream, &all, &mut print)?;
 
