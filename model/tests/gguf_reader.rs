@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use sha2::{Digest, Sha256};
 use strata_model::gguf::{
     GgmlType, Gguf, GgufArray, GgufError, GgufFile, GgufValue, GgufValueType, MAX_ARRAY_DEPTH,
+    encode_string,
 };
 
 /// One tensor-table entry as written, free to be wrong.
@@ -69,12 +70,12 @@ impl Builder {
         out.extend((self.tensors.len() as u64).to_le_bytes());
         out.extend((self.metadata.len() as u64).to_le_bytes());
         for (key, value) in &self.metadata {
-            put_str(&mut out, key);
+            encode_string(&mut out, key);
             out.extend(value.value_type().id().to_le_bytes());
-            put_value(&mut out, value);
+            value.encode(&mut out);
         }
         for t in &self.tensors {
-            put_str(&mut out, &t.name);
+            encode_string(&mut out, &t.name);
             out.extend((t.dims.len() as u32).to_le_bytes());
             for d in &t.dims {
                 out.extend(d.to_le_bytes());
@@ -88,35 +89,6 @@ impl Builder {
         );
         out.extend(&self.data);
         out
-    }
-}
-
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    out.extend((s.len() as u64).to_le_bytes());
-    out.extend(s.as_bytes());
-}
-
-fn put_value(out: &mut Vec<u8>, value: &GgufValue) {
-    match value {
-        GgufValue::U8(v) => out.extend(v.to_le_bytes()),
-        GgufValue::I8(v) => out.extend(v.to_le_bytes()),
-        GgufValue::U16(v) => out.extend(v.to_le_bytes()),
-        GgufValue::I16(v) => out.extend(v.to_le_bytes()),
-        GgufValue::U32(v) => out.extend(v.to_le_bytes()),
-        GgufValue::I32(v) => out.extend(v.to_le_bytes()),
-        GgufValue::U64(v) => out.extend(v.to_le_bytes()),
-        GgufValue::I64(v) => out.extend(v.to_le_bytes()),
-        GgufValue::F32(v) => out.extend(v.to_le_bytes()),
-        GgufValue::F64(v) => out.extend(v.to_le_bytes()),
-        GgufValue::Bool(v) => out.push(u8::from(*v)),
-        GgufValue::String(s) => put_str(out, s),
-        GgufValue::Array(a) => {
-            out.extend(a.element_type.id().to_le_bytes());
-            out.extend((a.values.len() as u64).to_le_bytes());
-            for v in &a.values {
-                put_value(out, v);
-            }
-        }
     }
 }
 

@@ -32,7 +32,7 @@ pub use config::{
 };
 pub use dequant::{dequantize, dequantize_into};
 pub use ggml_type::{GgmlType, QK_K};
-pub use value::{GgufArray, GgufValue, GgufValueType};
+pub use value::{GgufArray, GgufValue, GgufValueType, encode_string};
 
 /// The metadata key that sets the data-section alignment.
 pub const ALIGNMENT_KEY: &str = "general.alignment";

@@ -125,6 +125,33 @@ pub struct GgufArray {
 }
 
 impl GgufValue {
+    /// Appends the value's GGUF encoding (little-endian; an array as its element type, count and
+    /// elements), the inverse of what the reader parses. The value's type id is not written: in a
+    /// metadata entry it precedes the value.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        match self {
+            GgufValue::U8(v) => out.extend(v.to_le_bytes()),
+            GgufValue::I8(v) => out.extend(v.to_le_bytes()),
+            GgufValue::U16(v) => out.extend(v.to_le_bytes()),
+            GgufValue::I16(v) => out.extend(v.to_le_bytes()),
+            GgufValue::U32(v) => out.extend(v.to_le_bytes()),
+            GgufValue::I32(v) => out.extend(v.to_le_bytes()),
+            GgufValue::U64(v) => out.extend(v.to_le_bytes()),
+            GgufValue::I64(v) => out.extend(v.to_le_bytes()),
+            GgufValue::F32(v) => out.extend(v.to_le_bytes()),
+            GgufValue::F64(v) => out.extend(v.to_le_bytes()),
+            GgufValue::Bool(v) => out.push(u8::from(*v)),
+            GgufValue::String(s) => encode_string(out, s),
+            GgufValue::Array(a) => {
+                out.extend(a.element_type.id().to_le_bytes());
+                out.extend((a.values.len() as u64).to_le_bytes());
+                for v in &a.values {
+                    v.encode(out);
+                }
+            }
+        }
+    }
+
     /// This value's type tag.
     pub fn value_type(&self) -> GgufValueType {
         match self {
@@ -247,4 +274,10 @@ impl GgufValue {
             _ => None,
         }
     }
+}
+
+/// Appends a GGUF string: its byte length as u64, then its UTF-8 bytes.
+pub fn encode_string(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
 }

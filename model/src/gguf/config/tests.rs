@@ -1,0 +1,419 @@
+use super::*;
+use crate::gguf::{GgmlType, Gguf, GgufArray, encode_string};
+use crate::weights::LayerNames;
+
+type Meta = Vec<(String, GgufValue)>;
+
+/// A GGUF v3 file holding `metadata` and, for each name, a one-element f32 tensor.
+fn gguf_bytes(metadata: &[(String, GgufValue)], tensors: &[&str]) -> Vec<u8> {
+    const ALIGN: usize = 32;
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend((metadata.len() as u64).to_le_bytes());
+    for (key, value) in metadata {
+        encode_string(&mut out, key);
+        out.extend(value.value_type().id().to_le_bytes());
+        value.encode(&mut out);
+    }
+    for (i, name) in tensors.iter().enumerate() {
+        encode_string(&mut out, name);
+        out.extend(1u32.to_le_bytes());
+        out.extend(1u64.to_le_bytes());
+        out.extend(GgmlType::F32.id().to_le_bytes());
+        out.extend(((i * ALIGN) as u64).to_le_bytes());
+    }
+    out.resize(out.len().next_multiple_of(ALIGN), 0);
+    out.resize(out.len() + tensors.len() * ALIGN, 0);
+    out
+}
+
+fn config(meta: &Meta, tensors: &[&str]) -> Result<ModelConfig, GgufConfigError> {
+    let bytes = gguf_bytes(meta, tensors);
+    let gguf = Gguf::parse(&bytes).expect("the test writer emits well-formed files");
+    model_config(gguf.header())
+}
+
+fn s(v: &str) -> GgufValue {
+    GgufValue::String(v.to_string())
+}
+
+/// Sets `key`, replacing an earlier value.
+fn with(mut meta: Meta, key: &str, value: GgufValue) -> Meta {
+    meta.retain(|(k, _)| k != key);
+    meta.push((key.to_string(), value));
+    meta
+}
+
+fn without(mut meta: Meta, key: &str) -> Meta {
+    meta.retain(|(k, _)| k != key);
+    meta
+}
+
+/// A small Llama 3-shaped file: 8 heads of 8 over a 64-wide embedding, 2 kv heads.
+fn llama() -> Meta {
+    [
+        ("general.architecture", s("llama")),
+        ("llama.context_length", GgufValue::U32(8192)),
+        ("llama.embedding_length", GgufValue::U32(64)),
+        ("llama.block_count", GgufValue::U32(2)),
+        ("llama.feed_forward_length", GgufValue::U32(128)),
+        ("llama.attention.head_count", GgufValue::U32(8)),
+        ("llama.attention.head_count_kv", GgufValue::U32(2)),
+        ("llama.rope.freq_base", GgufValue::F32(500_000.0)),
+        (
+            "llama.attention.layer_norm_rms_epsilon",
+            GgufValue::F32(1e-5),
+        ),
+        ("llama.vocab_size", GgufValue::U32(1000)),
+        ("tokenizer.ggml.bos_token_id", GgufValue::U32(1)),
+        ("tokenizer.ggml.eos_token_id", GgufValue::U32(2)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// The same shape under another architecture prefix.
+fn renamed(meta: Meta, arch: &str) -> Meta {
+    meta.into_iter()
+        .map(|(k, v)| match k.strip_prefix("llama.") {
+            Some(rest) => (format!("{arch}.{rest}"), v),
+            None if k == ARCHITECTURE_KEY => (k, s(arch)),
+            None => (k, v),
+        })
+        .collect()
+}
+
+const BASE_TENSORS: [&str; 12] = [
+    "token_embd.weight",
+    "output_norm.weight",
+    "output.weight",
+    "blk.0.attn_norm.weight",
+    "blk.0.attn_q.weight",
+    "blk.0.attn_k.weight",
+    "blk.0.attn_v.weight",
+    "blk.0.attn_output.weight",
+    "blk.0.ffn_norm.weight",
+    "blk.0.ffn_gate.weight",
+    "blk.0.ffn_up.weight",
+    "blk.0.ffn_down.weight",
+];
+
+fn tensors_plus(extra: &[&'static str]) -> Vec<&'static str> {
+    BASE_TENSORS.iter().chain(extra).copied().collect()
+}
+
+#[test]
+fn llama_untied_reads_every_field() {
+    let c = config(&llama(), &BASE_TENSORS).unwrap();
+    assert_eq!(
+        c,
+        ModelConfig {
+            architecture: Architecture::Llama,
+            vocab_size: 1000,
+            hidden_size: 64,
+            intermediate_size: 128,
+            num_layers: 2,
+            num_heads: 8,
+            num_kv_heads: 2,
+            head_dim: 8,
+            max_position_embeddings: 8192,
+            rms_norm_eps: f64::from(1e-5f32),
+            rope_theta: 500_000.0,
+            rope_scaling: None,
+            tie_word_embeddings: false,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: false,
+            sliding_window: None,
+            bos_token_id: Some(1),
+            eos_token_ids: vec![2],
+            declared_dtype: None,
+        }
+    );
+}
+
+#[test]
+fn llama_without_output_weight_is_tied() {
+    let tensors: Vec<&str> = BASE_TENSORS
+        .into_iter()
+        .filter(|n| *n != "output.weight")
+        .collect();
+    assert!(config(&llama(), &tensors).unwrap().tie_word_embeddings);
+}
+
+#[test]
+fn rope_scaling_linear_none_and_unit_factor() {
+    let linear = with(llama(), "llama.rope.scaling.type", s("linear"));
+    let linear = with(linear, "llama.rope.scaling.factor", GgufValue::F32(4.0));
+    assert_eq!(
+        config(&linear, &BASE_TENSORS).unwrap().rope_scaling,
+        Some(RopeScaling::Linear { factor: 4.0 })
+    );
+    // llama.cpp's default type is linear.
+    let untyped = without(linear.clone(), "llama.rope.scaling.type");
+    assert_eq!(
+        config(&untyped, &BASE_TENSORS).unwrap().rope_scaling,
+        Some(RopeScaling::Linear { factor: 4.0 })
+    );
+    let none = with(linear.clone(), "llama.rope.scaling.type", s("none"));
+    assert_eq!(config(&none, &BASE_TENSORS).unwrap().rope_scaling, None);
+    let unit = with(linear, "llama.rope.scaling.factor", GgufValue::F32(1.0));
+    assert_eq!(config(&unit, &BASE_TENSORS).unwrap().rope_scaling, None);
+}
+
+#[test]
+fn llama3_rope_freqs_tensor_is_refused_by_name() {
+    let err = config(&llama(), &tensors_plus(&["rope_freqs.weight"])).unwrap_err();
+    assert_eq!(err, GgufConfigError::RopeFreqsTensor);
+    assert!(err.to_string().contains("rope_freqs.weight"), "{err}");
+}
+
+#[test]
+fn yarn_scaling_is_refused_naming_the_key() {
+    let meta = with(llama(), "llama.rope.scaling.type", s("yarn"));
+    let meta = with(meta, "llama.rope.scaling.factor", GgufValue::F32(4.0));
+    let err = config(&meta, &BASE_TENSORS).unwrap_err();
+    assert!(
+        matches!(&err, GgufConfigError::Unsupported { key, .. } if key == "llama.rope.scaling.type"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("yarn"), "{err}");
+}
+
+#[test]
+fn llama_with_sliding_window_is_mistral() {
+    let meta = with(
+        llama(),
+        "llama.attention.sliding_window",
+        GgufValue::U32(4096),
+    );
+    let c = config(&meta, &BASE_TENSORS).unwrap();
+    assert_eq!(c.architecture, Architecture::Mistral);
+    assert_eq!(c.sliding_window, Some(4096));
+}
+
+#[test]
+fn qwen2_has_qkv_biases_and_vocab_from_tokens() {
+    let meta = without(renamed(llama(), "qwen2"), "qwen2.vocab_size");
+    let tokens = GgufValue::Array(GgufArray {
+        element_type: GgufValueType::String,
+        values: (0..37).map(|i| s(&format!("t{i}"))).collect(),
+    });
+    let meta = with(meta, TOKENS_KEY, tokens);
+    let tensors = tensors_plus(&[
+        "blk.0.attn_q.bias",
+        "blk.0.attn_k.bias",
+        "blk.0.attn_v.bias",
+    ]);
+    let c = config(&meta, &tensors).unwrap();
+    assert_eq!(c.architecture, Architecture::Qwen2);
+    assert!(c.qkv_bias && !c.o_bias && !c.qk_norm);
+    assert_eq!(c.vocab_size, 37);
+    // The same file without bias tensors has none: the table decides, not the name.
+    assert!(!config(&meta, &BASE_TENSORS).unwrap().qkv_bias);
+}
+
+#[test]
+fn qwen3_has_qk_norms_and_an_explicit_head_dim() {
+    let meta = with(
+        renamed(llama(), "qwen3"),
+        "qwen3.attention.key_length",
+        GgufValue::U32(128),
+    );
+    let meta = with(meta, "qwen3.attention.value_length", GgufValue::U32(128));
+    let tensors = tensors_plus(&["blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"]);
+    let c = config(&meta, &tensors).unwrap();
+    assert_eq!(c.architecture, Architecture::Qwen3);
+    assert!(c.qk_norm && !c.qkv_bias);
+    assert_eq!((c.hidden_size, c.num_heads, c.head_dim), (64, 8, 128));
+    assert_eq!(c.q_dim(), 1024);
+}
+
+#[test]
+fn qwen_sliding_window_is_refused() {
+    let meta = with(
+        renamed(llama(), "qwen2"),
+        "qwen2.attention.sliding_window",
+        GgufValue::U32(4096),
+    );
+    let err = config(&meta, &BASE_TENSORS).unwrap_err();
+    assert!(
+        err.to_string().contains("qwen2.attention.sliding_window"),
+        "{err}"
+    );
+}
+
+#[test]
+fn missing_keys_are_named() {
+    for key in [
+        "general.architecture",
+        "llama.block_count",
+        "llama.embedding_length",
+        "llama.context_length",
+        "llama.attention.layer_norm_rms_epsilon",
+    ] {
+        let err = config(&without(llama(), key), &BASE_TENSORS).unwrap_err();
+        assert_eq!(err, missing(key));
+        assert_eq!(err.to_string(), format!("missing metadata key {key}"));
+    }
+    let err = config(&without(llama(), "llama.vocab_size"), &BASE_TENSORS).unwrap_err();
+    assert!(
+        err.to_string().contains("llama.vocab_size") && err.to_string().contains(TOKENS_KEY),
+        "{err}"
+    );
+}
+
+#[test]
+fn wrong_types_are_named() {
+    let meta = with(llama(), "llama.block_count", s("two"));
+    let err = config(&meta, &BASE_TENSORS).unwrap_err();
+    assert_eq!(
+        err,
+        GgufConfigError::WrongType {
+            key: "llama.block_count".into(),
+            expected: "an integer",
+            found: GgufValueType::String,
+        }
+    );
+    assert!(err.to_string().contains("llama.block_count"), "{err}");
+    let meta = with(
+        llama(),
+        "llama.attention.layer_norm_rms_epsilon",
+        GgufValue::U32(1),
+    );
+    assert!(matches!(
+        config(&meta, &BASE_TENSORS).unwrap_err(),
+        GgufConfigError::WrongType {
+            found: GgufValueType::U32,
+            ..
+        }
+    ));
+    let meta = with(llama(), "general.architecture", GgufValue::U32(1));
+    assert!(matches!(
+        config(&meta, &BASE_TENSORS).unwrap_err(),
+        GgufConfigError::WrongType { key, .. } if key == "general.architecture"
+    ));
+}
+
+#[test]
+fn other_integer_types_are_accepted_and_negatives_refused() {
+    let meta = with(llama(), "llama.block_count", GgufValue::U64(3));
+    assert_eq!(config(&meta, &BASE_TENSORS).unwrap().num_layers, 3);
+    let meta = with(llama(), "llama.block_count", GgufValue::I32(-3));
+    let err = config(&meta, &BASE_TENSORS).unwrap_err();
+    assert!(
+        matches!(&err, GgufConfigError::OutOfRange { key, .. } if key == "llama.block_count"),
+        "{err}"
+    );
+}
+
+#[test]
+fn zero_sizes_are_refused() {
+    for key in ["llama.embedding_length", "llama.attention.head_count_kv"] {
+        let err = config(&with(llama(), key, GgufValue::U32(0)), &BASE_TENSORS).unwrap_err();
+        assert_eq!(err, zero(key));
+    }
+}
+
+#[test]
+fn unsupported_architecture_is_named() {
+    let meta = renamed(llama(), "gemma3");
+    let err = config(&meta, &BASE_TENSORS).unwrap_err();
+    assert_eq!(
+        err,
+        GgufConfigError::UnsupportedArchitecture {
+            name: "gemma3".into()
+        }
+    );
+    assert!(err.to_string().contains("\"gemma3\""), "{err}");
+}
+
+#[test]
+fn inconsistent_heads_are_refused() {
+    let meta = with(llama(), "llama.attention.head_count", GgufValue::U32(6));
+    let meta = with(meta, "llama.attention.head_count_kv", GgufValue::U32(6));
+    let err = config(&meta, &BASE_TENSORS).unwrap_err();
+    assert!(
+        matches!(&err, GgufConfigError::Inconsistent { key, .. } if key == "llama.attention.head_count"),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("llama.attention.key_length"),
+        "{err}"
+    );
+    // With an explicit head dimension, heads need not divide the embedding.
+    let meta = with(meta, "llama.attention.key_length", GgufValue::U32(16));
+    assert_eq!(config(&meta, &BASE_TENSORS).unwrap().head_dim, 16);
+
+    let meta = with(llama(), "llama.attention.head_count_kv", GgufValue::U32(3));
+    let err = config(&meta, &BASE_TENSORS).unwrap_err();
+    assert!(
+        matches!(&err, GgufConfigError::Inconsistent { key, .. } if key == "llama.attention.head_count_kv"),
+        "{err}"
+    );
+}
+
+#[test]
+fn value_and_rotary_widths_must_match_the_head_dim() {
+    for key in ["llama.attention.value_length", "llama.rope.dimension_count"] {
+        let err = config(&with(llama(), key, GgufValue::U32(4)), &BASE_TENSORS).unwrap_err();
+        assert!(
+            matches!(&err, GgufConfigError::Unsupported { key: k, .. } if k == key),
+            "{err}"
+        );
+    }
+    let meta = with(llama(), "llama.rope.dimension_count", GgufValue::U32(8));
+    assert!(config(&meta, &BASE_TENSORS).is_ok());
+}
+
+#[test]
+fn tensor_names_map_to_the_crate_names() {
+    let hf = LayerNames::new(13);
+    let pairs = [
+        ("attn_norm.weight", &hf.input_norm),
+        ("attn_q.weight", &hf.q),
+        ("attn_k.weight", &hf.k),
+        ("attn_v.weight", &hf.v),
+        ("attn_output.weight", &hf.o),
+        ("attn_q.bias", &hf.q_bias),
+        ("attn_k.bias", &hf.k_bias),
+        ("attn_v.bias", &hf.v_bias),
+        ("attn_output.bias", &hf.o_bias),
+        ("attn_q_norm.weight", &hf.q_norm),
+        ("attn_k_norm.weight", &hf.k_norm),
+        ("ffn_norm.weight", &hf.post_attention_norm),
+        ("ffn_gate.weight", &hf.gate),
+        ("ffn_up.weight", &hf.up),
+        ("ffn_down.weight", &hf.down),
+    ];
+    for (gguf, expected) in pairs {
+        assert_eq!(
+            hf_tensor_name(&format!("blk.13.{gguf}")).as_ref(),
+            Some(expected)
+        );
+    }
+    assert_eq!(hf_tensor_name("token_embd.weight").as_deref(), Some(EMBED));
+    assert_eq!(
+        hf_tensor_name("output_norm.weight").as_deref(),
+        Some(FINAL_NORM)
+    );
+    assert_eq!(hf_tensor_name("output.weight").as_deref(), Some(LM_HEAD));
+    for unknown in [
+        "rope_freqs.weight",
+        "blk.0.attn_qkv.weight",
+        "blk..attn_q.weight",
+        "blk.x.attn_q.weight",
+        "blk.01.attn_q.weight",
+        "blk.+1.attn_q.weight",
+        "blk.0",
+        "model.embed_tokens.weight",
+    ] {
+        assert_eq!(hf_tensor_name(unknown), None, "{unknown}");
+    }
+    assert_eq!(
+        hf_tensor_name("blk.0.attn_q.weight").as_deref(),
+        Some("model.layers.0.self_attn.q_proj.weight")
+    );
+}
