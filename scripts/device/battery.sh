@@ -35,12 +35,9 @@ step() { # name, command...
     tail -n 3 "$OUT/logs/$name.log"
 }
 
-{
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    "$BIN" --version
-    sha256sum "$BIN"
-} >"$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+# shellcheck source=scripts/device/common.sh
+. "$(dirname "$0")/common.sh"
+record_machine
 
 step node-inspect "$BIN" node inspect
 "$BIN" node inspect --json >"$OUT/inventory.json" 2>/dev/null

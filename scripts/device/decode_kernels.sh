@@ -14,12 +14,9 @@ BENCH_CONFIG=${BENCH_CONFIG:-configs/llama-3.1-8b.json}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 mkdir -p "$OUT"
 failed=0
-{
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    "$BIN" --version
-    sha256sum "$BIN"
-} >"$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+# shellcheck source=scripts/device/common.sh
+. "$(dirname "$0")/common.sh"
+record_machine
 "$BIN" kernels bench 2>&1 | tee "$OUT/kernels-bench.txt"
 [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
 for mode in gemv gemm; do

@@ -23,12 +23,9 @@ PORT=18281
 mkdir -p "$OUT/logs"
 failed=0
 
-{
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    "$BIN" --version
-    sha256sum "$BIN"
-} >"$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+# shellcheck source=scripts/device/common.sh
+. "$(dirname "$0")/common.sh"
+record_machine
 
 "$BIN" kernels selftest >"$OUT/logs/selftest.log" 2>&1 || { echo "kernel selftest FAILED"; tail -40 "$OUT/logs/selftest.log"; exit 1; }
 tail -n 2 "$OUT/logs/selftest.log"
@@ -49,13 +46,7 @@ for check in "parity --model $SMALL" "invariance --model $SMALL" "tp --model $SM
     fi
 done
 
-shape() { python3 -c "import json,sys; c=json.load(open('$BENCH_CONFIG')); print(c[sys.argv[1]])" "$1"; }
-"$BIN" model synth --arch llama --out "$MODEL" --layers "$(shape num_hidden_layers)" \
-    --hidden "$(shape hidden_size)" --heads "$(shape num_attention_heads)" \
-    --kv-heads "$(shape num_key_value_heads)" --intermediate "$(shape intermediate_size)" \
-    --max-position 8192 --rope-theta 500000 --tokenizer "$TOKENIZER" >"$OUT/logs/synth.log" 2>&1 ||
-    { echo "synth FAILED"; cat "$OUT/logs/synth.log"; exit 1; }
-cat "$MODEL"/*.safetensors >/dev/null
+synth_bench_model
 
 t0=$SECONDS
 "$BIN" serve --model "$MODEL" --device cuda:0 --port $PORT >"$OUT/logs/serve.log" 2>&1 &

@@ -30,12 +30,9 @@ PORT=18280
 mkdir -p "$OUT/logs"
 failed=0
 
-{
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-    "$BIN" --version
-    sha256sum "$BIN"
-} >"$OUT/machine.txt" 2>&1
-cat "$OUT/machine.txt"
+# shellcheck source=scripts/device/common.sh
+. "$(dirname "$0")/common.sh"
+record_machine
 
 "$BIN" kernels selftest >"$OUT/logs/selftest.log" 2>&1 || { echo "kernel selftest FAILED"; tail -40 "$OUT/logs/selftest.log"; exit 1; }
 tail -n 3 "$OUT/logs/selftest.log"
@@ -51,15 +48,9 @@ fi
 
 # The served checkpoint: the 8B config's shape, Llama 3.1's tokenizer (its vocabulary sizes the
 # embedding and LM head).
-shape() { python3 -c "import json,sys; c=json.load(open('$BENCH_CONFIG')); print(c[sys.argv[1]])" "$1"; }
 start=$SECONDS
-"$BIN" model synth --arch llama --out "$MODEL" --layers "$(shape num_hidden_layers)" \
-    --hidden "$(shape hidden_size)" --heads "$(shape num_attention_heads)" \
-    --kv-heads "$(shape num_key_value_heads)" --intermediate "$(shape intermediate_size)" \
-    --max-position 8192 --rope-theta 500000 --tokenizer "$TOKENIZER" >"$OUT/logs/synth.log" 2>&1 ||
-    { echo "synth FAILED"; cat "$OUT/logs/synth.log"; exit 1; }
+synth_bench_model
 echo "synthesized $(du -sh "$MODEL" | cut -f1) in $((SECONDS - start)) s"
-cat "$MODEL"/*.safetensors >/dev/null # in the page cache, as a served model usually is
 
 serve_and_bench() { # name binary extra-serve-args...
     local name=$1 bin=$2

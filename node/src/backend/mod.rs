@@ -161,7 +161,7 @@ pub struct StepOutput {
 impl StepOutput {
     /// Sorts `logits` (one row per wanting sequence) into what `sampling` asks, on the host.
     pub fn split(
-        logits: Vec<f32>,
+        mut logits: Vec<f32>,
         seqs: &[StepSeq<'_>],
         sampling: &[RowSampling<'_>],
         vocab: usize,
@@ -179,14 +179,14 @@ impl StepOutput {
             };
         }
         let mut out = Self::default();
-        for (how, row) in wanting().zip(logits.chunks_exact(vocab)) {
+        for (how, row) in wanting().zip(logits.chunks_exact_mut(vocab)) {
             match how {
                 RowSampling::Host => out.logits.extend_from_slice(row),
                 RowSampling::Greedy => out.tokens.push(greedy_token(row)),
                 RowSampling::Summary(plan) => {
-                    let mut row = row.to_vec();
-                    plan.shape(&mut row);
-                    out.summaries.push(RowSummary::of(&row, &plan.draw).ok());
+                    // The row is this step's own: shaped in place, as the GPU does.
+                    plan.shape(row);
+                    out.summaries.push(RowSummary::of(row, &plan.draw).ok());
                 }
             }
         }
