@@ -9,7 +9,6 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use strata_model::ModelConfig;
-use strata_model::sampler::greedy_token;
 use strata_model::weights::parameter_count;
 use strata_node::Engine;
 use strata_node::backend::{
@@ -536,92 +535,6 @@ fn check_graphs(
     Ok(Value::Array(checks))
 }
 
-/// Greedy sampling on the device against the CPU sampler's greedy choice over the same step's
-/// logits, token for token, at each batch size, through graph replay and eager launches: every
-/// row greedy, then every other row (the others' logits must come back bit for bit). The canary
-/// takes the host's choice with each row's top logit removed (the runner-up) and must differ.
-fn check_sampling(
-    backend: &mut CudaBackend,
-    batches: &[usize],
-    context: usize,
-    blocks_per_seq: usize,
-    vocab: usize,
-) -> Result<Value> {
-    let mut checks = Vec::new();
-    for &batch in batches {
-        let (tables, contexts, tokens) =
-            staggered_batch(backend, batch, context, blocks_per_seq, vocab)?;
-        let mut mismatches = 0;
-        let mut canary_caught = true;
-        for graphs in [true, false] {
-            backend.set_graphs(graphs);
-            let logits = decode_step(backend, &tables, &contexts, &tokens)?;
-            let host: Vec<Option<u32>> = logits.chunks_exact(vocab).map(greedy_token).collect();
-            let all = vec![RowSampling::Greedy; batch];
-            let device = decode_sampling(backend, &tables, &contexts, &tokens, &all)?;
-            mismatches += count_differing(&device.tokens, &host) + device.logits.len();
-            let every_other: Vec<RowSampling<'_>> = (0..batch)
-                .map(|b| {
-                    if b % 2 == 0 {
-                        RowSampling::Greedy
-                    } else {
-                        RowSampling::Host
-                    }
-                })
-                .collect();
-            let mixed = decode_sampling(backend, &tables, &contexts, &tokens, &every_other)?;
-            let (mut want_tokens, mut want_logits) = (Vec::new(), Vec::new());
-            for (b, row) in logits.chunks_exact(vocab).enumerate() {
-                if b % 2 == 0 {
-                    want_tokens.push(host[b]);
-                } else {
-                    want_logits.extend_from_slice(row);
-                }
-            }
-            mismatches += count_differing(&mixed.tokens, &want_tokens);
-            mismatches += mixed.logits.len().abs_diff(want_logits.len());
-            mismatches += mixed
-                .logits
-                .iter()
-                .zip(&want_logits)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-            let runner_up: Vec<Option<u32>> = logits
-                .chunks_exact(vocab)
-                .map(|row| {
-                    let mut row = row.to_vec();
-                    if let Some(top) = greedy_token(&row) {
-                        row[top as usize] = f32::NEG_INFINITY;
-                    }
-                    greedy_token(&row)
-                })
-                .collect();
-            canary_caught &= count_differing(&device.tokens, &runner_up) == batch;
-        }
-        backend.set_graphs(true);
-        let passed = mismatches == 0;
-        println!(
-            "  sampling batch {batch:>3}: device greedy {} host greedy (graphs and eager), canary {}",
-            if passed { "==" } else { "!=" },
-            if canary_caught { "caught" } else { "MISSED" },
-        );
-        ensure!(
-            passed,
-            "batch {batch}: {mismatches} device-sampled tokens or logits differ from the host's"
-        );
-        ensure!(
-            canary_caught,
-            "batch {batch}: the canary was not told apart"
-        );
-        checks.push(json!({"batch": batch, "identical": passed, "canary_caught": canary_caught}));
-    }
-    Ok(Value::Array(checks))
-}
-
-fn count_differing(a: &[Option<u32>], b: &[Option<u32>]) -> usize {
-    a.iter().zip(b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len())
-}
-
 /// Median, min and max seconds per decode step of `tables`, `steps` timed after 8 warm-ups.
 /// Every row is sampled greedily on the device, as the engine serves greedy requests.
 fn time_decode(
@@ -680,7 +593,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         blocks_per_seq,
         vocab,
     )?;
-    let sampling_checks = check_sampling(
+    let sampling_checks = super::gpu_sampling::check_greedy_sampling(
         &mut backend,
         &args.check_graphs,
         args.context,

@@ -1,10 +1,10 @@
-//! `strata gpu decode`'s seeded-sampling gate and timing: rows sampled on the device (shaping
-//! and the row pass in CUDA, the finish on the host) against the CPU sampler over the same
-//! step's logits.
+//! `strata gpu decode`'s sampling gates and timing: greedy rows reduced on the device, and rows
+//! sampled on the device (shaping and the row pass in CUDA, the finish on the host), each against
+//! the CPU sampler over the same step's logits.
 
 use anyhow::{Result, ensure};
 use serde_json::{Value, json};
-use strata_model::sampler::{RowPlan, RowSummary, Sampled, Sampler};
+use strata_model::sampler::{RowPlan, RowSummary, Sampled, Sampler, greedy_token};
 use strata_node::backend::{CudaBackend, RowSampling};
 use strata_protocol::SamplingParams;
 
@@ -101,7 +101,7 @@ impl Extra {
 
 /// Half the vocabulary by a fixed hash, never the row's argmax.
 fn allowed(row: &[f32]) -> Vec<u32> {
-    let top = strata_model::sampler::greedy_token(row).unwrap_or(0) as usize;
+    let top = greedy_token(row).unwrap_or(0) as usize;
     let mut bits = vec![0u32; row.len().div_ceil(32)];
     for id in 0..row.len() {
         if id != top && (id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 63 == 1 {
@@ -133,7 +133,7 @@ fn samplers(batch: usize, vocab: usize) -> Result<Vec<(Sampler, Extra)>> {
 /// Tokens masked out before the draw (as before `min_tokens`): a few ids, among them the row's
 /// argmax, so the mask visibly changes the outcome.
 fn masked(row: &[f32]) -> Vec<u32> {
-    let top = strata_model::sampler::greedy_token(row).unwrap_or(0);
+    let top = greedy_token(row).unwrap_or(0);
     vec![top, 1, 2, 3]
 }
 
@@ -237,6 +237,92 @@ pub(super) fn check_seeded_sampling(
         );
     }
     Ok(Value::Array(checks))
+}
+
+/// Greedy sampling on the device against the CPU sampler's greedy choice over the same step's
+/// logits, token for token, at each batch size, through graph replay and eager launches: every
+/// row greedy, then every other row (the others' logits must come back bit for bit). The canary
+/// takes the host's choice with each row's top logit removed (the runner-up) and must differ.
+pub(super) fn check_greedy_sampling(
+    backend: &mut CudaBackend,
+    batches: &[usize],
+    context: usize,
+    blocks_per_seq: usize,
+    vocab: usize,
+) -> Result<Value> {
+    let mut checks = Vec::new();
+    for &batch in batches {
+        let (tables, contexts, tokens) =
+            staggered_batch(backend, batch, context, blocks_per_seq, vocab)?;
+        let mut mismatches = 0;
+        let mut canary_caught = true;
+        for graphs in [true, false] {
+            backend.set_graphs(graphs);
+            let logits = decode_step(backend, &tables, &contexts, &tokens)?;
+            let host: Vec<Option<u32>> = logits.chunks_exact(vocab).map(greedy_token).collect();
+            let all = vec![RowSampling::Greedy; batch];
+            let device = decode_sampling(backend, &tables, &contexts, &tokens, &all)?;
+            mismatches += count_differing(&device.tokens, &host) + device.logits.len();
+            let every_other: Vec<RowSampling<'_>> = (0..batch)
+                .map(|b| {
+                    if b % 2 == 0 {
+                        RowSampling::Greedy
+                    } else {
+                        RowSampling::Host
+                    }
+                })
+                .collect();
+            let mixed = decode_sampling(backend, &tables, &contexts, &tokens, &every_other)?;
+            let (mut want_tokens, mut want_logits) = (Vec::new(), Vec::new());
+            for (b, row) in logits.chunks_exact(vocab).enumerate() {
+                if b % 2 == 0 {
+                    want_tokens.push(host[b]);
+                } else {
+                    want_logits.extend_from_slice(row);
+                }
+            }
+            mismatches += count_differing(&mixed.tokens, &want_tokens);
+            mismatches += mixed.logits.len().abs_diff(want_logits.len());
+            mismatches += mixed
+                .logits
+                .iter()
+                .zip(&want_logits)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            let runner_up: Vec<Option<u32>> = logits
+                .chunks_exact(vocab)
+                .map(|row| {
+                    let mut row = row.to_vec();
+                    if let Some(top) = greedy_token(&row) {
+                        row[top as usize] = f32::NEG_INFINITY;
+                    }
+                    greedy_token(&row)
+                })
+                .collect();
+            canary_caught &= count_differing(&device.tokens, &runner_up) == batch;
+        }
+        backend.set_graphs(true);
+        let passed = mismatches == 0;
+        println!(
+            "  sampling batch {batch:>3}: device greedy {} host greedy (graphs and eager), canary {}",
+            if passed { "==" } else { "!=" },
+            if canary_caught { "caught" } else { "MISSED" },
+        );
+        ensure!(
+            passed,
+            "batch {batch}: {mismatches} device-sampled tokens or logits differ from the host's"
+        );
+        ensure!(
+            canary_caught,
+            "batch {batch}: the canary was not told apart"
+        );
+        checks.push(json!({"batch": batch, "identical": passed, "canary_caught": canary_caught}));
+    }
+    Ok(Value::Array(checks))
+}
+
+fn count_differing(a: &[Option<u32>], b: &[Option<u32>]) -> usize {
+    a.iter().zip(b).filter(|(x, y)| x != y).count() + a.len().abs_diff(b.len())
 }
 
 /// Token, log-probability bits and reported log-probabilities all equal.
