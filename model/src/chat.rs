@@ -107,6 +107,9 @@ impl ChatTemplate {
     /// `chat_template` (a string or a `[{"name", "template"}]` list). `Ok(None)` when neither
     /// has one. BOS/EOS come from `tokenizer_config.json`.
     pub fn from_dir(dir: &Path) -> Result<Option<Self>, TemplateError> {
+        if crate::gguf::is_gguf_file(dir) {
+            return Self::from_gguf(dir);
+        }
         let config_path = dir.join("tokenizer_config.json");
         let config = match config_path.is_file() {
             true => Some(read_json(&config_path)?),
@@ -131,6 +134,31 @@ impl ChatTemplate {
             return Ok(None);
         }
         Self::from_sources(sources, special.bos_token, special.eos_token).map(Some)
+    }
+
+    /// The templates a GGUF file carries (`tokenizer.chat_template` and named ones), with the
+    /// BOS/EOS tokens its tokenizer metadata names. `Ok(None)` when it has none.
+    pub fn from_gguf(path: &Path) -> Result<Option<Self>, TemplateError> {
+        let malformed = |message: String| TemplateError::MalformedConfig {
+            path: path.to_owned(),
+            message,
+        };
+        let file = crate::gguf::GgufFile::open(path).map_err(|e| malformed(e.to_string()))?;
+        let header = file.header();
+        let special = crate::gguf::special_tokens(header).map_err(|e| malformed(e.to_string()))?;
+        let sources: Vec<TemplateSource> = crate::gguf::chat_templates(header)
+            .map_err(|e| malformed(e.to_string()))?
+            .into_iter()
+            .map(|(name, source)| TemplateSource {
+                origin: format!("{}: {}", path.display(), template_key(&name)),
+                name,
+                source,
+            })
+            .collect();
+        if sources.is_empty() {
+            return Ok(None);
+        }
+        Self::from_sources(sources, special.bos, special.eos).map(Some)
     }
 
     fn from_sources(
@@ -739,5 +767,13 @@ mod tests {
         assert!(matches!(err, TemplateError::Render { .. }), "{err}");
         let err = render("{{ missing | tojson }}", &req).unwrap_err();
         assert!(err.to_string().contains("not JSON serializable"), "{err}");
+    }
+}
+
+/// The GGUF metadata key a template named `name` comes from.
+fn template_key(name: &str) -> String {
+    match name {
+        DEFAULT_NAME => crate::gguf::CHAT_TEMPLATE_KEY.to_string(),
+        other => format!("{}.{other}", crate::gguf::CHAT_TEMPLATE_KEY),
     }
 }

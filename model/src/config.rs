@@ -150,8 +150,14 @@ struct RawConfig {
 }
 
 impl ModelConfig {
-    /// Reads `dir/config.json`.
+    /// Reads `dir/config.json`; or, when `dir` is a GGUF file, that file's metadata.
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
+        if crate::gguf::is_gguf_file(dir) {
+            let file = crate::gguf::GgufFile::open(dir)
+                .map_err(|e| ConfigError::new(dir, e.to_string()))?;
+            return crate::gguf::model_config(file.header())
+                .map_err(|e| ConfigError::new(dir, e.to_string()));
+        }
         Self::from_file(&dir.join("config.json"))
     }
 
@@ -422,8 +428,20 @@ struct RawGenerationConfig {
 }
 
 impl GenerationConfig {
-    /// Reads `dir/generation_config.json`; a checkpoint without one gets the empty default.
+    /// Reads `dir/generation_config.json`; a checkpoint without one gets the empty default. A
+    /// GGUF file has no sampling defaults; its BOS and end-of-generation tokens are read.
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
+        if crate::gguf::is_gguf_file(dir) {
+            let file = crate::gguf::GgufFile::open(dir)
+                .map_err(|e| ConfigError::new(dir, e.to_string()))?;
+            let header = file.header();
+            return Ok(Self {
+                bos_token_id: header.get_u32("tokenizer.ggml.bos_token_id"),
+                eos_token_ids: crate::gguf::end_token_ids(header)
+                    .map_err(|e| ConfigError::new(dir, e.to_string()))?,
+                ..Self::default()
+            });
+        }
         let path = dir.join("generation_config.json");
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,

@@ -134,8 +134,12 @@ impl std::fmt::Debug for Tokenizer {
 }
 
 impl Tokenizer {
-    /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`.
+    /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`; or, when `dir`
+    /// is a GGUF file, the tokenizer its metadata describes.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
+        if crate::gguf::is_gguf_file(dir) {
+            return Self::from_gguf(dir);
+        }
         let config = dir.join("tokenizer_config.json");
         let config = config.is_file().then_some(config);
         Self::from_file(&dir.join("tokenizer.json"), config.as_deref())
@@ -167,6 +171,35 @@ impl Tokenizer {
         Ok(Tokenizer {
             inner,
             path: tokenizer_json.to_owned(),
+            config,
+            eos_token_id,
+        })
+    }
+
+    /// The tokenizer of the GGUF file at `path` (see [`crate::gguf::tokenizer`]).
+    pub fn from_gguf(path: &Path) -> Result<Tokenizer, TokenizerError> {
+        let malformed = |message: String| TokenizerError::MalformedTokenizer {
+            path: path.to_owned(),
+            message,
+        };
+        let file = crate::gguf::GgufFile::open(path).map_err(|e| malformed(e.to_string()))?;
+        let built = crate::gguf::tokenizer(file.header()).map_err(|e| malformed(e.to_string()))?;
+        let bytes = serde_json::to_vec(&built.json).map_err(|e| malformed(e.to_string()))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| malformed(one_line(&e.to_string())))?;
+        let config = TokenizerConfig {
+            bos_token: built.bos_token,
+            eos_token: built.eos_token,
+            add_bos_token: Some(built.add_bos_token),
+            model_max_length: None,
+        };
+        let eos_token_id = config
+            .eos_token
+            .as_deref()
+            .and_then(|t| inner.token_to_id(t));
+        Ok(Tokenizer {
+            inner,
+            path: path.to_owned(),
             config,
             eos_token_id,
         })

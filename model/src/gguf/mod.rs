@@ -10,14 +10,15 @@
 //! [`Gguf`] or [`GgufFile`] can hand out tensor slices without further failure modes. A malformed
 //! file is a [`GgufError`] that says what is wrong and at which byte; it never panics.
 //!
-//! [`model_config`] reads a [`crate::config::ModelConfig`] from the metadata and
-//! [`hf_tensor_name`] maps tensor names to the crate's Hugging Face names. Nothing here is wired
-//! into model loading yet.
+//! [`model_config`] reads a [`crate::config::ModelConfig`] from the metadata,
+//! [`hf_tensor_name`] maps tensor names to the crate's Hugging Face names, and [`tokenizer`]
+//! rebuilds the tokenizer from `tokenizer.ggml.*`.
 
 mod config;
 pub mod dequant;
 mod ggml_type;
 mod reader;
+mod tokenizer;
 mod value;
 
 use std::collections::HashMap;
@@ -32,7 +33,23 @@ pub use config::{
 };
 pub use dequant::{dequantize, dequantize_into};
 pub use ggml_type::{GgmlType, QK_K};
+pub use tokenizer::{
+    CHAT_TEMPLATE_KEY, GgufTokenizer, GgufTokenizerError, SUPPORTED_PRE_TOKENIZERS, SpecialTokens,
+    chat_templates, end_token_ids, special_tokens, tokenizer,
+};
 pub use value::{GgufArray, GgufValue, GgufValueType, encode_string};
+
+/// Whether `path` is a file that starts with the GGUF magic (how `--model` tells a GGUF file from
+/// a checkpoint directory).
+pub fn is_gguf_file(path: &Path) -> bool {
+    use std::io::Read;
+    let mut magic = [0u8; 4];
+    path.is_file()
+        && File::open(path)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .is_ok()
+        && &magic == b"GGUF"
+}
 
 /// The metadata key that sets the data-section alignment.
 pub const ALIGNMENT_KEY: &str = "general.alignment";

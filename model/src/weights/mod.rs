@@ -1,7 +1,13 @@
 //! Checkpoint weights: safetensors files mapped into memory (one file or a sharded set with
-//! `model.safetensors.index.json`), indexed by tensor name, checked against the architecture.
+//! `model.safetensors.index.json`), or one GGUF file, indexed by tensor name (Hugging Face names
+//! for both), checked against the architecture.
 //!
 //! Nothing is copied at open time; a tensor's bytes are read from the mapping when a backend asks.
+//! A GGUF tensor in a ggml block format is widened to f32 the first time it is asked for (exactly:
+//! the dequantizers are bit-exact) and kept; so are the q/k projections of `llama` GGUF files,
+//! whose rows the converter reordered for llama.cpp's rope and which are put back in Hugging Face
+//! order here (see [`crate::gguf`]'s config module). F32, F16 and BF16 tensors are read from the
+//! mapping as they are.
 
 mod layout;
 
@@ -9,6 +15,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
@@ -20,6 +27,7 @@ pub use layout::{
 };
 
 use crate::config::ModelConfig;
+use crate::gguf::{self, GgmlType, Gguf};
 
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -110,9 +118,32 @@ struct ShardFile {
 
 struct TensorEntry {
     file: usize,
-    dtype: Dtype,
     shape: Vec<usize>,
+    /// Byte range in the file's data section.
     offsets: (usize, usize),
+    data: TensorData,
+}
+
+enum TensorData {
+    /// Read from the mapping as stored.
+    Mapped(Dtype),
+    /// A GGUF tensor widened to f32 on first use (little-endian bytes), its rows put back in
+    /// Hugging Face order when `unpermute_heads` is set.
+    Widened {
+        ty: GgmlType,
+        unpermute_heads: Option<usize>,
+        f32_bytes: OnceLock<Result<Vec<u8>, String>>,
+    },
+}
+
+impl TensorEntry {
+    /// The element type as stored, for histograms and messages.
+    fn stored_type(&self) -> String {
+        match &self.data {
+            TensorData::Mapped(dtype) => format!("{dtype:?}"),
+            TensorData::Widened { ty, .. } => ty.name().to_string(),
+        }
+    }
 }
 
 /// An opened checkpoint: every tensor of every shard, by name.
@@ -138,8 +169,12 @@ struct ShardIndex {
 }
 
 impl Checkpoint {
-    /// Opens `dir/model.safetensors`, or every shard named by `dir/model.safetensors.index.json`.
+    /// Opens `dir/model.safetensors`, or every shard named by `dir/model.safetensors.index.json`;
+    /// or, when `dir` is a GGUF file, that file.
     pub fn open(dir: &Path) -> Result<Self, WeightError> {
+        if gguf::is_gguf_file(dir) {
+            return Self::open_gguf(dir);
+        }
         let index_path = dir.join(INDEX_FILE);
         let single = dir.join(SINGLE_FILE);
         let mut checkpoint = Self {
@@ -224,9 +259,9 @@ impl Checkpoint {
             }
             let entry = TensorEntry {
                 file: file_index,
-                dtype: info.dtype,
                 shape: info.shape.clone(),
                 offsets: info.data_offsets,
+                data: TensorData::Mapped(info.dtype),
             };
             self.tensors.insert(name, entry);
         }
@@ -236,6 +271,113 @@ impl Checkpoint {
             data_start: 8 + header_len,
         });
         Ok(())
+    }
+
+    /// Opens one GGUF file: every tensor under its Hugging Face name (a name with no counterpart
+    /// keeps its GGUF name, so [`Self::validate`] reports it), in HF shape (GGUF lists dimensions
+    /// fastest first).
+    fn open_gguf(path: &Path) -> Result<Self, WeightError> {
+        let io = |source| WeightError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let malformed = |problem: String| WeightError::Malformed {
+            path: path.to_path_buf(),
+            problem,
+        };
+        let file = File::open(path).map_err(io)?;
+        // SAFETY: as for safetensors files above.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        let parsed = Gguf::parse(&mmap).map_err(|e| malformed(e.to_string()))?;
+        let header = parsed.header();
+        // llama.cpp reorders the q/k rows of `llama` files only (see the gguf config module).
+        let permuted = header.get_str(gguf::ARCHITECTURE_KEY) == Some("llama");
+        let heads = |key: &str| {
+            let arch = header.get_str(gguf::ARCHITECTURE_KEY).unwrap_or_default();
+            header
+                .get_u32(&format!("{arch}.{key}"))
+                .map(|h| h as usize)
+                .ok_or_else(|| malformed(format!("metadata key {arch}.{key} is missing")))
+        };
+        let (q_heads, kv_heads) = if permuted {
+            let q = heads("attention.head_count")?;
+            let kv = header
+                .get_u32("llama.attention.head_count_kv")
+                .map_or(q, |h| h as usize);
+            (q, kv)
+        } else {
+            (0, 0)
+        };
+        let mut tensors = HashMap::new();
+        let data_start = usize::try_from(header.data_offset())
+            .map_err(|_| malformed("the data section starts beyond the address space".into()))?;
+        for info in header.tensor_infos() {
+            let gguf_name = info.name();
+            let name = gguf::hf_tensor_name(gguf_name).unwrap_or_else(|| gguf_name.to_string());
+            // Parsing proved every extent lies inside the file.
+            let start = info.offset() as usize;
+            let offsets = (start, start + info.byte_len() as usize);
+            let shape: Vec<usize> = info.dims().iter().rev().map(|&d| d as usize).collect();
+            let unpermute_heads = if !permuted {
+                None
+            } else if gguf_name.ends_with(".attn_q.weight") || gguf_name.ends_with(".attn_q.bias") {
+                Some(q_heads)
+            } else if gguf_name.ends_with(".attn_k.weight") || gguf_name.ends_with(".attn_k.bias") {
+                Some(kv_heads)
+            } else {
+                None
+            };
+            let mapped = match info.ty() {
+                GgmlType::F32 => Some(Dtype::F32),
+                GgmlType::F16 => Some(Dtype::F16),
+                GgmlType::BF16 => Some(Dtype::BF16),
+                _ => None,
+            };
+            let data = match (mapped, unpermute_heads) {
+                (Some(dtype), None) => TensorData::Mapped(dtype),
+                _ if gguf::dequant::is_supported(info.ty()) => TensorData::Widened {
+                    ty: info.ty(),
+                    unpermute_heads,
+                    f32_bytes: OnceLock::new(),
+                },
+                _ => {
+                    return Err(malformed(format!(
+                        "tensor {gguf_name} is {}, a type strata cannot read yet",
+                        info.ty().name()
+                    )));
+                }
+            };
+            if let Some(heads) = unpermute_heads {
+                let rows = shape.first().copied().unwrap_or(0);
+                if heads == 0 || rows % (2 * heads) != 0 {
+                    return Err(malformed(format!(
+                        "tensor {gguf_name} has {rows} rows, not a whole number of {heads} heads \
+                         of even width"
+                    )));
+                }
+            }
+            if tensors.contains_key(&name) {
+                return Err(malformed(format!("two tensors map to {name}")));
+            }
+            tensors.insert(
+                name,
+                TensorEntry {
+                    file: 0,
+                    shape,
+                    offsets,
+                    data,
+                },
+            );
+        }
+        Ok(Self {
+            dir: path.to_path_buf(),
+            files: vec![ShardFile {
+                path: path.to_path_buf(),
+                mmap,
+                data_start,
+            }],
+            tensors,
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -264,14 +406,33 @@ impl Checkpoint {
                     name: name.to_string(),
                 })?;
         let file = &self.files[entry.file];
-        let dtype =
-            WeightDtype::from_safetensors(entry.dtype).ok_or_else(|| WeightError::Dtype {
-                path: file.path.clone(),
-                name: name.to_string(),
-                dtype: entry.dtype,
-            })?;
-        let bytes =
+        let stored =
             &file.mmap[file.data_start + entry.offsets.0..file.data_start + entry.offsets.1];
+        let (dtype, bytes) = match &entry.data {
+            TensorData::Mapped(dtype) => {
+                let dtype =
+                    WeightDtype::from_safetensors(*dtype).ok_or_else(|| WeightError::Dtype {
+                        path: file.path.clone(),
+                        name: name.to_string(),
+                        dtype: *dtype,
+                    })?;
+                (dtype, stored)
+            }
+            TensorData::Widened {
+                ty,
+                unpermute_heads,
+                f32_bytes,
+            } => {
+                let widened = f32_bytes
+                    .get_or_init(|| widen(*ty, stored, &entry.shape, *unpermute_heads))
+                    .as_ref()
+                    .map_err(|problem| WeightError::Malformed {
+                        path: file.path.clone(),
+                        problem: format!("tensor {name}: {problem}"),
+                    })?;
+                (WeightDtype::F32, widened.as_slice())
+            }
+        };
         Ok(TensorRef {
             name: key,
             path: &file.path,
@@ -323,12 +484,45 @@ impl Checkpoint {
     pub fn dtype_histogram(&self) -> Vec<(String, usize)> {
         let mut counts: HashMap<String, usize> = HashMap::new();
         for t in self.tensors.values() {
-            *counts.entry(format!("{:?}", t.dtype)).or_default() += 1;
+            *counts.entry(t.stored_type()).or_default() += 1;
         }
         let mut out: Vec<_> = counts.into_iter().collect();
         out.sort();
         out
     }
+}
+
+/// A GGUF tensor of HF shape `shape` stored as `ty`, as little-endian f32 bytes; with
+/// `unpermute_heads`, its rows put back from llama.cpp's rope order (per head of `2r` rows, row
+/// `2j + t` in the file is row `t·r + j` in Hugging Face's).
+fn widen(
+    ty: GgmlType,
+    stored: &[u8],
+    shape: &[usize],
+    unpermute_heads: Option<usize>,
+) -> Result<Vec<u8>, String> {
+    let numel: usize = shape.iter().product();
+    let values = gguf::dequantize(ty, stored, numel as u64).map_err(|e| e.to_string())?;
+    let values = match unpermute_heads {
+        None => values,
+        Some(heads) => {
+            let rows = shape.first().copied().unwrap_or(1);
+            let cols = numel / rows.max(1);
+            let half = rows / heads / 2;
+            let mut out = vec![0.0f32; numel];
+            for h in 0..heads {
+                for j in 0..half {
+                    for t in 0..2 {
+                        let from = (h * 2 * half + 2 * j + t) * cols;
+                        let to = (h * 2 * half + t * half + j) * cols;
+                        out[to..to + cols].copy_from_slice(&values[from..from + cols]);
+                    }
+                }
+            }
+            out
+        }
+    };
+    Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect())
 }
 
 impl<'a> TensorRef<'a> {
