@@ -310,3 +310,42 @@ fn serve_tp_ranks_answer_like_one_rank_and_a_bad_degree_is_refused() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(stderr.contains("--tp 3"), "{stderr}");
 }
+
+/// The README's main command and its curl: `strata serve` with no `--model` serves the default
+/// model (here from the test data's copy, so the test needs no network beyond the fetch script),
+/// and the README's own request body gets an answer naming Paris.
+#[test]
+fn the_readme_request_to_the_default_model_answers_paris() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let curl = readme
+        .find("curl -s http://127.0.0.1:8080/v1/chat/completions")
+        .expect("the README shows a chat completion curl");
+    let body_at = curl + readme[curl..].find("-d '").expect("a -d body") + 4;
+    let body = &readme[body_at..body_at + readme[body_at..].find('\'').unwrap()];
+    assert!(body.contains("capital of France"), "{body}");
+
+    let cache = root.join("target/test-data");
+    assert!(
+        cache
+            .join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+            .is_file(),
+        "missing the default model: run scripts/fetch-test-data.sh from the repository root"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let keys = tmp.path().join("keys.json");
+    let server = Server::start(&[
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--keys-file",
+        keys.to_str().unwrap(),
+        "--port",
+        "0",
+    ]);
+    let (status, raw) = http(server.addr, "POST", "/v1/chat/completions", None, body);
+    assert_eq!(status, 200, "{raw}");
+    let json: serde_json::Value =
+        serde_json::from_str(raw.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let answer = json["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(answer.contains("Paris"), "the answer: {answer:?}");
+}

@@ -480,6 +480,14 @@ fn json_to_value(json: &Json) -> Value {
     }
 }
 
+/// The GGUF metadata key a template named `name` comes from.
+fn template_key(name: &str) -> String {
+    match name {
+        DEFAULT_NAME => crate::gguf::CHAT_TEMPLATE_KEY.to_string(),
+        other => format!("{}.{other}", crate::gguf::CHAT_TEMPLATE_KEY),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -767,13 +775,5 @@ mod tests {
         assert!(matches!(err, TemplateError::Render { .. }), "{err}");
         let err = render("{{ missing | tojson }}", &req).unwrap_err();
         assert!(err.to_string().contains("not JSON serializable"), "{err}");
-    }
-}
-
-/// The GGUF metadata key a template named `name` comes from.
-fn template_key(name: &str) -> String {
-    match name {
-        DEFAULT_NAME => crate::gguf::CHAT_TEMPLATE_KEY.to_string(),
-        other => format!("{}.{other}", crate::gguf::CHAT_TEMPLATE_KEY),
     }
 }

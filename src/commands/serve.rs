@@ -8,13 +8,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Deserialize;
-use strata_model::synth::{DEMO_MODEL_NAME, ensure_demo_model};
 use strata_router::admission::AdmissionLimits;
 use strata_router::auth::KeyStore;
 use strata_router::{Access, ServeConfig};
 
 use super::engine_args::EngineSettings;
-use super::generate::default_cache_dir;
+use super::generate::{default_cache_dir, default_model};
 use super::keys::KEYS_FILE;
 
 const DEFAULT_HOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -34,9 +33,15 @@ pub struct ServeArgs {
 /// a file's keys are checked against the flags' names ([`ServeSettings::known_keys`]).
 #[derive(Args, Deserialize, Default)]
 struct ServeSettings {
-    /// Checkpoint directory (HF layout). Default: the embedded demo model, synthesized on first use.
+    /// Checkpoint: an HF directory or a GGUF file. Default: SmolLM2-135M-Instruct, fetched on
+    /// first use.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Without --model: serve the synthesized random-weight demo model instead of fetching the
+    /// default model (offline use).
+    #[arg(long)]
+    #[serde(default)]
+    random_model: bool,
     /// Listening address [default: 127.0.0.1].
     #[arg(long)]
     host: Option<IpAddr>,
@@ -46,7 +51,8 @@ struct ServeSettings {
     #[command(flatten)]
     #[serde(flatten)]
     engine: EngineSettings,
-    /// Where the demo model is kept (default: $XDG_CACHE_HOME/strata or ~/.cache/strata).
+    /// Where the default and demo models are kept (default: $XDG_CACHE_HOME/strata or
+    /// ~/.cache/strata).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
     /// API keys (`strata keys add`), reread when it changes; without keys the server is open.
@@ -114,6 +120,7 @@ impl ServeSettings {
     fn or(self, fallback: Self) -> Self {
         Self {
             model: self.model.or(fallback.model),
+            random_model: self.random_model || fallback.random_model,
             host: self.host.or(fallback.host),
             port: self.port.or(fallback.port),
             engine: self.engine.or(fallback.engine),
@@ -151,20 +158,20 @@ pub fn run(args: ServeArgs) -> Result<()> {
         keys_file.display()
     );
     let (model_dir, model_name, owned_by) = match settings.model {
-        Some(dir) => {
-            let name = dir
-                .canonicalize()
-                .unwrap_or_else(|_| dir.clone())
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .with_context(|| format!("{}: cannot name the model", dir.display()))?;
-            (dir, name, "strata".to_string())
+        Some(path) => {
+            let canonical = path.canonicalize().unwrap_or_else(|_| path.clone());
+            // A GGUF file is named without its extension, a directory by its name.
+            let name = match canonical.extension() {
+                Some(ext) if ext.eq_ignore_ascii_case("gguf") => canonical.file_stem(),
+                _ => canonical.file_name(),
+            }
+            .map(|n| n.to_string_lossy().into_owned())
+            .with_context(|| format!("{}: cannot name the model", path.display()))?;
+            (path, name, "strata".to_string())
         }
         None => {
-            let dir = ensure_demo_model(&cache).context("preparing the demo model")?;
-            tracing::info!("model: {} (demo model, random weights)", dir.display());
-            let owned_by = "strata (demo model, random weights)".to_string();
-            (dir, DEMO_MODEL_NAME.to_string(), owned_by)
+            let model = default_model(&cache, settings.random_model)?;
+            (model.path, model.name, model.owned_by)
         }
     };
     let config = ServeConfig {
