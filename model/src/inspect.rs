@@ -17,10 +17,13 @@ pub struct Inspection {
     pub parameters: usize,
     pub checkpoint_bytes: usize,
     pub dtypes: Vec<(String, usize)>,
+    /// Some tensors are stored in a block format (GGUF) and widened when loaded.
+    pub widened: bool,
 }
 
 impl Inspection {
-    /// Reads config.json and the safetensors headers (no tensor data) and validates the layout.
+    /// Reads config.json and the safetensors headers, or a GGUF file's header (no tensor data),
+    /// and validates the layout.
     pub fn of(dir: &Path) -> Result<Self, LoadError> {
         let config = ModelConfig::from_dir(dir)?;
         let ckpt = Checkpoint::open(dir)?;
@@ -29,6 +32,7 @@ impl Inspection {
             parameters: parameter_count(&config),
             checkpoint_bytes: ckpt.data_bytes(),
             dtypes: ckpt.dtype_histogram(),
+            widened: ckpt.widens(),
             config,
         })
     }
@@ -108,6 +112,15 @@ impl fmt::Display for Inspection {
             human_bytes(self.checkpoint_bytes as f64),
             dtypes.join(", ")
         )?;
+        if self.widened {
+            writeln!(
+                f,
+                "runs as          f32 on the CPU ({}), bf16 on CUDA ({}): block-quantized \
+                 tensors are widened at load",
+                human_bytes(self.parameters as f64 * 4.0),
+                human_bytes(self.parameters as f64 * 2.0)
+            )?;
+        }
         for (name, bytes) in FORMATS {
             writeln!(
                 f,

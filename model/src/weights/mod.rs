@@ -480,6 +480,13 @@ impl Checkpoint {
         Ok(())
     }
 
+    /// Whether any tensor is widened at load (a GGUF block type, or q/k rows reordered).
+    pub fn widens(&self) -> bool {
+        self.tensors
+            .values()
+            .any(|t| matches!(t.data, TensorData::Widened { .. }))
+    }
+
     /// The dtypes present, with the number of tensors of each.
     pub fn dtype_histogram(&self) -> Vec<(String, usize)> {
         let mut counts: HashMap<String, usize> = HashMap::new();
