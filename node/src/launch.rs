@@ -47,6 +47,22 @@ pub fn start_engine(
     dir: &Path,
     spec: &EngineSpec,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
+    let built = build_backend(dir, spec)?;
+    start_parts(built.backend, built.parts, built.eos_token_ids, spec.limits)
+}
+
+/// A backend with what the front door keeps of its checkpoint.
+pub struct BuiltBackend {
+    pub backend: Box<dyn Backend>,
+    pub parts: ServingParts,
+    /// Every id that ends a sequence ([`eos_ids`]).
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// The backend `spec` describes for the checkpoint in `dir`, without an engine around it (for
+/// tools that drive steps themselves, such as `strata eval`), with the front door's parts and
+/// the end-of-sequence ids.
+pub fn build_backend(dir: &Path, spec: &EngineSpec) -> Result<BuiltBackend, ModelLoadError> {
     spec.validate().map_err(ModelLoadError::Device)?;
     let cpu_bytes = || match spec.kv {
         KvBudget::Bytes(bytes) => Ok(bytes),
@@ -56,11 +72,21 @@ pub fn start_engine(
     };
     let placement = match (spec.device, spec.tp) {
         (Device::Cpu, 1) => {
-            return LoadedModel::load(dir)?.start_engine(
-                spec.block_size,
-                cpu_bytes()?,
-                spec.limits,
-            );
+            if spec.block_size == 0 {
+                return Err(ModelLoadError::BlockSize);
+            }
+            let loaded = LoadedModel::load(dir)?;
+            let backend = CpuBackend::new(loaded.model, spec.block_size, cpu_bytes()?);
+            let parts = ServingParts {
+                tokenizer: loaded.tokenizer,
+                template: loaded.template,
+                generation_config: loaded.generation_config,
+            };
+            return Ok(BuiltBackend {
+                backend: Box::new(backend),
+                parts,
+                eos_token_ids: loaded.eos_token_ids,
+            });
         }
         (Device::Cpu, tp) => {
             // Each rank reads only its slices of the mapped checkpoint.
@@ -68,14 +94,18 @@ pub fn start_engine(
             let backend =
                 CpuTpBackend::new(&config, &checkpoint, tp, spec.block_size, cpu_bytes()?)
                     .map_err(|e| ModelLoadError::Device(format!("--tp {tp}: {e}")))?;
-            return start_parts(Box::new(backend), parts, eos_token_ids, spec.limits);
+            return Ok(BuiltBackend {
+                backend: Box::new(backend),
+                parts,
+                eos_token_ids,
+            });
         }
         (Device::Cuda(first), tp) => CudaPlacement {
             devices: (first..first + tp).collect(),
             ..CudaPlacement::single(first)
         },
     };
-    start_cuda_engine(dir, &placement, spec)
+    build_cuda_backend(dir, &placement, spec)
 }
 
 /// How the CUDA engine lays out its tensor-parallel ranks (DESIGN.md §5).
@@ -116,6 +146,16 @@ pub fn start_cuda_engine(
     placement: &CudaPlacement,
     spec: &EngineSpec,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
+    let built = build_cuda_backend(dir, placement, spec)?;
+    start_parts(built.backend, built.parts, built.eos_token_ids, spec.limits)
+}
+
+/// The CUDA backend of [`start_cuda_engine`], without the engine.
+fn build_cuda_backend(
+    dir: &Path,
+    placement: &CudaPlacement,
+    spec: &EngineSpec,
+) -> Result<BuiltBackend, ModelLoadError> {
     if spec.block_size == 0 {
         return Err(ModelLoadError::BlockSize);
     }
@@ -180,7 +220,11 @@ pub fn start_cuda_engine(
         }
         Box::new(backend)
     };
-    start_parts(backend, parts, eos_token_ids, spec.limits)
+    Ok(BuiltBackend {
+        backend,
+        parts,
+        eos_token_ids,
+    })
 }
 
 /// What a sharded backend starts from: the config and the mapped checkpoint (weights not yet

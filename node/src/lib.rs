@@ -4,6 +4,7 @@
 
 pub mod backend;
 mod engine;
+pub mod eval;
 #[cfg(test)]
 mod gates;
 pub mod kv;
@@ -16,7 +17,7 @@ pub use engine::{
     Admission, Engine, EngineConfig, RATE_SAMPLE_TOKENS, RequestStream, SubmitError, average_rate,
 };
 pub use launch::{
-    CudaPlacement, LoadedModel, ModelLoadError, ServingParts, eos_ids, grammar_compiler,
-    start_cuda_engine, start_engine,
+    BuiltBackend, CudaPlacement, LoadedModel, ModelLoadError, ServingParts, build_backend, eos_ids,
+    grammar_compiler, start_cuda_engine, start_engine,
 };
 pub use spec::{Device, EngineSpec, KvBudget};

