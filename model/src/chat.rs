@@ -143,7 +143,7 @@ impl ChatTemplate {
             path: path.to_owned(),
             message,
         };
-        let file = crate::gguf::GgufFile::open(path).map_err(|e| malformed(e.to_string()))?;
+        let file = crate::gguf::GgufFile::open(path).map_err(|e| malformed(e.problem()))?;
         let header = file.header();
         let special = crate::gguf::special_tokens(header).map_err(|e| malformed(e.to_string()))?;
         let sources: Vec<TemplateSource> = crate::gguf::chat_templates(header)

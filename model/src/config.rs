@@ -154,7 +154,7 @@ impl ModelConfig {
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
         if crate::gguf::is_gguf_file(dir) {
             let file = crate::gguf::GgufFile::open(dir)
-                .map_err(|e| ConfigError::new(dir, e.to_string()))?;
+                .map_err(|e| ConfigError::new(dir, e.problem()))?;
             return crate::gguf::model_config(file.header())
                 .map_err(|e| ConfigError::new(dir, e.to_string()));
         }
@@ -433,7 +433,7 @@ impl GenerationConfig {
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
         if crate::gguf::is_gguf_file(dir) {
             let file = crate::gguf::GgufFile::open(dir)
-                .map_err(|e| ConfigError::new(dir, e.to_string()))?;
+                .map_err(|e| ConfigError::new(dir, e.problem()))?;
             let header = file.header();
             return Ok(Self {
                 bos_token_id: header.get_u32("tokenizer.ggml.bos_token_id"),

@@ -182,7 +182,7 @@ impl Tokenizer {
             path: path.to_owned(),
             message,
         };
-        let file = crate::gguf::GgufFile::open(path).map_err(|e| malformed(e.to_string()))?;
+        let file = crate::gguf::GgufFile::open(path).map_err(|e| malformed(e.problem()))?;
         let built = crate::gguf::tokenizer(file.header()).map_err(|e| malformed(e.to_string()))?;
         let bytes = serde_json::to_vec(&built.json).map_err(|e| malformed(e.to_string()))?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)

@@ -280,3 +280,26 @@ fn greedy_matches_both_oracles_up_to_near_ties() {
     }
     eprintln!("{}", report.join("\n"));
 }
+
+/// A truncated copy of the real file (as an interrupted download leaves it) is refused by every
+/// loader with one line that names the file once and says what is wrong.
+#[test]
+fn a_truncated_file_is_refused_by_every_loader_with_one_clear_line() {
+    let bytes = std::fs::read(model_path()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("cut.gguf");
+    std::fs::write(&path, &bytes[..bytes.len() - 600_000]).unwrap();
+    let shown = path.display().to_string();
+    let messages = [
+        ModelConfig::from_dir(&path).unwrap_err().to_string(),
+        Tokenizer::from_dir(&path).unwrap_err().to_string(),
+        ChatTemplate::from_dir(&path).unwrap_err().to_string(),
+        Checkpoint::open(&path).err().unwrap().to_string(),
+        CpuModel::load(&path).err().unwrap().to_string(),
+    ];
+    for message in messages {
+        assert_eq!(message.matches(&shown).count(), 1, "{message}");
+        assert!(message.contains("beyond its end"), "{message}");
+        assert!(!message.contains('\n'), "{message}");
+    }
+}

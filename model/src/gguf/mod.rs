@@ -342,6 +342,17 @@ impl GgufHeader {
     }
 }
 
+impl GgufError {
+    /// The problem without the file's path, for a caller whose own error names the file.
+    pub fn problem(&self) -> String {
+        match self {
+            Self::InFile { source, .. } => source.to_string(),
+            Self::Io { source, .. } => source.to_string(),
+            other => other.to_string(),
+        }
+    }
+}
+
 /// One tensor: its table entry and its bytes.
 #[derive(Debug, Clone, Copy)]
 pub struct GgufTensor<'a> {
