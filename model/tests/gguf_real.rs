@@ -1,15 +1,17 @@
-//! A real trained model from GGUF (SmolLM2-135M-Instruct, Q4_1) on the CPU reference, against
-//! two oracles nobody here wrote: HF transformers reading the same file (dequantized to float32)
-//! and llama.cpp (llama-cpp-python). The fixture, `tests/oracle/gguf/smollm2-135m-instruct-q4_1.json`,
-//! was written by `tests/oracle/gguf_oracle.py`; the model is fetched (not vendored) by
-//! `scripts/fetch-test-data.sh`. Missing data fails these tests rather than skipping them.
+//! Two real trained models from GGUF on the CPU reference — SmolLM2-135M-Instruct (Q4_1; llama
+//! architecture, byte-level BPE, chat template) and Gemma 3 270M (Q4_K_M; gemma3 architecture,
+//! SentencePiece, base model) — against two oracles nobody here wrote: HF transformers reading
+//! the same file (dequantized to float32) and llama.cpp (llama-cpp-python). The fixtures under
+//! `tests/oracle/gguf/` were written by `tests/oracle/gguf_oracle.py`; the models are fetched (not
+//! vendored) by `scripts/fetch-test-data.sh`. Missing data fails these tests rather than skipping
+//! them.
 //!
 //! - Tokenizer: every corpus entry (Shakespeare, code, unicode, whitespace runs, special-token
 //!   strings in text) encodes to llama.cpp's ids, byte for byte.
 //! - Chat template: renders each prompt as transformers does; the rendered text tokenizes to the
 //!   ids both oracles agree on.
 //! - Logits: along transformers' greedy path, within [`BOUND`] of transformers' float32 logits.
-//! - Greedy: 64 tokens identical to transformers' (or apart only at a near-tie of our logits);
+//! - Greedy: 64 (Gemma: 32) tokens identical to transformers' (or apart only at a near-tie of our logits);
 //!   against llama.cpp (which multiplies with 8-bit activations) the first divergence must be
 //!   where llama.cpp's own top-2 gap is below its measured deviation from float32.
 //! - Canary: a perturbed rope base breaks the bound, so the comparison can fail.
@@ -52,7 +54,8 @@ struct Tokenize {
 
 #[derive(Deserialize)]
 struct Prompt {
-    messages: Vec<serde_json::Value>,
+    /// A chat (rendered by the template), or `text` (a base model's plain prompt).
+    messages: Option<Vec<serde_json::Value>>,
     rendered: String,
     prompt_ids: Vec<u32>,
     greedy_llama_cpp: Vec<u32>,
@@ -77,17 +80,34 @@ fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn fixture() -> &'static Fixture {
-    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
-    FIXTURE.get_or_init(|| {
-        let path = repo().join("tests/oracle/gguf/smollm2-135m-instruct-q4_1.json");
+/// The two real models: SmolLM2 (llama, byte-level BPE, chat) and Gemma 3 (gemma3,
+/// SentencePiece, base).
+#[derive(Clone, Copy)]
+enum Case {
+    SmolLm2,
+    Gemma3,
+}
+
+impl Case {
+    fn fixture_file(self) -> &'static str {
+        match self {
+            Case::SmolLm2 => "smollm2-135m-instruct-q4_1.json",
+            Case::Gemma3 => "gemma3-270m-q4_k_m.json",
+        }
+    }
+}
+
+fn fixture(case: Case) -> &'static Fixture {
+    static FIXTURES: [OnceLock<Fixture>; 2] = [OnceLock::new(), OnceLock::new()];
+    FIXTURES[case as usize].get_or_init(|| {
+        let path = repo().join("tests/oracle/gguf").join(case.fixture_file());
         let text = std::fs::read_to_string(&path).unwrap();
         serde_json::from_str(&text).unwrap()
     })
 }
 
-fn model_path() -> PathBuf {
-    let f = fixture();
+fn model_path(case: Case) -> PathBuf {
+    let f = fixture(case);
     let path = repo().join("target/test-data/models").join(&f.model.file);
     assert!(
         path.is_file(),
@@ -97,15 +117,15 @@ fn model_path() -> PathBuf {
     path
 }
 
-fn model() -> &'static CpuModel {
-    static MODEL: OnceLock<CpuModel> = OnceLock::new();
-    MODEL.get_or_init(|| {
-        let path = model_path();
+fn model(case: Case) -> &'static CpuModel {
+    static MODELS: [OnceLock<CpuModel>; 2] = [OnceLock::new(), OnceLock::new()];
+    MODELS[case as usize].get_or_init(|| {
+        let path = model_path(case);
         let bytes = std::fs::read(&path).unwrap();
         let sha = format!("{:x}", Sha256::digest(&bytes));
         assert_eq!(
             sha,
-            fixture().model.sha256,
+            fixture(case).model.sha256,
             "{} is not the fixture's file",
             path.display()
         );
@@ -119,16 +139,49 @@ fn digest(ids: &[u32]) -> String {
     format!("{:x}", Sha256::digest(&bytes))[..16].to_string()
 }
 
+/// Gemma 3 runs on one CPU rank: tensor parallelism of it is refused by name.
 #[test]
-fn tokenizer_matches_llama_cpp_on_the_corpus() {
+fn gemma3_tensor_parallelism_is_refused_by_name() {
+    let config = ModelConfig::from_dir(&model_path(Case::Gemma3)).unwrap();
+    let err = strata_model::cpu::TpShard::check(&config, 2).unwrap_err();
+    assert!(err.to_string().contains("Gemma3ForCausalLM"), "{err}");
+}
+
+/// Gemma 3's prompts are plain text: encoding with special tokens gives the oracles' ids (BOS
+/// first), and the file has no chat template.
+#[test]
+fn gemma3_prompts_encode_with_bos_and_there_is_no_template() {
+    let case = Case::Gemma3;
+    let tokenizer = Tokenizer::from_dir(&model_path(case)).unwrap();
+    for (i, p) in fixture(case).prompts.iter().enumerate() {
+        assert_eq!(
+            tokenizer.encode(&p.rendered, true).unwrap(),
+            p.prompt_ids,
+            "prompt {i}"
+        );
+    }
+    assert!(ChatTemplate::from_dir(&model_path(case)).unwrap().is_none());
+}
+
+#[test]
+fn smollm2_tokenizer_matches_llama_cpp_on_the_corpus() {
+    tokenizer_matches_llama_cpp(Case::SmolLm2);
+}
+
+#[test]
+fn gemma3_tokenizer_matches_llama_cpp_on_the_corpus() {
+    tokenizer_matches_llama_cpp(Case::Gemma3);
+}
+
+fn tokenizer_matches_llama_cpp(case: Case) {
     let corpus: Vec<String> = serde_json::from_str(
         &std::fs::read_to_string(repo().join("tests/oracle/gguf/corpus.json")).unwrap(),
     )
     .unwrap();
-    let expected = &fixture().tokenize;
+    let expected = &fixture(case).tokenize;
     assert_eq!(corpus.len(), expected.corpus_entries);
     assert!(corpus.len() >= 2000, "a few thousand entries");
-    let tokenizer = Tokenizer::from_dir(&model_path()).unwrap();
+    let tokenizer = Tokenizer::from_dir(&model_path(case)).unwrap();
     let mut wrong = Vec::new();
     for (i, (text, want)) in corpus.iter().zip(&expected.llama_cpp_digests).enumerate() {
         let ids = tokenizer.encode(text, false).unwrap();
@@ -152,14 +205,15 @@ fn tokenizer_matches_llama_cpp_on_the_corpus() {
 }
 
 #[test]
-fn chat_template_renders_like_transformers() {
-    let template = ChatTemplate::from_dir(&model_path())
+fn smollm2_chat_template_renders_like_transformers() {
+    let case = Case::SmolLm2;
+    let template = ChatTemplate::from_dir(&model_path(case))
         .unwrap()
         .expect("a chat template");
-    let tokenizer = Tokenizer::from_dir(&model_path()).unwrap();
-    for (i, p) in fixture().prompts.iter().enumerate() {
+    let tokenizer = Tokenizer::from_dir(&model_path(case)).unwrap();
+    for (i, p) in fixture(case).prompts.iter().enumerate() {
         let request = ChatRequest {
-            messages: p.messages.clone(),
+            messages: p.messages.clone().expect("chat prompts"),
             tools: None,
             add_generation_prompt: true,
             extra: Default::default(),
@@ -208,9 +262,18 @@ fn worst_deviation(model: &CpuModel, p: &Prompt) -> f32 {
 }
 
 #[test]
-fn logits_match_transformers_and_the_canary_fails() {
-    let model = model();
-    for (i, p) in fixture().prompts.iter().enumerate() {
+fn smollm2_logits_match_transformers_and_the_canary_fails() {
+    logits_match_transformers(Case::SmolLm2);
+}
+
+#[test]
+fn gemma3_logits_match_transformers_and_the_canary_fails() {
+    logits_match_transformers(Case::Gemma3);
+}
+
+fn logits_match_transformers(case: Case) {
+    let model = model(case);
+    for (i, p) in fixture(case).prompts.iter().enumerate() {
         let worst = worst_deviation(model, p);
         assert!(
             worst <= BOUND,
@@ -218,10 +281,14 @@ fn logits_match_transformers_and_the_canary_fails() {
         );
     }
     let mut config: ModelConfig = model.config().clone();
+    // A rope base off by 1 %: for Gemma 3 the sliding layers' too, as most of its layers are.
     config.rope_theta *= 1.01;
-    let checkpoint = Checkpoint::open(&model_path()).unwrap();
+    if let Some(g) = config.gemma3.as_mut() {
+        g.rope_local_theta *= 1.01;
+    }
+    let checkpoint = Checkpoint::open(&model_path(case)).unwrap();
     let canary = CpuModel::from_checkpoint(config, &checkpoint).unwrap();
-    let worst = worst_deviation(&canary, &fixture().prompts[0]);
+    let worst = worst_deviation(&canary, &fixture(case).prompts[0]);
     assert!(
         worst > BOUND,
         "canary: a perturbed rope base stayed within the bound ({worst:e})"
@@ -243,12 +310,21 @@ fn greedy(model: &CpuModel, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<
 }
 
 #[test]
-fn greedy_matches_both_oracles_up_to_near_ties() {
-    let model = model();
+fn smollm2_greedy_matches_both_oracles_up_to_near_ties() {
+    greedy_matches_both_oracles(Case::SmolLm2, 64);
+}
+
+#[test]
+fn gemma3_greedy_matches_both_oracles_up_to_near_ties() {
+    greedy_matches_both_oracles(Case::Gemma3, 32);
+}
+
+fn greedy_matches_both_oracles(case: Case, want_steps: usize) {
+    let model = model(case);
     let mut report = Vec::new();
-    for (i, p) in fixture().prompts.iter().enumerate() {
+    for (i, p) in fixture(case).prompts.iter().enumerate() {
         let steps = p.greedy_transformers.len();
-        assert_eq!(steps, 64);
+        assert_eq!(steps, want_steps);
         let (ours, rows) = greedy(model, &p.prompt_ids, steps);
         if let Some(s) = (0..steps).find(|&s| ours[s] != p.greedy_transformers[s]) {
             let gap = rows[s][ours[s] as usize] - rows[s][p.greedy_transformers[s] as usize];
@@ -285,7 +361,7 @@ fn greedy_matches_both_oracles_up_to_near_ties() {
 /// loader with one line that names the file once and says what is wrong.
 #[test]
 fn a_truncated_file_is_refused_by_every_loader_with_one_clear_line() {
-    let bytes = std::fs::read(model_path()).unwrap();
+    let bytes = std::fs::read(model_path(Case::SmolLm2)).unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let path = tmp.path().join("cut.gguf");
     std::fs::write(&path, &bytes[..bytes.len() - 600_000]).unwrap();

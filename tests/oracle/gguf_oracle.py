@@ -17,8 +17,9 @@ llama-perplexity's number (chunks of `context` tokens, second halves scored) wit
 - tokenize: per corpus entry a 16-hex-digit digest of llama.cpp's ids (special tokens parsed, no
   BOS added: sha256 of the ids as little-endian u32), and the entries where transformers' GGUF
   tokenizer disagrees with llama.cpp (with both id lists);
-- prompts: each chat prompt rendered by transformers' chat template, its ids (both oracles'
-  tokenizations must agree, or the script stops), 64 greedy tokens from each oracle (EOS does not
+- prompts: each chat prompt rendered by transformers' chat template (or, for a base model, a
+  plain text with the BOS the model adds), its ids (both oracles'
+  tokenizations must agree, or the script stops), 64 (--steps) greedy tokens from each oracle (EOS does not
   stop them), llama.cpp's top-1 minus top-2 logit gap at every greedy step (to show a divergence
   is at a near-tie), how far llama.cpp's logits are from transformers' after the prompt (max
   over the stored ids), and transformers' float32 logits at a few positions (top 32 ids plus 32
@@ -163,20 +164,28 @@ def build_fixture(args):
     vocab = model.config.vocab_size
     fixed = random.Random(7).sample(range(vocab), FIXED_IDS)
 
+    add_bos = llm.metadata.get("tokenizer.ggml.add_bos_token") == "true"
     out_prompts = []
-    for p in prompts:
-        rendered = tok.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True)
-        ids = llama_ids(rendered)
-        theirs = tok.encode(rendered, add_special_tokens=False)
+    for p in prompts[: args.max_prompts]:
+        if "messages" in p:
+            # A chat: the template renders BOS itself where it wants one.
+            rendered = tok.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True)
+            ids = llama_ids(rendered)
+            theirs = tok.encode(rendered, add_special_tokens=False)
+        else:
+            # Plain text for a base model, with the BOS the model adds.
+            rendered = p["text"]
+            ids = llm.tokenize(rendered.encode("utf-8"), add_bos=add_bos, special=True)
+            theirs = tok.encode(rendered, add_special_tokens=True)
         if ids != theirs:
-            sys.exit(f"the oracles tokenize prompt {p['messages']!r} differently: {ids} vs {theirs}")
+            sys.exit(f"the oracles tokenize prompt {rendered!r} differently: {ids} vs {theirs}")
 
         # llama.cpp greedy, EOS not stopping it; its own top-2 gap at every step.
         llm.reset()
         llm.eval(ids)
         first_llama = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
         greedy_llama, gaps = [], []
-        for _ in range(GREEDY_STEPS):
+        for _ in range(args.steps):
             row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
             nxt = int(np.argmax(row))
             gaps.append(round(top_gap(row), 5))
@@ -184,14 +193,14 @@ def build_fixture(args):
             llm.eval([nxt])
 
         # transformers greedy through its KV cache, logits kept at a few steps.
-        keep = {0, 1, GREEDY_STEPS // 2, GREEDY_STEPS - 1}
+        keep = {0, 1, args.steps // 2, args.steps - 1}
         rows = []
         greedy_tf = []
         with torch.no_grad():
             out = model(torch.tensor([ids]), use_cache=True)
             past = out.past_key_values
             logits = out.logits[0, -1].float().numpy()
-            for step in range(GREEDY_STEPS):
+            for step in range(args.steps):
                 nxt = int(np.argmax(logits))
                 greedy_tf.append(nxt)
                 if step in keep:
@@ -215,7 +224,7 @@ def build_fixture(args):
         print(f"prompt {len(out_prompts)}: {len(ids)} ids, oracles' greedy first differ at {agree}", file=sys.stderr)
         out_prompts.append(
             {
-                "messages": p["messages"],
+                **({"messages": p["messages"]} if "messages" in p else {"text": p["text"]}),
                 "rendered": rendered,
                 "prompt_ids": ids,
                 "greedy_llama_cpp": greedy_llama,
@@ -316,6 +325,8 @@ def main():
     f.add_argument("--corpus", required=True)
     f.add_argument("--prompts", required=True)
     f.add_argument("--out", required=True)
+    f.add_argument("--max-prompts", type=int, default=100)
+    f.add_argument("--steps", type=int, default=GREEDY_STEPS)
     q = sub.add_parser("perplexity")
     q.add_argument("--model", required=True)
     q.add_argument("--text", required=True)

@@ -14,6 +14,8 @@ pub struct AttentionShape {
     pub num_kv_heads: usize,
     pub head_dim: usize,
     pub sliding_window: Option<usize>,
+    /// Scores are `q · k · scale` ([`crate::ModelConfig::attention_scale`]).
+    pub scale: f32,
 }
 
 /// Where the forward pass keeps K and V: per sequence of a batch (`seq` is the index of the
@@ -46,9 +48,9 @@ pub fn causal_attention(
         num_kv_heads,
         head_dim,
         sliding_window,
+        scale,
     } = shape;
     let group = num_heads / num_kv_heads;
-    let scale = 1.0 / (head_dim as f32).sqrt();
     out.par_chunks_mut(head_dim)
         .enumerate()
         .for_each_init(Vec::new, |scores, (idx, o)| {
@@ -109,6 +111,7 @@ mod tests {
             num_kv_heads: 1,
             head_dim: 2,
             sliding_window: None,
+            scale: 1.0 / 2f32.sqrt(),
         };
         let kv = Rows {
             k: vec![1.0, 0.0, 0.0, 1.0, 5.0, 5.0],

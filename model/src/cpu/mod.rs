@@ -135,6 +135,8 @@ pub struct CpuModel {
     config: ModelConfig,
     weights: CpuWeights,
     rope: Rope,
+    /// Gemma 3's sliding-window layers rotate with their own base.
+    local_rope: Option<Rope>,
 }
 
 impl CpuModel {
@@ -148,10 +150,15 @@ impl CpuModel {
     pub fn from_checkpoint(config: ModelConfig, ckpt: &Checkpoint) -> Result<Self, WeightError> {
         let weights = CpuWeights::load(&config, ckpt)?;
         let rope = Rope::new(&config);
+        let local_rope = config
+            .gemma3
+            .as_ref()
+            .map(|g| Rope::with_theta(config.head_dim, g.rope_local_theta, None));
         Ok(Self {
             config,
             weights,
             rope,
+            local_rope,
         })
     }
 
@@ -196,9 +203,22 @@ impl CpuModel {
         for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(h)) {
             self.weights.embed.row_into(t as usize, h, row);
         }
-        let (cos, sin) = rope_tables(&self.rope, c.head_dim, &queries);
+        if c.gemma3.is_some() {
+            // As transformers: sqrt(hidden) rounded once to f32, one f32 product per element.
+            let scale = (h as f64).sqrt() as f32;
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+        let global = rope_tables(&self.rope, c.head_dim, &queries);
+        let local = self
+            .local_rope
+            .as_ref()
+            .map(|rope| rope_tables(rope, c.head_dim, &queries));
         for (i, layer) in self.weights.layers.iter().enumerate() {
-            self.layer(i, layer, &mut x, &queries, kv, &cos, &sin);
+            let (cos, sin) = match &local {
+                Some(local) if c.local_rope(i) => local,
+                _ => &global,
+            };
+            self.layer(i, layer, &mut x, &queries, kv, cos, sin);
         }
 
         let keep = logit_rows(chunks, &x, h);
@@ -238,12 +258,16 @@ impl CpuModel {
             num_heads: c.num_heads,
             num_kv_heads: c.num_kv_heads,
             head_dim: hd,
-            sliding_window: c.sliding_window,
+            sliding_window: c.layer_window(index),
+            scale: c.attention_scale(),
         };
         let mut attn = vec![0.0; n * qd];
         causal_attention(shape, index, &q, queries, kv, &mut attn);
         let mut o = vec![0.0; n * h];
         ops::linear_row_parallel(&attn, &w.o, w.o_bias.as_deref(), qd, &mut o);
+        if let Some([attn_out, _]) = &w.sandwich {
+            ops::rms_norm_in_place(&mut o, attn_out, eps);
+        }
         ops::add_in_place(x, &o);
 
         rms_norm(x, &w.post_attention_norm, eps, &mut normed);
@@ -251,8 +275,15 @@ impl CpuModel {
         let mut up = vec![0.0; n * c.intermediate_size];
         linear(&normed, &w.gate, None, h, &mut gate);
         linear(&normed, &w.up, None, h, &mut up);
-        ops::silu_mul(&mut gate, &up);
+        if c.gemma3.is_some() {
+            ops::gelu_tanh_mul(&mut gate, &up);
+        } else {
+            ops::silu_mul(&mut gate, &up);
+        }
         ops::linear_row_parallel(&gate, &w.down, None, c.intermediate_size, &mut o);
+        if let Some([_, mlp_out]) = &w.sandwich {
+            ops::rms_norm_in_place(&mut o, mlp_out, eps);
+        }
         ops::add_in_place(x, &o);
     }
 }

@@ -387,6 +387,17 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `gate ← gelu_tanh(gate) · up`, elementwise (PyTorch's `gelu(approximate="tanh")`, f32).
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    const BETA: f32 = 0.797_884_6; // sqrt(2/pi)
+    const KAPPA: f32 = 0.044_715;
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let inner = BETA * (x + KAPPA * x * x * x);
+        *g = 0.5 * x * (1.0 + inner.tanh()) * u;
+    }
+}
+
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;

@@ -51,6 +51,8 @@ pub enum TpError {
         q_dim: usize,
         inter: usize,
     },
+    #[error("{arch} runs on one CPU rank so far; tensor parallelism of it is not built")]
+    Architecture { arch: String },
     #[error(transparent)]
     Forward(#[from] ForwardError),
     #[error(transparent)]
@@ -162,6 +164,11 @@ pub struct TpShard {
 impl TpShard {
     /// Whether `config` can be split over `world` ranks byte-identically.
     pub fn check(config: &ModelConfig, world: usize) -> Result<(), TpError> {
+        if config.gemma3.is_some() {
+            return Err(TpError::Architecture {
+                arch: config.architecture.to_string(),
+            });
+        }
         let (heads, kv_heads, inter) = (
             config.num_heads,
             config.num_kv_heads,
@@ -312,6 +319,7 @@ impl TpShard {
             num_kv_heads: self.kv_heads,
             head_dim: hd,
             sliding_window: c.sliding_window,
+            scale: c.attention_scale(),
         };
         let mut attn = vec![0.0; n * qd];
         causal_attention(shape, index, &q, queries, kv, &mut attn);

@@ -23,7 +23,10 @@ pub struct LayerWeights {
     pub qkv_bias: Option<[Vec<f32>; 3]>,
     pub o_bias: Option<Vec<f32>>,
     pub qk_norm: Option<[Vec<f32>; 2]>,
+    /// The norm before the MLP (Gemma 3's `pre_feedforward_layernorm`).
     pub post_attention_norm: Vec<f32>,
+    /// Gemma 3's norms of the attention output and of the MLP output.
+    pub sandwich: Option<[Vec<f32>; 2]>,
     pub gate: Matrix,
     pub up: Matrix,
     pub down: Matrix,
@@ -80,6 +83,16 @@ impl CpuWeights {
             None => (0..q, 0..kv, 0..inter, 0..config.vocab_size),
         };
         let get = |name: &str, shape: &[usize]| ckpt.get_shaped(name, shape).map(|t| t.to_f32());
+        // RMSNorm weights, with Gemma 3's `1 + w` where the checkpoint stores `w`.
+        let offset = config.gemma3.as_ref().map_or(0.0, |g| g.norm_offset);
+        let norm = |name: &str, len: usize| {
+            get(name, &[len]).map(|mut w| {
+                if offset != 0.0 {
+                    w.iter_mut().for_each(|v| *v += offset);
+                }
+                w
+            })
+        };
         // Biases are short: read whole, keep the rows.
         let part = |name: &str, shape: &[usize], rows: Range<usize>| {
             get(name, shape).map(|v| v[rows].to_vec())
@@ -104,12 +117,23 @@ impl CpuWeights {
                 None
             };
             let qk_norm = if config.qk_norm {
-                Some([get(&n.q_norm, &[hd])?, get(&n.k_norm, &[hd])?])
+                Some([norm(&n.q_norm, hd)?, norm(&n.k_norm, hd)?])
             } else {
                 None
             };
+            let (mlp_norm, sandwich) = if config.gemma3.is_some() {
+                (
+                    norm(&n.pre_feedforward_norm, h)?,
+                    Some([
+                        norm(&n.post_attention_norm, h)?,
+                        norm(&n.post_feedforward_norm, h)?,
+                    ]),
+                )
+            } else {
+                (norm(&n.post_attention_norm, h)?, None)
+            };
             layers.push(LayerWeights {
-                input_norm: get(&n.input_norm, &[h])?,
+                input_norm: norm(&n.input_norm, h)?,
                 q: mat(&n.q, [q, h], q_rows.clone(), 0..h)?,
                 k: mat(&n.k, [kv, h], kv_rows.clone(), 0..h)?,
                 v: mat(&n.v, [kv, h], kv_rows.clone(), 0..h)?,
@@ -121,14 +145,15 @@ impl CpuWeights {
                     None
                 },
                 qk_norm,
-                post_attention_norm: get(&n.post_attention_norm, &[h])?,
+                post_attention_norm: mlp_norm,
+                sandwich,
                 gate: mat(&n.gate, [inter, h], i_rows.clone(), 0..h)?,
                 up: mat(&n.up, [inter, h], i_rows.clone(), 0..h)?,
                 down: mat(&n.down, [h, inter], 0..h, i_rows.clone())?,
             });
             bar.inc(1);
         }
-        let final_norm = get(FINAL_NORM, &[h])?;
+        let final_norm = norm(FINAL_NORM, h)?;
         let lm_head = if config.tie_word_embeddings {
             None
         } else {

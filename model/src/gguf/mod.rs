@@ -29,7 +29,7 @@ use memmap2::Mmap;
 
 pub use config::{
     ARCHITECTURE_KEY, GgufConfigError, SUPPORTED_ARCHITECTURES, TOKENS_KEY, hf_tensor_name,
-    model_config,
+    hf_tensor_name_in, model_config,
 };
 pub use dequant::{dequantize, dequantize_into};
 pub use ggml_type::{GgmlType, QK_K};

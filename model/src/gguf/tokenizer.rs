@@ -3,7 +3,8 @@
 //! through the same [`crate::tokenizer::Tokenizer`] as a Hugging Face directory.
 //!
 //! Supported: `tokenizer.ggml.model = "gpt2"` (byte-level BPE from `tokens` and `merges`) with
-//! the pre-tokenizers named by `tokenizer.ggml.pre` that the models strata runs use. Each
+//! the pre-tokenizers named by `tokenizer.ggml.pre` that the models strata runs use, and
+//! `"llama"` (SentencePiece: `tokens` with `scores`, byte fallback). Each
 //! pre-tokenizer is the split llama.cpp applies for that name, written as the `tokenizers`
 //! pre-tokenizer that splits identically. An unknown name, or another tokenizer model, is an
 //! error naming the key, never a silent fallback to a different split: a wrong split gives
@@ -22,6 +23,9 @@ const PRE_KEY: &str = "tokenizer.ggml.pre";
 const TOKENS_KEY: &str = "tokenizer.ggml.tokens";
 const TOKEN_TYPE_KEY: &str = "tokenizer.ggml.token_type";
 const MERGES_KEY: &str = "tokenizer.ggml.merges";
+const SCORES_KEY: &str = "tokenizer.ggml.scores";
+const UNK_KEY: &str = "tokenizer.ggml.unknown_token_id";
+const ADD_SPACE_PREFIX_KEY: &str = "tokenizer.ggml.add_space_prefix";
 const BOS_KEY: &str = "tokenizer.ggml.bos_token_id";
 const EOS_KEY: &str = "tokenizer.ggml.eos_token_id";
 const EOT_KEY: &str = "tokenizer.ggml.eot_token_id";
@@ -33,7 +37,9 @@ pub const CHAT_TEMPLATE_KEY: &str = "tokenizer.chat_template";
 /// Names of further templates, each under `tokenizer.chat_template.{name}`.
 const CHAT_TEMPLATE_NAMES_KEY: &str = "tokenizer.chat_templates";
 
-/// llama.cpp's token types that are added tokens rather than vocabulary pieces.
+/// llama.cpp's token types: ordinary pieces, and those that are added tokens rather than
+/// vocabulary pieces.
+const TOKEN_TYPE_NORMAL: i64 = 1;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
@@ -61,8 +67,8 @@ pub enum GgufTokenizerError {
     #[error("metadata key {key}: {problem}")]
     Malformed { key: &'static str, problem: String },
     #[error(
-        "{MODEL_KEY} is \"{model}\": only \"gpt2\" (byte-level BPE) tokenizers are supported \
-         from GGUF so far"
+        "{MODEL_KEY} is \"{model}\": only \"gpt2\" (byte-level BPE) and \"llama\" \
+         (SentencePiece) tokenizers are supported from GGUF so far"
     )]
     UnsupportedModel { model: String },
     #[error(
@@ -87,21 +93,19 @@ pub struct GgufTokenizer {
 pub fn tokenizer(header: &GgufHeader) -> Result<GgufTokenizer, GgufTokenizerError> {
     let model =
         string(header, MODEL_KEY)?.ok_or(GgufTokenizerError::MissingKey { key: MODEL_KEY })?;
-    if model != "gpt2" {
+    if model != "gpt2" && model != "llama" {
         return Err(GgufTokenizerError::UnsupportedModel {
             model: model.to_string(),
         });
     }
-    let pre = string(header, PRE_KEY)?.unwrap_or("default");
-    let (pre_tokenizer, ignore_merges) = pre_tokenizer(pre)?;
-
+    let spm = model == "llama";
     let tokens =
         strings(header, TOKENS_KEY)?.ok_or(GgufTokenizerError::MissingKey { key: TOKENS_KEY })?;
     if tokens.is_empty() {
         return Err(malformed(TOKENS_KEY, "the vocabulary is empty".into()));
     }
     let types = match header.get_array(TOKEN_TYPE_KEY) {
-        None => vec![1; tokens.len()],
+        None => vec![TOKEN_TYPE_NORMAL; tokens.len()],
         Some(array) => integers(array, TOKEN_TYPE_KEY)?,
     };
     if types.len() != tokens.len() {
@@ -110,9 +114,6 @@ pub fn tokenizer(header: &GgufHeader) -> Result<GgufTokenizer, GgufTokenizerErro
             format!("{} types for {} tokens", types.len(), tokens.len()),
         ));
     }
-    let merges =
-        strings(header, MERGES_KEY)?.ok_or(GgufTokenizerError::MissingKey { key: MERGES_KEY })?;
-
     let mut vocab = serde_json::Map::with_capacity(tokens.len());
     let mut added = Vec::new();
     for (id, (&token, &ty)) in tokens.iter().zip(&types).enumerate() {
@@ -134,6 +135,41 @@ pub fn tokenizer(header: &GgufHeader) -> Result<GgufTokenizer, GgufTokenizerErro
             }));
         }
     }
+    let SpecialTokens {
+        bos: bos_token,
+        eos: eos_token,
+    } = special_tokens(header)?;
+    // SentencePiece files add BOS unless they say otherwise, as llama.cpp reads them.
+    let add_bos_token = boolean(header, ADD_BOS_KEY)?.unwrap_or(spm);
+    let add_eos_token = boolean(header, ADD_EOS_KEY)?.unwrap_or(false);
+    let bos = bos_token.as_deref().zip(token_id(header, BOS_KEY)?);
+    let eos = eos_token.as_deref().zip(token_id(header, EOS_KEY)?);
+    let post_processor =
+        post_processor(bos.filter(|_| add_bos_token), eos.filter(|_| add_eos_token));
+    let json = if spm {
+        spm_json(header, &tokens, &types, vocab, added, post_processor)?
+    } else {
+        bpe_json(header, vocab, added, post_processor)?
+    };
+    Ok(GgufTokenizer {
+        json,
+        bos_token,
+        eos_token,
+        add_bos_token,
+    })
+}
+
+/// Byte-level BPE (`gpt2`): the vocabulary, the file's merges and the pre-tokenizer it names.
+fn bpe_json(
+    header: &GgufHeader,
+    vocab: serde_json::Map<String, Json>,
+    added: Vec<Json>,
+    post_processor: Json,
+) -> Result<Json, GgufTokenizerError> {
+    let pre = string(header, PRE_KEY)?.unwrap_or("default");
+    let (pre_tokenizer, ignore_merges) = pre_tokenizer(pre)?;
+    let merges =
+        strings(header, MERGES_KEY)?.ok_or(GgufTokenizerError::MissingKey { key: MERGES_KEY })?;
     let merges = merges
         .iter()
         .enumerate()
@@ -148,19 +184,7 @@ pub fn tokenizer(header: &GgufHeader) -> Result<GgufTokenizer, GgufTokenizerErro
                 .ok_or_else(|| malformed(MERGES_KEY, format!("merge {i} ({merge:?}) has no space")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-
-    let SpecialTokens {
-        bos: bos_token,
-        eos: eos_token,
-    } = special_tokens(header)?;
-    let add_bos_token = boolean(header, ADD_BOS_KEY)?.unwrap_or(false);
-    let add_eos_token = boolean(header, ADD_EOS_KEY)?.unwrap_or(false);
-    let bos = bos_token.as_deref().zip(token_id(header, BOS_KEY)?);
-    let eos = eos_token.as_deref().zip(token_id(header, EOS_KEY)?);
-    let post_processor =
-        post_processor(bos.filter(|_| add_bos_token), eos.filter(|_| add_eos_token));
-
-    let json = json!({
+    Ok(json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
@@ -186,13 +210,107 @@ pub fn tokenizer(header: &GgufHeader) -> Result<GgufTokenizer, GgufTokenizerErro
             "vocab": vocab,
             "merges": merges
         }
-    });
-    Ok(GgufTokenizer {
-        json,
-        bos_token,
-        eos_token,
-        add_bos_token,
-    })
+    }))
+}
+
+/// SentencePiece (`llama`): llama.cpp merges the adjacent pair whose joined piece scores highest
+/// (leftmost first), and spells a piece missing from the vocabulary as its `<0xXX>` bytes. That
+/// is a BPE whose merges are every split of every piece into two pieces of the vocabulary, ranked
+/// by the joined piece's score, with byte fallback. Spaces become `▁`; no prefix space is added
+/// unless `tokenizer.ggml.add_space_prefix` says so.
+fn spm_json(
+    header: &GgufHeader,
+    tokens: &[&str],
+    types: &[i64],
+    vocab: serde_json::Map<String, Json>,
+    added: Vec<Json>,
+    post_processor: Json,
+) -> Result<Json, GgufTokenizerError> {
+    let scores = match header.metadata(SCORES_KEY) {
+        Some(GgufValue::Array(array)) => array
+            .values
+            .iter()
+            .map(|v| match v {
+                GgufValue::F32(f) => Ok(*f),
+                _ => Err(malformed(SCORES_KEY, "expected an array of f32".into())),
+            })
+            .collect::<Result<Vec<f32>, _>>()?,
+        Some(other) => {
+            return Err(malformed(
+                SCORES_KEY,
+                format!("expected an array of f32, found a {}", other.value_type()),
+            ));
+        }
+        None => return Err(GgufTokenizerError::MissingKey { key: SCORES_KEY }),
+    };
+    if scores.len() != tokens.len() {
+        return Err(malformed(
+            SCORES_KEY,
+            format!("{} scores for {} tokens", scores.len(), tokens.len()),
+        ));
+    }
+    let id_of: std::collections::HashMap<&str, usize> =
+        tokens.iter().enumerate().map(|(i, t)| (*t, i)).collect();
+    // Only ordinary pieces take part in merges; control, byte and unused tokens do not.
+    let mergeable = |id: usize| types[id] == TOKEN_TYPE_NORMAL;
+    let mut merges: Vec<(f32, usize, usize, usize)> = Vec::new();
+    for (id, piece) in tokens.iter().enumerate() {
+        if !mergeable(id) {
+            continue;
+        }
+        for (at, _) in piece.char_indices().skip(1) {
+            if let (Some(&l), Some(&r)) = (id_of.get(&piece[..at]), id_of.get(&piece[at..]))
+                && mergeable(l)
+                && mergeable(r)
+            {
+                merges.push((scores[id], id, l, r));
+            }
+        }
+    }
+    merges.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let merges: Vec<Json> = merges
+        .iter()
+        .map(|&(_, _, l, r)| json!([tokens[l], tokens[r]]))
+        .collect();
+    let unk = token_id(header, UNK_KEY)?
+        .and_then(|id| tokens.get(id as usize))
+        .map(|t| t.to_string());
+    let prefix = boolean(header, ADD_SPACE_PREFIX_KEY)?.unwrap_or(false);
+    let mut normalizers = Vec::new();
+    if prefix {
+        normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+    }
+    normalizers.push(json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}));
+    let mut decoders = vec![
+        json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ];
+    if prefix {
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    Ok(json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": normalizers},
+        "pre_tokenizer": null,
+        "post_processor": post_processor,
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {
+            "type": "BPE",
+            "dropout": null,
+            "unk_token": unk,
+            "continuing_subword_prefix": null,
+            "end_of_word_suffix": null,
+            "fuse_unk": true,
+            "byte_fallback": true,
+            "ignore_merges": false,
+            "vocab": vocab,
+            "merges": merges
+        }
+    }))
 }
 
 /// The BOS and EOS tokens a GGUF file names (`tokenizer.ggml.{bos,eos}_token_id`), as text.

@@ -139,6 +139,11 @@ impl SynthSpec {
         eos: &[u32],
     ) -> Result<Value, SynthError> {
         let arch = self.architecture()?;
+        if arch == Architecture::Gemma3 {
+            return Err(SynthError::Spec(
+                "gemma3 checkpoints are not synthesized (Gemma 3 loads from GGUF)".into(),
+            ));
+        }
         let head_dim = self.head_dim.unwrap_or(self.hidden / self.heads.max(1));
         let mut c = json!({
             "architectures": [arch.hf_class()],
@@ -190,7 +195,7 @@ impl SynthSpec {
             Architecture::Qwen2 | Architecture::Qwen3 => {
                 obj.insert("use_sliding_window".into(), json!(false));
             }
-            Architecture::Llama => {}
+            Architecture::Llama | Architecture::Gemma3 => {}
         }
         // Round-trip through strata's own parser: a spec that would not load is refused here.
         ModelConfig::from_json(&c.to_string()).map_err(SynthError::Spec)?;

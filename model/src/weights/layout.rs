@@ -38,6 +38,10 @@ pub struct LayerNames {
     pub q_norm: String,
     pub k_norm: String,
     pub post_attention_norm: String,
+    /// Gemma 3's pre-MLP norm (its `post_attention_layernorm` normalizes the attention output).
+    pub pre_feedforward_norm: String,
+    /// Gemma 3's norm of the MLP output.
+    pub post_feedforward_norm: String,
     pub gate: String,
     pub up: String,
     pub down: String,
@@ -59,6 +63,8 @@ impl LayerNames {
             q_norm: format!("{p}.self_attn.q_norm.weight"),
             k_norm: format!("{p}.self_attn.k_norm.weight"),
             post_attention_norm: format!("{p}.post_attention_layernorm.weight"),
+            pre_feedforward_norm: format!("{p}.pre_feedforward_layernorm.weight"),
+            post_feedforward_norm: format!("{p}.post_feedforward_layernorm.weight"),
             gate: format!("{p}.mlp.gate_proj.weight"),
             up: format!("{p}.mlp.up_proj.weight"),
             down: format!("{p}.mlp.down_proj.weight"),
@@ -100,6 +106,10 @@ pub fn expected_tensors(config: &ModelConfig) -> Vec<TensorSpec> {
             out.push(TensorSpec::new(n.k_norm, &[hd]));
         }
         out.push(TensorSpec::new(n.post_attention_norm, &[h]));
+        if config.gemma3.is_some() {
+            out.push(TensorSpec::new(n.pre_feedforward_norm, &[h]));
+            out.push(TensorSpec::new(n.post_feedforward_norm, &[h]));
+        }
         out.push(TensorSpec::new(n.gate, &[inter, h]));
         out.push(TensorSpec::new(n.up, &[inter, h]));
         out.push(TensorSpec::new(n.down, &[h, inter]));

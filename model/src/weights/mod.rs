@@ -290,10 +290,10 @@ impl Checkpoint {
         let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
         let parsed = Gguf::parse(&mmap).map_err(|e| malformed(e.to_string()))?;
         let header = parsed.header();
+        let arch = header.get_str(gguf::ARCHITECTURE_KEY).unwrap_or_default();
         // llama.cpp reorders the q/k rows of `llama` files only (see the gguf config module).
-        let permuted = header.get_str(gguf::ARCHITECTURE_KEY) == Some("llama");
+        let permuted = arch == "llama";
         let heads = |key: &str| {
-            let arch = header.get_str(gguf::ARCHITECTURE_KEY).unwrap_or_default();
             header
                 .get_u32(&format!("{arch}.{key}"))
                 .map(|h| h as usize)
@@ -313,7 +313,8 @@ impl Checkpoint {
             .map_err(|_| malformed("the data section starts beyond the address space".into()))?;
         for info in header.tensor_infos() {
             let gguf_name = info.name();
-            let name = gguf::hf_tensor_name(gguf_name).unwrap_or_else(|| gguf_name.to_string());
+            let name =
+                gguf::hf_tensor_name_in(arch, gguf_name).unwrap_or_else(|| gguf_name.to_string());
             // Parsing proved every extent lies inside the file.
             let start = info.offset() as usize;
             let offsets = (start, start + info.byte_len() as usize);

@@ -22,7 +22,7 @@
 //! `dims[0]`), so the inverse is a row permutation that works on quantized bytes too. `qwen2` and
 //! `qwen3` files use rotate-half rope in llama.cpp and are not permuted.
 
-use crate::config::{Architecture, ModelConfig, RopeScaling};
+use crate::config::{Architecture, Gemma3, ModelConfig, RopeScaling};
 use crate::weights::{EMBED, FINAL_NORM, LM_HEAD};
 
 use super::{GgufHeader, GgufValue, GgufValueType};
@@ -39,7 +39,12 @@ const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";
 
 /// The `general.architecture` values understood here.
-pub const SUPPORTED_ARCHITECTURES: [&str; 3] = ["llama", "qwen2", "qwen3"];
+pub const SUPPORTED_ARCHITECTURES: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
+/// llama.cpp's rope base for Gemma 3's sliding-window layers (not in the metadata).
+const GEMMA3_LOCAL_ROPE_THETA: f64 = 10_000.0;
+/// Gemma 3 27B (62 layers) scales queries by `hidden / heads`, the others by `head_dim`
+/// (llama.cpp's rule; `query_pre_attn_scalar` is not in the metadata).
+const GEMMA3_27B_LAYERS: usize = 62;
 
 /// Why a GGUF file's metadata does not describe a model strata can run.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -85,6 +90,7 @@ pub fn model_config(header: &GgufHeader) -> Result<ModelConfig, GgufConfigError>
         "llama" => Architecture::Llama,
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
+        "gemma3" => Architecture::Gemma3,
         other => {
             return Err(GgufConfigError::UnsupportedArchitecture {
                 name: other.to_string(),
@@ -102,7 +108,7 @@ pub fn model_config(header: &GgufHeader) -> Result<ModelConfig, GgufConfigError>
     let head_dim = head_dim(&meta, &key, hidden_size, num_heads)?;
     let sliding_window = meta.positive_size(&key("attention.sliding_window"))?;
     let architecture = match (family, sliding_window) {
-        (_, None) => family,
+        (_, None) | (Architecture::Gemma3, _) => family,
         // Mistral is Llama with a window; llama.cpp writes both as `llama`.
         (Architecture::Llama, Some(_)) => Architecture::Mistral,
         (_, Some(_)) => {
@@ -113,12 +119,24 @@ pub fn model_config(header: &GgufHeader) -> Result<ModelConfig, GgufConfigError>
         }
     };
     let layer0 = |suffix: &str| has_tensor(&format!("blk.0.{suffix}"));
+    let num_layers = meta.required_size(&key("block_count"))?;
+    let gemma3 = (family == Architecture::Gemma3).then(|| Gemma3 {
+        query_pre_attn_scalar: if num_layers == GEMMA3_27B_LAYERS {
+            (hidden_size / num_heads) as f64
+        } else {
+            head_dim as f64
+        },
+        rope_local_theta: GEMMA3_LOCAL_ROPE_THETA,
+        sliding_layers: Gemma3::sliding_every_sixth(num_layers),
+        // The converter stored `1 + w`.
+        norm_offset: 0.0,
+    });
     Ok(ModelConfig {
         architecture,
         vocab_size: vocab_size(&meta, &key("vocab_size"))?,
         hidden_size,
         intermediate_size: meta.required_size(&key("feed_forward_length"))?,
-        num_layers: meta.required_size(&key("block_count"))?,
+        num_layers,
         num_heads,
         num_kv_heads,
         head_dim,
@@ -138,6 +156,7 @@ pub fn model_config(header: &GgufHeader) -> Result<ModelConfig, GgufConfigError>
         bos_token_id: meta.token_id(BOS_KEY)?,
         eos_token_ids: meta.token_id(EOS_KEY)?.into_iter().collect(),
         declared_dtype: None,
+        gemma3,
     })
 }
 
@@ -254,6 +273,29 @@ fn rope_scaling(
             problem: format!("rope scaling \"{other}\" is not supported (supported: none, linear)"),
         }),
     }
+}
+
+/// [`hf_tensor_name`] for a file of architecture `arch` (`general.architecture`): Gemma 3's
+/// norms sit elsewhere in the block, so `ffn_norm` is its pre-MLP norm and `post_attention_norm`
+/// and `post_ffw_norm` normalize the attention and MLP outputs.
+pub fn hf_tensor_name_in(arch: &str, gguf_name: &str) -> Option<String> {
+    if arch == "gemma3"
+        && let Some(rest) = gguf_name.strip_prefix("blk.")
+        && let Some((layer, tensor)) = rest.split_once('.')
+    {
+        let hf = match tensor {
+            "ffn_norm.weight" => Some("pre_feedforward_layernorm.weight"),
+            "post_attention_norm.weight" => Some("post_attention_layernorm.weight"),
+            "post_ffw_norm.weight" => Some("post_feedforward_layernorm.weight"),
+            _ => None,
+        };
+        if let Some(hf) = hf {
+            // The layer number is checked as for every other name.
+            return hf_tensor_name(&format!("blk.{layer}.attn_norm.weight"))
+                .map(|n| n.replace("input_layernorm.weight", hf));
+        }
+    }
+    hf_tensor_name(gguf_name)
 }
 
 /// The Hugging Face name the crate uses (see [`crate::weights::LayerNames`]) for a llama.cpp

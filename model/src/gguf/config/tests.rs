@@ -130,6 +130,7 @@ fn llama_untied_reads_every_field() {
             bos_token_id: Some(1),
             eos_token_ids: vec![2],
             declared_dtype: None,
+            gemma3: None,
         }
     );
 }
@@ -319,15 +320,15 @@ fn zero_sizes_are_refused() {
 
 #[test]
 fn unsupported_architecture_is_named() {
-    let meta = renamed(llama(), "gemma3");
+    let meta = renamed(llama(), "phi3");
     let err = config(&meta, &BASE_TENSORS).unwrap_err();
     assert_eq!(
         err,
         GgufConfigError::UnsupportedArchitecture {
-            name: "gemma3".into()
+            name: "phi3".into()
         }
     );
-    assert!(err.to_string().contains("\"gemma3\""), "{err}");
+    assert!(err.to_string().contains("\"phi3\""), "{err}");
 }
 
 #[test]
@@ -416,4 +417,31 @@ fn tensor_names_map_to_the_crate_names() {
         hf_tensor_name("blk.0.attn_q.weight").as_deref(),
         Some("model.layers.0.self_attn.q_proj.weight")
     );
+}
+
+/// A `gemma3` file: head width from `key_length`, every sixth layer global, llama.cpp's local
+/// rope base, queries scaled by the head width, norm weights already shifted by the converter.
+#[test]
+fn gemma3_reads_its_layout() {
+    let meta = with(
+        with(
+            renamed(llama(), "gemma3"),
+            "gemma3.attention.key_length",
+            GgufValue::U32(32),
+        ),
+        "gemma3.attention.sliding_window",
+        GgufValue::U32(512),
+    );
+    let meta = with(meta, "gemma3.block_count", GgufValue::U32(12));
+    let c = config(&meta, &BASE_TENSORS).unwrap();
+    assert_eq!(c.architecture, Architecture::Gemma3);
+    assert_eq!(c.head_dim, 32);
+    assert_eq!(c.sliding_window, Some(512));
+    let g = c.gemma3.as_ref().expect("gemma3 parameters");
+    assert_eq!(g.query_pre_attn_scalar, 32.0);
+    assert_eq!(g.rope_local_theta, 10_000.0);
+    assert_eq!(g.norm_offset, 0.0);
+    let globals: Vec<usize> = (0..12).filter(|&i| c.layer_window(i).is_none()).collect();
+    assert_eq!(globals, [5, 11]);
+    assert!(c.local_rope(0) && !c.local_rope(5));
 }

@@ -1238,6 +1238,13 @@ fn linear(
 /// failing every request: the attention kernels' head dimensions, and the tensor-core GEMV's
 /// `k % 32` for every projection's input width (hidden, q, intermediate).
 pub fn check_model_shape(config: &ModelConfig) -> Result<(), String> {
+    if config.gemma3.is_some() {
+        return Err(format!(
+            "the CUDA backend does not run {} yet (sandwich norms, GELU-tanh, per-layer windows \
+             and rope bases); the CPU backend does (--device cpu)",
+            config.architecture
+        ));
+    }
     let d = config.head_dim;
     if !ATTENTION_HEAD_DIMS.contains(&d) {
         return Err(format!(
@@ -1397,6 +1404,20 @@ mod tests {
         config.intermediate_size = 1000;
         let err = check_model_shape(&config).unwrap_err();
         assert!(err.contains("intermediate_size (1000)"), "{err}");
+        // Gemma 3 is refused by name at startup, not at the first request.
+        config.intermediate_size = 14336;
+        config.architecture = strata_model::config::Architecture::Gemma3;
+        config.gemma3 = Some(strata_model::config::Gemma3 {
+            query_pre_attn_scalar: 128.0,
+            rope_local_theta: 10_000.0,
+            sliding_layers: vec![true; config.num_layers],
+            norm_offset: 0.0,
+        });
+        let err = check_model_shape(&config).unwrap_err();
+        assert!(
+            err.contains("Gemma3ForCausalLM") && err.contains("--device cpu"),
+            "{err}"
+        );
     }
 
     #[test]
