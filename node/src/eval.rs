@@ -1,9 +1,9 @@
 //! Model quality measured through a backend's own steps: perplexity over a token stream, on
 //! whatever device the backend runs.
 //!
-//! The method is llama.cpp's `llama-perplexity`, so the two numbers compare directly: the tokens
-//! are cut into chunks of `context` tokens (a partial last chunk is dropped); when the model adds
-//! BOS, each chunk's first token is replaced by it; every chunk is evaluated from its start and
+//! The method is llama.cpp's `llama-perplexity`, so the two numbers compare directly: the text's
+//! tokens (with the BOS the model adds, if any) are cut into chunks of `context` tokens (a partial
+//! last chunk is dropped); when the model adds BOS, each chunk's first token is replaced by it; every chunk is evaluated from its start and
 //! only its second half is scored (position `j` for `j` in `context/2 .. context-1` predicts token
 //! `j + 1`), so every scored token sees at least half a context. Perplexity is
 //! `exp(mean negative log-likelihood)` over all scored tokens, with log-softmax in f64.

@@ -1,7 +1,8 @@
-//! Perplexity of a real model (SmolLM2-135M-Instruct, Q4_1 GGUF) on a real text (Hamlet, Project
-//! Gutenberg) through the CPU backend's own steps, against the two oracles' numbers in
-//! `tests/oracle/gguf/smollm2-perplexity-hamlet.json` (written by `tests/oracle/gguf_oracle.py
-//! perplexity`): within 1e-4 of transformers' float32 value and within 1 % of llama.cpp's. The
+//! Perplexity of the two real models (SmolLM2-135M-Instruct Q4_1, Gemma 3 270M Q4_K_M, GGUF) on a
+//! real text (Hamlet, Project Gutenberg) through the CPU backend's own steps, against the two
+//! oracles' numbers in `tests/oracle/gguf/*-perplexity-hamlet.json` (written by
+//! `tests/oracle/gguf_oracle.py perplexity`): within 1e-4 of transformers' float32 value and
+//! within 1 % of llama.cpp's. The
 //! model and text are fetched by `scripts/fetch-test-data.sh`; missing data fails the test.
 
 use std::path::{Path, PathBuf};
@@ -25,10 +26,18 @@ fn data(relative: &str) -> PathBuf {
 }
 
 #[test]
-fn perplexity_matches_transformers_and_llama_cpp() {
+fn smollm2_perplexity_matches_transformers_and_llama_cpp() {
+    perplexity_matches("smollm2-perplexity-hamlet.json");
+}
+
+#[test]
+fn gemma3_perplexity_matches_transformers_and_llama_cpp() {
+    perplexity_matches("gemma3-perplexity-hamlet.json");
+}
+
+fn perplexity_matches(fixture_file: &str) {
     let fixture: Json = serde_json::from_str(
-        &std::fs::read_to_string(repo().join("tests/oracle/gguf/smollm2-perplexity-hamlet.json"))
-            .unwrap(),
+        &std::fs::read_to_string(repo().join("tests/oracle/gguf").join(fixture_file)).unwrap(),
     )
     .unwrap();
     let model = data(&format!(
@@ -43,13 +52,21 @@ fn perplexity_matches_transformers_and_llama_cpp() {
     spec.kv = KvBudget::Bytes(256 << 20);
     let built = build_backend(&model, &spec).unwrap();
     let (mut backend, parts) = (built.backend, built.parts);
-    let tokens = parts.tokenizer.encode(&text, false).unwrap();
+    let tokens = parts.tokenizer.encode(&text, true).unwrap();
     assert_eq!(
         tokens.len() as u64,
         fixture["text_tokens"].as_u64().unwrap(),
         "the text tokenizes as llama.cpp tokenized it"
     );
-    let ours = perplexity(backend.as_mut(), &tokens, context, None, Some(chunks)).unwrap();
+    // As llama-perplexity: each chunk starts with BOS where the model adds it.
+    let bos = match parts.tokenizer.add_bos_token() {
+        Some(true) => parts
+            .tokenizer
+            .bos_token()
+            .and_then(|t| parts.tokenizer.token_to_id(t)),
+        _ => None,
+    };
+    let ours = perplexity(backend.as_mut(), &tokens, context, bos, Some(chunks)).unwrap();
     assert_eq!(
         ours.scored as u64,
         fixture["scored_tokens"].as_u64().unwrap()
@@ -71,8 +88,8 @@ fn perplexity_matches_transformers_and_llama_cpp() {
 
     // Canary: the first chunk alone, one token later, is a different measurement, outside the
     // bound of its own unshifted value.
-    let one = perplexity(backend.as_mut(), &tokens, context, None, Some(1)).unwrap();
-    let shifted = perplexity(backend.as_mut(), &tokens[1..], context, None, Some(1)).unwrap();
+    let one = perplexity(backend.as_mut(), &tokens, context, bos, Some(1)).unwrap();
+    let shifted = perplexity(backend.as_mut(), &tokens[1..], context, bos, Some(1)).unwrap();
     assert!(
         (shifted.value() - one.value()).abs() > 1e-4 * one.value(),
         "canary: a shifted text stayed within the bound ({} vs {})",

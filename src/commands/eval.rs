@@ -51,8 +51,9 @@ fn run_perplexity(args: PerplexityArgs) -> Result<()> {
     let spec = args.engine.spec()?;
     let built = build_backend(&args.model, &spec)?;
     let (mut backend, parts) = (built.backend, built.parts);
-    // As llama.cpp: special tokens in the text are text, BOS only where the model adds it.
-    let tokens = parts.tokenizer.encode(&text, false)?;
+    // As llama-perplexity: the text with the special tokens the model adds (its BOS), each
+    // chunk then starting with BOS.
+    let tokens = parts.tokenizer.encode(&text, true)?;
     let bos = match parts.tokenizer.add_bos_token() {
         Some(true) => parts
             .tokenizer

@@ -278,7 +278,10 @@ def build_perplexity(args):
     text = pathlib.Path(args.text).read_text()
     ctx, first = args.context, args.context // 2
     llm = Llama(str(model_path), n_ctx=ctx, n_batch=ctx, logits_all=True, verbose=False)
-    tokens = llm.tokenize(text.encode("utf-8"), add_bos=llm.metadata.get("tokenizer.ggml.add_bos_token") == "true", special=False)
+    # As llama-perplexity: the text tokenized with BOS where the model adds it, then each chunk's
+    # first token replaced by BOS.
+    add_bos = llm.metadata.get("tokenizer.ggml.add_bos_token") == "true"
+    tokens = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False)
     chunks = min(len(tokens) // ctx, args.max_chunks)
     model = AutoModelForCausalLM.from_pretrained(
         str(model_path.parent), gguf_file=model_path.name, dtype=torch.float32, attn_implementation="eager"
@@ -287,6 +290,8 @@ def build_perplexity(args):
     nll = {"llama_cpp": 0.0, "transformers": 0.0}
     for c in range(chunks):
         chunk = tokens[c * ctx : (c + 1) * ctx]
+        if add_bos:
+            chunk[0] = llm.token_bos()
         llm.reset()
         llm.eval(chunk)
         nll["llama_cpp"] += chunk_nll(llm.scores[:ctx], chunk, first)
