@@ -184,6 +184,16 @@ struct RawConfig {
     torch_dtype: Option<String>,
     dtype: Option<String>,
     quantization_config: Option<Value>,
+    // Gemma 3.
+    hidden_activation: Option<String>,
+    query_pre_attn_scalar: Option<f64>,
+    rope_local_base_freq: Option<f64>,
+    layer_types: Option<Vec<String>>,
+    #[serde(alias = "_sliding_window_pattern")]
+    sliding_window_pattern: Option<usize>,
+    attn_logit_softcapping: Option<Value>,
+    final_logit_softcapping: Option<Value>,
+    use_bidirectional_attention: Option<bool>,
 }
 
 impl ModelConfig {
@@ -252,13 +262,7 @@ impl ModelConfig {
 impl RawConfig {
     fn into_config(self) -> Result<ModelConfig, String> {
         let architecture = self.architecture()?;
-        if architecture == Architecture::Gemma3 {
-            return Err(
-                "Gemma3ForCausalLM is supported from GGUF files so far, not from config.json \
-                 and safetensors"
-                    .into(),
-            );
-        }
+
         if let Some(q) = &self.quantization_config {
             let method = q
                 .get("quant_method")
@@ -270,6 +274,7 @@ impl RawConfig {
         }
         if let Some(act) = &self.hidden_act
             && act != "silu"
+            && architecture != Architecture::Gemma3
         {
             return Err(format!(
                 "hidden_act \"{act}\" is not supported (only \"silu\")"
@@ -310,14 +315,20 @@ impl RawConfig {
                 "head_dim ({head_dim}) must be even for rotary embeddings"
             ));
         }
-        let (rope_theta, rope_scaling) = self.rope()?;
+        let num_layers = need(self.num_hidden_layers, "num_hidden_layers")?;
+        let (rope_theta, rope_scaling, gemma3) = if architecture == Architecture::Gemma3 {
+            self.gemma3(num_layers)?
+        } else {
+            let (theta, scaling) = self.rope()?;
+            (theta, scaling, None)
+        };
         let attention_bias = self.attention_bias.unwrap_or(false);
         Ok(ModelConfig {
             architecture,
             vocab_size: need(self.vocab_size, "vocab_size")?,
             hidden_size,
             intermediate_size: need(self.intermediate_size, "intermediate_size")?,
-            num_layers: need(self.num_hidden_layers, "num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -328,14 +339,14 @@ impl RawConfig {
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
             qkv_bias: attention_bias || architecture == Architecture::Qwen2,
             o_bias: attention_bias && architecture != Architecture::Qwen2,
-            qk_norm: architecture == Architecture::Qwen3,
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
             sliding_window: self.sliding_window(architecture)?,
             bos_token_id: token_ids(&self.bos_token_id, "bos_token_id")?
                 .first()
                 .copied(),
             eos_token_ids: token_ids(&self.eos_token_id, "eos_token_id")?,
             declared_dtype: self.torch_dtype.or(self.dtype),
-            gemma3: None,
+            gemma3,
         })
     }
 
@@ -363,72 +374,97 @@ impl RawConfig {
     /// Rotary base and scaling, from the classic `rope_theta` + `rope_scaling` fields or the
     /// newer combined `rope_parameters`.
     fn rope(&self) -> Result<(f64, Option<RopeScaling>), String> {
-        let params = self.rope_parameters.as_ref().filter(|v| !v.is_null());
-        let scaling = self
-            .rope_scaling
-            .as_ref()
-            .filter(|v| !v.is_null())
-            .or(params);
-        let theta = self
-            .rope_theta
-            .or_else(|| {
-                params
-                    .and_then(|p| p.get("rope_theta"))
-                    .and_then(Value::as_f64)
-            })
-            .unwrap_or(10_000.0);
-        if !(theta.is_finite() && theta > 0.0) {
-            return Err(format!("rope_theta ({theta}) must be a positive number"));
-        }
-        let Some(scaling) = scaling else {
-            return Ok((theta, None));
-        };
-        let kind = scaling
-            .get("rope_type")
-            .or_else(|| scaling.get("type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let num = |key: &str| -> Result<f64, String> {
-            scaling
-                .get(key)
-                .and_then(Value::as_f64)
-                .filter(|v| v.is_finite() && *v > 0.0)
-                .ok_or_else(|| {
-                    format!("rope_scaling type \"{kind}\" needs a positive number {key}")
-                })
-        };
-        let parsed = match kind {
-            "default" => None,
-            "linear" => Some(RopeScaling::Linear {
-                factor: num("factor")?,
-            }),
-            "llama3" => {
-                let s = RopeScaling::Llama3 {
-                    factor: num("factor")?,
-                    low_freq_factor: num("low_freq_factor")?,
-                    high_freq_factor: num("high_freq_factor")?,
-                    original_max_position: num("original_max_position_embeddings")?,
-                };
-                if let RopeScaling::Llama3 {
-                    low_freq_factor,
-                    high_freq_factor,
-                    ..
-                } = s
-                    && high_freq_factor <= low_freq_factor
-                {
-                    return Err(format!(
-                        "rope_scaling high_freq_factor ({high_freq_factor}) must exceed low_freq_factor ({low_freq_factor})"
-                    ));
-                }
-                Some(s)
-            }
-            other => {
+        rope_of(
+            self.rope_theta,
+            self.rope_parameters.as_ref(),
+            self.rope_scaling.as_ref(),
+        )
+    }
+
+    /// Gemma 3's rope (global base and scaling) and additions. transformers 5 writes
+    /// `rope_parameters` keyed by layer type (`full_attention`, `sliding_attention`); earlier
+    /// configs `rope_theta` / `rope_scaling` for the global layers and `rope_local_base_freq`.
+    fn gemma3(
+        &self,
+        num_layers: usize,
+    ) -> Result<(f64, Option<RopeScaling>, Option<Gemma3>), String> {
+        match self
+            .hidden_activation
+            .as_deref()
+            .or(self.hidden_act.as_deref())
+        {
+            None | Some("gelu_pytorch_tanh") => {}
+            Some(other) => {
                 return Err(format!(
-                    "rope_scaling type \"{other}\" is not supported (supported: default, linear, llama3)"
+                    "hidden_activation \"{other}\" is not supported for Gemma 3 (only \
+                     \"gelu_pytorch_tanh\")"
                 ));
             }
+        }
+        for (key, value) in [
+            ("attn_logit_softcapping", &self.attn_logit_softcapping),
+            ("final_logit_softcapping", &self.final_logit_softcapping),
+        ] {
+            if value.as_ref().is_some_and(|v| !v.is_null()) {
+                return Err(format!("{key} is not supported"));
+            }
+        }
+        if self.use_bidirectional_attention == Some(true) {
+            return Err("use_bidirectional_attention = true is not supported".into());
+        }
+        let query_pre_attn_scalar = self
+            .query_pre_attn_scalar
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or("missing or non-positive query_pre_attn_scalar")?;
+        let sliding_layers = match (&self.layer_types, self.sliding_window_pattern) {
+            (Some(types), _) => {
+                if types.len() != num_layers {
+                    return Err(format!(
+                        "layer_types has {} entries for {num_layers} layers",
+                        types.len()
+                    ));
+                }
+                types
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        "sliding_attention" => Ok(true),
+                        "full_attention" => Ok(false),
+                        other => Err(format!("layer_types: unknown layer type \"{other}\"")),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+            (None, Some(0)) => return Err("sliding_window_pattern must be > 0".into()),
+            (None, Some(n)) => (0..num_layers).map(|i| (i + 1) % n != 0).collect(),
+            (None, None) => Gemma3::sliding_every_sixth(num_layers),
         };
-        Ok((theta, parsed))
+        let by_type = self
+            .rope_parameters
+            .as_ref()
+            .filter(|p| p.get("full_attention").is_some());
+        let (global, local_theta) = match by_type {
+            Some(p) => {
+                let global = rope_of(None, p.get("full_attention"), None)?;
+                let (local, local_scaling) = rope_of(None, p.get("sliding_attention"), None)?;
+                if local_scaling.is_some() {
+                    return Err("rope scaling of the sliding-window layers is not supported".into());
+                }
+                (global, local)
+            }
+            None => (self.rope()?, self.rope_local_base_freq.unwrap_or(10_000.0)),
+        };
+        if !(local_theta.is_finite() && local_theta > 0.0) {
+            return Err(format!(
+                "rope_local_base_freq ({local_theta}) must be positive"
+            ));
+        }
+        let gemma3 = Gemma3 {
+            query_pre_attn_scalar,
+            rope_local_theta: local_theta,
+            sliding_layers,
+            // transformers stores `w` and computes `x · (1 + w)`.
+            norm_offset: 1.0,
+        };
+        Ok((global.0, global.1, Some(gemma3)))
     }
 
     fn sliding_window(&self, arch: Architecture) -> Result<Option<usize>, String> {
@@ -440,6 +476,9 @@ impl RawConfig {
         };
         match arch {
             Architecture::Mistral => Ok(window),
+            Architecture::Gemma3 => window
+                .map(Some)
+                .ok_or_else(|| "Gemma 3 needs a sliding_window".to_string()),
             // Qwen configs carry a sliding_window value that only applies with use_sliding_window.
             Architecture::Qwen2 | Architecture::Qwen3 if self.use_sliding_window == Some(true) => {
                 Err("use_sliding_window = true is not supported for Qwen models".into())
@@ -450,6 +489,74 @@ impl RawConfig {
             _ => Ok(None),
         }
     }
+}
+
+/// The rope base and scaling of `rope_theta` with `rope_scaling`, or of the combined
+/// `rope_parameters` (transformers 5).
+fn rope_of(
+    rope_theta: Option<f64>,
+    rope_parameters: Option<&Value>,
+    rope_scaling: Option<&Value>,
+) -> Result<(f64, Option<RopeScaling>), String> {
+    let params = rope_parameters.filter(|v| !v.is_null());
+    let scaling = rope_scaling.filter(|v| !v.is_null()).or(params);
+    let theta = rope_theta
+        .or_else(|| {
+            params
+                .and_then(|p| p.get("rope_theta"))
+                .and_then(Value::as_f64)
+        })
+        .unwrap_or(10_000.0);
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(format!("rope_theta ({theta}) must be a positive number"));
+    }
+    let Some(scaling) = scaling else {
+        return Ok((theta, None));
+    };
+    let kind = scaling
+        .get("rope_type")
+        .or_else(|| scaling.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let num = |key: &str| -> Result<f64, String> {
+        scaling
+            .get(key)
+            .and_then(Value::as_f64)
+            .filter(|v| v.is_finite() && *v > 0.0)
+            .ok_or_else(|| format!("rope_scaling type \"{kind}\" needs a positive number {key}"))
+    };
+    let parsed = match kind {
+        "default" => None,
+        "linear" => Some(RopeScaling::Linear {
+            factor: num("factor")?,
+        }),
+        "llama3" => {
+            let s = RopeScaling::Llama3 {
+                factor: num("factor")?,
+                low_freq_factor: num("low_freq_factor")?,
+                high_freq_factor: num("high_freq_factor")?,
+                original_max_position: num("original_max_position_embeddings")?,
+            };
+            if let RopeScaling::Llama3 {
+                low_freq_factor,
+                high_freq_factor,
+                ..
+            } = s
+                && high_freq_factor <= low_freq_factor
+            {
+                return Err(format!(
+                    "rope_scaling high_freq_factor ({high_freq_factor}) must exceed low_freq_factor ({low_freq_factor})"
+                ));
+            }
+            Some(s)
+        }
+        other => {
+            return Err(format!(
+                "rope_scaling type \"{other}\" is not supported (supported: default, linear, llama3)"
+            ));
+        }
+    };
+    Ok((theta, parsed))
 }
 
 fn supported_list() -> String {
@@ -666,6 +773,56 @@ mod tests {
                 .unwrap_err()
                 .contains("malformed JSON")
         );
+    }
+
+    /// Gemma 3 as transformers 5 writes it: rope by layer type, layer_types, the query scalar;
+    /// what would change the math and is not implemented is refused by name.
+    #[test]
+    fn gemma3_config_reads_and_refuses_by_name() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/oracle/gguf/gemma3-270m-config.json");
+        let text = std::fs::read_to_string(path).unwrap();
+        let c = ModelConfig::from_json(&text).unwrap();
+        assert_eq!(c.architecture, Architecture::Gemma3);
+        assert!(c.qk_norm && c.tie_word_embeddings);
+        assert_eq!((c.rope_theta, c.sliding_window), (1_000_000.0, Some(512)));
+        let g = c.gemma3.as_ref().unwrap();
+        assert_eq!(
+            (g.query_pre_attn_scalar, g.rope_local_theta),
+            (256.0, 10_000.0)
+        );
+        assert_eq!(g.norm_offset, 1.0);
+        assert_eq!(g.sliding_layers, Gemma3::sliding_every_sixth(18));
+        assert_eq!(c.attention_scale(), 0.0625);
+
+        let json: Value = serde_json::from_str(&text).unwrap();
+        let refused = |key: &str, value: Value, needle: &str| {
+            let mut j = json.clone();
+            j[key] = value;
+            let err = ModelConfig::from_json(&j.to_string()).unwrap_err();
+            assert!(err.contains(needle), "{key}: {err}");
+        };
+        refused(
+            "hidden_activation",
+            "gelu".into(),
+            "hidden_activation \"gelu\"",
+        );
+        refused(
+            "final_logit_softcapping",
+            30.0.into(),
+            "final_logit_softcapping",
+        );
+        refused(
+            "layer_types",
+            serde_json::json!(["full_attention"]),
+            "layer_types has 1",
+        );
+        refused(
+            "query_pre_attn_scalar",
+            Value::Null,
+            "query_pre_attn_scalar",
+        );
+        refused("sliding_window", Value::Null, "sliding_window");
     }
 
     #[test]

@@ -379,3 +379,68 @@ fn a_truncated_file_is_refused_by_every_loader_with_one_clear_line() {
         assert!(!message.contains('\n'), "{message}");
     }
 }
+
+/// Gemma 3 as transformers 5 saves it (config.json with `rope_parameters` keyed by layer type,
+/// `layer_types`, `query_pre_attn_scalar`; safetensors with norm weights `w` for `x · (1 + w)`)
+/// computes what the GGUF file computes. The checkpoint is written here from the GGUF's own
+/// tensors (norms less the converter's 1), beside the config transformers wrote for this model
+/// (`tests/oracle/gguf/gemma3-270m-config.json`).
+#[test]
+fn gemma3_from_hf_safetensors_equals_gemma3_from_gguf() {
+    let gguf = Checkpoint::open(&model_path(Case::Gemma3)).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        repo().join("tests/oracle/gguf/gemma3-270m-config.json"),
+        tmp.path().join("config.json"),
+    )
+    .unwrap();
+    let mut names: Vec<&str> = gguf.names().collect();
+    names.sort_unstable();
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = names
+        .iter()
+        .map(|&name| {
+            let t = gguf.get(name).unwrap();
+            let mut values = t.to_f32();
+            if name.ends_with("norm.weight") {
+                values.iter_mut().for_each(|v| *v -= 1.0);
+            }
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            (name.to_string(), t.shape.to_vec(), bytes)
+        })
+        .collect();
+    let views: Vec<(&str, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, shape, bytes)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                    .unwrap();
+            (name.as_str(), view)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &tmp.path().join("model.safetensors")).unwrap();
+    drop(tensors);
+
+    let hf = CpuModel::load(tmp.path()).unwrap();
+    let gemma = model(Case::Gemma3);
+    assert_eq!(
+        hf.config().gemma3,
+        gemma.config().gemma3.as_ref().map(|g| {
+            strata_model::config::Gemma3 {
+                norm_offset: 1.0,
+                ..g.clone()
+            }
+        })
+    );
+    let prompt = &fixture(Case::Gemma3).prompts[0].prompt_ids;
+    let rows = |m: &CpuModel| {
+        let mut cache = m.new_cache();
+        m.forward(prompt, &mut cache, LogitRows::All).unwrap()
+    };
+    let (a, b) = (rows(&hf), rows(gemma));
+    let max = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let worst = a
+        .iter()
+        .zip(&b)
+        .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(worst <= 1e-6 * max, "safetensors vs GGUF: {worst} of {max}");
+}
