@@ -16,7 +16,8 @@ pub struct Inspection {
     pub config: ModelConfig,
     pub parameters: usize,
     pub checkpoint_bytes: usize,
-    pub dtypes: Vec<(String, usize)>,
+    /// Stored type, tensor count, bytes.
+    pub dtypes: Vec<(String, usize, usize)>,
     /// Some tensors are stored in a block format (GGUF) and widened when loaded.
     pub widened: bool,
 }
@@ -104,7 +105,7 @@ impl fmt::Display for Inspection {
         let dtypes: Vec<String> = self
             .dtypes
             .iter()
-            .map(|(d, n)| format!("{d} ×{n}"))
+            .map(|(d, n, bytes)| format!("{d} ×{n} ({})", human_bytes(*bytes as f64)))
             .collect();
         writeln!(
             f,

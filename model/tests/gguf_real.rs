@@ -444,3 +444,23 @@ fn gemma3_from_hf_safetensors_equals_gemma3_from_gguf() {
         .fold(0.0f32, |m, (x, y)| m.max((x - y).abs()));
     assert!(worst <= 1e-6 * max, "safetensors vs GGUF: {worst} of {max}");
 }
+
+/// `strata model inspect` of a GGUF file: its ggml types with counts and bytes, and how they run.
+#[test]
+fn inspect_lists_the_files_types_bytes_and_how_they_run() {
+    let inspection = strata_model::inspect::Inspection::of(&model_path(Case::SmolLm2)).unwrap();
+    let types: Vec<(&str, usize)> = inspection
+        .dtypes
+        .iter()
+        .map(|(t, n, _)| (t.as_str(), *n))
+        .collect();
+    assert_eq!(types, [("F32", 61), ("Q4_1", 210), ("Q8_0", 1)]);
+    let bytes: usize = inspection.dtypes.iter().map(|(_, _, b)| b).sum();
+    assert_eq!(bytes, inspection.checkpoint_bytes);
+    assert!(inspection.widened);
+    let shown = inspection.to_string();
+    assert!(
+        shown.contains("Q4_1 ×210 (") && shown.contains("runs as"),
+        "{shown}"
+    );
+}

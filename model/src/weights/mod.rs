@@ -488,13 +488,19 @@ impl Checkpoint {
             .any(|t| matches!(t.data, TensorData::Widened { .. }))
     }
 
-    /// The dtypes present, with the number of tensors of each.
-    pub fn dtype_histogram(&self) -> Vec<(String, usize)> {
-        let mut counts: HashMap<String, usize> = HashMap::new();
+    /// The dtypes present (as stored: a GGUF block type by its ggml name), with the number of
+    /// tensors of each and their bytes in the file.
+    pub fn dtype_histogram(&self) -> Vec<(String, usize, usize)> {
+        let mut counts: HashMap<String, (usize, usize)> = HashMap::new();
         for t in self.tensors.values() {
-            *counts.entry(t.stored_type()).or_default() += 1;
+            let entry = counts.entry(t.stored_type()).or_default();
+            entry.0 += 1;
+            entry.1 += t.offsets.1 - t.offsets.0;
         }
-        let mut out: Vec<_> = counts.into_iter().collect();
+        let mut out: Vec<_> = counts
+            .into_iter()
+            .map(|(name, (count, bytes))| (name, count, bytes))
+            .collect();
         out.sort();
         out
     }
