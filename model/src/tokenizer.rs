@@ -164,16 +164,21 @@ impl Tokenizer {
             Some(path) => TokenizerConfig::load(path)?,
             None => TokenizerConfig::default(),
         };
+        Ok(Self::assemble(inner, tokenizer_json, config))
+    }
+
+    /// The tokenizer over `inner`, its special tokens named by `config`.
+    fn assemble(inner: tokenizers::Tokenizer, path: &Path, config: TokenizerConfig) -> Tokenizer {
         let eos_token_id = config
             .eos_token
             .as_deref()
             .and_then(|t| inner.token_to_id(t));
-        Ok(Tokenizer {
+        Tokenizer {
             inner,
-            path: tokenizer_json.to_owned(),
+            path: path.to_owned(),
             config,
             eos_token_id,
-        })
+        }
     }
 
     /// The tokenizer of the GGUF file at `path` (see [`crate::gguf::tokenizer`]).
@@ -193,16 +198,7 @@ impl Tokenizer {
             add_bos_token: Some(built.add_bos_token),
             model_max_length: None,
         };
-        let eos_token_id = config
-            .eos_token
-            .as_deref()
-            .and_then(|t| inner.token_to_id(t));
-        Ok(Tokenizer {
-            inner,
-            path: path.to_owned(),
-            config,
-            eos_token_id,
-        })
+        Ok(Self::assemble(inner, path, config))
     }
 
     /// Token ids for `text`. With `add_special_tokens` the post-processor of `tokenizer.json`
@@ -261,6 +257,15 @@ impl Tokenizer {
     /// `tokenizer.json` decides what `encode(.., true)` adds.
     pub fn add_bos_token(&self) -> Option<bool> {
         self.config.add_bos_token
+    }
+
+    /// The id of the BOS token when the config says the model adds one (what llama.cpp's
+    /// `add_bos_token` means: each perplexity chunk starts with it).
+    pub fn added_bos_id(&self) -> Option<u32> {
+        match self.config.add_bos_token {
+            Some(true) => self.bos_token().and_then(|t| self.token_to_id(t)),
+            _ => None,
+        }
     }
 
     /// `model_max_length` from the config; `None` when absent or HF's "unlimited" sentinel.

@@ -59,13 +59,7 @@ fn perplexity_matches(fixture_file: &str) {
         "the text tokenizes as llama.cpp tokenized it"
     );
     // As llama-perplexity: each chunk starts with BOS where the model adds it.
-    let bos = match parts.tokenizer.add_bos_token() {
-        Some(true) => parts
-            .tokenizer
-            .bos_token()
-            .and_then(|t| parts.tokenizer.token_to_id(t)),
-        _ => None,
-    };
+    let bos = parts.tokenizer.added_bos_id();
     let ours = perplexity(backend.as_mut(), &tokens, context, bos, Some(chunks)).unwrap();
     assert_eq!(
         ours.scored as u64,

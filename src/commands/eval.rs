@@ -54,13 +54,7 @@ fn run_perplexity(args: PerplexityArgs) -> Result<()> {
     // As llama-perplexity: the text with the special tokens the model adds (its BOS), each
     // chunk then starting with BOS.
     let tokens = parts.tokenizer.encode(&text, true)?;
-    let bos = match parts.tokenizer.add_bos_token() {
-        Some(true) => parts
-            .tokenizer
-            .bos_token()
-            .and_then(|t| parts.tokenizer.token_to_id(t)),
-        _ => None,
-    };
+    let bos = parts.tokenizer.added_bos_id();
     let start = Instant::now();
     let result = perplexity(
         backend.as_mut(),

@@ -293,18 +293,14 @@ impl Checkpoint {
         let arch = header.get_str(gguf::ARCHITECTURE_KEY).unwrap_or_default();
         // llama.cpp reorders the q/k rows of `llama` files only (see the gguf config module).
         let permuted = arch == "llama";
-        let heads = |key: &str| {
-            header
-                .get_u32(&format!("{arch}.{key}"))
-                .map(|h| h as usize)
-                .ok_or_else(|| malformed(format!("metadata key {arch}.{key} is missing")))
-        };
+        let heads = |key: &str| header.get_u32(&format!("{arch}.{key}")).map(|h| h as usize);
         let (q_heads, kv_heads) = if permuted {
-            let q = heads("attention.head_count")?;
-            let kv = header
-                .get_u32("llama.attention.head_count_kv")
-                .map_or(q, |h| h as usize);
-            (q, kv)
+            let q = heads("attention.head_count").ok_or_else(|| {
+                malformed(format!(
+                    "metadata key {arch}.attention.head_count is missing"
+                ))
+            })?;
+            (q, heads("attention.head_count_kv").unwrap_or(q))
         } else {
             (0, 0)
         };

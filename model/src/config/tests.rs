@@ -1,0 +1,191 @@
+use super::*;
+
+/// The benchmark shapes committed under configs/ parse, with the parameter counts of the
+/// published models.
+#[test]
+fn committed_benchmark_configs_parse() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+    for (file, billions) in [
+        ("llama-3.1-8b.json", 8.03),
+        ("qwen3-32b.json", 32.76),
+        ("llama-3.3-70b.json", 70.55),
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let config = ModelConfig::from_json(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let params = crate::weights::parameter_count(&config) as f64 / 1e9;
+        assert!(
+            (params - billions).abs() < 0.02,
+            "{file}: {params} B parameters"
+        );
+    }
+}
+
+fn base() -> serde_json::Map<String, Value> {
+    serde_json::from_str(
+        r#"{"architectures":["LlamaForCausalLM"],"vocab_size":320,"hidden_size":64,
+        "intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,
+        "num_key_value_heads":2,"max_position_embeddings":256,"rms_norm_eps":1e-5,
+        "rope_theta":500000.0,"eos_token_id":[1,2],"bos_token_id":0}"#,
+    )
+    .unwrap()
+}
+
+fn parse(map: serde_json::Map<String, Value>) -> Result<ModelConfig, String> {
+    ModelConfig::from_json(&Value::Object(map).to_string())
+}
+
+#[test]
+fn parses_llama_with_defaults() {
+    let c = parse(base()).unwrap();
+    assert_eq!(c.architecture, Architecture::Llama);
+    assert_eq!(c.head_dim, 16);
+    assert_eq!(c.eos_token_ids, vec![1, 2]);
+    assert_eq!(c.bos_token_id, Some(0));
+    assert!(!c.qkv_bias && !c.qk_norm && !c.tie_word_embeddings);
+    assert_eq!(c.kv_bytes_per_token(2.0), (2 * 2 * 32 * 2) as f64);
+}
+
+#[test]
+fn parses_llama3_rope_scaling_in_both_spellings() {
+    let scaling: Value = serde_json::from_str(
+        r#"{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,
+        "original_max_position_embeddings":8192}"#,
+    )
+    .unwrap();
+    let mut classic = base();
+    classic.insert("rope_scaling".into(), scaling.clone());
+    let mut v5 = base();
+    v5.remove("rope_theta");
+    let mut params = scaling.as_object().unwrap().clone();
+    params.insert("rope_theta".into(), 500000.0.into());
+    v5.insert("rope_parameters".into(), Value::Object(params));
+    let a = parse(classic).unwrap();
+    let b = parse(v5).unwrap();
+    assert_eq!(a.rope_scaling, b.rope_scaling);
+    assert_eq!(a.rope_theta, b.rope_theta);
+    assert!(matches!(
+        a.rope_scaling,
+        Some(RopeScaling::Llama3 { factor: 8.0, .. })
+    ));
+}
+
+#[test]
+fn qwen_features_follow_the_architecture() {
+    let mut m = base();
+    m.insert(
+        "architectures".into(),
+        serde_json::json!(["Qwen2ForCausalLM"]),
+    );
+    m.insert("sliding_window".into(), 4096.into());
+    m.insert("use_sliding_window".into(), false.into());
+    let q2 = parse(m.clone()).unwrap();
+    assert!(q2.qkv_bias && !q2.o_bias && !q2.qk_norm && q2.sliding_window.is_none());
+    m.insert(
+        "architectures".into(),
+        serde_json::json!(["Qwen3ForCausalLM"]),
+    );
+    m.insert("head_dim".into(), 32.into());
+    let q3 = parse(m).unwrap();
+    assert!(!q3.qkv_bias && q3.qk_norm && q3.head_dim == 32);
+}
+
+#[test]
+fn rejects_what_would_change_the_math_with_the_field_named() {
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "architectures",
+            serde_json::json!(["GPT2LMHeadModel"]),
+            "GPT2LMHeadModel",
+        ),
+        ("hidden_act", "gelu".into(), "hidden_act"),
+        (
+            "rope_scaling",
+            serde_json::json!({"type":"yarn","factor":4.0}),
+            "yarn",
+        ),
+        ("mlp_bias", true.into(), "mlp_bias"),
+        ("num_key_value_heads", 3.into(), "num_key_value_heads"),
+        ("hidden_size", 0.into(), "hidden_size"),
+        (
+            "quantization_config",
+            serde_json::json!({"quant_method":"awq"}),
+            "awq",
+        ),
+        ("eos_token_id", "two".into(), "eos_token_id"),
+    ];
+    for (field, value, needle) in cases {
+        let mut m = base();
+        m.insert(field.into(), value);
+        let err = parse(m).unwrap_err();
+        assert!(err.contains(needle), "{field}: {err}");
+    }
+    let mut m = base();
+    m.remove("vocab_size");
+    assert!(parse(m).unwrap_err().contains("vocab_size"));
+    assert!(
+        ModelConfig::from_json("{not json")
+            .unwrap_err()
+            .contains("malformed JSON")
+    );
+}
+
+/// Gemma 3 as transformers 5 writes it: rope by layer type, layer_types, the query scalar;
+/// what would change the math and is not implemented is refused by name.
+#[test]
+fn gemma3_config_reads_and_refuses_by_name() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../tests/oracle/gguf/gemma3-270m-config.json");
+    let text = std::fs::read_to_string(path).unwrap();
+    let c = ModelConfig::from_json(&text).unwrap();
+    assert_eq!(c.architecture, Architecture::Gemma3);
+    assert!(c.qk_norm && c.tie_word_embeddings);
+    assert_eq!((c.rope_theta, c.sliding_window), (1_000_000.0, Some(512)));
+    let g = c.gemma3.as_ref().unwrap();
+    assert_eq!(
+        (g.query_pre_attn_scalar, g.rope_local_theta),
+        (256.0, 10_000.0)
+    );
+    assert_eq!(g.norm_offset, 1.0);
+    assert_eq!(g.sliding_layers, Gemma3::sliding_every_sixth(18));
+    assert_eq!(c.attention_scale(), 0.0625);
+
+    let json: Value = serde_json::from_str(&text).unwrap();
+    let refused = |key: &str, value: Value, needle: &str| {
+        let mut j = json.clone();
+        j[key] = value;
+        let err = ModelConfig::from_json(&j.to_string()).unwrap_err();
+        assert!(err.contains(needle), "{key}: {err}");
+    };
+    refused(
+        "hidden_activation",
+        "gelu".into(),
+        "hidden_activation \"gelu\"",
+    );
+    refused(
+        "final_logit_softcapping",
+        30.0.into(),
+        "final_logit_softcapping",
+    );
+    refused(
+        "layer_types",
+        serde_json::json!(["full_attention"]),
+        "layer_types has 1",
+    );
+    refused(
+        "query_pre_attn_scalar",
+        Value::Null,
+        "query_pre_attn_scalar",
+    );
+    refused("sliding_window", Value::Null, "sliding_window");
+}
+
+#[test]
+fn error_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), "{\"architectures\": [").unwrap();
+    let err = ModelConfig::from_dir(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("config.json") && err.contains("malformed JSON"),
+        "{err}"
+    );
+}
