@@ -14,7 +14,7 @@
 // ascending order (8 explicit fused multiply-adds per chunk, in element order), then a fixed warp
 // butterfly, then the 8 warp totals in warp order. That order depends on K alone: the same for
 // any M, any R and any grid.
-#include "common.cuh"
+#include "gemv_mma.cuh"
 
 constexpr int GEMV_THREADS = 256;
 constexpr int GEMV_WARPS = GEMV_THREADS / 32;
@@ -26,8 +26,6 @@ struct GemvRows {
     static constexpr int R = M <= 4 ? 8 : (M <= 8 ? 4 : 2);
 };
 
-__device__ __forceinline__ void store_out(__nv_bfloat16* y, float v) { *y = f32_to_bf16(v); }
-__device__ __forceinline__ void store_out(float* y, float v) { *y = v; }
 
 template <int M, typename Out>
 __device__ __forceinline__ void gemv_body(Out* __restrict__ y, const __nv_bfloat16* __restrict__ x,
@@ -100,16 +98,16 @@ __device__ __forceinline__ void gemv_body(Out* __restrict__ y, const __nv_bfloat
     }
 }
 
-#define GEMV_ENTRIES(M)                                                                        \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                 \
-        gemv_bf16_m##M(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,     \
-                       const __nv_bfloat16* __restrict__ w, u32 n, u32 k) {                    \
-        gemv_body<M>(y, x, w, n, k);                                                           \
-    }                                                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                 \
-        gemv_f32_m##M(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,              \
-                      const __nv_bfloat16* __restrict__ w, u32 n, u32 k) {                     \
-        gemv_body<M>(y, x, w, n, k);                                                           \
+#define GEMV_ENTRIES(M)                                                                            \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                     \
+        gemv_bf16_m##M(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,         \
+                       const __nv_bfloat16* __restrict__ w, u32 n, u32 k) {                        \
+        gemv_body<M>(y, x, w, n, k);                                                               \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_THREADS)                                     \
+        gemv_f32_m##M(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,                  \
+                      const __nv_bfloat16* __restrict__ w, u32 n, u32 k) {                         \
+        gemv_body<M>(y, x, w, n, k);                                                               \
     }
 
 GEMV_ENTRIES(1)
@@ -130,141 +128,7 @@ GEMV_ENTRIES(15)
 GEMV_ENTRIES(16)
 
 // ---------------------------------------------------------------------------------------------
-// Tensor-core variant: one kernel family for every M in 1..=64, rows padded to the m16n8k16 MMA
-// shape in XT = ceil(M / 16) tiles of 16 rows (`gemv_mma_{bf16,f32}_x{XT}`).
-//
-// A block of 16 warps owns 8 * TILES consecutive rows of W (TILES = MmaTiles<XT>: 2 for one x
-// tile, 4 for more, so that each block's x loads, which every block repeats, stay at most twice
-// its weight loads); warp w owns the 32-wide k-steps
-// w, w + 16, w + 32, ... Lane (g = lane / 4, t = lane % 4) streams 16 bytes of W row n0 + g at
-// k = 32 s + 8 t, and for every x tile j the matching 16 bytes of x rows 16 j + g and
-// 16 j + g + 8. Each weight fragment feeds the MMAs of every x tile, so W is read once for up to
-// 64 rows. The MMA's k slots are a permutation of the actual k (the same for A and B, so the dot
-// product is unchanged): the first MMA of a step takes each lane's elements 0..3, the second its
-// elements 4..7.
-//
-// Batch invariance: rows of x beyond M are zeros, a tensor-core dot product of one output row
-// never reads another row, and per (m, n) the order is fixed by K alone: k-steps in ascending
-// order within a warp (UNROLL only changes how many loads are in flight), then the 16 warp totals
-// in warp order. So row m gets the same bits from every XT, every M, every TILES and every grid.
-constexpr int MMA_WARPS = 16;
-
-// Tiles of 8 W rows per block for XT x tiles; mirrored by `mma_rows` in `src/gemv.rs`.
-template <int XT>
-struct MmaTiles {
-    static constexpr int T = XT == 1 ? 2 : 4;
-};
-
-// Loads in flight per warp step for XT x tiles: fewer as the x fragments take registers.
-template <int XT>
-struct MmaUnroll {
-    static constexpr int U = XT == 1 ? 4 : (XT == 2 ? 2 : 1);
-};
-
-__device__ __forceinline__ void mma_bf16_16816(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
-                                               u32 b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Rows of x and w are `ld` apart when SLICED (a K-slice of wider rows), else `k` apart: the
-// whole-row kernels compile exactly as before the slice parameter existed.
-template <int XT, bool SLICED, typename Out>
-__device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
-                                              const __nv_bfloat16* __restrict__ x,
-                                              const __nv_bfloat16* __restrict__ w, u32 m_rows,
-                                              u32 n_rows, u32 k, u32 ld_arg, u32 block) {
-    const u32 ld = SLICED ? ld_arg : k;
-    constexpr int U = MmaUnroll<XT>::U;
-    constexpr int MMA_TILES = MmaTiles<XT>::T;
-    constexpr int MMA_ROWS = 8 * MMA_TILES;
-    __shared__ float partial[MMA_WARPS][16][MMA_ROWS + 1];
-    const int lane = threadIdx.x & 31;
-    const int warp = threadIdx.x >> 5;
-    const int g = lane >> 2;
-    const int t = lane & 3;
-    const u32 n0 = block * MMA_ROWS;
-    const u32 steps = k / 32;
-
-    float c[XT][MMA_TILES][4];
-#pragma unroll
-    for (int j = 0; j < XT; ++j) {
-#pragma unroll
-        for (int i = 0; i < MMA_TILES; ++i) c[j][i][0] = c[j][i][1] = c[j][i][2] = c[j][i][3] = 0.0f;
-    }
-
-    for (u32 s0 = warp; s0 < steps; s0 += MMA_WARPS * U) {
-        uint4 wv[U][MMA_TILES];
-        uint4 xl[U][XT], xh[U][XT];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            const u32 s = s0 + u * MMA_WARPS;
-            const bool live = s < steps;
-#pragma unroll
-            for (int i = 0; i < MMA_TILES; ++i) {
-                const u32 n = n0 + i * 8 + g;
-                wv[u][i] = live && n < n_rows
-                               ? load_stream(w + (u64)n * ld + (u64)s * 32 + t * 8)
-                               : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int j = 0; j < XT; ++j) {
-                const u32 lo = 16 * j + g;
-                const u32 hi = lo + 8;
-                xl[u][j] = live && lo < m_rows ? load16(x + (u64)lo * ld + (u64)s * 32 + t * 8)
-                                               : make_uint4(0, 0, 0, 0);
-                xh[u][j] = live && hi < m_rows ? load16(x + (u64)hi * ld + (u64)s * 32 + t * 8)
-                                               : make_uint4(0, 0, 0, 0);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (s0 + u * MMA_WARPS < steps) {
-#pragma unroll
-                for (int j = 0; j < XT; ++j) {
-#pragma unroll
-                    for (int i = 0; i < MMA_TILES; ++i) {
-                        mma_bf16_16816(c[j][i], xl[u][j].x, xh[u][j].x, xl[u][j].y, xh[u][j].y,
-                                       wv[u][i].x, wv[u][i].y);
-                        mma_bf16_16816(c[j][i], xl[u][j].z, xh[u][j].z, xl[u][j].w, xh[u][j].w,
-                                       wv[u][i].z, wv[u][i].w);
-                    }
-                }
-            }
-        }
-    }
-
-    // One x tile at a time through the same shared buffer: warp totals in warp order.
-#pragma unroll
-    for (int j = 0; j < XT; ++j) {
-        if (j > 0) __syncthreads();  // the previous tile's reads are done
-#pragma unroll
-        for (int i = 0; i < MMA_TILES; ++i) {
-            const int col = i * 8 + t * 2;
-            partial[warp][g][col] = c[j][i][0];
-            partial[warp][g][col + 1] = c[j][i][1];
-            partial[warp][g + 8][col] = c[j][i][2];
-            partial[warp][g + 8][col + 1] = c[j][i][3];
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < 16 * MMA_ROWS; e += blockDim.x) {
-            const int row = e / MMA_ROWS;
-            const int col = e % MMA_ROWS;
-            float total = 0.0f;
-#pragma unroll
-            for (int wi = 0; wi < MMA_WARPS; ++wi) total += partial[wi][row][col];
-            const u32 m = 16 * j + row;
-            const u32 n = n0 + col;
-            if (m < m_rows && n < n_rows) store_out(y + (u64)m * n_rows + n, total);
-        }
-    }
-}
-
-// Per XT: the bf16 and f32 GEMVs, and three bf16 GEMVs of the same x in one launch (the q, k
-// and v projections): blocks 0 .. ceil(n0 / 16) compute y0 = x * w0^T, the next ceil(n1 / 16)
+// Tensor-core variant: one kernel family for every M in 1..=64, rows he next ceil(n1 / 16)
 // y1, the rest y2. Each block runs the single-GEMV body unchanged, so every output is bitwise
 // what the single launch gives; the point is one launch wide enough to fill the GPU where the
 // narrow k and v projections alone (1024 rows on an 8B shape: 64 blocks) leave half of it idle.
@@ -274,41 +138,42 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
 // `ld` apart, y_s at y + s * y_stride. A shard's partial depends only on its own K-slice (the
 // steps are counted from the slice's start), so it is bitwise the same whether the launch covers
 // all eight shards of the full K (TP = 1) or a rank's share of them (TP = N, ld = its K).
-#define GEMV_MMA_ENTRIES(XT)                                                                    \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                \
-        gemv_mma_bf16_x##XT(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x, \
-                            const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {         \
-        gemv_mma_body<XT, false>(y, x, w, m, n, k, k, blockIdx.x);                                 \
-    }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                \
-        gemv_mma_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,          \
-                           const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {          \
-        gemv_mma_body<XT, false>(y, x, w, m, n, k, k, blockIdx.x);                                 \
-    }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) gemv_mma3_bf16_x##XT(          \
-        __nv_bfloat16* __restrict__ y0, __nv_bfloat16* __restrict__ y1,                         \
-        __nv_bfloat16* __restrict__ y2, const __nv_bfloat16* __restrict__ x,                    \
-        const __nv_bfloat16* __restrict__ w0, const __nv_bfloat16* __restrict__ w1,             \
-        const __nv_bfloat16* __restrict__ w2, u32 m, u32 n0, u32 n1, u32 n2, u32 k) {           \
-        constexpr u32 ROWS = 8 * MmaTiles<XT>::T;                                               \
-        const u32 blocks0 = (n0 + ROWS - 1) / ROWS;                                             \
-        const u32 blocks1 = (n1 + ROWS - 1) / ROWS;                                             \
-        const u32 b = blockIdx.x;                                                               \
-        if (b < blocks0) {                                                                      \
-            gemv_mma_body<XT, false>(y0, x, w0, m, n0, k, k, b);                                   \
-        } else if (b < blocks0 + blocks1) {                                                     \
-            gemv_mma_body<XT, false>(y1, x, w1, m, n1, k, k, b - blocks0);                         \
-        } else {                                                                                \
-            gemv_mma_body<XT, false>(y2, x, w2, m, n2, k, k, b - blocks0 - blocks1);               \
-        }                                                                                       \
-    }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) gemv_mma_shards_f32_x##XT(     \
-        float* __restrict__ y, const __nv_bfloat16* __restrict__ x,                             \
-        const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 kslice, u32 ld,                  \
-        u64 y_stride) {                                                                         \
-        const u32 s = blockIdx.y;                                                               \
+#define GEMV_MMA_ENTRIES(XT)                                                                       \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                   \
+        gemv_mma_bf16_x##XT(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,    \
+                            const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {            \
+        gemv_mma_body<XT, false>(y, x, Bf16W{w, k}, m, n, k, k, blockIdx.x);                       \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                   \
+        gemv_mma_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,             \
+                           const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {             \
+        gemv_mma_body<XT, false>(y, x, Bf16W{w, k}, m, n, k, k, blockIdx.x);                       \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) gemv_mma3_bf16_x##XT(             \
+        __nv_bfloat16* __restrict__ y0, __nv_bfloat16* __restrict__ y1,                            \
+        __nv_bfloat16* __restrict__ y2, const __nv_bfloat16* __restrict__ x,                       \
+        const __nv_bfloat16* __restrict__ w0, const __nv_bfloat16* __restrict__ w1,                \
+        const __nv_bfloat16* __restrict__ w2, u32 m, u32 n0, u32 n1, u32 n2, u32 k) {              \
+        constexpr u32 ROWS = 8 * MmaTiles<XT>::T;                                                  \
+        const u32 blocks0 = (n0 + ROWS - 1) / ROWS;                                                \
+        const u32 blocks1 = (n1 + ROWS - 1) / ROWS;                                                \
+        const u32 b = blockIdx.x;                                                                  \
+        if (b < blocks0) {                                                                         \
+            gemv_mma_body<XT, false>(y0, x, Bf16W{w0, k}, m, n0, k, k, b);                         \
+        } else if (b < blocks0 + blocks1) {                                                        \
+            gemv_mma_body<XT, false>(y1, x, Bf16W{w1, k}, m, n1, k, k, b - blocks0);               \
+        } else {                                                                                   \
+            gemv_mma_body<XT, false>(y2, x, Bf16W{w2, k}, m, n2, k, k, b - blocks0 - blocks1);     \
+        }                                                                                          \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) gemv_mma_shards_f32_x##XT(        \
+        float* __restrict__ y, const __nv_bfloat16* __restrict__ x,                                \
+        const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 kslice, u32 ld,                     \
+        u64 y_stride) {                                                                            \
+        const u32 s = blockIdx.y;                                                                  \
         gemv_mma_body<XT, true>(y + (u64)s * y_stride, x + (u64)s * kslice,                        \
-                                w + (u64)s * kslice, m, n, kslice, ld, blockIdx.x);             \
+                                Bf16W{w, ld}.from_col(s * kslice), m, n, kslice, ld,               \
+                                blockIdx.x);                                                       \
     }
 
 GEMV_MMA_ENTRIES(1)
@@ -433,16 +298,16 @@ __device__ __forceinline__ void gemv_mma2_body(Out* __restrict__ y,
     }
 }
 
-#define GEMV_MMA2_ENTRIES(XT)                                                                   \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                \
-        gemv_mma2_bf16_x##XT(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,\
-                             const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {        \
-        gemv_mma2_body<XT>(y, x, w, m, n, k, blockIdx.x);                                       \
-    }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                \
-        gemv_mma2_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,         \
-                            const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {         \
-        gemv_mma2_body<XT>(y, x, w, m, n, k, blockIdx.x);                                       \
+#define GEMV_MMA2_ENTRIES(XT)                                                                      \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                   \
+        gemv_mma2_bf16_x##XT(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,   \
+                             const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {           \
+        gemv_mma2_body<XT>(y, x, w, m, n, k, blockIdx.x);                                          \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                   \
+        gemv_mma2_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,            \
+                            const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {            \
+        gemv_mma2_body<XT>(y, x, w, m, n, k, blockIdx.x);                                          \
     }
 
 GEMV_MMA2_ENTRIES(1)

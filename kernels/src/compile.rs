@@ -14,7 +14,11 @@ use sha2::{Digest, Sha256};
 use crate::{KernelError, Source, libs};
 
 /// Headers the sources may `#include "name"`, handed to NVRTC from memory.
-pub const HEADERS: &[(&str, &str)] = &[("common.cuh", include_str!("../cuda/common.cuh"))];
+pub const HEADERS: &[(&str, &str)] = &[
+    ("common.cuh", include_str!("../cuda/common.cuh")),
+    ("blocks.cuh", include_str!("../cuda/blocks.cuh")),
+    ("gemv_mma.cuh", include_str!("../cuda/gemv_mma.cuh")),
+];
 
 /// The NVRTC options for `arch` with headers from `include_dir`.
 pub fn options(arch: &str, include_dir: &Path) -> Vec<String> {

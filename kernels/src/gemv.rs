@@ -26,6 +26,9 @@ pub const DEFAULT_VARIANT: GemvVariant = GemvVariant::Mma;
 pub trait GemvOut: DeviceRepr {
     #[doc(hidden)]
     const PREFIX: &'static str;
+    /// The output type's part of kernel names: `bf16` or `f32`.
+    #[doc(hidden)]
+    const OUT: &'static str;
     #[doc(hidden)]
     const MMA_NAME: &'static str;
     #[doc(hidden)]
@@ -34,12 +37,14 @@ pub trait GemvOut: DeviceRepr {
 
 impl GemvOut for bf16 {
     const PREFIX: &'static str = "gemv_bf16";
+    const OUT: &'static str = "bf16";
     const MMA_NAME: &'static str = "gemv_mma_bf16_x";
     const MMA2_NAME: &'static str = "gemv_mma2_bf16_x";
 }
 
 impl GemvOut for f32 {
     const PREFIX: &'static str = "gemv_f32";
+    const OUT: &'static str = "f32";
     const MMA_NAME: &'static str = "gemv_mma_f32_x";
     const MMA2_NAME: &'static str = "gemv_mma2_f32_x";
 }
@@ -51,7 +56,7 @@ pub const GEMV_MAX_M: usize = 64;
 pub const GEMV_FMA_MAX_M: usize = 16;
 
 /// Rows of x per MMA tile; a launch of M rows runs the kernel for `ceil(M / 16)` tiles.
-const MMA_X_ROWS: usize = 16;
+pub(crate) const MMA_X_ROWS: usize = 16;
 
 /// The two implementations of the decode GEMV. Each is batch-invariant on its own; mixing them
 /// across launches is not (their reduction orders differ), so a backend uses one.
@@ -76,11 +81,11 @@ fn mma2_rows(m: usize) -> u32 {
 
 /// Rows of W per block of the MMA variant for `m` rows of x; mirrors `MmaTiles` in
 /// `cuda/gemv.cu` (two tiles of 8 for one x tile of 16 rows, four for more).
-fn mma_rows(m: usize) -> u32 {
+pub(crate) fn mma_rows(m: usize) -> u32 {
     if m.div_ceil(MMA_X_ROWS) == 1 { 16 } else { 32 }
 }
 /// Threads per block of the MMA variant (16 warps); mirrors `MMA_WARPS` in `cuda/gemv.cu`.
-const MMA_THREADS: u32 = 512;
+pub(crate) const MMA_THREADS: u32 = 512;
 
 /// Rows of W per block for `m` rows of x; mirrors `GemvRows<M>` in `cuda/gemv.cu`.
 fn rows_per_block(m: usize) -> u32 {

@@ -14,6 +14,7 @@
 
 mod attention;
 pub mod bench;
+mod blocks;
 pub mod check;
 pub mod compile;
 mod elementwise;
@@ -24,6 +25,7 @@ pub mod libs;
 mod sampling;
 pub mod selftest;
 mod selftest_attention;
+pub mod selftest_blocks;
 mod selftest_gemv;
 mod selftest_tp;
 
@@ -40,6 +42,7 @@ pub use attention::{
     ATTENTION_HEAD_DIMS, AttentionHeads, DECODE_SPLIT_TOKENS, DEFAULT_PREFILL_VARIANT, DecodeBatch,
     PagedKv, PrefillChunk, PrefillVariant, decode_workspace_elems,
 };
+pub use blocks::BlockFormat;
 pub use check::{FunctionResources, Report, check};
 pub use elementwise::RopeKvShape;
 pub use gemm::{GemmOut, GemmShape, LtGemm};
@@ -67,6 +70,10 @@ pub const SOURCES: &[Source] = &[
     Source {
         module: "gemv",
         text: include_str!("../cuda/gemv.cu"),
+    },
+    Source {
+        module: "gemv_blocks",
+        text: include_str!("../cuda/gemv_blocks.cu"),
     },
     Source {
         module: "sampling",

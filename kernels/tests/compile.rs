@@ -50,6 +50,16 @@ fn expected_functions() -> Vec<String> {
         names.push(format!("gemv_mma3_bf16_x{xt}"));
         names.push(format!("gemv_mma_shards_f32_x{xt}"));
     }
+    for format in strata_kernels::BlockFormat::ALL {
+        let name = format.kernel_name();
+        for xt in 1..=4 {
+            names.push(format!("gemv_mma_{name}_bf16_x{xt}"));
+            names.push(format!("gemv_mma_{name}_f32_x{xt}"));
+            names.push(format!("gemv_mma_shards_{name}_f32_x{xt}"));
+        }
+        names.push(format!("dequant_{name}"));
+        names.push(format!("embed_{name}"));
+    }
     for m in 1..=16 {
         names.push(format!("gemv_bf16_m{m}"));
         names.push(format!("gemv_f32_m{m}"));

@@ -20,6 +20,9 @@ pub struct Inspection {
     pub dtypes: Vec<(String, usize, usize)>,
     /// Some tensors are stored in a block format (GGUF) and widened when loaded.
     pub widened: bool,
+    /// Bytes of the weights as the CUDA backend holds them (block formats its kernels read kept
+    /// as stored, the rest bf16).
+    pub cuda_bytes: usize,
 }
 
 impl Inspection {
@@ -34,6 +37,7 @@ impl Inspection {
             checkpoint_bytes: ckpt.data_bytes(),
             dtypes: ckpt.dtype_histogram(),
             widened: ckpt.widens(),
+            cuda_bytes: ckpt.cuda_bytes(),
             config,
         })
     }
@@ -114,12 +118,31 @@ impl fmt::Display for Inspection {
             dtypes.join(", ")
         )?;
         if self.widened {
+            let (kept, widened): (Vec<&str>, Vec<&str>) = self
+                .dtypes
+                .iter()
+                .map(|(name, _, _)| name.as_str())
+                .filter(|name| !matches!(*name, "F32" | "F16" | "BF16"))
+                .partition(|name| {
+                    crate::gguf::CUDA_BLOCK_TYPES
+                        .iter()
+                        .any(|t| t.name() == *name)
+                });
+            let on_cuda = match (kept.is_empty(), widened.is_empty()) {
+                (false, true) => format!("{} kept as stored", kept.join(", ")),
+                (true, _) => format!("{} widened to bf16", widened.join(", ")),
+                (false, false) => format!(
+                    "{} kept as stored, {} widened to bf16",
+                    kept.join(", "),
+                    widened.join(", ")
+                ),
+            };
             writeln!(
                 f,
-                "runs as          f32 on the CPU ({}), bf16 on CUDA ({}): block-quantized \
-                 tensors are widened at load",
+                "runs as          f32 on the CPU ({}): block types widened at load; on CUDA \
+                 ({}): {on_cuda} (matrices)",
                 human_bytes(self.parameters as f64 * 4.0),
-                human_bytes(self.parameters as f64 * 2.0)
+                human_bytes(self.cuda_bytes as f64),
             )?;
         }
         for (name, bytes) in FORMATS {

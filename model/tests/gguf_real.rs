@@ -464,3 +464,51 @@ fn inspect_lists_the_files_types_bytes_and_how_they_run() {
         "{shown}"
     );
 }
+
+/// A backend that keeps block weights quantized reads them through `Checkpoint::blocks`: each
+/// row's stored blocks, dequantized, are the row `get` widens — for SmolLM2's q and k (Q4_1,
+/// rows put back from llama.cpp's rope order), v and the tied embedding (Q8_0); plain tensors
+/// have no blocks.
+#[test]
+fn stored_blocks_are_the_widened_rows_in_hugging_face_order() {
+    let ckpt = Checkpoint::open(&model_path(Case::SmolLm2)).unwrap();
+    for name in [
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.k_proj.weight",
+        "model.layers.3.self_attn.v_proj.weight",
+        "model.embed_tokens.weight",
+    ] {
+        let blocks = ckpt.blocks(name).unwrap().expect("a block type");
+        let widened = ckpt.get(name).unwrap().to_f32();
+        let (rows, cols) = (blocks.shape[0], blocks.shape[1]);
+        let mut from_blocks = Vec::with_capacity(rows * cols);
+        for r in 0..rows {
+            let row = blocks.row(r);
+            assert_eq!(row.len(), blocks.row_bytes());
+            from_blocks
+                .extend(strata_model::gguf::dequantize(blocks.ty, row, cols as u64).unwrap());
+        }
+        assert!(
+            from_blocks
+                .iter()
+                .zip(&widened)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: stored rows differ from the widened tensor"
+        );
+        // q and k rows are read out of file order (so the equality above proves the order).
+        let base = blocks.row(0).as_ptr() as usize;
+        let moved = (0..rows)
+            .filter(|&r| blocks.row(r).as_ptr() as usize != base + r * blocks.row_bytes())
+            .count();
+        let permuted = name.contains("q_proj") || name.contains("k_proj");
+        assert_eq!(
+            moved > 0,
+            permuted,
+            "{name}: {moved} rows read out of file order"
+        );
+    }
+    assert!(
+        ckpt.blocks("model.norm.weight").unwrap().is_none(),
+        "an F32 norm is read as it is"
+    );
+}

@@ -4,10 +4,14 @@
 Used by scripts/device/llamacpp-peer.sh so llama.cpp can be benchmarked on the same shapes as strata
 without any real weights. Needs numpy only; the GGUF v3 layout is written directly.
 
-    make_gguf.py CONFIG.json OUT.gguf [--dtype bf16|f16] [--layers N] [--seed S]
+    make_gguf.py CONFIG.json OUT.gguf [--dtype bf16|f16|q8_0|q4_k_m] [--layers N] [--seed S]
 
 Weights are N(0, 0.02) (norm weights 1.0, F32), streamed tensor by tensor from one shared random
 pool (each tensor starts at a different pool offset), so memory stays under ~400 MB for any size.
+The block types are random blocks: random quant bytes from the pool, every f16 scale fixed so a
+weight is of the same size as above. q8_0 stores every matrix as Q8_0; q4_k_m follows llama.cpp's
+Q4_K_M mix (Q4_K, with Q6_K for the output and for attn_v / ffn_down of the first and last eighth
+of the layers and every third layer between).
 The tokenizer is synthetic: an SPM-style "llama" vocab of exactly vocab_size tokens
 (<unk>, <s>, </s>, the 256 byte tokens, then filler pieces).
 """
@@ -29,8 +33,15 @@ ALIGN = 32
 T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY = 4, 5, 6, 7, 8, 9
 # ggml tensor types and the matching general.file_type
 GGML_F32, GGML_F16, GGML_BF16 = 0, 1, 30
-FILE_TYPE = {"f16": 1, "bf16": 32}
-TENSOR_TYPE = {"f16": GGML_F16, "bf16": GGML_BF16}
+GGML_Q8_0, GGML_Q4_K, GGML_Q6_K = 8, 12, 14
+FILE_TYPE = {"f16": 1, "bf16": 32, "q8_0": 7, "q4_k_m": 15}
+TENSOR_TYPE = {"f16": GGML_F16, "bf16": GGML_BF16, "q8_0": GGML_Q8_0, "q4_k_m": GGML_Q4_K}
+# ggml type -> (elements per block, bytes per block, byte offsets of f16 scales and their values)
+BLOCKS = {
+    GGML_Q8_0: (32, 34, [(0, 0.02 * 2 / 127)]),
+    GGML_Q4_K: (256, 144, [(0, 0.02 / 64), (2, 0.02 / 64)]),
+    GGML_Q6_K: (256, 210, [(208, 0.02 / 256)]),
+}
 
 # token types (llama.cpp's LLAMA_TOKEN_TYPE_*)
 TOK_NORMAL, TOK_UNKNOWN, TOK_CONTROL, TOK_BYTE = 1, 2, 3, 6
@@ -90,6 +101,8 @@ def to_bf16_bits(x):
 
 def make_pool(dtype, seed):
     rng = np.random.default_rng(seed)
+    if dtype not in ("bf16", "f16"):
+        return memoryview(rng.integers(0, 256, 2 * POOL_ELEMS, dtype=np.uint8).tobytes())
     x = rng.standard_normal(POOL_ELEMS, dtype=np.float32) * np.float32(0.02)
     if dtype == "bf16":
         bits = to_bf16_bits(x)
@@ -147,7 +160,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
     ap.add_argument("out")
-    ap.add_argument("--dtype", choices=["bf16", "f16"], default="bf16")
+    ap.add_argument("--dtype", choices=["bf16", "f16", "q8_0", "q4_k_m"], default="bf16")
     ap.add_argument("--layers", type=int, default=None, help="override num_hidden_layers")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -189,6 +202,11 @@ def main():
     tokenizer(meta, n_vocab)
 
     wt = TENSOR_TYPE[args.dtype]
+    # Q4_K_M's "more bits" layers (llama.cpp's use_more_bits) take Q6_K for attn_v and ffn_down.
+    def more_bits(i):
+        return i < n_layer // 8 or i >= 7 * n_layer // 8 or (i - n_layer // 8) % 3 == 2
+    wv = lambda i: GGML_Q6_K if args.dtype == "q4_k_m" and more_bits(i) else wt
+    wo = GGML_Q6_K if args.dtype == "q4_k_m" else wt
     rope_factors = llama3_rope_factors(cfg, head_dim, theta)
     # (name, dims innermost-first, ggml type, kind): kind "rand", "ones" or an ndarray of f32
     tensors = [("token_embd.weight", (n_embd, n_vocab), wt, "rand")]
@@ -200,18 +218,21 @@ def main():
             (p + "attn_norm.weight", (n_embd,), GGML_F32, "ones"),
             (p + "attn_q.weight", (n_embd, n_head * head_dim), wt, "rand"),
             (p + "attn_k.weight", (n_embd, n_kv * head_dim), wt, "rand"),
-            (p + "attn_v.weight", (n_embd, n_kv * head_dim), wt, "rand"),
+            (p + "attn_v.weight", (n_embd, n_kv * head_dim), wv(i), "rand"),
             (p + "attn_output.weight", (n_head * head_dim, n_embd), wt, "rand"),
             (p + "ffn_norm.weight", (n_embd,), GGML_F32, "ones"),
             (p + "ffn_gate.weight", (n_embd, n_ff), wt, "rand"),
             (p + "ffn_up.weight", (n_embd, n_ff), wt, "rand"),
-            (p + "ffn_down.weight", (n_ff, n_embd), wt, "rand"),
+            (p + "ffn_down.weight", (n_ff, n_embd), wv(i), "rand"),
         ]
     tensors.append(("output_norm.weight", (n_embd,), GGML_F32, "ones"))
     if not tied:
-        tensors.append(("output.weight", (n_embd, n_vocab), wt, "rand"))
+        tensors.append(("output.weight", (n_embd, n_vocab), wo, "rand"))
 
     def nbytes(dims, t):
+        if t in BLOCKS:
+            per, size, _ = BLOCKS[t]
+            return math.prod(dims) // per * size
         return math.prod(dims) * (4 if t == GGML_F32 else 2)
 
     def pad(n):
@@ -244,7 +265,25 @@ def main():
                 # start each tensor at a different (even) pool offset so tensors differ
                 pos = ((k * 2654435761) % (pool_len // 2)) * 2
                 left = n
+                scales = BLOCKS.get(t, (0, 0, []))
                 while left:
+                    if scales[1]:
+                        # whole blocks from the pool, each with its scales set
+                        size = scales[1]
+                        take = min(left, (pool_len - pos) // size * size, (64 << 20) // size * size)
+                        if take == 0:
+                            pos = 0
+                            continue
+                        blocks = np.frombuffer(pool[pos:pos + take], dtype=np.uint8)
+                        blocks = blocks.reshape(-1, size).copy()
+                        for at, value in scales[2]:
+                            blocks[:, at:at + 2] = np.frombuffer(np.float16(value).tobytes(), np.uint8)
+                        if t == GGML_Q6_K:
+                            blocks[:, 192:208] &= 0x1F  # signed scales 0..31
+                        f.write(blocks.tobytes())
+                        left -= take
+                        pos += take
+                        continue
                     chunk = pool[pos:pos + left]
                     f.write(chunk)
                     left -= len(chunk)

@@ -23,7 +23,8 @@ pub enum GpuCommand {
     Parity(ParityArgs),
     /// A sequence's greedy tokens alone and inside a batch of staggered arrivals.
     Invariance(InvarianceArgs),
-    /// Decode tokens/s of a config.json shape with synthetic weights, at several batch sizes.
+    /// Decode tokens/s of a config.json shape with synthetic weights, or of a checkpoint, at
+    /// several batch sizes.
     Decode(DecodeArgs),
     /// Prefill tokens/s of a config.json shape with synthetic weights, for several prompt lengths.
     Prefill(PrefillArgs),
@@ -75,8 +76,15 @@ pub struct InvarianceArgs {
 #[derive(Args)]
 pub struct DecodeArgs {
     /// A HF config.json (the architecture; weights are synthesized on the GPU).
+    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    config: Option<PathBuf>,
+    /// A checkpoint (HF directory or GGUF file) instead: its weights as the backend holds them
+    /// (GGUF block formats stay quantized unless --widen-blocks).
     #[arg(long)]
-    config: PathBuf,
+    model: Option<PathBuf>,
+    /// With --model: widen GGUF block weights to bf16 at load (the comparison arm).
+    #[arg(long)]
+    widen_blocks: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
     /// Batch sizes, comma separated.
@@ -92,8 +100,8 @@ pub struct DecodeArgs {
     #[arg(long, default_value_t = 4.22e12)]
     bandwidth: f64,
     /// Batch sizes at which graph replay is checked bit for bit against eager launches before
-    /// timing (odd sizes exercise the padding rows); empty skips the check.
-    #[arg(long, value_delimiter = ',', default_value = "1,3,8,33")]
+    /// timing (odd sizes exercise the padding rows); the flag with no value skips the check.
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,3,8,33")]
     check_graphs: Vec<usize>,
     /// Also time every batch with graphs off, and print one profiled step per batch by kernel
     /// family.
@@ -355,8 +363,11 @@ fn read_config(path: &Path) -> Result<ModelConfig> {
     ModelConfig::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
-fn synthetic_backend(
+/// A backend of `config` with synthesized weights, or the weights of `checkpoint` (GGUF block
+/// formats kept, or widened with `widen_blocks`).
+fn bench_backend(
     config: &ModelConfig,
+    checkpoint: Option<(&strata_model::weights::Checkpoint, bool)>,
     device: usize,
     positions: usize,
     kv_tokens: usize,
@@ -376,12 +387,13 @@ fn synthetic_backend(
         tp_rank: 0,
         tp_world: 1,
         sharded_reduction: sharded,
+        widen_blocks: checkpoint.is_some_and(|(_, widen)| widen),
     };
-    Ok(CudaBackend::new(
-        config,
-        WeightSource::Synthetic { seed: 7 },
-        &options,
-    )?)
+    let source = match checkpoint {
+        Some((ckpt, _)) => WeightSource::Checkpoint(ckpt),
+        None => WeightSource::Synthetic { seed: 7 },
+    };
+    Ok(CudaBackend::new(config, source, &options)?)
 }
 
 fn median(mut xs: Vec<f64>) -> (f64, f64, f64) {
@@ -558,7 +570,17 @@ fn time_decode(
 }
 
 fn decode(args: DecodeArgs) -> Result<()> {
-    let config = read_config(&args.config)?;
+    let (config, checkpoint, source) = match (&args.model, &args.config) {
+        (Some(model), _) => {
+            let config = ModelConfig::from_dir(model)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", model.display()))?;
+            let ckpt = strata_model::weights::Checkpoint::open(model)?;
+            (config, Some(ckpt), model.clone())
+        }
+        (None, Some(_)) if args.widen_blocks => bail!("--widen-blocks needs --model"),
+        (None, Some(path)) => (read_config(path)?, None, path.clone()),
+        (None, None) => bail!("give --config or --model"),
+    };
     let max_batch = args
         .batch
         .iter()
@@ -568,22 +590,34 @@ fn decode(args: DecodeArgs) -> Result<()> {
         .unwrap_or(1);
     let positions = args.context + args.steps + 16;
     let blocks_per_seq = positions.div_ceil(16);
-    let mut backend = synthetic_backend(
+    let mut backend = bench_backend(
         &config,
+        checkpoint.as_ref().map(|c| (c, args.widen_blocks)),
         args.device,
         positions,
         max_batch * positions,
         args.sharded,
     )?;
     backend.set_decode_gemm(args.decode_gemm);
-    let weight_bytes = parameter_count(&config) as f64 * 2.0;
+    // Synthesized: the parameters in bf16 (as every earlier receipt counts them); a checkpoint:
+    // the bytes a step reads as the backend holds them.
+    let weight_bytes = match &checkpoint {
+        None => parameter_count(&config) as f64 * 2.0,
+        Some(_) => backend.step_weight_bytes() as f64,
+    };
+    let formats: Vec<String> = backend
+        .weight_formats()
+        .iter()
+        .map(|(f, n)| format!("{f} x{n}"))
+        .collect();
     let vocab = config.vocab_size;
     let mut results = Vec::new();
     println!(
-        "decode {} on {}: {:.2} GB of weights, context {}",
-        args.config.display(),
+        "decode {} on {}: {:.2} GB of weights ({}), context {}",
+        source.display(),
         backend.device_name(),
         weight_bytes / 1e9,
+        formats.join(", "),
         args.context
     );
     let graph_checks = check_graphs(
@@ -683,7 +717,8 @@ fn decode(args: DecodeArgs) -> Result<()> {
     }
     write_json(
         args.json.as_deref(),
-        &json!({"config": args.config, "device": backend.device_name(),
+        &json!({"config": args.config, "model": args.model, "widen_blocks": args.widen_blocks,
+                "weight_formats": formats, "device": backend.device_name(),
                 "weight_bytes": weight_bytes, "context": args.context,
                 "bandwidth_bytes_per_s": args.bandwidth,
                 "includes": "greedy sampling on the device, token ids copied to the host",
@@ -696,7 +731,14 @@ fn decode(args: DecodeArgs) -> Result<()> {
 fn prefill(args: PrefillArgs) -> Result<()> {
     let config = read_config(&args.config)?;
     let longest = args.prompt.iter().copied().max().unwrap_or(1);
-    let mut backend = synthetic_backend(&config, args.device, longest + 16, longest + 16, false)?;
+    let mut backend = bench_backend(
+        &config,
+        None,
+        args.device,
+        longest + 16,
+        longest + 16,
+        false,
+    )?;
     let params = parameter_count(&config) as f64;
     let vocab = config.vocab_size as u32;
     let table: Vec<u32> = (0..(longest + 16).div_ceil(16) as u32).collect();

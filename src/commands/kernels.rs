@@ -8,8 +8,9 @@ use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use strata_kernels::cudarc::driver::CudaContext;
 use strata_kernels::{
-    CheckResult, GEMV_FMA_MAX_M, GemvVariant, Kernels, PrefillVariant, libs, selftest,
+    BlockFormat, CheckResult, GEMV_FMA_MAX_M, GemvVariant, Kernels, PrefillVariant, libs, selftest,
 };
+use strata_model::gguf::GgmlType;
 
 #[derive(Subcommand)]
 pub enum KernelsCommand {
@@ -158,7 +159,13 @@ fn run_selftest(device: usize, seed: Option<u64>, cache_dir: Option<PathBuf>) ->
             .unwrap_or(1)
     });
     println!("{name} ({}), seed {seed:#x}", kernels.arch());
-    let results = selftest::selftest_with_seed(&kernels, &stream, seed);
+    let mut results = selftest::selftest_with_seed(&kernels, &stream, seed);
+    results.extend(strata_kernels::selftest_blocks::check_blocks(
+        &kernels,
+        &stream,
+        seed,
+        &cpu_dequantize,
+    ));
     print_table(&results);
     let failed = results.iter().filter(|r| !r.ok).count();
     if failed > 0 {
@@ -166,6 +173,13 @@ fn run_selftest(device: usize, seed: Option<u64>, cache_dir: Option<PathBuf>) ->
     }
     println!("all {} checks passed", results.len());
     Ok(())
+}
+
+/// The checkpoint loader's dequantizer (bit-exact against the `gguf` package): the reference of
+/// the block-format kernels. Panics only on a length the self-test itself got wrong.
+fn cpu_dequantize(format: BlockFormat, bytes: &[u8], n: usize) -> Vec<f32> {
+    let ty = GgmlType::from_id(format.ggml_type()).expect("every block format is a ggml type");
+    strata_model::gguf::dequantize(ty, bytes, n as u64).expect("whole blocks of a known type")
 }
 
 fn print_table(results: &[CheckResult]) {

@@ -32,6 +32,20 @@ pub use config::{
     hf_tensor_name_in, model_config,
 };
 pub use dequant::{dequantize, dequantize_into};
+
+/// The block types the CUDA backend keeps as stored and dequantizes inside its kernels
+/// (strata-kernels' `BlockFormat`; the node crate's tests check the two lists agree). Other
+/// types are widened to bf16 at load.
+pub const CUDA_BLOCK_TYPES: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
 pub use ggml_type::{GgmlType, QK_K};
 pub use tokenizer::{
     CHAT_TEMPLATE_KEY, GgufTokenizer, GgufTokenizerError, SUPPORTED_PRE_TOKENIZERS, SpecialTokens,

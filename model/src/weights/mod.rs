@@ -439,6 +439,37 @@ impl Checkpoint {
         })
     }
 
+    /// The tensor called `name` as its stored GGUF blocks, when it is stored in a block type
+    /// (`None` for a plain type, which [`Checkpoint::get`] reads as it is): for a backend that
+    /// keeps quantized weights quantized. Rows come in Hugging Face order (see
+    /// [`BlockTensor::row`]).
+    pub fn blocks(&self, name: &str) -> Result<Option<BlockTensor<'_>>, WeightError> {
+        let entry = self.tensors.get(name).ok_or_else(|| WeightError::Missing {
+            dir: self.dir.clone(),
+            name: name.to_string(),
+        })?;
+        let TensorData::Widened {
+            ty,
+            unpermute_heads,
+            ..
+        } = &entry.data
+        else {
+            return Ok(None);
+        };
+        if ty.block_size() == 1 {
+            return Ok(None);
+        }
+        let file = &self.files[entry.file];
+        let rows = entry.shape.first().copied().unwrap_or(1).max(1);
+        Ok(Some(BlockTensor {
+            ty: *ty,
+            shape: &entry.shape,
+            bytes: &file.mmap[file.data_start + entry.offsets.0..file.data_start + entry.offsets.1],
+            row_bytes: (entry.offsets.1 - entry.offsets.0) / rows,
+            unpermute_heads: *unpermute_heads,
+        }))
+    }
+
     /// The tensor called `name`, checked to have `shape`.
     pub fn get_shaped(&self, name: &str, shape: &[usize]) -> Result<TensorRef<'_>, WeightError> {
         let t = self.get(name)?;
@@ -482,6 +513,22 @@ impl Checkpoint {
         self.tensors
             .values()
             .any(|t| matches!(t.data, TensorData::Widened { .. }))
+    }
+
+    /// Bytes of the tensors as the CUDA backend holds them: a matrix in one of
+    /// [`gguf::CUDA_BLOCK_TYPES`] as stored, everything else as bf16.
+    pub fn cuda_bytes(&self) -> usize {
+        self.tensors
+            .values()
+            .map(|t| match &t.data {
+                TensorData::Widened { ty, .. }
+                    if t.shape.len() == 2 && gguf::CUDA_BLOCK_TYPES.contains(ty) =>
+                {
+                    t.offsets.1 - t.offsets.0
+                }
+                _ => t.shape.iter().product::<usize>() * 2,
+            })
+            .sum()
     }
 
     /// The dtypes present (as stored: a GGUF block type by its ggml name), with the number of
@@ -533,6 +580,52 @@ fn widen(
         }
     };
     Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+}
+
+/// A GGUF tensor's stored blocks (see [`Checkpoint::blocks`]): `shape` in Hugging Face order
+/// (`[rows, cols]` for a matrix), each row a whole number of blocks.
+#[derive(Clone, Copy)]
+pub struct BlockTensor<'a> {
+    pub ty: GgmlType,
+    pub shape: &'a [usize],
+    bytes: &'a [u8],
+    row_bytes: usize,
+    unpermute_heads: Option<usize>,
+}
+
+impl<'a> BlockTensor<'a> {
+    /// The stored bytes of Hugging Face row `r`: llama q/k rows are put back from llama.cpp's
+    /// rope order as [`Checkpoint::get`] does (within each head of `2h` rows, row `t·h + j`
+    /// is stored as row `2j + t`).
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let stored = match self.unpermute_heads {
+            None => r,
+            Some(heads) => {
+                let per_head = self.shape[0] / heads;
+                let half = per_head / 2;
+                let (head, within) = (r / per_head, r % per_head);
+                head * per_head + 2 * (within % half) + within / half
+            }
+        };
+        &self.bytes[stored * self.row_bytes..(stored + 1) * self.row_bytes]
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> usize {
+        self.row_bytes
+    }
+
+    /// A tensor of `shape` stored as `bytes` in file order, for tests of its consumers.
+    #[doc(hidden)]
+    pub fn for_test(ty: GgmlType, shape: &'a [usize], bytes: &'a [u8]) -> Self {
+        BlockTensor {
+            ty,
+            shape,
+            bytes,
+            row_bytes: bytes.len() / shape.first().copied().unwrap_or(1).max(1),
+            unpermute_heads: None,
+        }
+    }
 }
 
 impl<'a> TensorRef<'a> {

@@ -32,15 +32,15 @@ use strata_kernels::cudarc::driver::{
     CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, PinnedHostSlice,
 };
 use strata_kernels::{
-    ATTENTION_HEAD_DIMS, AttentionHeads, DECODE_SPLIT_TOKENS, DecodeBatch, GEMV_MAX_M, GemmShape,
-    KernelError, Kernels, LtGemm, NO_TOKEN, PagedKv, PrefillChunk, RopeKvShape,
-    decode_workspace_elems,
+    ATTENTION_HEAD_DIMS, AttentionHeads, DECODE_SPLIT_TOKENS, DecodeBatch, GEMV_MAX_M, KernelError,
+    Kernels, LtGemm, NO_TOKEN, PagedKv, PrefillChunk, RopeKvShape, decode_workspace_elems,
 };
 use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
 use strata_model::rope::Rope;
 use strata_model::weights::{Checkpoint, WeightError};
 
+mod matmul;
 mod readback;
 mod row_parallel;
 mod tp;
@@ -53,8 +53,9 @@ pub use tp::{CudaTpBackend, TpTransport};
 
 use super::{Backend, BackendError, RowSampling, StepOutput, StepSeq};
 use crate::kv::{BlockId, KvBlockIo};
+use matmul::{gemm_weight, gemv, linear};
 use strata_model::sampler::RowPlan;
-use weights::{Weights, synthesize, upload_checkpoint};
+use weights::{BlockPolicy, LayerDims, Matrix, Weights, synthesize, upload_checkpoint};
 
 /// Why the CUDA backend could not start or run a step.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +121,9 @@ pub struct CudaOptions {
     /// when `tp_world > 1`; off at TP = 1 the projections are one GEMV / GEMM each (faster,
     /// other bits). Needs `q_dim` and `intermediate` to be multiples of 256.
     pub sharded_reduction: bool,
+    /// Widen GGUF block weights to bf16 at load instead of keeping them in their formats (the
+    /// comparison arm of the block kernels: the same bits, more bytes per step).
+    pub widen_blocks: bool,
 }
 
 /// Device memory kept free beside the weights and the KV cache when the cache is sized from a
@@ -269,6 +273,9 @@ pub struct CudaBackend {
     graphs_enabled: bool,
     /// Decode rows through the pinned GEMM too (see [`CudaBackend::set_decode_gemm`]).
     decode_gemm: bool,
+    /// The bf16 buffer a block-format projection is dequantized into for the GEMM of prompt
+    /// rows, sized for the largest; `None` when every projection is bf16.
+    dequant: Option<CudaSlice<bf16>>,
     graphs: HashMap<GraphKey, SendGraph>,
     /// The tensor-parallel group this backend is a rank of: the row-parallel o and down
     /// projections are all-reduced through it. `None` runs alone with no collective calls.
@@ -342,7 +349,16 @@ impl CudaBackend {
         let weights = match source {
             WeightSource::Checkpoint(ckpt) => {
                 ckpt.validate(config)?;
-                upload_checkpoint(&stream, config, ckpt, &shard)?
+                let policy = BlockPolicy {
+                    keep: !options.widen_blocks,
+                    row_kslice: (row_shards > 0).then(|| {
+                        (
+                            config.q_dim() / ROW_SHARDS,
+                            config.intermediate_size / ROW_SHARDS,
+                        )
+                    }),
+                };
+                upload_checkpoint(&stream, config, ckpt, &shard, policy)?
             }
             WeightSource::Synthetic { seed } => synthesize(&stream, config, &shard, seed)?,
         };
@@ -352,6 +368,21 @@ impl CudaBackend {
             .min(config.max_position_embeddings)
             .max(1);
         let cos_sin = stream.clone_htod(&cos_sin_table(config, max_positions))?;
+        let dequant_elems = weights.dequant_elems(LayerDims {
+            hidden: config.hidden_size,
+            q: shard.q_rows.len(),
+            kv: shard.kv_rows.len(),
+            inter: shard.inter_rows.len(),
+        });
+        let dequant = match dequant_elems {
+            0 => None,
+            n => Some(stream.alloc_zeros::<bf16>(n)?),
+        };
+        let formats = weights.formats();
+        if formats.iter().any(|(name, _)| *name != "bf16") {
+            let held: Vec<String> = formats.iter().map(|(f, n)| format!("{f} ×{n}")).collect();
+            tracing::info!("projections held as {}", held.join(", "));
+        }
 
         let kv_dim = shard.kv_rows.len();
         let per_block = config.num_layers * 2 * options.block_size * kv_dim * 2;
@@ -390,6 +421,7 @@ impl CudaBackend {
             scratch: Scratch::default(),
             graphs_enabled: options.graphs,
             decode_gemm: false,
+            dequant,
             graphs: HashMap::new(),
             comm: None,
             host_inputs: Vec::new(),
@@ -399,6 +431,17 @@ impl CudaBackend {
         backend.pin_gemms()?;
         backend.stream.synchronize()?;
         Ok(backend)
+    }
+
+    /// Bytes of weights a decode step reads: every layer's, the final norm and the LM head (the
+    /// embedding table only where tied to the head: a step gathers a few of its rows).
+    pub fn step_weight_bytes(&self) -> usize {
+        self.weights.step_bytes()
+    }
+
+    /// Tensors by how they are held on the device: `(format, count)`, e.g. `("q4_k", 193)`.
+    pub fn weight_formats(&self) -> Vec<(&'static str, usize)> {
+        self.weights.formats()
     }
 
     /// The device's name, e.g. "NVIDIA H200".
@@ -863,6 +906,7 @@ impl CudaBackend {
             profile,
             comm,
             decode_gemm,
+            dequant,
             ..
         } = self;
         let bs = *bs;
@@ -915,16 +959,29 @@ impl CudaBackend {
         } else {
             bf16::ZERO
         };
-        k.embed_rows(
-            stream,
-            buf!(residual),
-            &w.embed,
-            &ids,
-            t,
-            h,
-            d.vocab.clone(),
-            fill,
-        )?;
+        match &w.embed {
+            Matrix::Bf16(table) => k.embed_rows(
+                stream,
+                buf!(residual),
+                table,
+                &ids,
+                t,
+                h,
+                d.vocab.clone(),
+                fill,
+            )?,
+            Matrix::Blocks { format, data } => k.embed_rows_blocks(
+                stream,
+                buf!(residual),
+                data,
+                *format,
+                &ids,
+                t,
+                h,
+                d.vocab.clone(),
+                fill,
+            )?,
+        }
         if d.world > 1 {
             let comm = comm.as_deref_mut().ok_or(CudaError::NoCommunicator)?;
             comm.all_reduce_sum(buf!(residual).slice_mut(..t * h).into())?;
@@ -955,8 +1012,9 @@ impl CudaBackend {
                         (kk, &layer.k, shapes.kv),
                         (v, &layer.v, shapes.kv),
                     ] {
+                        let wide = gemm_weight(k, stream, dequant.as_mut(), wt, (shape.n, h))?;
                         let mut out = y.slice_mut(..gp * shape.n);
-                        gemm.matmul_shape(&mut out, &x, wt, gp, shape)?;
+                        gemm.matmul_shape(&mut out, &x, wide, gp, shape)?;
                     }
                 }
                 let (q, kk, v) = (
@@ -967,19 +1025,30 @@ impl CudaBackend {
                 let mut row = gp;
                 while row < t {
                     let m = (t - row).min(GEMV_MAX_M);
-                    k.gemv3(
-                        stream,
-                        [
-                            &mut q.slice_mut(row * qd..(row + m) * qd),
-                            &mut kk.slice_mut(row * kvd..(row + m) * kvd),
-                            &mut v.slice_mut(row * kvd..(row + m) * kvd),
-                        ],
-                        &normed.slice(row * h..(row + m) * h),
-                        [&layer.q.as_view(), &layer.k.as_view(), &layer.v.as_view()],
-                        m,
-                        [qd, kvd, kvd],
-                        h,
-                    )?;
+                    let [mut yq, mut yk, mut yv] = [
+                        q.slice_mut(row * qd..(row + m) * qd),
+                        kk.slice_mut(row * kvd..(row + m) * kvd),
+                        v.slice_mut(row * kvd..(row + m) * kvd),
+                    ];
+                    let x = normed.slice(row * h..(row + m) * h);
+                    if let (Matrix::Bf16(wq), Matrix::Bf16(wk), Matrix::Bf16(wv)) =
+                        (&layer.q, &layer.k, &layer.v)
+                    {
+                        // One launch for the three: the narrow k and v alone leave SMs idle.
+                        k.gemv3(
+                            stream,
+                            [&mut yq, &mut yk, &mut yv],
+                            &x,
+                            [&wq.as_view(), &wk.as_view(), &wv.as_view()],
+                            m,
+                            [qd, kvd, kvd],
+                            h,
+                        )?;
+                    } else {
+                        gemv(k, stream, &mut yq, &x, &layer.q, (m, qd, h))?;
+                        gemv(k, stream, &mut yk, &x, &layer.k, (m, kvd, h))?;
+                        gemv(k, stream, &mut yv, &x, &layer.v, (m, kvd, h))?;
+                    }
                     row += m;
                 }
             }
@@ -1059,6 +1128,7 @@ impl CudaBackend {
                 kernels: k,
                 gemm,
                 stream,
+                dequant: dequant.as_mut(),
                 comm: comm.as_deref_mut(),
                 partials: s.partials.as_mut(),
                 local: s.local_partials.as_mut(),
@@ -1097,6 +1167,7 @@ impl CudaBackend {
                     k,
                     gemm,
                     stream,
+                    dequant.as_mut(),
                     gate_up,
                     get!(normed),
                     &layer.gate_up,
@@ -1116,6 +1187,7 @@ impl CudaBackend {
                     kernels: k,
                     gemm,
                     stream,
+                    dequant: dequant.as_mut(),
                     comm: comm.as_deref_mut(),
                     partials: s.partials.as_mut(),
                     local: s.local_partials.as_mut(),
@@ -1161,8 +1233,14 @@ impl CudaBackend {
         let v = d.vocab_per_rank;
         let logits = s.logits.as_mut().expect("scratch allocated");
         let gathered = get!(gathered);
-        let lp = if *decode_gemm { r } else { plan.logits_prompt };
-        if lp > 0 {
+        // A head in a block format takes the GEMV for every row (logits rows are few; a
+        // dequantized vocabulary-sized copy would not be).
+        let lp = match head {
+            Matrix::Blocks { .. } => 0,
+            Matrix::Bf16(_) if *decode_gemm => r,
+            Matrix::Bf16(_) => plan.logits_prompt,
+        };
+        if let (true, Matrix::Bf16(head)) = (lp > 0, head) {
             let mut y = logits.slice_mut(..lp * v);
             let x = gathered.slice(..lp * h);
             gemm.matmul_shape(&mut y, &x, head, lp, shapes.lm_head)?;
@@ -1172,7 +1250,7 @@ impl CudaBackend {
             let m = (r - row).min(GEMV_MAX_M);
             let mut y = logits.slice_mut(row * v..(row + m) * v);
             let x = gathered.slice(row * h..(row + m) * h);
-            k.gemv_f32(stream, &mut y, &x, head, m, v, h)?;
+            gemv(k, stream, &mut y, &x, head, (m, v, h))?;
             row += m;
         }
         if d.world > 1 {
@@ -1199,37 +1277,6 @@ fn mark(
             family,
             stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
         ));
-    }
-    Ok(())
-}
-
-/// `y[rows, n] = x[rows, k] · wᵀ`: rows `..prompt` through the pinned GEMM, the rest through the
-/// GEMV kernel in groups of at most [`GEMV_MAX_M`] (see the module docs).
-#[allow(clippy::too_many_arguments)]
-fn linear(
-    kernels: &Kernels,
-    gemm: &mut LtGemm,
-    stream: &Arc<CudaStream>,
-    y: &mut CudaSlice<bf16>,
-    x: &CudaSlice<bf16>,
-    w: &CudaSlice<bf16>,
-    rows: usize,
-    prompt: usize,
-    shape: GemmShape,
-) -> Result<(), CudaError> {
-    let (n, k) = (shape.n, shape.k);
-    if prompt > 0 {
-        let mut out = y.slice_mut(..prompt * n);
-        let input = x.slice(..prompt * k);
-        gemm.matmul_shape(&mut out, &input, w, prompt, shape)?;
-    }
-    let mut row = prompt;
-    while row < rows {
-        let m = (rows - row).min(GEMV_MAX_M);
-        let mut out = y.slice_mut(row * n..(row + m) * n);
-        let input = x.slice(row * k..(row + m) * k);
-        kernels.gemv(stream, &mut out, &input, w, m, n, k)?;
-        row += m;
     }
     Ok(())
 }

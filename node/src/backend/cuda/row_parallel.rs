@@ -16,7 +16,9 @@ use strata_kernels::{GEMV_MAX_M, GemmOut, GemmShape, Kernels, LtGemm};
 use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
 
-use super::{CudaError, linear};
+use super::CudaError;
+use super::matmul::{gemm_weight, linear};
+use super::weights::Matrix;
 
 /// K-slices of a row-parallel projection in the shard order: its partials are the same at every
 /// TP degree that divides it.
@@ -89,6 +91,8 @@ pub(super) struct RowParallel<'a> {
     pub(super) kernels: &'a Kernels,
     pub(super) gemm: &'a mut LtGemm,
     pub(super) stream: &'a Arc<CudaStream>,
+    /// The backend's buffer block weights are dequantized into for the GEMM.
+    pub(super) dequant: Option<&'a mut CudaSlice<bf16>>,
     pub(super) comm: Option<&'a mut (dyn DeviceCommunicator + 'static)>,
     /// `[8][rows][n]` f32 (shard order only).
     pub(super) partials: Option<&'a mut CudaSlice<f32>>,
@@ -109,7 +113,7 @@ impl RowParallel<'_> {
         &mut self,
         y: &mut CudaSlice<bf16>,
         x: &CudaSlice<bf16>,
-        w: &CudaSlice<bf16>,
+        w: &Matrix,
         n: usize,
         (k_local, k_full): (usize, usize),
     ) -> Result<(), CudaError> {
@@ -120,6 +124,7 @@ impl RowParallel<'_> {
                 self.kernels,
                 self.gemm,
                 self.stream,
+                self.dequant.as_deref_mut(),
                 y,
                 x,
                 w,
@@ -146,10 +151,17 @@ impl RowParallel<'_> {
             out: GemmOut::F32,
             algo_n: n,
         };
-        for s in 0..shards {
-            if prompt > 0 {
+        if prompt > 0 {
+            let wide = gemm_weight(
+                self.kernels,
+                self.stream,
+                self.dequant.as_deref_mut(),
+                w,
+                (n, k_local),
+            )?;
+            for s in 0..shards {
                 let mut out = target.slice_mut(s * stride..s * stride + prompt * n);
-                let (xs, ws) = (x.slice(s * kslice..), w.slice(s * kslice..));
+                let (xs, ws) = (x.slice(s * kslice..), wide.slice(s * kslice..));
                 self.gemm.matmul_shape(&mut out, &xs, &ws, prompt, shape)?;
             }
         }
@@ -158,15 +170,27 @@ impl RowParallel<'_> {
             let m = (rows - row).min(GEMV_MAX_M);
             let mut out = target.slice_mut(row * n..);
             let xs = x.slice(row * k_local..);
-            self.kernels.gemv_shards(
-                self.stream,
-                &mut out,
-                &xs,
-                w,
-                (m, n),
-                (shards, kslice, k_local),
-                stride,
-            )?;
+            match w {
+                Matrix::Bf16(w) => self.kernels.gemv_shards(
+                    self.stream,
+                    &mut out,
+                    &xs,
+                    w,
+                    (m, n),
+                    (shards, kslice, k_local),
+                    stride,
+                )?,
+                Matrix::Blocks { format, data } => self.kernels.gemv_shards_blocks(
+                    self.stream,
+                    &mut out,
+                    &xs,
+                    data,
+                    *format,
+                    (m, n),
+                    (shards, kslice, k_local),
+                    stride,
+                )?,
+            }
             row += m;
         }
         let mut y = y.slice_mut(..stride);

@@ -9,37 +9,144 @@ use half::bf16;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 use std::ops::Range;
+use strata_kernels::BlockFormat;
 use strata_kernels::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
 
 use strata_model::ModelConfig;
 use strata_model::cpu::TpLayout;
 use strata_model::weights::{
-    Checkpoint, EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorRef, WeightDtype,
+    BlockTensor, Checkpoint, EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorRef, WeightDtype,
 };
 
 use super::CudaError;
 
+/// A projection's weight on the device, `[n, k]` row-major (the HF Linear layout): bf16, or a
+/// GGUF block format kept as stored (each row `format.row_bytes(k)` bytes), which the block
+/// kernels dequantize in registers to the bf16 the widening would give.
+pub(super) enum Matrix {
+    Bf16(CudaSlice<bf16>),
+    Blocks {
+        format: BlockFormat,
+        data: CudaSlice<u8>,
+    },
+}
+
+impl Matrix {
+    /// Bytes on the device.
+    pub(super) fn bytes(&self) -> usize {
+        match self {
+            Matrix::Bf16(w) => w.len() * 2,
+            Matrix::Blocks { data, .. } => data.len(),
+        }
+    }
+
+    /// The block format, `None` for bf16.
+    pub(super) fn format(&self) -> Option<BlockFormat> {
+        match self {
+            Matrix::Bf16(_) => None,
+            Matrix::Blocks { format, .. } => Some(*format),
+        }
+    }
+}
+
 pub(super) struct Layer {
     pub(super) input_norm: CudaSlice<bf16>,
-    pub(super) q: CudaSlice<bf16>,
-    pub(super) k: CudaSlice<bf16>,
-    pub(super) v: CudaSlice<bf16>,
-    pub(super) o: CudaSlice<bf16>,
+    pub(super) q: Matrix,
+    pub(super) k: Matrix,
+    pub(super) v: Matrix,
+    pub(super) o: Matrix,
     pub(super) qkv_bias: Option<[CudaSlice<bf16>; 3]>,
     pub(super) o_bias: Option<CudaSlice<bf16>>,
     pub(super) qk_norm: Option<[CudaSlice<bf16>; 2]>,
     pub(super) post_norm: CudaSlice<bf16>,
     /// gate and up stacked: `[2 * intermediate, hidden]`, so one product gives `[gate | up]`.
-    pub(super) gate_up: CudaSlice<bf16>,
-    pub(super) down: CudaSlice<bf16>,
+    pub(super) gate_up: Matrix,
+    pub(super) down: Matrix,
 }
 
 pub(super) struct Weights {
-    pub(super) embed: CudaSlice<bf16>,
+    pub(super) embed: Matrix,
     pub(super) layers: Vec<Layer>,
     pub(super) final_norm: CudaSlice<bf16>,
     /// `None` when tied to the embedding.
-    pub(super) lm_head: Option<CudaSlice<bf16>>,
+    pub(super) lm_head: Option<Matrix>,
+}
+
+impl Weights {
+    /// The most elements of one layer projection kept in a block format: the bf16 buffer the
+    /// prompt rows' GEMM dequantizes into (0 when every projection is bf16).
+    pub(super) fn dequant_elems(&self, d: LayerDims) -> usize {
+        let dims = |m: &Matrix, n: usize, k: usize| if m.format().is_some() { n * k } else { 0 };
+        self.layers
+            .iter()
+            .flat_map(|l| {
+                [
+                    dims(&l.q, d.q, d.hidden),
+                    dims(&l.k, d.kv, d.hidden),
+                    dims(&l.v, d.kv, d.hidden),
+                    dims(&l.o, d.hidden, d.q),
+                    dims(&l.gate_up, 2 * d.inter, d.hidden),
+                    dims(&l.down, d.hidden, d.inter),
+                ]
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Bytes a decode step reads (see [`super::CudaBackend::step_weight_bytes`]).
+    pub(super) fn step_bytes(&self) -> usize {
+        let vector = |v: &CudaSlice<bf16>| v.len() * 2;
+        let opt = |v: &Option<CudaSlice<bf16>>| v.as_ref().map_or(0, vector);
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.q, &l.k, &l.v, &l.o, &l.gate_up, &l.down]
+                    .iter()
+                    .map(|m| m.bytes())
+                    .sum::<usize>()
+                    + vector(&l.input_norm)
+                    + vector(&l.post_norm)
+                    + l.qkv_bias
+                        .as_ref()
+                        .map_or(0, |b| b.iter().map(vector).sum())
+                    + opt(&l.o_bias)
+                    + l.qk_norm.as_ref().map_or(0, |n| n.iter().map(vector).sum())
+            })
+            .sum();
+        layers + vector(&self.final_norm) + self.lm_head.as_ref().unwrap_or(&self.embed).bytes()
+    }
+
+    /// Tensors by how they are held: `(format name, count)`, bf16 first.
+    pub(super) fn formats(&self) -> Vec<(&'static str, usize)> {
+        let mut counts: Vec<(&'static str, usize)> = Vec::new();
+        let mut add = |m: &Matrix| {
+            let name = m.format().map_or("bf16", BlockFormat::kernel_name);
+            match counts.iter_mut().find(|(n, _)| *n == name) {
+                Some(entry) => entry.1 += 1,
+                None => counts.push((name, 1)),
+            }
+        };
+        add(&self.embed);
+        for l in &self.layers {
+            for m in [&l.q, &l.k, &l.v, &l.o, &l.gate_up, &l.down] {
+                add(m);
+            }
+        }
+        if let Some(head) = &self.lm_head {
+            add(head);
+        }
+        counts
+    }
+}
+
+/// A layer's projection widths on a rank.
+#[derive(Clone, Copy)]
+pub(super) struct LayerDims {
+    pub(super) hidden: usize,
+    pub(super) q: usize,
+    pub(super) kv: usize,
+    pub(super) inter: usize,
 }
 
 /// Rows `rows` and columns `cols` of a row-major tensor `width` wide, as bf16, padded with zero
@@ -133,15 +240,51 @@ impl Staging {
     }
 }
 
+/// What [`upload_checkpoint`] keeps in block formats.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct BlockPolicy {
+    /// Keep projections stored in a block format the kernels read as stored (else widen
+    /// everything to bf16).
+    pub(super) keep: bool,
+    /// The row-parallel projections (o, down) are computed as K-slices of this many columns
+    /// (the shard order), which must be whole blocks; `None` in the fused order.
+    pub(super) row_kslice: Option<(usize, usize)>,
+}
+
+/// Rows `rows` and columns `cols` of a `[n, width]` block tensor as stored, padded with zero rows
+/// (which dequantize to zeros) to `out_rows`; `None` when `cols` does not cut whole blocks.
+fn slice_blocks(
+    t: &BlockTensor<'_>,
+    format: BlockFormat,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    out_rows: usize,
+) -> Option<Vec<u8>> {
+    let q = format.block_elems();
+    if !cols.start.is_multiple_of(q) || !cols.end.is_multiple_of(q) {
+        return None;
+    }
+    let bytes = cols.start / q * format.block_bytes()..cols.end / q * format.block_bytes();
+    let len = out_rows.max(rows.len()) * bytes.len();
+    let mut out = Vec::with_capacity(len);
+    for r in rows {
+        out.extend_from_slice(&t.row(r)[bytes.clone()]);
+    }
+    out.resize(len, 0);
+    Some(out)
+}
+
 /// Uploads rank `shard.rank`'s slices of the checkpoint (the whole model at TP = 1): q/k/v rows
 /// of its heads, gate/up rows of its intermediate slice, the matching o/down columns, its
 /// vocabulary rows of the embedding and LM head (padded with zero rows to `vocab_per_rank`);
-/// norms and the o bias whole.
+/// norms and the o bias whole. Projections stored in a block format the kernels read stay in it
+/// (per `policy`); every other weight is widened to bf16.
 pub(super) fn upload_checkpoint(
     stream: &Arc<CudaStream>,
     config: &ModelConfig,
     ckpt: &Checkpoint,
     shard: &TpLayout,
+    policy: BlockPolicy,
 ) -> Result<Weights, CudaError> {
     let (h, q, kv, inter, hd) = (
         config.hidden_size,
@@ -150,32 +293,70 @@ pub(super) fn upload_checkpoint(
         config.intermediate_size,
         config.head_dim,
     );
-    // Rows `rows` of a `[n, width]` tensor, every column.
-    let rows = |name: &str, shape: [usize; 2], rows: Range<usize>, out_rows: usize| {
-        let t = ckpt.get_shaped(name, &shape)?;
-        Ok::<_, CudaError>(slice_bf16(&t, shape[1], rows, 0..shape[1], out_rows))
-    };
-    // Columns `cols` of a `[n, width]` tensor, every row.
-    let columns = |name: &str, shape: [usize; 2], cols: Range<usize>| {
-        let t = ckpt.get_shaped(name, &shape)?;
-        Ok::<_, CudaError>(slice_bf16(&t, shape[1], 0..shape[0], cols, shape[0]))
-    };
     let vector = |name: &str, len: usize, part: Range<usize>| {
         let t = ckpt.get_shaped(name, &[len])?;
         Ok::<_, CudaError>(stream.clone_htod(&slice_bf16(&t, len, 0..1, part, 1))?)
     };
     let started = Instant::now();
     let staging = RefCell::new(Staging::new(stream)?);
-    let up = |host: Vec<bf16>| staging.borrow_mut().upload(&host);
-    // A whole bf16 tensor goes from the mapping to the staging buffer without a vector between.
-    let whole = |name: &str, shape: [usize; 2]| {
-        let t = ckpt.get_shaped(name, &shape)?;
-        match as_bf16(t.dtype, t.bytes) {
-            Some(values) => staging.borrow_mut().upload(values),
-            None => up(slice_bf16(&t, shape[1], 0..shape[0], 0..shape[1], 0)),
+    let full = |r: &Range<usize>, n: usize| r.start == 0 && r.end == n;
+    // The stored blocks of `rows` × `cols` of `name` (`[n, width]`), when kept: a block format
+    // the kernels read, cut at whole blocks, with `align` columns per K-slice.
+    let blocks = |name: &str,
+                  shape: [usize; 2],
+                  rows: &Range<usize>,
+                  cols: &Range<usize>,
+                  out_rows: usize,
+                  align: usize|
+     -> Result<Option<(BlockFormat, Vec<u8>)>, CudaError> {
+        if !policy.keep {
+            return Ok(None);
         }
+        let Some(t) = ckpt.blocks(name)? else {
+            return Ok(None);
+        };
+        let Some(format) = BlockFormat::from_ggml_type(t.ty.id()) else {
+            return Ok(None);
+        };
+        if t.shape != shape
+            || !cols.len().is_multiple_of(32)
+            || !align.is_multiple_of(format.block_elems())
+        {
+            return Ok(None);
+        }
+        Ok(slice_blocks(&t, format, rows.clone(), cols.clone(), out_rows).map(|b| (format, b)))
     };
-    let full = |rows: &Range<usize>, n: usize| rows.start == 0 && rows.end == n;
+    let upload_blocks = |format: BlockFormat, bytes: &[u8]| -> Result<Matrix, CudaError> {
+        staging.borrow_mut().bytes += bytes.len();
+        Ok(Matrix::Blocks {
+            format,
+            data: stream.clone_htod(bytes)?,
+        })
+    };
+    // Rows `rows` × columns `cols` of `[n, width]` tensor `name`, padded with zero rows to
+    // `out_rows`: kept in its block format where it can be, else as bf16 (a whole bf16 tensor
+    // goes from the mapping to the staging buffer without a vector between).
+    let matrix = |name: &str,
+                  shape: [usize; 2],
+                  rows: Range<usize>,
+                  cols: Range<usize>,
+                  out_rows: usize,
+                  align: usize|
+     -> Result<Matrix, CudaError> {
+        if let Some((format, bytes)) = blocks(name, shape, &rows, &cols, out_rows, align)? {
+            return upload_blocks(format, &bytes);
+        }
+        let t = ckpt.get_shaped(name, &shape)?;
+        if full(&rows, shape[0])
+            && full(&cols, shape[1])
+            && out_rows <= shape[0]
+            && let Some(values) = as_bf16(t.dtype, t.bytes)
+        {
+            return Ok(Matrix::Bf16(staging.borrow_mut().upload(values)?));
+        }
+        let host = slice_bf16(&t, shape[1], rows, cols, out_rows);
+        Ok(Matrix::Bf16(staging.borrow_mut().upload(&host)?))
+    };
     // A progress bar on a terminal (stderr); nothing otherwise.
     let bar = ProgressBar::with_draw_target(
         Some(config.num_layers as u64 + 2),
@@ -186,56 +367,51 @@ pub(super) fn upload_checkpoint(
     }
     let v = config.vocab_size;
     let per = shard.vocab_per_rank;
-    let embed = if full(&shard.vocab, v) && per == v {
-        whole(EMBED, [v, h])?
-    } else {
-        up(rows(EMBED, [v, h], shard.vocab.clone(), per)?)?
-    };
+    let embed = matrix(EMBED, [v, h], shard.vocab.clone(), 0..h, per, h)?;
     bar.inc(1);
     let (qr, kvr, ir) = (
         shard.q_rows.clone(),
         shard.kv_rows.clone(),
         shard.inter_rows.clone(),
     );
+    // The K-slice the row-parallel projections are cut into (the whole K in the fused order).
+    let (o_align, down_align) = policy.row_kslice.unwrap_or((q, inter));
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
         bar.inc(1);
         let n = LayerNames::new(i);
-        let gate = ckpt.get_shaped(&n.gate, &[inter, h])?;
-        let up_proj = ckpt.get_shaped(&n.up, &[inter, h])?;
         let gate_up = match (
-            as_bf16(gate.dtype, gate.bytes),
-            as_bf16(up_proj.dtype, up_proj.bytes),
+            blocks(&n.gate, [inter, h], &ir, &(0..h), 0, h)?,
+            blocks(&n.up, [inter, h], &ir, &(0..h), 0, h)?,
         ) {
-            (Some(g), Some(u)) if full(&ir, inter) => staging.borrow_mut().upload_parts(&[g, u])?,
+            (Some((fg, mut g)), Some((fu, u))) if fg == fu => {
+                g.extend_from_slice(&u);
+                upload_blocks(fg, &g)?
+            }
             _ => {
-                let mut host = rows(&n.gate, [inter, h], ir.clone(), 0)?;
-                host.extend(rows(&n.up, [inter, h], ir.clone(), 0)?);
-                up(host)?
+                let gate = ckpt.get_shaped(&n.gate, &[inter, h])?;
+                let up_proj = ckpt.get_shaped(&n.up, &[inter, h])?;
+                match (
+                    as_bf16(gate.dtype, gate.bytes),
+                    as_bf16(up_proj.dtype, up_proj.bytes),
+                ) {
+                    (Some(g), Some(u)) if full(&ir, inter) => {
+                        Matrix::Bf16(staging.borrow_mut().upload_parts(&[g, u])?)
+                    }
+                    _ => {
+                        let mut host = slice_bf16(&gate, h, ir.clone(), 0..h, 0);
+                        host.extend(slice_bf16(&up_proj, h, ir.clone(), 0..h, 0));
+                        Matrix::Bf16(staging.borrow_mut().upload(&host)?)
+                    }
+                }
             }
         };
         layers.push(Layer {
             input_norm: vector(&n.input_norm, h, 0..h)?,
-            q: if full(&qr, q) {
-                whole(&n.q, [q, h])?
-            } else {
-                up(rows(&n.q, [q, h], qr.clone(), 0)?)?
-            },
-            k: if full(&kvr, kv) {
-                whole(&n.k, [kv, h])?
-            } else {
-                up(rows(&n.k, [kv, h], kvr.clone(), 0)?)?
-            },
-            v: if full(&kvr, kv) {
-                whole(&n.v, [kv, h])?
-            } else {
-                up(rows(&n.v, [kv, h], kvr.clone(), 0)?)?
-            },
-            o: if full(&qr, q) {
-                whole(&n.o, [h, q])?
-            } else {
-                up(columns(&n.o, [h, q], qr.clone())?)?
-            },
+            q: matrix(&n.q, [q, h], qr.clone(), 0..h, 0, h)?,
+            k: matrix(&n.k, [kv, h], kvr.clone(), 0..h, 0, h)?,
+            v: matrix(&n.v, [kv, h], kvr.clone(), 0..h, 0, h)?,
+            o: matrix(&n.o, [h, q], 0..h, qr.clone(), 0, o_align)?,
             qkv_bias: if config.qkv_bias {
                 Some([
                     vector(&n.q_bias, q, qr.clone())?,
@@ -257,22 +433,14 @@ pub(super) fn upload_checkpoint(
             },
             post_norm: vector(&n.post_attention_norm, h, 0..h)?,
             gate_up,
-            down: if full(&ir, inter) {
-                whole(&n.down, [h, inter])?
-            } else {
-                up(columns(&n.down, [h, inter], ir.clone())?)?
-            },
+            down: matrix(&n.down, [h, inter], 0..h, ir.clone(), 0, down_align)?,
         });
     }
     let final_norm = vector(FINAL_NORM, h, 0..h)?;
     let lm_head = if config.tie_word_embeddings {
         None
     } else {
-        Some(if full(&shard.vocab, v) && per == v {
-            whole(LM_HEAD, [v, h])?
-        } else {
-            up(rows(LM_HEAD, [v, h], shard.vocab.clone(), per)?)?
-        })
+        Some(matrix(LM_HEAD, [v, h], shard.vocab.clone(), 0..h, per, h)?)
     };
     bar.finish_and_clear();
     let (bytes, seconds) = (staging.borrow().bytes, started.elapsed().as_secs_f64());
@@ -344,15 +512,15 @@ pub(super) fn synthesize(
         shard.inter_rows.len(),
         config.head_dim,
     );
-    let embed = matrix(shard.vocab_per_rank * h)?;
+    let embed = Matrix::Bf16(matrix(shard.vocab_per_rank * h)?);
     let mut layers = Vec::with_capacity(config.num_layers);
     for _ in 0..config.num_layers {
         layers.push(Layer {
             input_norm: ones(h)?,
-            q: matrix(q * h)?,
-            k: matrix(kv * h)?,
-            v: matrix(kv * h)?,
-            o: matrix(h * q)?,
+            q: Matrix::Bf16(matrix(q * h)?),
+            k: Matrix::Bf16(matrix(kv * h)?),
+            v: Matrix::Bf16(matrix(kv * h)?),
+            o: Matrix::Bf16(matrix(h * q)?),
             qkv_bias: if config.qkv_bias {
                 Some([matrix(q)?, matrix(kv)?, matrix(kv)?])
             } else {
@@ -369,15 +537,15 @@ pub(super) fn synthesize(
                 None
             },
             post_norm: ones(h)?,
-            gate_up: matrix(2 * inter * h)?,
-            down: matrix(h * inter)?,
+            gate_up: Matrix::Bf16(matrix(2 * inter * h)?),
+            down: Matrix::Bf16(matrix(h * inter)?),
         });
     }
     let final_norm = ones(h)?;
     let lm_head = if config.tie_word_embeddings {
         None
     } else {
-        Some(matrix(shard.vocab_per_rank * h)?)
+        Some(Matrix::Bf16(matrix(shard.vocab_per_rank * h)?))
     };
     Ok(Weights {
         embed,
@@ -399,6 +567,46 @@ mod tests {
             shape,
             bytes,
         }
+    }
+
+    #[test]
+    fn the_model_crates_device_block_types_are_the_kernels_formats() {
+        let kernels: Vec<u32> = BlockFormat::ALL.iter().map(|f| f.ggml_type()).collect();
+        let model: Vec<u32> = strata_model::gguf::CUDA_BLOCK_TYPES
+            .iter()
+            .map(|t| t.id())
+            .collect();
+        assert_eq!(kernels, model);
+        for (f, t) in BlockFormat::ALL
+            .iter()
+            .zip(strata_model::gguf::CUDA_BLOCK_TYPES)
+        {
+            assert_eq!(
+                (f.block_elems(), f.block_bytes()),
+                (t.block_size(), t.type_size())
+            );
+        }
+    }
+
+    #[test]
+    fn a_block_slice_cuts_whole_blocks_and_pads_with_zero_rows() {
+        // A [3, 64] Q8_0 tensor: two 34-byte blocks per row, byte b of row r is 100 r + b / 34.
+        let bytes: Vec<u8> = (0..3)
+            .flat_map(|r| (0..68).map(move |b| (100 * r + b / 34) as u8))
+            .collect();
+        let blocks = strata_model::weights::BlockTensor::for_test(
+            strata_model::gguf::GgmlType::Q8_0,
+            &[3, 64],
+            &bytes,
+        );
+        let f = BlockFormat::Q8_0;
+        let got = slice_blocks(&blocks, f, 1..3, 32..64, 3).unwrap();
+        assert_eq!(got.len(), 3 * 34);
+        assert!(got[..34].iter().all(|&b| b == 101));
+        assert!(got[34..68].iter().all(|&b| b == 201));
+        assert!(got[68..].iter().all(|&b| b == 0));
+        // Columns that cut a block are not taken as stored.
+        assert!(slice_blocks(&blocks, f, 0..3, 16..64, 0).is_none());
     }
 
     #[test]

@@ -1,0 +1,143 @@
+// The tensor-core GEMV body, shared by cuda/gemv.cu (bf16 weights) and cuda/gemv_blocks.cu
+// (GGUF block formats): y[m, n] = sum_k x[m, k] * w[n, k] with the weight read through a loader
+// of blocks.cuh (`w.load(n, col)`: 8 bf16 values of row n from column col).
+#pragma once
+#include "blocks.cuh"
+
+__device__ __forceinline__ void store_out(__nv_bfloat16* y, float v) { *y = f32_to_bf16(v); }
+__device__ __forceinline__ void store_out(float* y, float v) { *y = v; }
+
+// ---------------------------------------------------------------------------------------------
+// Tensor-core variant: one kernel family for every M in 1..=64, rows padded to the m16n8k16 MMA
+// shape in XT = ceil(M / 16) tiles of 16 rows (`gemv_mma_{bf16,f32}_x{XT}`).
+//
+// A block of 16 warps owns 8 * TILES consecutive rows of W (TILES = MmaTiles<XT>: 2 for one x
+// tile, 4 for more, so that each block's x loads, which every block repeats, stay at most twice
+// its weight loads); warp w owns the 32-wide k-steps
+// w, w + 16, w + 32, ... Lane (g = lane / 4, t = lane % 4) streams 16 bytes of W row n0 + g at
+// k = 32 s + 8 t, and for every x tile j the matching 16 bytes of x rows 16 j + g and
+// 16 j + g + 8. Each weight fragment feeds the MMAs of every x tile, so W is read once for up to
+// 64 rows. The MMA's k slots are a permutation of the actual k (the same for A and B, so the dot
+// product is unchanged): the first MMA of a step takes each lane's elements 0..3, the second its
+// elements 4..7.
+//
+// Batch invariance: rows of x beyond M are zeros, a tensor-core dot product of one output row
+// never reads another row, and per (m, n) the order is fixed by K alone: k-steps in ascending
+// order within a warp (UNROLL only changes how many loads are in flight), then the 16 warp totals
+// in warp order. So row m gets the same bits from every XT, every M, every TILES and every grid.
+constexpr int MMA_WARPS = 16;
+
+// Tiles of 8 W rows per block for XT x tiles; mirrored by `mma_rows` in `src/gemv.rs`.
+template <int XT>
+struct MmaTiles {
+    static constexpr int T = XT == 1 ? 2 : 4;
+};
+
+// Loads in flight per warp step for XT x tiles: fewer as the x fragments take registers.
+template <int XT>
+struct MmaUnroll {
+    static constexpr int U = XT == 1 ? 4 : (XT == 2 ? 2 : 1);
+};
+
+__device__ __forceinline__ void mma_bf16_16816(float c[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                               u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Rows of x are `ld` apart when SLICED (a K-slice of wider rows), else `k` apart; `w` is a
+// loader of blocks.cuh over the same columns. Every weight chunk the body multiplies is the
+// loader's 8 bf16 values, so the body gives the same bits for a block format as for its bf16
+// widening.
+template <int XT, bool SLICED, typename Out, typename W>
+__device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
+                                              const __nv_bfloat16* __restrict__ x, const W w,
+                                              u32 m_rows, u32 n_rows, u32 k, u32 ld_arg,
+                                              u32 block) {
+    const u32 ld = SLICED ? ld_arg : k;
+    constexpr int U = MmaUnroll<XT>::U;
+    constexpr int MMA_TILES = MmaTiles<XT>::T;
+    constexpr int MMA_ROWS = 8 * MMA_TILES;
+    __shared__ float partial[MMA_WARPS][16][MMA_ROWS + 1];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2;
+    const int t = lane & 3;
+    const u32 n0 = block * MMA_ROWS;
+    const u32 steps = k / 32;
+
+    float c[XT][MMA_TILES][4];
+#pragma unroll
+    for (int j = 0; j < XT; ++j) {
+#pragma unroll
+        for (int i = 0; i < MMA_TILES; ++i) c[j][i][0] = c[j][i][1] = c[j][i][2] = c[j][i][3] = 0.0f;
+    }
+
+    for (u32 s0 = warp; s0 < steps; s0 += MMA_WARPS * U) {
+        uint4 wv[U][MMA_TILES];
+        uint4 xl[U][XT], xh[U][XT];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const u32 s = s0 + u * MMA_WARPS;
+            const bool live = s < steps;
+#pragma unroll
+            for (int i = 0; i < MMA_TILES; ++i) {
+                const u32 n = n0 + i * 8 + g;
+                wv[u][i] = live && n < n_rows ? w.load(n, s * 32 + t * 8) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int j = 0; j < XT; ++j) {
+                const u32 lo = 16 * j + g;
+                const u32 hi = lo + 8;
+                xl[u][j] = live && lo < m_rows ? load16(x + (u64)lo * ld + (u64)s * 32 + t * 8)
+                                               : make_uint4(0, 0, 0, 0);
+                xh[u][j] = live && hi < m_rows ? load16(x + (u64)hi * ld + (u64)s * 32 + t * 8)
+                                               : make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            if (s0 + u * MMA_WARPS < steps) {
+#pragma unroll
+                for (int j = 0; j < XT; ++j) {
+#pragma unroll
+                    for (int i = 0; i < MMA_TILES; ++i) {
+                        mma_bf16_16816(c[j][i], xl[u][j].x, xh[u][j].x, xl[u][j].y, xh[u][j].y,
+                                       wv[u][i].x, wv[u][i].y);
+                        mma_bf16_16816(c[j][i], xl[u][j].z, xh[u][j].z, xl[u][j].w, xh[u][j].w,
+                                       wv[u][i].z, wv[u][i].w);
+                    }
+                }
+            }
+        }
+    }
+
+    // One x tile at a time through the same shared buffer: warp totals in warp order.
+#pragma unroll
+    for (int j = 0; j < XT; ++j) {
+        if (j > 0) __syncthreads();  // the previous tile's reads are done
+#pragma unroll
+        for (int i = 0; i < MMA_TILES; ++i) {
+            const int col = i * 8 + t * 2;
+            partial[warp][g][col] = c[j][i][0];
+            partial[warp][g][col + 1] = c[j][i][1];
+            partial[warp][g + 8][col] = c[j][i][2];
+            partial[warp][g + 8][col + 1] = c[j][i][3];
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < 16 * MMA_ROWS; e += blockDim.x) {
+            const int row = e / MMA_ROWS;
+            const int col = e % MMA_ROWS;
+            float total = 0.0f;
+#pragma unroll
+            for (int wi = 0; wi < MMA_WARPS; ++wi) total += partial[wi][row][col];
+            const u32 m = 16 * j + row;
+            const u32 n = n0 + col;
+            if (m < m_rows && n < n_rows) store_out(y + (u64)m * n_rows + n, total);
+        }
+    }
+}
+

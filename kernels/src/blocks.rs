@@ -1,0 +1,333 @@
+//! Launchers for `cuda/gemv_blocks.cu`: projections whose weights stay in a GGUF block format on
+//! the device. Each kernel is the bf16 kernel's body over a loader that dequantizes a chunk of 8
+//! weights in registers to exactly the bf16 the checkpoint loader widens the block to, so every
+//! output is bitwise what the bf16 kernel gives on the widened tensor (the self-test checks it),
+//! and batch invariance carries over unchanged.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use half::bf16;
+
+use crate::gemv::{MMA_THREADS, MMA_X_ROWS, mma_rows};
+use crate::launch::{aligned16, grid, need_len, product, stride_blocks, to_u32};
+use crate::{GEMV_MAX_M, GemvOut, KernelError, Kernels, ensure_shape};
+
+const MODULE: &str = "gemv_blocks";
+
+/// A GGUF block format the device kernels read: `block_elems` weights of a row in `block_bytes`
+/// bytes (layouts in `cuda/blocks.cuh`, the same as llama.cpp's files).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum BlockFormat {
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+impl BlockFormat {
+    pub const ALL: [BlockFormat; 8] = [
+        BlockFormat::Q4_0,
+        BlockFormat::Q4_1,
+        BlockFormat::Q5_0,
+        BlockFormat::Q5_1,
+        BlockFormat::Q8_0,
+        BlockFormat::Q4_K,
+        BlockFormat::Q5_K,
+        BlockFormat::Q6_K,
+    ];
+
+    /// The format of ggml type number `id` (the GGUF tensor-info type), if the kernels take it.
+    pub fn from_ggml_type(id: u32) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.ggml_type() == id)
+    }
+
+    /// The ggml type number (the template argument of `BlockW` in `cuda/blocks.cuh`).
+    pub fn ggml_type(self) -> u32 {
+        match self {
+            BlockFormat::Q4_0 => 2,
+            BlockFormat::Q4_1 => 3,
+            BlockFormat::Q5_0 => 6,
+            BlockFormat::Q5_1 => 7,
+            BlockFormat::Q8_0 => 8,
+            BlockFormat::Q4_K => 12,
+            BlockFormat::Q5_K => 13,
+            BlockFormat::Q6_K => 14,
+        }
+    }
+
+    /// The format's part of kernel names: `q4_k` in `gemv_mma_q4_k_bf16_x1`.
+    pub fn kernel_name(self) -> &'static str {
+        match self {
+            BlockFormat::Q4_0 => "q4_0",
+            BlockFormat::Q4_1 => "q4_1",
+            BlockFormat::Q5_0 => "q5_0",
+            BlockFormat::Q5_1 => "q5_1",
+            BlockFormat::Q8_0 => "q8_0",
+            BlockFormat::Q4_K => "q4_k",
+            BlockFormat::Q5_K => "q5_k",
+            BlockFormat::Q6_K => "q6_k",
+        }
+    }
+
+    /// Weights per block.
+    pub fn block_elems(self) -> usize {
+        match self {
+            BlockFormat::Q4_K | BlockFormat::Q5_K | BlockFormat::Q6_K => 256,
+            _ => 32,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn block_bytes(self) -> usize {
+        match self {
+            BlockFormat::Q4_0 => 18,
+            BlockFormat::Q4_1 => 20,
+            BlockFormat::Q5_0 => 22,
+            BlockFormat::Q5_1 => 24,
+            BlockFormat::Q8_0 => 34,
+            BlockFormat::Q4_K => 144,
+            BlockFormat::Q5_K => 176,
+            BlockFormat::Q6_K => 210,
+        }
+    }
+
+    /// Bytes of one row of `k` weights (`k` a multiple of [`BlockFormat::block_elems`]).
+    pub fn row_bytes(self, k: usize) -> usize {
+        k / self.block_elems() * self.block_bytes()
+    }
+}
+
+/// Checks a block weight of `n` rows of `k` columns: whole blocks, the MMA's `k % 32`, enough
+/// bytes, a 16-byte aligned start.
+fn check_weight(
+    kernel: &'static str,
+    format: BlockFormat,
+    w_len: usize,
+    w_ptr: u64,
+    n: usize,
+    k: usize,
+) -> Result<(), KernelError> {
+    ensure_shape!(
+        k > 0 && k.is_multiple_of(format.block_elems()) && k.is_multiple_of(32),
+        kernel,
+        "k = {k} is not a positive multiple of {format:?}'s {} weights per block",
+        format.block_elems()
+    );
+    need_len(
+        kernel,
+        "w",
+        w_len,
+        product(kernel, &[n, format.row_bytes(k)])?,
+    )?;
+    aligned16(kernel, "w", w_ptr)
+}
+
+impl Kernels {
+    /// [`Kernels::gemv`] (`T` = bf16) or [`Kernels::gemv_f32`] (`T` = f32) with `w` `[n, k]` in
+    /// block format `format` (`n` rows of `format.row_bytes(k)` bytes): bitwise the bf16 GEMV on
+    /// the widened weights. `1 ≤ m ≤ 64`, `k` a multiple of the block and of 32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_blocks<T: GemvOut>(
+        &self,
+        stream: &Arc<CudaStream>,
+        y: &mut impl DevicePtrMut<T>,
+        x: &impl DevicePtr<bf16>,
+        w: &impl DevicePtr<u8>,
+        format: BlockFormat,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), KernelError> {
+        const K: &str = "gemv_mma_blocks";
+        ensure_shape!(
+            (1..=GEMV_MAX_M).contains(&m),
+            K,
+            "m = {m} is outside 1..={GEMV_MAX_M} (use the cuBLASLt GEMM for more rows)"
+        );
+        need_len(K, "y", y.len(), product(K, &[m, n])?)?;
+        need_len(K, "x", x.len(), product(K, &[m, k])?)?;
+        let n32 = to_u32(K, "n", n)?;
+        to_u32(K, "k", k)?;
+        let (yp, _y) = y.device_ptr_mut(stream);
+        let (xp, _x) = x.device_ptr(stream);
+        let (wp, _w) = w.device_ptr(stream);
+        check_weight(K, format, w.len(), wp, n, k)?;
+        aligned16(K, "x", xp)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let name = format!(
+            "gemv_mma_{}_{}_x{}",
+            format.kernel_name(),
+            T::OUT,
+            m.div_ceil(MMA_X_ROWS)
+        );
+        let f = self.function(MODULE, &name)?;
+        let (m32, k32) = (m as u32, k as u32);
+        let mut b = stream.launch_builder(f);
+        b.arg(&yp).arg(&xp).arg(&wp).arg(&m32).arg(&n32).arg(&k32);
+        // SAFETY: lengths, alignment and argument types checked above match the kernel.
+        unsafe { b.launch(grid(n32.div_ceil(mma_rows(m)), MMA_THREADS)) }?;
+        Ok(())
+    }
+
+    /// [`Kernels::gemv_shards`] with `w` `[n, ld]` in block format `format`: shard `s`'s
+    /// partial over columns `s * kslice ..` is bitwise the bf16 kernel's on the widened weights.
+    /// `kslice` a multiple of the block and of 32; otherwise as there.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_shards_blocks(
+        &self,
+        stream: &Arc<CudaStream>,
+        y: &mut impl DevicePtrMut<f32>,
+        x: &impl DevicePtr<bf16>,
+        w: &impl DevicePtr<u8>,
+        format: BlockFormat,
+        (m, n): (usize, usize),
+        (shards, kslice, ld): (usize, usize, usize),
+        y_stride: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "gemv_mma_shards_blocks";
+        ensure_shape!(
+            (1..=GEMV_MAX_M).contains(&m),
+            K,
+            "m = {m} is outside 1..={GEMV_MAX_M} (use the cuBLASLt GEMM for more rows)"
+        );
+        ensure_shape!(
+            kslice > 0 && kslice.is_multiple_of(32) && kslice.is_multiple_of(format.block_elems()),
+            K,
+            "kslice = {kslice} is not a positive multiple of 32 and of {format:?}'s block"
+        );
+        ensure_shape!(
+            shards > 0 && shards * kslice <= ld && y_stride >= m * n,
+            K,
+            "{shards} shards of {kslice} columns do not fit rows of {ld}, or a stride of \
+             {y_stride} cannot hold {m} x {n} outputs"
+        );
+        need_len(K, "x", x.len(), product(K, &[m, ld])?)?;
+        need_len(
+            K,
+            "y",
+            y.len(),
+            product(K, &[shards - 1, y_stride])? + m * n,
+        )?;
+        let n32 = to_u32(K, "n", n)?;
+        let (yp, _y) = y.device_ptr_mut(stream);
+        let (xp, _x) = x.device_ptr(stream);
+        let (wp, _w) = w.device_ptr(stream);
+        check_weight(K, format, w.len(), wp, n, ld)?;
+        aligned16(K, "x", xp)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let (m32, kslice32, ld32) = (m as u32, to_u32(K, "kslice", kslice)?, to_u32(K, "ld", ld)?);
+        let shards32 = to_u32(K, "shards", shards)?;
+        let stride64 = y_stride as u64;
+        let name = format!(
+            "gemv_mma_shards_{}_f32_x{}",
+            format.kernel_name(),
+            m.div_ceil(MMA_X_ROWS)
+        );
+        let f = self.function(MODULE, &name)?;
+        let mut b = stream.launch_builder(f);
+        b.arg(&yp).arg(&xp).arg(&wp);
+        b.arg(&m32)
+            .arg(&n32)
+            .arg(&kslice32)
+            .arg(&ld32)
+            .arg(&stride64);
+        let mut config = grid(n32.div_ceil(mma_rows(m)), MMA_THREADS);
+        config.grid_dim.1 = shards32;
+        // SAFETY: lengths, alignment and argument types checked above match the kernel.
+        unsafe { b.launch(config) }?;
+        Ok(())
+    }
+
+    /// `out[n, k]` (bf16) = `w` `[n, k]` in block format `format`, dequantized: the widened
+    /// tensor the cuBLASLt GEMM of prompt rows multiplies by.
+    pub fn dequantize(
+        &self,
+        stream: &Arc<CudaStream>,
+        out: &mut impl DevicePtrMut<bf16>,
+        w: &impl DevicePtr<u8>,
+        format: BlockFormat,
+        (n, k): (usize, usize),
+    ) -> Result<(), KernelError> {
+        const K: &str = "dequant";
+        need_len(K, "out", out.len(), product(K, &[n, k])?)?;
+        let (n32, k32) = (to_u32(K, "n", n)?, to_u32(K, "k", k)?);
+        let (op, _o) = out.device_ptr_mut(stream);
+        let (wp, _w) = w.device_ptr(stream);
+        check_weight(K, format, w.len(), wp, n, k)?;
+        aligned16(K, "out", op)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let f = self.function(MODULE, &format!("dequant_{}", format.kernel_name()))?;
+        let mut b = stream.launch_builder(f);
+        b.arg(&op).arg(&wp).arg(&n32).arg(&k32);
+        // SAFETY: lengths, alignment and argument types checked above match the kernel.
+        unsafe { b.launch(grid(stride_blocks(n * k / 8, 256), 256)) }?;
+        Ok(())
+    }
+
+    /// [`Kernels::embed_rows`] from a table in block format `format` (`rows.len()` rows of
+    /// `hidden` weights): each gathered row is the widened table's row bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn embed_rows_blocks(
+        &self,
+        stream: &Arc<CudaStream>,
+        out: &mut impl DevicePtrMut<bf16>,
+        table: &impl DevicePtr<u8>,
+        format: BlockFormat,
+        ids: &impl DevicePtr<u32>,
+        tokens: usize,
+        hidden: usize,
+        rows: std::ops::Range<usize>,
+        fill: bf16,
+    ) -> Result<(), KernelError> {
+        const K: &str = "embed_blocks";
+        need_len(K, "out", out.len(), product(K, &[tokens, hidden])?)?;
+        need_len(K, "ids", ids.len(), tokens)?;
+        let hidden32 = to_u32(K, "hidden", hidden)?;
+        let (first, count) = (
+            to_u32(K, "first row", rows.start)?,
+            to_u32(K, "rows", rows.len())?,
+        );
+        let blocks = to_u32(K, "tokens", tokens)?;
+        let (o, _o) = out.device_ptr_mut(stream);
+        let (t, _t) = table.device_ptr(stream);
+        let (i, _i) = ids.device_ptr(stream);
+        check_weight(K, format, table.len(), t, rows.len(), hidden)?;
+        aligned16(K, "out", o)?;
+        if tokens == 0 {
+            return Ok(());
+        }
+        let f = self.function(MODULE, &format!("embed_{}", format.kernel_name()))?;
+        let fill_bits = u32::from(fill.to_bits());
+        let mut b = stream.launch_builder(f);
+        b.arg(&o).arg(&t).arg(&i).arg(&hidden32);
+        b.arg(&first).arg(&count).arg(&fill_bits);
+        // SAFETY: lengths, alignment and argument types checked above match the kernel.
+        unsafe { b.launch(grid(blocks, 256)) }?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_round_trip_through_their_ggml_numbers_and_size_rows() {
+        for f in BlockFormat::ALL {
+            assert_eq!(BlockFormat::from_ggml_type(f.ggml_type()), Some(f));
+        }
+        assert_eq!(BlockFormat::from_ggml_type(0), None); // F32 is not a block format
+        assert_eq!(BlockFormat::Q4_K.row_bytes(4096), 16 * 144);
+        assert_eq!(BlockFormat::Q8_0.row_bytes(576), 18 * 34);
+    }
+}

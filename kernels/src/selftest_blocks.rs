@@ -1,0 +1,208 @@
+//! Device self-test of the block-format kernels (`cuda/gemv_blocks.cu`), for every format:
+//!
+//! - the dequantizer gives, bit for bit, the bf16 rounding of a CPU reference dequantizer's f32
+//!   (the caller's: the checkpoint loader's, itself bit-exact against the `gguf` package);
+//! - the block GEMV (bf16 and f32 out, 1 to 64 rows), the shard GEMV and the embedding gather
+//!   give bit for bit what the bf16 kernels give on the dequantized weights.
+//!
+//! Canaries: the reference of the same bytes with one scale changed, and the bf16 GEMV on those
+//! changed weights, must both differ.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use half::{bf16, f16};
+
+use crate::selftest::{Rng, download, poisoned_bf16, poisoned_f32, upload};
+use crate::selftest_gemv::{bit_mismatches, invariance_result};
+use crate::{BlockFormat, CheckResult, KernelError, Kernels};
+
+/// A CPU dequantizer: `(format, bytes of whole blocks, elements)` → the f32 values.
+pub type Dequantizer<'a> = &'a dyn Fn(BlockFormat, &[u8], usize) -> Vec<f32>;
+
+/// Byte offsets of a block's f16 scales (d, and dmin or m where the format has one).
+fn scale_offsets(format: BlockFormat) -> &'static [usize] {
+    match format {
+        BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q8_0 => &[0],
+        BlockFormat::Q4_1 | BlockFormat::Q5_1 | BlockFormat::Q4_K | BlockFormat::Q5_K => &[0, 2],
+        BlockFormat::Q6_K => &[208],
+    }
+}
+
+/// `n` rows of `k` weights of random blocks: random quant bytes, scales drawn as f16 of
+/// magnitude 1e-3 .. 3e-2 (either sign), so every weight is finite and of a model's size.
+fn random_blocks(rng: &mut Rng, format: BlockFormat, n: usize, k: usize) -> Vec<u8> {
+    let mut bytes: Vec<u8> = (0..n * format.row_bytes(k))
+        .map(|_| rng.next_u64() as u8)
+        .collect();
+    for block in bytes.chunks_exact_mut(format.block_bytes()) {
+        for &at in scale_offsets(format) {
+            let magnitude = 1e-3 + 2.9e-2 * rng.unit();
+            let sign = if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
+            let d = f16::from_f64(sign * magnitude).to_le_bytes();
+            block[at..at + 2].copy_from_slice(&d);
+        }
+    }
+    bytes
+}
+
+fn bf16_mismatches(a: &[bf16], b: &[bf16]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits() || x.is_nan())
+        .count()
+}
+
+/// Every block-format check, with `reference` as the CPU dequantizer.
+pub fn check_blocks(
+    kernels: &Kernels,
+    s: &Arc<CudaStream>,
+    seed: u64,
+    reference: Dequantizer<'_>,
+) -> Vec<CheckResult> {
+    let mut rng = Rng::new(seed);
+    let mut results = Vec::new();
+    for format in BlockFormat::ALL {
+        match check_format(kernels, s, &mut rng, format, reference) {
+            Ok(mut r) => results.append(&mut r),
+            Err(e) => results.push(CheckResult::error(
+                &format!("blocks {}", format.kernel_name()),
+                format!("seed {seed:#x}"),
+                false,
+                e,
+            )),
+        }
+    }
+    results
+}
+
+fn check_format(
+    kernels: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    format: BlockFormat,
+    reference: Dequantizer<'_>,
+) -> Result<Vec<CheckResult>, KernelError> {
+    // 8 shards of 256 columns (a K-quant block each); a row count that is no multiple of the
+    // GEMV's 16 or 32 rows per block.
+    const SHARDS: usize = 8;
+    let (n, k) = (72, SHARDS * 256);
+    let name = format.kernel_name();
+    let mut results = Vec::new();
+    let bytes = random_blocks(rng, format, n, k);
+    // The canary's bytes: block 0's first scale with its exponent changed.
+    let mut changed = bytes.clone();
+    changed[scale_offsets(format)[0] + 1] ^= 0x04;
+    let widen = |b: &[u8]| -> Vec<bf16> {
+        reference(format, b, n * k)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect()
+    };
+    let (expected, expected_changed) = (widen(&bytes), widen(&changed));
+
+    let dw = upload(s, &bytes)?;
+    let mut wide = poisoned_bf16(s, n * k)?;
+    kernels.dequantize(s, &mut wide, &dw, format, (n, k))?;
+    let got = download(s, &wide)?;
+    let case = format!("{name} n={n} k={k}");
+    results.push(invariance_result(
+        "dequant",
+        format!("{case}: vs the CPU dequantizer rounded to bf16"),
+        false,
+        bf16_mismatches(&got, &expected),
+    ));
+    results.push(invariance_result(
+        "dequant",
+        format!("{case}: vs the CPU dequantizer of a changed scale (canary)"),
+        true,
+        bf16_mismatches(&got, &expected_changed),
+    ));
+    let wide_changed = upload(s, &expected_changed)?;
+
+    for m in [1, 17, 64] {
+        let x = rng.bf16_vec(m * k, 1.0, 0.0);
+        let dx = upload(s, &x)?;
+        let mut q = poisoned_bf16(s, m * n)?;
+        kernels.gemv_blocks(s, &mut q, &dx, &dw, format, (m, n, k))?;
+        let mut b = poisoned_bf16(s, m * n)?;
+        kernels.gemv(s, &mut b, &dx, &wide, m, n, k)?;
+        let (q, b) = (download(s, &q)?, download(s, &b)?);
+        results.push(invariance_result(
+            "gemv_blocks",
+            format!("{case} m={m}: vs the bf16 GEMV on the dequantized weights"),
+            false,
+            bf16_mismatches(&q, &b),
+        ));
+        if m == 1 {
+            let mut c = poisoned_bf16(s, m * n)?;
+            kernels.gemv(s, &mut c, &dx, &wide_changed, m, n, k)?;
+            results.push(invariance_result(
+                "gemv_blocks",
+                format!("{case} m={m}: vs the bf16 GEMV on a changed scale (canary)"),
+                true,
+                bf16_mismatches(&q, &download(s, &c)?),
+            ));
+        }
+    }
+
+    // f32 out (the LM head) and the row-parallel shards.
+    let m = 5;
+    let x = upload(s, &rng.bf16_vec(m * k, 1.0, 0.0))?;
+    let mut q = poisoned_f32(s, m * n)?;
+    kernels.gemv_blocks(s, &mut q, &x, &dw, format, (m, n, k))?;
+    let mut b = poisoned_f32(s, m * n)?;
+    kernels.gemv_f32(s, &mut b, &x, &wide, m, n, k)?;
+    results.push(invariance_result(
+        "gemv_blocks",
+        format!("{case} m={m} f32: vs the bf16-weight GEMV"),
+        false,
+        bit_mismatches(&download(s, &q)?, &download(s, &b)?),
+    ));
+    let (kslice, stride) = (k / SHARDS, m * n);
+    let mut q = poisoned_f32(s, SHARDS * stride)?;
+    kernels.gemv_shards_blocks(
+        s,
+        &mut q,
+        &x,
+        &dw,
+        format,
+        (m, n),
+        (SHARDS, kslice, k),
+        stride,
+    )?;
+    let mut b = poisoned_f32(s, SHARDS * stride)?;
+    kernels.gemv_shards(s, &mut b, &x, &wide, (m, n), (SHARDS, kslice, k), stride)?;
+    results.push(invariance_result(
+        "gemv_shards_blocks",
+        format!("{case} m={m} {SHARDS}x{kslice}: vs the bf16-weight shard GEMV"),
+        false,
+        bit_mismatches(&download(s, &q)?, &download(s, &b)?),
+    ));
+
+    // The embedding gather, ids in and out of the table's rows.
+    let tokens = 24;
+    let ids: Vec<u32> = (0..tokens).map(|_| rng.below(n + 8) as u32).collect();
+    let dids = upload(s, &ids)?;
+    let mut q = poisoned_bf16(s, tokens * k)?;
+    kernels.embed_rows_blocks(
+        s,
+        &mut q,
+        &dw,
+        format,
+        &dids,
+        tokens,
+        k,
+        0..n,
+        bf16::NEG_ZERO,
+    )?;
+    let mut b = poisoned_bf16(s, tokens * k)?;
+    kernels.embed_rows(s, &mut b, &wide, &dids, tokens, k, 0..n, bf16::NEG_ZERO)?;
+    results.push(invariance_result(
+        "embed_blocks",
+        format!("{case} {tokens} ids: vs the bf16 gather from the dequantized table"),
+        false,
+        bf16_mismatches(&download(s, &q)?, &download(s, &b)?),
+    ));
+    Ok(results)
+}

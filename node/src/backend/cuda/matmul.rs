@@ -1,0 +1,89 @@
+//! Products with a projection's weight in whichever format it is held ([`Matrix`]): the one
+//! place the forward pass meets the weight formats.
+//!
+//! Decode rows take the GEMV of the weight's format (the bf16 tensor-core GEMV, or the same
+//! kernel body over a block loader, bitwise the bf16 GEMV on the widened weight). Prompt rows
+//! take the pinned cuBLASLt GEMM on bf16: a block weight is first dequantized into one bf16
+//! buffer of the backend (the widened tensor, bit for bit), so prompt rows too compute exactly
+//! what the widened model computes.
+
+use std::sync::Arc;
+
+use half::bf16;
+use strata_kernels::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use strata_kernels::{DEFAULT_VARIANT, GEMV_MAX_M, GemmShape, GemvOut, Kernels, LtGemm};
+
+use super::CudaError;
+use super::weights::Matrix;
+
+/// The bf16 `[n, k]` weight a GEMM multiplies by: `w` itself, or `w` dequantized into `buffer`
+/// (the backend's, sized for its largest block projection).
+pub(super) fn gemm_weight<'a>(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    buffer: Option<&'a mut CudaSlice<bf16>>,
+    w: &'a Matrix,
+    (n, k): (usize, usize),
+) -> Result<&'a CudaSlice<bf16>, CudaError> {
+    match w {
+        Matrix::Bf16(w) => Ok(w),
+        Matrix::Blocks { format, data } => {
+            let buffer = buffer.ok_or_else(|| {
+                CudaError::Unsupported("no dequantization buffer for a block weight".into())
+            })?;
+            kernels.dequantize(stream, buffer, data, *format, (n, k))?;
+            Ok(buffer)
+        }
+    }
+}
+
+/// `y[m, n] = x[m, k] · wᵀ` for `1 ≤ m ≤ 64` decode rows, by the GEMV of `w`'s format.
+pub(super) fn gemv<T: GemvOut>(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    y: &mut impl DevicePtrMut<T>,
+    x: &impl DevicePtr<bf16>,
+    w: &Matrix,
+    (m, n, k): (usize, usize, usize),
+) -> Result<(), CudaError> {
+    match w {
+        Matrix::Bf16(w) => kernels.gemv_with(DEFAULT_VARIANT, stream, y, x, w, (m, n, k))?,
+        Matrix::Blocks { format, data } => {
+            kernels.gemv_blocks(stream, y, x, data, *format, (m, n, k))?
+        }
+    }
+    Ok(())
+}
+
+/// `y[rows, n] = x[rows, k] · wᵀ`: rows `..prompt` through the pinned GEMM, the rest through the
+/// GEMV of `w`'s format in groups of at most [`GEMV_MAX_M`] (see the module docs).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn linear(
+    kernels: &Kernels,
+    gemm: &mut LtGemm,
+    stream: &Arc<CudaStream>,
+    dequant: Option<&mut CudaSlice<bf16>>,
+    y: &mut CudaSlice<bf16>,
+    x: &CudaSlice<bf16>,
+    w: &Matrix,
+    rows: usize,
+    prompt: usize,
+    shape: GemmShape,
+) -> Result<(), CudaError> {
+    let (n, k) = (shape.n, shape.k);
+    if prompt > 0 {
+        let wide = gemm_weight(kernels, stream, dequant, w, (n, k))?;
+        let mut out = y.slice_mut(..prompt * n);
+        let input = x.slice(..prompt * k);
+        gemm.matmul_shape(&mut out, &input, wide, prompt, shape)?;
+    }
+    let mut row = prompt;
+    while row < rows {
+        let m = (rows - row).min(GEMV_MAX_M);
+        let mut out = y.slice_mut(row * n..(row + m) * n);
+        let input = x.slice(row * k..(row + m) * k);
+        gemv(kernels, stream, &mut out, &input, w, (m, n, k))?;
+        row += m;
+    }
+    Ok(())
+}
