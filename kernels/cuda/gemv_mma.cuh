@@ -48,6 +48,39 @@ __device__ __forceinline__ void mma_bf16_16816(float c[4], u32 a0, u32 a1, u32 a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+template <bool B, typename T, typename F>
+struct Pick {
+    typedef T type;
+};
+template <typename T, typename F>
+struct Pick<false, T, F> {
+    typedef F type;
+};
+
+// What a step holds of each weight fragment until its MMAs: the loader's raw loads, decoded just
+// before the MMAs so every load of the step is in flight first; or, where raw loads wider than
+// 12 bytes would not fit the registers beside two or more x tiles, the decoded values (decoded
+// as they arrive; for bf16 the same thing). Either way the MMAs see the same values, so the bits do not change.
+template <typename W, int XT>
+struct MmaSlot {
+    static constexpr bool RAW = sizeof(typename W::Raw) <= 12 || XT == 1;
+    typedef typename Pick<RAW, typename W::Raw, uint4>::type Slot;
+    static __device__ __forceinline__ Slot fetch(const W& w, u32 n, u32 col) {
+        if constexpr (RAW) {
+            return w.fetch(n, col);
+        } else {
+            return W::decode(w.fetch(n, col), col);
+        }
+    }
+    static __device__ __forceinline__ uint4 decode(const Slot& s, u32 col) {
+        if constexpr (RAW) {
+            return W::decode(s, col);
+        } else {
+            return s;
+        }
+    }
+};
+
 // Rows of x are `ld` apart when SLICED (a K-slice of wider rows), else `k` apart; `w` is a
 // loader of blocks.cuh over the same columns. Every weight chunk the body multiplies is the
 // loader's 8 bf16 values, so the body gives the same bits for a block format as for its bf16
@@ -77,7 +110,8 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
     }
 
     for (u32 s0 = warp; s0 < steps; s0 += MMA_WARPS * U) {
-        uint4 wv[U][MMA_TILES];
+        typedef MmaSlot<W, XT> Slots;
+        typename Slots::Slot wv[U][MMA_TILES];
         uint4 xl[U][XT], xh[U][XT];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -86,7 +120,8 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
 #pragma unroll
             for (int i = 0; i < MMA_TILES; ++i) {
                 const u32 n = n0 + i * 8 + g;
-                wv[u][i] = live && n < n_rows ? w.load(n, s * 32 + t * 8) : make_uint4(0, 0, 0, 0);
+                wv[u][i] = live && n < n_rows ? Slots::fetch(w, n, s * 32 + t * 8)
+                                              : typename Slots::Slot{};
             }
 #pragma unroll
             for (int j = 0; j < XT; ++j) {
@@ -102,13 +137,14 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
         for (int u = 0; u < U; ++u) {
             if (s0 + u * MMA_WARPS < steps) {
 #pragma unroll
-                for (int j = 0; j < XT; ++j) {
+                for (int i = 0; i < MMA_TILES; ++i) {
+                    const uint4 wf = Slots::decode(wv[u][i], (s0 + u * MMA_WARPS) * 32 + t * 8);
 #pragma unroll
-                    for (int i = 0; i < MMA_TILES; ++i) {
+                    for (int j = 0; j < XT; ++j) {
                         mma_bf16_16816(c[j][i], xl[u][j].x, xh[u][j].x, xl[u][j].y, xh[u][j].y,
-                                       wv[u][i].x, wv[u][i].y);
+                                       wf.x, wf.y);
                         mma_bf16_16816(c[j][i], xl[u][j].z, xh[u][j].z, xl[u][j].w, xh[u][j].w,
-                                       wv[u][i].z, wv[u][i].w);
+                                       wf.z, wf.w);
                     }
                 }
             }

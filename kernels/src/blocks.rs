@@ -83,7 +83,7 @@ impl BlockFormat {
         }
     }
 
-    /// Bytes per block.
+    /// Bytes per block in a GGUF file.
     pub fn block_bytes(self) -> usize {
         match self {
             BlockFormat::Q4_0 => 18,
@@ -97,9 +97,44 @@ impl BlockFormat {
         }
     }
 
-    /// Bytes of one row of `k` weights (`k` a multiple of [`BlockFormat::block_elems`]).
+    /// Bytes per block on the device: the file's block with Q4_0's, Q5_0's and Q8_0's f16 scale
+    /// padded to 4 bytes and Q6_K padded to 224 bytes, so the kernels' loads are aligned
+    /// (`cuda/blocks.cuh`).
+    pub fn device_block_bytes(self) -> usize {
+        match self {
+            BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q8_0 => self.block_bytes() + 2,
+            BlockFormat::Q6_K => 224,
+            _ => self.block_bytes(),
+        }
+    }
+
+    /// Device bytes of one row of `k` weights (`k` a multiple of [`BlockFormat::block_elems`]).
     pub fn row_bytes(self, k: usize) -> usize {
-        k / self.block_elems() * self.block_bytes()
+        k / self.block_elems() * self.device_block_bytes()
+    }
+
+    /// Whole blocks as a GGUF file stores them, in the device layout (zero padding).
+    pub fn to_device(self, file: &[u8]) -> Vec<u8> {
+        let (from, to) = (self.block_bytes(), self.device_block_bytes());
+        if from == to {
+            return file.to_vec();
+        }
+        let mut out = Vec::with_capacity(file.len() / from * to);
+        for block in file.chunks_exact(from) {
+            match self {
+                // The f16 scale, two bytes of padding, the rest.
+                BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q8_0 => {
+                    out.extend_from_slice(&block[..2]);
+                    out.extend_from_slice(&[0, 0]);
+                    out.extend_from_slice(&block[2..]);
+                }
+                _ => {
+                    out.extend_from_slice(block);
+                    out.resize(out.len() + to - from, 0);
+                }
+            }
+        }
+        out
     }
 }
 
@@ -328,6 +363,25 @@ mod tests {
         }
         assert_eq!(BlockFormat::from_ggml_type(0), None); // F32 is not a block format
         assert_eq!(BlockFormat::Q4_K.row_bytes(4096), 16 * 144);
-        assert_eq!(BlockFormat::Q8_0.row_bytes(576), 18 * 34);
+        assert_eq!(BlockFormat::Q8_0.row_bytes(576), 18 * 36);
+        assert_eq!(BlockFormat::Q6_K.row_bytes(512), 2 * 224);
+    }
+
+    #[test]
+    fn the_device_layout_pads_headers_and_keeps_every_byte() {
+        let file: Vec<u8> = (0..68).map(|b| b as u8 + 1).collect(); // two Q8_0 blocks
+        let dev = BlockFormat::Q8_0.to_device(&file);
+        assert_eq!(dev.len(), 72);
+        assert_eq!(&dev[..4], &[1, 2, 0, 0]);
+        assert_eq!(&dev[4..36], &file[2..34]);
+        assert_eq!(&dev[36..40], &[35, 36, 0, 0]);
+        let q6: Vec<u8> = (0..210).map(|b| b as u8).collect();
+        let dev = BlockFormat::Q6_K.to_device(&q6);
+        assert_eq!((&dev[..210], &dev[210..]), (&q6[..], &[0u8; 14][..]));
+        let q4k = vec![7u8; 144];
+        assert_eq!(BlockFormat::Q4_K.to_device(&q4k), q4k);
+        for f in BlockFormat::ALL {
+            assert_eq!(f.device_block_bytes() % 4, 0, "{f:?}");
+        }
     }
 }

@@ -29,10 +29,10 @@ fn scale_offsets(format: BlockFormat) -> &'static [usize] {
     }
 }
 
-/// `n` rows of `k` weights of random blocks: random quant bytes, scales drawn as f16 of
+/// `n` rows of `k` weights of random blocks (file layout): random quant bytes, scales drawn as f16 of
 /// magnitude 1e-3 .. 3e-2 (either sign), so every weight is finite and of a model's size.
 fn random_blocks(rng: &mut Rng, format: BlockFormat, n: usize, k: usize) -> Vec<u8> {
-    let mut bytes: Vec<u8> = (0..n * format.row_bytes(k))
+    let mut bytes: Vec<u8> = (0..n * k / format.block_elems() * format.block_bytes())
         .map(|_| rng.next_u64() as u8)
         .collect();
     for block in bytes.chunks_exact_mut(format.block_bytes()) {
@@ -101,7 +101,7 @@ fn check_format(
     };
     let (expected, expected_changed) = (widen(&bytes), widen(&changed));
 
-    let dw = upload(s, &bytes)?;
+    let dw = upload(s, &format.to_device(&bytes))?;
     let mut wide = poisoned_bf16(s, n * k)?;
     kernels.dequantize(s, &mut wide, &dw, format, (n, k))?;
     let got = download(s, &wide)?;

@@ -18,7 +18,8 @@
 #   4. when LLAMA_BENCH (and LLAMA_BATCHED_BENCH) name llama.cpp binaries built on this
 #      machine, the peer on the same two files: llama-bench tg128 (batch 1) and
 #      llama-batched-bench at 1, 8, 32, 64 parallel sequences.
-# Everything lands in OUT_DIR with receipt.json; a short table is printed last.
+# PARTS (default "selftest,smollm2,decode,peer") picks the parts to run. Everything lands in
+# OUT_DIR with receipt.json; a short table is printed last.
 set -uo pipefail
 
 OUT=${1:?usage: gguf_blocks.sh OUT_DIR SMOLLM2.gguf TEXT}
@@ -31,27 +32,34 @@ BATCHES=${BATCHES:-1,8,32,64}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 mkdir -p "$OUT/logs" "$FILES"
 failed=0
+PARTS=${PARTS:-selftest,smollm2,decode,peer}
+part() { [[ ,$PARTS, == *,$1,* ]]; }
 
 # shellcheck source=scripts/device/common.sh
 . "$(dirname "$0")/common.sh"
 record_machine
 
-"$BIN" kernels selftest >"$OUT/logs/selftest.log" 2>&1 || failed=1
-tail -n 1 "$OUT/logs/selftest.log"
-grep -E "^FAIL" "$OUT/logs/selftest.log" | head -20
+if part selftest; then
+    "$BIN" kernels selftest >"$OUT/logs/selftest.log" 2>&1 || failed=1
+    tail -n 1 "$OUT/logs/selftest.log"
+    grep -E "^FAIL" "$OUT/logs/selftest.log" | head -20
+fi
 
-"$BIN" generate --device cuda:0 --model "$SMOL" --chat --prompt "What is the capital of France?" \
-    --max-tokens 32 >"$OUT/logs/generate.txt" 2>"$OUT/logs/generate.log"
-cat "$OUT/logs/generate.txt"
-grep -q Paris "$OUT/logs/generate.txt" || { echo "generate: no Paris"; failed=1; }
-grep -h "projections held as" "$OUT/logs/generate.log" | tail -n 1
-"$BIN" gpu parity --model "$SMOL" --device cuda:0 --prompts 16 --tokens 64 \
-    --json "$OUT/parity-smollm2.json" >"$OUT/logs/parity.log" 2>&1 || failed=1
-tail -n 2 "$OUT/logs/parity.log"
-"$BIN" eval perplexity --device cuda:0 --model "$SMOL" --text "$TEXT" --context 512 \
-    --max-chunks 32 --json "$OUT/perplexity-smollm2-cuda.json" >"$OUT/logs/perplexity.log" 2>&1 ||
-    failed=1
-tail -n 1 "$OUT/logs/perplexity.log"
+if part smollm2; then
+    "$BIN" generate --device cuda:0 --model "$SMOL" --chat \
+        --prompt "What is the capital of France?" --max-tokens 32 \
+        >"$OUT/logs/generate.txt" 2>"$OUT/logs/generate.log"
+    cat "$OUT/logs/generate.txt"
+    grep -q Paris "$OUT/logs/generate.txt" || { echo "generate: no Paris"; failed=1; }
+    grep -h "projections held as" "$OUT/logs/generate.log" | tail -n 1
+    "$BIN" gpu parity --model "$SMOL" --device cuda:0 --prompts 16 --tokens 64 \
+        --json "$OUT/parity-smollm2.json" >"$OUT/logs/parity.log" 2>&1 || failed=1
+    tail -n 2 "$OUT/logs/parity.log"
+    "$BIN" eval perplexity --device cuda:0 --model "$SMOL" --text "$TEXT" --context 512 \
+        --max-chunks 32 --json "$OUT/perplexity-smollm2-cuda.json" \
+        >"$OUT/logs/perplexity.log" 2>&1 || failed=1
+    tail -n 1 "$OUT/logs/perplexity.log"
+fi
 
 # The 8B shape without rope scaling, as GGUF files of random blocks.
 python3 - "$BENCH_CONFIG" "$FILES/config.json" <<'EOF'
@@ -60,7 +68,8 @@ c = json.load(open(sys.argv[1]))
 c.pop("rope_scaling", None)
 json.dump(c, open(sys.argv[2], "w"), indent=1)
 EOF
-for q in q4_k_m q8_0; do
+part decode || part peer || QUANTS=""
+for q in ${QUANTS-q4_k_m q8_0}; do
     [[ -s $FILES/llama-8b-$q.gguf ]] ||
         python3 scripts/device/make_gguf.py "$FILES/config.json" "$FILES/llama-8b-$q.gguf" --dtype $q \
             >"$OUT/logs/make-$q.log" 2>&1 || { failed=1; cat "$OUT/logs/make-$q.log"; }
@@ -74,14 +83,16 @@ decode() { # name, args...
         >"$OUT/logs/decode-$name.log" 2>&1 || { failed=1; tail -n 5 "$OUT/logs/decode-$name.log"; }
     grep -E "^decode|batch" "$OUT/logs/decode-$name.log" | grep -v sampled
 }
-decode bf16 --config "$FILES/config.json"
-for q in q4_k_m q8_0; do
-    decode "$q" --model "$FILES/llama-8b-$q.gguf"
-    [[ ${WIDENED:-0} == 1 ]] &&
-        decode "$q-widened" --model "$FILES/llama-8b-$q.gguf" --widen-blocks --check-graphs
-done
+if part decode; then
+    decode bf16 --config "$FILES/config.json"
+    for q in q4_k_m q8_0; do
+        decode "$q" --model "$FILES/llama-8b-$q.gguf"
+        [[ ${WIDENED:-0} == 1 ]] &&
+            decode "$q-widened" --model "$FILES/llama-8b-$q.gguf" --widen-blocks --check-graphs
+    done
+fi
 
-if [[ -n ${LLAMA_BENCH:-} ]]; then
+if part peer && [[ -n ${LLAMA_BENCH:-} ]]; then
     for q in q4_k_m q8_0; do
         "$LLAMA_BENCH" -m "$FILES/llama-8b-$q.gguf" -ngl 99 -fa 1 -p 0 -n 128 -r 5 -o json \
             >"$OUT/llamacpp-bench-$q.json" 2>"$OUT/logs/llamacpp-bench-$q.log" || failed=1
@@ -107,13 +118,16 @@ def jsonl(name):
 decode = {n: load(f"decode-{n}.json") for n in ["bf16", "q4_k_m", "q4_k_m-widened", "q8_0", "q8_0-widened"]}
 peer = {q: {"bench": load(f"llamacpp-bench-{q}.json"), "batched": jsonl(f"llamacpp-batched-{q}.jsonl")}
         for q in ["q4_k_m", "q8_0"]}
-selftest = open(os.path.join(out, "logs/selftest.log")).read().splitlines()
+def lines(name):
+    path = os.path.join(out, "logs", name)
+    return open(path).read().splitlines() if os.path.exists(path) else []
+selftest = lines("selftest.log")
 receipt = {
     "what": "GGUF block formats kept quantized on the H200 (dequantized in registers inside the GEMV, into one bf16 buffer for the prompt GEMM)",
     "machine": open(os.path.join(out, "machine.txt")).read().splitlines(),
     "selftest": {"summary": selftest[-1:], "blocks": [l for l in selftest if "block" in l or "dequant" in l]},
     "smollm2": {
-        "generate": open(os.path.join(out, "logs/generate.txt")).read().strip(),
+        "generate": "\n".join(lines("generate.txt")),
         "parity": load("parity-smollm2.json"),
         "perplexity_cuda": load("perplexity-smollm2-cuda.json"),
     },

@@ -326,11 +326,13 @@ pub(super) fn upload_checkpoint(
         }
         Ok(slice_blocks(&t, format, rows.clone(), cols.clone(), out_rows).map(|b| (format, b)))
     };
-    let upload_blocks = |format: BlockFormat, bytes: &[u8]| -> Result<Matrix, CudaError> {
-        staging.borrow_mut().bytes += bytes.len();
+    // Blocks as the file stores them, uploaded in the device layout.
+    let upload_blocks = |format: BlockFormat, file: &[u8]| -> Result<Matrix, CudaError> {
+        let device = format.to_device(file);
+        staging.borrow_mut().bytes += device.len();
         Ok(Matrix::Blocks {
             format,
-            data: stream.clone_htod(bytes)?,
+            data: stream.clone_htod(&device)?,
         })
     };
     // Rows `rows` × columns `cols` of `[n, width]` tensor `name`, padded with zero rows to
