@@ -194,7 +194,7 @@ fn build_cuda_backend(
         tp_rank: 0,
         tp_world: 1,
         sharded_reduction: placement.sharded_reduction,
-        widen_blocks: false,
+        widen_blocks: spec.widen_gguf,
     };
     let source = WeightSource::Checkpoint(&checkpoint);
     let failed = |e: &dyn std::fmt::Display| ModelLoadError::Device(format!("{label}: {e}"));

@@ -66,6 +66,11 @@ pub struct EngineSpec {
     pub kv: KvBudget,
     /// The scheduler's per-step token budget and running-sequence limit.
     pub limits: SchedulerLimits,
+    /// CUDA: widen a GGUF checkpoint's block-quantized projections to bf16 at load instead of
+    /// keeping them in their formats (the same outputs bit for bit; about 2-3.5x the weight
+    /// memory, faster decode where the block kernels are slower than bf16:
+    /// docs/receipts/gguf-blocks-h200.json).
+    pub widen_gguf: bool,
 }
 
 impl EngineSpec {
@@ -93,6 +98,7 @@ impl EngineSpec {
             block_size: 16,
             kv,
             limits,
+            widen_gguf: false,
         }
     }
 

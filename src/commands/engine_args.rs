@@ -38,6 +38,11 @@ pub struct EngineSettings {
     /// Sequences decoding at once; more wait [default: 64 on the CPU, 256 on CUDA].
     #[arg(long)]
     pub max_running: Option<usize>,
+    /// CUDA: widen a GGUF file's block-quantized weights to bf16 at load instead of keeping
+    /// them in their formats: the same outputs, 2-3.5x the weight memory, faster decode for
+    /// k-quants today (docs/MODELS.md) [default: false].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub widen_gguf: Option<bool>,
 }
 
 impl EngineSettings {
@@ -53,6 +58,7 @@ impl EngineSettings {
                 .or(fallback.gpu_memory_utilization),
             max_batch_tokens: self.max_batch_tokens.or(fallback.max_batch_tokens),
             max_running: self.max_running.or(fallback.max_running),
+            widen_gguf: self.widen_gguf.or(fallback.widen_gguf),
         }
     }
 
@@ -87,6 +93,9 @@ impl EngineSettings {
         if let Some(running) = self.max_running {
             spec.limits.max_running = running;
         }
+        if let Some(widen) = self.widen_gguf {
+            spec.widen_gguf = widen;
+        }
         spec.validate().map_err(anyhow::Error::msg)?;
         Ok(spec)
     }
@@ -114,6 +123,33 @@ mod tests {
             ..cuda
         };
         assert_eq!(fixed.spec().unwrap().kv, KvBudget::Bytes(64 << 20));
+        assert!(!fixed.spec().unwrap().widen_gguf);
+        let widened = EngineSettings {
+            widen_gguf: Some(true),
+            ..fixed
+        };
+        assert!(widened.spec().unwrap().widen_gguf);
+    }
+
+    #[test]
+    fn widen_gguf_is_a_flag_a_value_and_a_toml_key() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            engine: EngineSettings,
+        }
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("strata").chain(args.iter().copied()))
+                .unwrap()
+                .engine
+                .widen_gguf
+        };
+        assert_eq!(parse(&[]), None);
+        assert_eq!(parse(&["--widen-gguf"]), Some(true));
+        assert_eq!(parse(&["--widen-gguf", "false"]), Some(false));
+        let toml: EngineSettings = toml::from_str("widen_gguf = true").unwrap();
+        assert_eq!(toml.widen_gguf, Some(true));
     }
 
     #[test]
