@@ -81,6 +81,12 @@ impl fmt::Display for Inspection {
         writeln!(f, "context window   {}", c.max_position_embeddings)?;
         let scaling = match &c.rope_scaling {
             None => String::new(),
+            Some(crate::config::RopeScaling::Factors(f)) => format!(
+                ", {} per-frequency factors ({:.3} .. {:.3})",
+                f.len(),
+                f.iter().copied().fold(f64::INFINITY, f64::min),
+                f.iter().copied().fold(0.0, f64::max)
+            ),
             Some(s) => format!(", scaling {s:?}"),
         };
         writeln!(f, "rope             theta {}{scaling}", c.rope_theta)?;

@@ -25,7 +25,7 @@ impl Rope {
         let inv_freq = (0..half)
             .map(|i| {
                 let base = 1.0 / theta.powf((2 * i) as f64 / head_dim as f64);
-                scaled(base, scaling)
+                scaled(base, i, scaling)
             })
             .collect();
         Self { inv_freq }
@@ -58,12 +58,13 @@ impl Rope {
     }
 }
 
-/// Applies a scaling rule to one inverse frequency (Llama 3: low frequencies slowed by `factor`,
+/// Applies a scaling rule to inverse frequency `i` (Llama 3: low frequencies slowed by `factor`,
 /// high ones untouched, a linear ramp in wavelength space between).
-fn scaled(inv_freq: f64, scaling: Option<&RopeScaling>) -> f64 {
+fn scaled(inv_freq: f64, i: usize, scaling: Option<&RopeScaling>) -> f64 {
     match scaling {
         None => inv_freq,
         Some(RopeScaling::Linear { factor }) => inv_freq / factor,
+        Some(RopeScaling::Factors(factors)) => inv_freq / factors[i],
         Some(&RopeScaling::Llama3 {
             factor,
             low_freq_factor,

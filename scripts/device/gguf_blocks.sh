@@ -10,10 +10,9 @@
 #   2. SmolLM2 (Q4_1 / Q8_0 kept as stored on the device): the chat answer names Paris, greedy
 #      parity against the CPU reference (16 prompts x 64 tokens), perplexity on TEXT;
 #   3. decode of the Llama-3.1-8B shape from GGUF files written by scripts/device/make_gguf.py
-#      (random blocks; Q4_K_M's type mix and all-Q8_0), with the synthesized bf16 weights of the
-#      same shape as the comparison. The files carry no rope scaling (llama3 scaling would come
-#      as a `rope_freqs.weight` tensor strata does not read yet); scaling does not change a
-#      step's work. With WIDENED=1 each file's decode is also run with --widen-blocks (the
+#      (random blocks; Q4_K_M's type mix and all-Q8_0; llama3 rope scaling as the
+#      `rope_freqs.weight` tensor llama.cpp's converter writes), with the synthesized bf16 weights
+#      of the same shape as the comparison. With WIDENED=1 each file's decode is also run with --widen-blocks (the
 #      same bits, bf16 bytes) as an in-run control;
 #   4. when LLAMA_BENCH (and LLAMA_BATCHED_BENCH) name llama.cpp binaries built on this
 #      machine, the peer on the same two files: llama-bench tg128 (batch 1) and
@@ -61,17 +60,11 @@ if part smollm2; then
     tail -n 1 "$OUT/logs/perplexity.log"
 fi
 
-# The 8B shape without rope scaling, as GGUF files of random blocks.
-python3 - "$BENCH_CONFIG" "$FILES/config.json" <<'EOF'
-import json, sys
-c = json.load(open(sys.argv[1]))
-c.pop("rope_scaling", None)
-json.dump(c, open(sys.argv[2], "w"), indent=1)
-EOF
+# The 8B shape as GGUF files of random blocks.
 part decode || part peer || QUANTS=""
 for q in ${QUANTS-q4_k_m q8_0}; do
     [[ -s $FILES/llama-8b-$q.gguf ]] ||
-        python3 scripts/device/make_gguf.py "$FILES/config.json" "$FILES/llama-8b-$q.gguf" --dtype $q \
+        python3 scripts/device/make_gguf.py "$BENCH_CONFIG" "$FILES/llama-8b-$q.gguf" --dtype $q \
             >"$OUT/logs/make-$q.log" 2>&1 || { failed=1; cat "$OUT/logs/make-$q.log"; }
     cat "$FILES/llama-8b-$q.gguf" >/dev/null
     sha256sum "$FILES/llama-8b-$q.gguf" | tee -a "$OUT/machine.txt"
@@ -84,7 +77,7 @@ decode() { # name, args...
     grep -E "^decode|batch" "$OUT/logs/decode-$name.log" | grep -v sampled
 }
 if part decode; then
-    decode bf16 --config "$FILES/config.json"
+    decode bf16 --config "$BENCH_CONFIG"
     for q in q4_k_m q8_0; do
         decode "$q" --model "$FILES/llama-8b-$q.gguf"
         [[ ${WIDENED:-0} == 1 ]] &&

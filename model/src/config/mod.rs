@@ -97,6 +97,9 @@ pub enum RopeScaling {
     },
     /// Position interpolation: every frequency divided by `factor`.
     Linear { factor: f64 },
+    /// Frequency `i` divided by `factors[i]` (`head_dim / 2` of them): how a GGUF file carries
+    /// Llama 3.1-style scaling (the `rope_freqs.weight` tensor, llama.cpp's `freq_factors`).
+    Factors(Vec<f64>),
 }
 
 /// What Gemma 3 adds to the decoder block. Every layer normalizes the attention output and the
@@ -202,7 +205,8 @@ impl ModelConfig {
         if crate::gguf::is_gguf_file(dir) {
             let file =
                 crate::gguf::GgufFile::open(dir).map_err(|e| ConfigError::new(dir, e.problem()))?;
-            return crate::gguf::model_config(file.header())
+            let rope_freqs = file.tensor(crate::gguf::ROPE_FREQS_TENSOR).ok();
+            return crate::gguf::model_config_with_rope_freqs(file.header(), rope_freqs)
                 .map_err(|e| ConfigError::new(dir, e.to_string()));
         }
         Self::from_file(&dir.join("config.json"))

@@ -189,3 +189,14 @@ fn error_names_the_file() {
         "{err}"
     );
 }
+
+/// A GGUF file's `rope_freqs.weight` is part of the checkpoint only once the config holds its
+/// factors: then the weight check passes it, otherwise it is an unexpected tensor.
+#[test]
+fn rope_freqs_is_ignorable_only_with_factors() {
+    let name = crate::gguf::ROPE_FREQS_TENSOR;
+    let mut c = parse(base()).unwrap();
+    assert!(!crate::weights::is_ignorable(name, &c));
+    c.rope_scaling = Some(RopeScaling::Factors(vec![1.0; c.head_dim / 2]));
+    assert!(crate::weights::is_ignorable(name, &c));
+}

@@ -124,7 +124,11 @@ pub fn expected_tensors(config: &ModelConfig) -> Vec<TensorSpec> {
 /// Tensors a checkpoint may carry that strata does not need (rotary caches saved by old exports;
 /// an explicit copy of a tied LM head).
 pub fn is_ignorable(name: &str, config: &ModelConfig) -> bool {
-    name.ends_with(".rotary_emb.inv_freq") || (config.tie_word_embeddings && name == LM_HEAD)
+    name.ends_with(".rotary_emb.inv_freq")
+        || (config.tie_word_embeddings && name == LM_HEAD)
+        // A GGUF file's rope factors, already read into the config.
+        || (name == crate::gguf::ROPE_FREQS_TENSOR
+            && matches!(config.rope_scaling, Some(crate::config::RopeScaling::Factors(_))))
 }
 
 /// Parameter count of the architecture (tied embeddings counted once).

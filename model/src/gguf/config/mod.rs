@@ -25,7 +25,7 @@
 use crate::config::{Architecture, Gemma3, ModelConfig, RopeScaling};
 use crate::weights::{EMBED, FINAL_NORM, LM_HEAD};
 
-use super::{GgufHeader, GgufValue, GgufValueType};
+use super::{GgmlType, GgufHeader, GgufTensor, GgufValue, GgufValueType};
 
 /// The metadata key naming the architecture, which prefixes every architecture key.
 pub const ARCHITECTURE_KEY: &str = "general.architecture";
@@ -36,7 +36,7 @@ const EOS_KEY: &str = "tokenizer.ggml.eos_token_id";
 /// llama.cpp's default `{arch}.rope.freq_base`.
 const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 /// The tensor that carries per-frequency rope divisors (Llama 3.1-style scaling).
-const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";
+pub const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";
 
 /// The `general.architecture` values understood here.
 pub const SUPPORTED_ARCHITECTURES: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
@@ -74,14 +74,33 @@ pub enum GgufConfigError {
     Unsupported { key: String, problem: String },
     #[error(
         "tensor {ROPE_FREQS_TENSOR} carries per-frequency rope factors (Llama 3.1-style scaling), \
-         which cannot be read from metadata and are not supported from GGUF yet"
+         which the metadata alone cannot give: read the file's tensor data"
     )]
     RopeFreqsTensor,
+    #[error("tensor {ROPE_FREQS_TENSOR}: {0}")]
+    RopeFreqs(String),
 }
 
 /// The [`ModelConfig`] a GGUF file describes: metadata for the sizes, the tensor table for the
 /// optional tensors (tied output, q/k/v biases, q/k norms).
 pub fn model_config(header: &GgufHeader) -> Result<ModelConfig, GgufConfigError> {
+    build_config(header, None)
+}
+
+/// [`model_config`] with the file's `rope_freqs.weight` (when it has one): its per-frequency
+/// divisors become [`RopeScaling::Factors`]. They must be `head_dim / 2` finite positive values,
+/// and the metadata must not scale the rope as well.
+pub fn model_config_with_rope_freqs(
+    header: &GgufHeader,
+    rope_freqs: Option<GgufTensor<'_>>,
+) -> Result<ModelConfig, GgufConfigError> {
+    build_config(header, rope_freqs)
+}
+
+fn build_config(
+    header: &GgufHeader,
+    rope_freqs: Option<GgufTensor<'_>>,
+) -> Result<ModelConfig, GgufConfigError> {
     let meta = Metadata { header };
     let arch_name = meta
         .string(ARCHITECTURE_KEY)?
@@ -99,9 +118,11 @@ pub fn model_config(header: &GgufHeader) -> Result<ModelConfig, GgufConfigError>
     };
     let key = |suffix: &str| format!("{arch_name}.{suffix}");
     let has_tensor = |name: &str| header.tensor_info(name).is_ok();
-    if has_tensor(ROPE_FREQS_TENSOR) {
-        return Err(GgufConfigError::RopeFreqsTensor);
-    }
+    let rope_factors = match (has_tensor(ROPE_FREQS_TENSOR), rope_freqs) {
+        (false, _) => None,
+        (true, None) => return Err(GgufConfigError::RopeFreqsTensor),
+        (true, Some(t)) => Some(rope_factors(&t)?),
+    };
 
     let hidden_size = meta.required_size(&key("embedding_length"))?;
     let (num_heads, num_kv_heads) = heads(&meta, &key)?;
@@ -147,7 +168,25 @@ pub fn model_config(header: &GgufHeader) -> Result<ModelConfig, GgufConfigError>
         rope_theta: meta
             .positive_float(&key("rope.freq_base"))?
             .unwrap_or(DEFAULT_ROPE_THETA),
-        rope_scaling: rope_scaling(&meta, &key)?,
+        rope_scaling: match (rope_scaling(&meta, &key)?, rope_factors) {
+            (scaling, None) => scaling,
+            (None, Some(factors)) if factors.len() == head_dim / 2 => {
+                Some(RopeScaling::Factors(factors))
+            }
+            (None, Some(factors)) => {
+                return Err(GgufConfigError::RopeFreqs(format!(
+                    "{} factors for a head dimension of {head_dim} (needs {})",
+                    factors.len(),
+                    head_dim / 2
+                )));
+            }
+            (Some(_), Some(_)) => {
+                return Err(GgufConfigError::RopeFreqs(format!(
+                    "per-frequency factors and {} both scale the rope",
+                    key("rope.scaling.type")
+                )));
+            }
+        },
         tie_word_embeddings: !has_tensor("output.weight"),
         qkv_bias: layer0("attn_q.bias"),
         o_bias: layer0("attn_output.bias"),
@@ -247,6 +286,24 @@ fn vocab_size(meta: &Metadata<'_>, vocab_key: &str) -> Result<usize, GgufConfigE
 
 /// llama.cpp's reading: the type defaults to `linear`, and a factor that is absent, 0 or 1 means
 /// no scaling.
+/// The divisors of `rope_freqs.weight`: F32 or F16, one dimension, finite and positive.
+fn rope_factors(t: &GgufTensor<'_>) -> Result<Vec<f64>, GgufConfigError> {
+    let bad = |problem: String| GgufConfigError::RopeFreqs(problem);
+    if t.dims().len() != 1 || !matches!(t.ty(), GgmlType::F32 | GgmlType::F16) {
+        return Err(bad(format!(
+            "expected a vector of F32 or F16, found {} of dims {:?}",
+            t.ty().name(),
+            t.dims()
+        )));
+    }
+    let values = crate::gguf::dequantize(t.ty(), t.bytes(), t.n_elements())
+        .map_err(|e| bad(e.to_string()))?;
+    match values.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+        Some(v) => Err(bad(format!("factor {v} is not a positive number"))),
+        None => Ok(values.into_iter().map(f64::from).collect()),
+    }
+}
+
 fn rope_scaling(
     meta: &Metadata<'_>,
     key: &impl Fn(&str) -> String,

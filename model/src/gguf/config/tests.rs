@@ -171,6 +171,78 @@ fn llama3_rope_freqs_tensor_is_refused_by_name() {
     assert!(err.to_string().contains("rope_freqs.weight"), "{err}");
 }
 
+/// `gguf_bytes` plus one F32 vector `name` holding `values`, written after the others.
+fn gguf_bytes_with_vector(meta: &Meta, tensors: &[&str], name: &str, values: &[f32]) -> Vec<u8> {
+    const ALIGN: usize = 32;
+    let mut all: Vec<&str> = tensors.to_vec();
+    all.push(name);
+    let mut out = gguf_bytes(meta, &all);
+    // Patch the last tensor info's dims (1 -> len) and append its data past the others.
+    let header_end = out.len() - all.len() * ALIGN;
+    let info = out[..header_end]
+        .windows(name.len())
+        .rposition(|w| w == name.as_bytes())
+        .expect("the tensor info was written")
+        + name.len();
+    out[info + 4..info + 12].copy_from_slice(&(values.len() as u64).to_le_bytes());
+    out.truncate(header_end + tensors.len() * ALIGN);
+    for v in values {
+        out.extend(v.to_le_bytes());
+    }
+    out.resize(out.len().next_multiple_of(ALIGN), 0);
+    out
+}
+
+fn config_with_factors(meta: &Meta, values: &[f32]) -> Result<ModelConfig, GgufConfigError> {
+    let bytes = gguf_bytes_with_vector(meta, &BASE_TENSORS, ROPE_FREQS_TENSOR, values);
+    let gguf = Gguf::parse(&bytes).expect("the test writer emits well-formed files");
+    let tensor = gguf.tensor(ROPE_FREQS_TENSOR).expect("the factors tensor");
+    assert_eq!(tensor.n_elements(), values.len() as u64);
+    model_config_with_rope_freqs(gguf.header(), Some(tensor))
+}
+
+/// Llama 3.1 as llama.cpp's converter writes it: `rope_freqs.weight` holds, per frequency, the
+/// base frequency over Hugging Face's llama3-scaled one (in f32). Read with the file's data, the
+/// config's frequencies are HF's within f32 rounding; a wrong count, a non-positive factor or a
+/// second scaling in the metadata is refused by name.
+#[test]
+fn llama3_rope_freqs_become_the_configs_frequencies() {
+    use crate::rope::Rope;
+    let hf = RopeScaling::Llama3 {
+        factor: 8.0,
+        low_freq_factor: 1.0,
+        high_freq_factor: 4.0,
+        original_max_position: 8192.0,
+    };
+    // head_dim 8 at base 500 000: frequencies kept, kept, on the ramp, divided by 8.
+    let plain = Rope::with_theta(8, 500_000.0, None);
+    let scaled = Rope::with_theta(8, 500_000.0, Some(&hf));
+    let factors: Vec<f32> = plain
+        .inv_freq()
+        .iter()
+        .zip(scaled.inv_freq())
+        .map(|(p, s)| (p / s) as f32)
+        .collect();
+    assert!(factors[0] == 1.0 && factors[2] > 1.0 && factors[2] < 8.0 && factors[3] == 8.0);
+    let config = config_with_factors(&llama(), &factors).unwrap();
+    assert!(matches!(config.rope_scaling, Some(RopeScaling::Factors(ref f)) if f.len() == 4));
+    for (ours, theirs) in Rope::new(&config).inv_freq().iter().zip(scaled.inv_freq()) {
+        assert!((ours / theirs - 1.0).abs() < 1e-6, "{ours} vs {theirs}");
+    }
+    let err = |values: &[f32], meta: &Meta| config_with_factors(meta, values).unwrap_err();
+    assert!(
+        matches!(err(&factors[..3], &llama()), GgufConfigError::RopeFreqs(m) if m.contains("needs 4"))
+    );
+    assert!(
+        matches!(err(&[1.0, 0.0, 1.0, 1.0], &llama()), GgufConfigError::RopeFreqs(m) if m.contains("not a positive"))
+    );
+    let linear = with(llama(), "llama.rope.scaling.type", s("linear"));
+    let linear = with(linear, "llama.rope.scaling.factor", GgufValue::F32(2.0));
+    assert!(
+        matches!(err(&factors, &linear), GgufConfigError::RopeFreqs(m) if m.contains("both scale"))
+    );
+}
+
 #[test]
 fn yarn_scaling_is_refused_naming_the_key() {
     let meta = with(llama(), "llama.rope.scaling.type", s("yarn"));
