@@ -48,6 +48,18 @@ __device__ __forceinline__ void mma_bf16_16816(float c[4], u32 a0, u32 a1, u32 a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Loads in flight per warp step for the weight loader W: MmaUnroll, except a block format with
+// one x tile, which takes 2 so that its kernel fits in 64 registers and two blocks share an SM
+// (the in-register dequantization needs the warps more than the loads in flight).
+template <typename W, int XT>
+struct BodyUnroll {
+    static constexpr int U = MmaUnroll<XT>::U;
+};
+template <int F>
+struct BodyUnroll<BlockW<F>, 1> {
+    static constexpr int U = sizeof(typename BlockW<F>::Raw) > 24 ? 1 : 2;
+};
+
 template <bool B, typename T, typename F>
 struct Pick {
     typedef T type;
@@ -91,7 +103,7 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
                                               u32 m_rows, u32 n_rows, u32 k, u32 ld_arg,
                                               u32 block) {
     const u32 ld = SLICED ? ld_arg : k;
-    constexpr int U = MmaUnroll<XT>::U;
+    constexpr int U = BodyUnroll<W, XT>::U;
     constexpr int MMA_TILES = MmaTiles<XT>::T;
     constexpr int MMA_ROWS = 8 * MMA_TILES;
     __shared__ float partial[MMA_WARPS][16][MMA_ROWS + 1];
