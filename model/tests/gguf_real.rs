@@ -141,13 +141,6 @@ fn digest(ids: &[u32]) -> String {
 }
 
 /// Gemma 3 runs on one CPU rank: tensor parallelism of it is refused by name.
-#[test]
-fn gemma3_tensor_parallelism_is_refused_by_name() {
-    let config = ModelConfig::from_dir(&model_path(Case::Gemma3)).unwrap();
-    let err = strata_model::cpu::TpShard::check(&config, 2).unwrap_err();
-    assert!(err.to_string().contains("Gemma3ForCausalLM"), "{err}");
-}
-
 /// Gemma 3's prompts are plain text: encoding with special tokens gives the oracles' ids (BOS
 /// first), and the file has no chat template.
 #[test]

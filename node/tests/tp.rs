@@ -126,6 +126,35 @@ fn qwen2_biases_and_tied_head_tp_streams_equal_tp1() {
     });
 }
 
+/// Gemma 3 (the real 270M file: sandwich norms, GELU-tanh, two rope bases, one kv head shared by
+/// every rank) through the same layer forward at TP = 2 and 4: byte-identical to one rank.
+#[test]
+fn gemma3_tp_streams_equal_tp1() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/test-data/models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        path.is_file(),
+        "missing {}: run scripts/fetch-test-data.sh from the repository root",
+        path.display()
+    );
+    let (config, ckpt) = open(&path);
+    assert!(config.gemma3.is_some());
+    let one = CpuBackend::with_blocks(
+        CpuModel::from_checkpoint(config.clone(), &ckpt).unwrap(),
+        BLOCK,
+        BLOCKS,
+    );
+    let want = streams(Box::new(one));
+    for tp in [2, 4] {
+        let backend = CpuTpBackend::with_blocks(&config, &ckpt, tp, BLOCK, BLOCKS).unwrap();
+        assert_eq!(
+            streams(Box::new(backend)),
+            want,
+            "Gemma 3: TP={tp} differs from TP=1"
+        );
+    }
+}
+
 #[test]
 fn exported_blocks_resume_on_another_tp_backend() {
     use strata_node::kv::KvBlockIo;

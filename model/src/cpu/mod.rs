@@ -16,6 +16,7 @@ mod ops;
 mod tp;
 mod weights;
 
+use std::convert::Infallible;
 use std::path::Path;
 
 pub use attention::{AttentionShape, KvAccess, QueryPos, causal_attention};
@@ -134,9 +135,63 @@ impl KvAccess for KvCache {
 pub struct CpuModel {
     config: ModelConfig,
     weights: CpuWeights,
-    rope: Rope,
-    /// Gemma 3's sliding-window layers rotate with their own base.
-    local_rope: Option<Rope>,
+    ropes: Ropes,
+}
+
+/// The rope frequencies of a model: one set, or Gemma 3's two (its sliding-window layers
+/// rotate with their own base).
+#[derive(Debug, Clone)]
+pub(crate) struct Ropes {
+    global: Rope,
+    local: Option<Rope>,
+}
+
+/// cos/sin rows of a pass's queries for every rope of a model ([`Ropes::tables`]).
+pub(crate) struct RopeTables {
+    global: (Vec<f32>, Vec<f32>),
+    local: Option<(Vec<f32>, Vec<f32>)>,
+}
+
+impl Ropes {
+    pub(crate) fn new(config: &ModelConfig) -> Self {
+        Self {
+            global: Rope::new(config),
+            local: config
+                .gemma3
+                .as_ref()
+                .map(|g| Rope::with_theta(config.head_dim, g.rope_local_theta, None)),
+        }
+    }
+
+    pub(crate) fn tables(&self, head_dim: usize, queries: &[QueryPos]) -> RopeTables {
+        RopeTables {
+            global: rope_tables(&self.global, head_dim, queries),
+            local: self
+                .local
+                .as_ref()
+                .map(|rope| rope_tables(rope, head_dim, queries)),
+        }
+    }
+}
+
+impl RopeTables {
+    /// The (cos, sin) rows layer `layer` rotates with.
+    pub(crate) fn for_layer(&self, config: &ModelConfig, layer: usize) -> (&[f32], &[f32]) {
+        let (cos, sin) = match &self.local {
+            Some(local) if config.local_rope(layer) => local,
+            _ => &self.global,
+        };
+        (cos, sin)
+    }
+}
+
+/// Gemma 3 scales the embedded rows by √hidden (as transformers: rounded once to f32, one f32
+/// product per element); other architectures leave them.
+pub(crate) fn scale_embeddings(config: &ModelConfig, x: &mut [f32]) {
+    if config.gemma3.is_some() {
+        let scale = (config.hidden_size as f64).sqrt() as f32;
+        x.iter_mut().for_each(|v| *v *= scale);
+    }
 }
 
 impl CpuModel {
@@ -149,16 +204,10 @@ impl CpuModel {
 
     pub fn from_checkpoint(config: ModelConfig, ckpt: &Checkpoint) -> Result<Self, WeightError> {
         let weights = CpuWeights::load(&config, ckpt)?;
-        let rope = Rope::new(&config);
-        let local_rope = config
-            .gemma3
-            .as_ref()
-            .map(|g| Rope::with_theta(config.head_dim, g.rope_local_theta, None));
         Ok(Self {
+            ropes: Ropes::new(&config),
             config,
             weights,
-            rope,
-            local_rope,
         })
     }
 
@@ -203,22 +252,21 @@ impl CpuModel {
         for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(h)) {
             self.weights.embed.row_into(t as usize, h, row);
         }
-        if c.gemma3.is_some() {
-            // As transformers: sqrt(hidden) rounded once to f32, one f32 product per element.
-            let scale = (h as f64).sqrt() as f32;
-            x.iter_mut().for_each(|v| *v *= scale);
-        }
-        let global = rope_tables(&self.rope, c.head_dim, &queries);
-        let local = self
-            .local_rope
-            .as_ref()
-            .map(|rope| rope_tables(rope, c.head_dim, &queries));
+        scale_embeddings(c, &mut x);
+        let tables = self.ropes.tables(c.head_dim, &queries);
+        let heads = LayerHeads {
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            inter: c.intermediate_size,
+        };
+        // The whole model adds its shard partials itself: nothing can fail.
+        let whole = |x: &[f32], w: &Matrix, bias: Option<&[f32]>, k, y: &mut [f32]| {
+            ops::linear_row_parallel(x, w, bias, k, y);
+            Ok::<(), Infallible>(())
+        };
         for (i, layer) in self.weights.layers.iter().enumerate() {
-            let (cos, sin) = match &local {
-                Some(local) if c.local_rope(i) => local,
-                _ => &global,
-            };
-            self.layer(i, layer, &mut x, &queries, kv, cos, sin);
+            let rope = tables.for_layer(c, i);
+            let Ok(()) = decoder_layer(c, heads, i, layer, &mut x, &queries, kv, rope, &whole);
         }
 
         let keep = logit_rows(chunks, &x, h);
@@ -233,59 +281,78 @@ impl CpuModel {
         linear(&normed, self.weights.lm_head(), None, h, &mut logits);
         Ok(logits)
     }
+}
 
-    /// One pre-norm decoder block, updating the residual stream `x` (`n × hidden`) in place.
-    #[allow(clippy::too_many_arguments)]
-    fn layer(
-        &self,
-        index: usize,
-        w: &LayerWeights,
-        x: &mut [f32],
-        queries: &[QueryPos],
-        kv: &mut dyn KvAccess,
-        cos: &[f32],
-        sin: &[f32],
-    ) {
-        let c = &self.config;
-        let (h, qd, kvd, hd) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.head_dim);
-        let n = x.len() / h;
-        let eps = c.rms_norm_eps as f32;
+/// The heads and intermediate rows a layer's weights hold: the whole model's, or a
+/// tensor-parallel rank's share.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LayerHeads {
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) inter: usize,
+}
 
-        let (mut normed, mut q, mut k, v) = project_qkv(w, x, h, qd, kvd, eps);
-        rotate_and_cache(index, &mut q, &mut k, &v, queries, kv, hd, cos, sin);
+/// A row-parallel projection `y = x · wᵀ (+ bias)` over `k` input columns: the whole model adds
+/// its shard partials itself, a tensor-parallel rank gathers them from the group first (which
+/// can fail with `E`).
+pub(crate) type RowReduce<'a, E> =
+    dyn Fn(&[f32], &Matrix, Option<&[f32]>, usize, &mut [f32]) -> Result<(), E> + 'a;
 
-        let shape = AttentionShape {
-            num_heads: c.num_heads,
-            num_kv_heads: c.num_kv_heads,
-            head_dim: hd,
-            sliding_window: c.layer_window(index),
-            scale: c.attention_scale(),
-        };
-        let mut attn = vec![0.0; n * qd];
-        causal_attention(shape, index, &q, queries, kv, &mut attn);
-        let mut o = vec![0.0; n * h];
-        ops::linear_row_parallel(&attn, &w.o, w.o_bias.as_deref(), qd, &mut o);
-        if let Some([attn_out, _]) = &w.sandwich {
-            ops::rms_norm_in_place(&mut o, attn_out, eps);
-        }
-        ops::add_in_place(x, &o);
+/// One pre-norm decoder block over the weights `w` hold (the whole model's or a rank's),
+/// updating the residual stream `x` (`n × hidden`) in place: the one layer forward of the CPU
+/// reference, alone and under tensor parallelism (`reduce` is the only difference).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decoder_layer<E>(
+    c: &ModelConfig,
+    heads: LayerHeads,
+    index: usize,
+    w: &LayerWeights,
+    x: &mut [f32],
+    queries: &[QueryPos],
+    kv: &mut dyn KvAccess,
+    (cos, sin): (&[f32], &[f32]),
+    reduce: &RowReduce<'_, E>,
+) -> Result<(), E> {
+    let hd = c.head_dim;
+    let (h, qd, kvd) = (c.hidden_size, heads.heads * hd, heads.kv_heads * hd);
+    let n = x.len() / h;
+    let eps = c.rms_norm_eps as f32;
 
-        rms_norm(x, &w.post_attention_norm, eps, &mut normed);
-        let mut gate = vec![0.0; n * c.intermediate_size];
-        let mut up = vec![0.0; n * c.intermediate_size];
-        linear(&normed, &w.gate, None, h, &mut gate);
-        linear(&normed, &w.up, None, h, &mut up);
-        if c.gemma3.is_some() {
-            ops::gelu_tanh_mul(&mut gate, &up);
-        } else {
-            ops::silu_mul(&mut gate, &up);
-        }
-        ops::linear_row_parallel(&gate, &w.down, None, c.intermediate_size, &mut o);
-        if let Some([_, mlp_out]) = &w.sandwich {
-            ops::rms_norm_in_place(&mut o, mlp_out, eps);
-        }
-        ops::add_in_place(x, &o);
+    let (mut normed, mut q, mut k, v) = project_qkv(w, x, h, qd, kvd, eps);
+    rotate_and_cache(index, &mut q, &mut k, &v, queries, kv, hd, cos, sin);
+
+    let shape = AttentionShape {
+        num_heads: heads.heads,
+        num_kv_heads: heads.kv_heads,
+        head_dim: hd,
+        sliding_window: c.layer_window(index),
+        scale: c.attention_scale(),
+    };
+    let mut attn = vec![0.0; n * qd];
+    causal_attention(shape, index, &q, queries, kv, &mut attn);
+    let mut o = vec![0.0; n * h];
+    reduce(&attn, &w.o, w.o_bias.as_deref(), qd, &mut o)?;
+    if let Some([attn_out, _]) = &w.sandwich {
+        ops::rms_norm_in_place(&mut o, attn_out, eps);
     }
+    ops::add_in_place(x, &o);
+
+    rms_norm(x, &w.post_attention_norm, eps, &mut normed);
+    let mut gate = vec![0.0; n * heads.inter];
+    let mut up = vec![0.0; n * heads.inter];
+    linear(&normed, &w.gate, None, h, &mut gate);
+    linear(&normed, &w.up, None, h, &mut up);
+    if c.gemma3.is_some() {
+        ops::gelu_tanh_mul(&mut gate, &up);
+    } else {
+        ops::silu_mul(&mut gate, &up);
+    }
+    reduce(&gate, &w.down, None, heads.inter, &mut o)?;
+    if let Some([_, mlp_out]) = &w.sandwich {
+        ops::rms_norm_in_place(&mut o, mlp_out, eps);
+    }
+    ops::add_in_place(x, &o);
+    Ok(())
 }
 
 /// Checks every chunk against `config` and flattens them: the tokens of the pass and each one's

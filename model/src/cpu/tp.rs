@@ -20,11 +20,10 @@ use std::ops::Range;
 use super::ops::{self, Matrix, ROW_PARALLEL_SHARDS};
 use super::weights::CpuWeights;
 use super::{
-    AttentionShape, ForwardError, KvAccess, LayerWeights, QueryPos, SeqChunk, causal_attention,
-    linear, rms_norm,
+    ForwardError, KvAccess, LayerHeads, LayerWeights, Ropes, SeqChunk, decoder_layer, linear,
+    rms_norm, scale_embeddings,
 };
 use crate::config::ModelConfig;
-use crate::rope::Rope;
 use crate::weights::{Checkpoint, WeightError};
 
 /// The collectives a rank's forward pass issues; every rank issues the same ones in the same
@@ -51,8 +50,6 @@ pub enum TpError {
         q_dim: usize,
         inter: usize,
     },
-    #[error("{arch} runs on one CPU rank so far; tensor parallelism of it is not built")]
-    Architecture { arch: String },
     #[error(transparent)]
     Forward(#[from] ForwardError),
     #[error(transparent)]
@@ -146,7 +143,7 @@ pub struct TpShard {
     config: ModelConfig,
     rank: usize,
     world: usize,
-    rope: Rope,
+    ropes: Ropes,
     embed: Matrix,
     /// `None` when tied to the embedding shard.
     lm_head: Option<Matrix>,
@@ -164,11 +161,6 @@ pub struct TpShard {
 impl TpShard {
     /// Whether `config` can be split over `world` ranks byte-identically.
     pub fn check(config: &ModelConfig, world: usize) -> Result<(), TpError> {
-        if config.gemma3.is_some() {
-            return Err(TpError::Architecture {
-                arch: config.architecture.to_string(),
-            });
-        }
         let (heads, kv_heads, inter) = (
             config.num_heads,
             config.num_kv_heads,
@@ -208,7 +200,7 @@ impl TpShard {
             config: config.clone(),
             rank,
             world,
-            rope: Rope::new(config),
+            ropes: Ropes::new(config),
             embed: w.embed,
             lm_head: w.lm_head,
             final_norm: w.final_norm,
@@ -259,9 +251,19 @@ impl TpShard {
             }
         }
         comm.all_reduce_sum(&mut x).map_err(TpError::Collective)?;
-        let (cos, sin) = super::rope_tables(&self.rope, c.head_dim, &queries);
+        scale_embeddings(c, &mut x);
+        let tables = self.ropes.tables(c.head_dim, &queries);
+        let heads = LayerHeads {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            inter: self.inter,
+        };
+        let reduce = |x: &[f32], w: &Matrix, bias: Option<&[f32]>, k, y: &mut [f32]| {
+            self.row_parallel(x, w, bias, k, comm, y)
+        };
         for (i, layer) in self.layers.iter().enumerate() {
-            self.layer(i, layer, &mut x, &queries, kv, comm, (&cos, &sin))?;
+            let rope = tables.for_layer(c, i);
+            decoder_layer(c, heads, i, layer, &mut x, &queries, kv, rope, &reduce)?;
         }
 
         let keep = super::logit_rows(chunks, &x, h);
@@ -293,49 +295,6 @@ impl TpShard {
             }
         }
         Ok(logits)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn layer(
-        &self,
-        index: usize,
-        w: &LayerWeights,
-        x: &mut [f32],
-        queries: &[QueryPos],
-        kv: &mut dyn KvAccess,
-        comm: &dyn TpCollectives,
-        (cos, sin): (&[f32], &[f32]),
-    ) -> Result<(), TpError> {
-        let c = &self.config;
-        let hd = c.head_dim;
-        let (h, qd, kvd) = (c.hidden_size, self.heads * hd, self.kv_heads * hd);
-        let n = x.len() / h;
-        let eps = c.rms_norm_eps as f32;
-
-        let (mut normed, mut q, mut k, v) = super::project_qkv(w, x, h, qd, kvd, eps);
-        super::rotate_and_cache(index, &mut q, &mut k, &v, queries, kv, hd, cos, sin);
-        let shape = AttentionShape {
-            num_heads: self.heads,
-            num_kv_heads: self.kv_heads,
-            head_dim: hd,
-            sliding_window: c.sliding_window,
-            scale: c.attention_scale(),
-        };
-        let mut attn = vec![0.0; n * qd];
-        causal_attention(shape, index, &q, queries, kv, &mut attn);
-        let mut o = vec![0.0; n * h];
-        self.row_parallel(&attn, &w.o, w.o_bias.as_deref(), qd, comm, &mut o)?;
-        ops::add_in_place(x, &o);
-
-        rms_norm(x, &w.post_attention_norm, eps, &mut normed);
-        let mut gate = vec![0.0; n * self.inter];
-        let mut up = vec![0.0; n * self.inter];
-        linear(&normed, &w.gate, None, h, &mut gate);
-        linear(&normed, &w.up, None, h, &mut up);
-        ops::silu_mul(&mut gate, &up);
-        self.row_parallel(&gate, &w.down, None, self.inter, comm, &mut o)?;
-        ops::add_in_place(x, &o);
-        Ok(())
     }
 
     /// This rank's shard partials of a row-parallel projection, gathered from every rank and
