@@ -9,9 +9,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
-use crate::gemv::{MMA_THREADS, MMA_X_ROWS, mma_rows};
+use crate::gemv::{MMA_THREADS, MMA_X_ROWS, check_rows, check_shards, mma_rows};
 use crate::launch::{aligned16, grid, need_len, product, stride_blocks, to_u32};
-use crate::{GEMV_MAX_M, GemvOut, KernelError, Kernels, ensure_shape};
+use crate::{GemvOut, KernelError, Kernels, ensure_shape};
 
 const MODULE: &str = "gemv_blocks";
 
@@ -178,11 +178,7 @@ impl Kernels {
         (m, n, k): (usize, usize, usize),
     ) -> Result<(), KernelError> {
         const K: &str = "gemv_mma_blocks";
-        ensure_shape!(
-            (1..=GEMV_MAX_M).contains(&m),
-            K,
-            "m = {m} is outside 1..={GEMV_MAX_M} (use the cuBLASLt GEMM for more rows)"
-        );
+        check_rows(K, m)?;
         need_len(K, "y", y.len(), product(K, &[m, n])?)?;
         need_len(K, "x", x.len(), product(K, &[m, k])?)?;
         let n32 = to_u32(K, "n", n)?;
@@ -226,28 +222,13 @@ impl Kernels {
         y_stride: usize,
     ) -> Result<(), KernelError> {
         const K: &str = "gemv_mma_shards_blocks";
-        ensure_shape!(
-            (1..=GEMV_MAX_M).contains(&m),
+        // Whole blocks and whole 32-column MMA steps per slice (32 divides every block size).
+        check_shards(
             K,
-            "m = {m} is outside 1..={GEMV_MAX_M} (use the cuBLASLt GEMM for more rows)"
-        );
-        ensure_shape!(
-            kslice > 0 && kslice.is_multiple_of(32) && kslice.is_multiple_of(format.block_elems()),
-            K,
-            "kslice = {kslice} is not a positive multiple of 32 and of {format:?}'s block"
-        );
-        ensure_shape!(
-            shards > 0 && shards * kslice <= ld && y_stride >= m * n,
-            K,
-            "{shards} shards of {kslice} columns do not fit rows of {ld}, or a stride of \
-             {y_stride} cannot hold {m} x {n} outputs"
-        );
-        need_len(K, "x", x.len(), product(K, &[m, ld])?)?;
-        need_len(
-            K,
-            "y",
-            y.len(),
-            product(K, &[shards - 1, y_stride])? + m * n,
+            (m, n),
+            (shards, kslice, ld),
+            (format.block_elems(), y_stride),
+            (x.len(), y.len()),
         )?;
         let n32 = to_u32(K, "n", n)?;
         let (yp, _y) = y.device_ptr_mut(stream);

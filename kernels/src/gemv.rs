@@ -96,6 +96,47 @@ fn rows_per_block(m: usize) -> u32 {
     }
 }
 
+/// The rows of x one tensor-core GEMV launch takes: 1 ..= [`GEMV_MAX_M`].
+pub(crate) fn check_rows(kernel: &'static str, m: usize) -> Result<(), KernelError> {
+    ensure_shape!(
+        (1..=GEMV_MAX_M).contains(&m),
+        kernel,
+        "m = {m} is outside 1..={GEMV_MAX_M} (use the cuBLASLt GEMM for more rows)"
+    );
+    Ok(())
+}
+
+/// The shard GEMV's layout (bf16 or block weights): `m` rows of x `ld` wide, `shards` K-slices
+/// of `kslice` columns (a positive multiple of `step`) inside them, each shard's `m × n` outputs
+/// `y_stride` apart in `y_len` f32.
+pub(crate) fn check_shards(
+    kernel: &'static str,
+    (m, n): (usize, usize),
+    (shards, kslice, ld): (usize, usize, usize),
+    (step, y_stride): (usize, usize),
+    (x_len, y_len): (usize, usize),
+) -> Result<(), KernelError> {
+    check_rows(kernel, m)?;
+    ensure_shape!(
+        kslice > 0 && kslice.is_multiple_of(step) && ld.is_multiple_of(8),
+        kernel,
+        "kslice = {kslice} must be a positive multiple of {step} and ld = {ld} a multiple of 8"
+    );
+    ensure_shape!(
+        shards > 0 && shards * kslice <= ld && y_stride >= m * n,
+        kernel,
+        "{shards} shards of {kslice} columns do not fit rows of {ld}, or a stride of \
+         {y_stride} cannot hold {m} x {n} outputs"
+    );
+    need_len(kernel, "x", x_len, product(kernel, &[m, ld])?)?;
+    need_len(
+        kernel,
+        "y",
+        y_len,
+        product(kernel, &[shards - 1, y_stride])? + m * n,
+    )
+}
+
 impl Kernels {
     /// `y[m, n] = bf16(Σ_k x[m, k] · w[n, k])`, f32 accumulation.
     ///
@@ -216,11 +257,7 @@ impl Kernels {
         k: usize,
     ) -> Result<(), KernelError> {
         const K: &str = "gemv_mma3_bf16_x";
-        ensure_shape!(
-            (1..=GEMV_MAX_M).contains(&m),
-            K,
-            "m = {m} is outside 1..={GEMV_MAX_M} (use the cuBLASLt GEMM for more rows)"
-        );
+        check_rows(K, m)?;
         ensure_shape!(
             k.is_multiple_of(32) && k > 0,
             K,
@@ -279,30 +316,14 @@ impl Kernels {
         y_stride: usize,
     ) -> Result<(), KernelError> {
         const K: &str = "gemv_mma_shards_f32_x";
-        ensure_shape!(
-            (1..=GEMV_MAX_M).contains(&m),
+        check_shards(
             K,
-            "m = {m} is outside 1..={GEMV_MAX_M} (use the cuBLASLt GEMM for more rows)"
-        );
-        ensure_shape!(
-            kslice.is_multiple_of(32) && kslice > 0 && ld.is_multiple_of(8),
-            K,
-            "kslice = {kslice} must be a positive multiple of 32 and ld = {ld} a multiple of 8"
-        );
-        ensure_shape!(
-            shards > 0 && shards * kslice <= ld && y_stride >= m * n,
-            K,
-            "{shards} shards of {kslice} columns do not fit rows of {ld}, or a stride of \
-             {y_stride} cannot hold {m} x {n} outputs"
-        );
-        need_len(K, "x", x.len(), product(K, &[m, ld])?)?;
-        need_len(K, "w", w.len(), product(K, &[n, ld])?)?;
-        need_len(
-            K,
-            "y",
-            y.len(),
-            product(K, &[shards - 1, y_stride])? + m * n,
+            (m, n),
+            (shards, kslice, ld),
+            (32, y_stride),
+            (x.len(), y.len()),
         )?;
+        need_len(K, "w", w.len(), product(K, &[n, ld])?)?;
         let n32 = to_u32(K, "n", n)?;
         if n == 0 {
             return Ok(());
