@@ -284,8 +284,6 @@ fn vocab_size(meta: &Metadata<'_>, vocab_key: &str) -> Result<usize, GgufConfigE
     }
 }
 
-/// llama.cpp's reading: the type defaults to `linear`, and a factor that is absent, 0 or 1 means
-/// no scaling.
 /// The divisors of `rope_freqs.weight`: F32 or F16, one dimension, finite and positive.
 fn rope_factors(t: &GgufTensor<'_>) -> Result<Vec<f64>, GgufConfigError> {
     let bad = |problem: String| GgufConfigError::RopeFreqs(problem);
@@ -304,6 +302,8 @@ fn rope_factors(t: &GgufTensor<'_>) -> Result<Vec<f64>, GgufConfigError> {
     }
 }
 
+/// llama.cpp's reading: the type defaults to `linear`, and a factor that is absent, 0 or 1 means
+/// no scaling.
 fn rope_scaling(
     meta: &Metadata<'_>,
     key: &impl Fn(&str) -> String,
