@@ -2,28 +2,28 @@
 // GEMV, the row-parallel shard GEMV, a dequantizer to bf16 for the cuBLASLt GEMM of prompt rows,
 // and the embedding gather. Names carry the format: `gemv_mma_q4_k_bf16_x2`, `dequant_q6_k`, ...
 //
-// With one x tile (XT = 1, up to 16 rows) a GEMV is built for two blocks per SM.
 // The GEMVs run gemv_mma.cuh's body unchanged with a BlockW<F> loader, and a BlockW<F> chunk is
 // bit for bit the bf16 the checkpoint loader would widen the block to: every output equals the
 // bf16-weight kernel's on the widened tensor (`strata kernels selftest` checks it), so the batch
-// invariance of the bf16 path holds here as it is.
+// invariance of the bf16 path holds here as it is. With one x tile (XT = 1, up to 16 rows) a GEMV
+// is built for two blocks per SM.
 #include "gemv_mma.cuh"
 
-#define GEMV_BLOCK_ENTRIES(F, NAME, XT)                                                             \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                                   \
+#define GEMV_BLOCK_ENTRIES(F, NAME, XT)                                                            \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                  \
         gemv_mma_##NAME##_bf16_x##XT(__nv_bfloat16* __restrict__ y,                                \
                                      const __nv_bfloat16* __restrict__ x, const u8* __restrict__ w, \
                                      u32 m, u32 n, u32 k) {                                        \
         gemv_mma_body<XT, false>(y, x, BlockW<F>{w, block_row_bytes<F>(k)}, m, n, k, k,            \
                                  blockIdx.x);                                                      \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                                   \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                  \
         gemv_mma_##NAME##_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,    \
                                     const u8* __restrict__ w, u32 m, u32 n, u32 k) {               \
         gemv_mma_body<XT, false>(y, x, BlockW<F>{w, block_row_bytes<F>(k)}, m, n, k, k,            \
                                  blockIdx.x);                                                      \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                                   \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                  \
         gemv_mma_shards_##NAME##_f32_x##XT(float* __restrict__ y,                                  \
                                            const __nv_bfloat16* __restrict__ x,                    \
                                            const u8* __restrict__ w, u32 m, u32 n, u32 kslice,     \
