@@ -1,5 +1,6 @@
 // Row-wise and elementwise kernels: embedding gather, RMSNorm (plain, fused residual add, per
-// head), bias add, rotary embedding + paged KV write, SiLU-gated product.
+// head, Gemma 3's sandwich), bias add, rotary embedding + paged KV write, gated SiLU / GELU-tanh
+// products, the embedding scale.
 //
 // Rounding follows HF transformers in bf16: each value HF materialises as a bf16 tensor is
 // rounded here at the same point; everything between two such points is f32.
@@ -48,17 +49,37 @@ __device__ __forceinline__ float inv_rms(float sum_sq, u32 n, float eps) {
     return 1.0f / sqrtf(sum_sq / (float)n + eps);
 }
 
-// HF RMSNorm output: the normalised value rounded to bf16, times the weight, rounded again.
-__device__ __forceinline__ float norm_out(float x, float inv, float w) {
-    return round_bf16(x * inv) * w;
+// The two RMSNorm weightings. bf16 weights (HF's Llama-family RMSNorm): the normalised value is
+// rounded to bf16, then times the weight. f32 weights (Gemma 3's RMSNorm, the weight already
+// `1 + w` in f32): the normalised value times the weight, unrounded between.
+__device__ __forceinline__ void load_weight8(const __nv_bfloat16* w, float g[8]) {
+    unpack8(load16(w), g);
+}
+__device__ __forceinline__ void load_weight8(const float* w, float g[8]) {
+    const float4 a = reinterpret_cast<const float4*>(w)[0];
+    const float4 b = reinterpret_cast<const float4*>(w)[1];
+    g[0] = a.x; g[1] = a.y; g[2] = a.z; g[3] = a.w;
+    g[4] = b.x; g[5] = b.y; g[6] = b.z; g[7] = b.w;
+}
+template <typename W> __device__ __forceinline__ float weight_f32(W w);
+template <> __device__ __forceinline__ float weight_f32(float w) { return w; }
+template <> __device__ __forceinline__ float weight_f32(__nv_bfloat16 w) { return bf16_to_f32(w); }
+// x * inv weighted by g (the weight widened to f32) under W's rule.
+template <typename W> __device__ __forceinline__ float norm_out(float x, float inv, float g);
+template <> __device__ __forceinline__ float norm_out<__nv_bfloat16>(float x, float inv, float g) {
+    return round_bf16(x * inv) * g;
+}
+template <> __device__ __forceinline__ float norm_out<float>(float x, float inv, float g) {
+    return __fmul_rn(__fmul_rn(x, inv), g);
 }
 
 // Each thread owns the 8-element chunks c = threadIdx.x + i * NORM_THREADS, so the sum of
 // squares runs in an order fixed by `hidden` alone.
+template <typename W>
 __device__ __forceinline__ void rmsnorm_row(__nv_bfloat16* __restrict__ out,
                                             const __nv_bfloat16* __restrict__ x,
-                                            const __nv_bfloat16* __restrict__ w, u32 hidden,
-                                            float eps, float* scratch) {
+                                            const W* __restrict__ w, u32 hidden, float eps,
+                                            float* scratch) {
     const u32 chunks = hidden / 8;
     float sum_sq = 0.0f;
     for (u32 c = threadIdx.x; c < chunks; c += NORM_THREADS) {
@@ -71,9 +92,9 @@ __device__ __forceinline__ void rmsnorm_row(__nv_bfloat16* __restrict__ out,
     for (u32 c = threadIdx.x; c < chunks; c += NORM_THREADS) {
         float v[8], g[8], o[8];
         unpack8(load16(x + c * 8), v);
-        unpack8(load16(w + c * 8), g);
+        load_weight8(w + c * 8, g);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) o[j] = norm_out(v[j], inv, g[j]);
+        for (int j = 0; j < 8; ++j) o[j] = norm_out<W>(v[j], inv, g[j]);
         store16(out + c * 8, pack8(o));
     }
 }
@@ -85,6 +106,61 @@ rmsnorm(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x,
     __shared__ float scratch[32];
     const u64 row = (u64)blockIdx.x * hidden;
     rmsnorm_row(out + row, x + row, w, hidden, eps, scratch);
+}
+
+// As rmsnorm, with f32 weights (Gemma 3).
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+rmsnorm_f32w(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ x,
+             const float* __restrict__ w, u32 hidden, float eps) {
+    __shared__ float scratch[32];
+    const u64 row = (u64)blockIdx.x * hidden;
+    rmsnorm_row(out + row, x + row, w, hidden, eps, scratch);
+}
+
+// Gemma 3's sandwich: the block output x is normed (f32 weight wx) and rounded, added to the
+// residual in bf16, and the sum normed for the next block (f32 weight w):
+//   residual[r, :] = bf16(residual[r, :] + bf16(RMSNorm(x[r, :]) * wx))
+//   out[r, :] = bf16(RMSNorm(residual[r, :]) * w)
+// Each thread re-reads only the chunks it wrote itself.
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+sandwich_add_rmsnorm(__nv_bfloat16* __restrict__ out, __nv_bfloat16* __restrict__ residual,
+                     const __nv_bfloat16* __restrict__ x, const float* __restrict__ wx,
+                     const float* __restrict__ w, u32 hidden, float eps) {
+    __shared__ float scratch[32];
+    const u64 row = (u64)blockIdx.x * hidden;
+    __nv_bfloat16* res = residual + row;
+    const __nv_bfloat16* xr = x + row;
+    const u32 chunks = hidden / 8;
+    float x_sq = 0.0f;
+    for (u32 c = threadIdx.x; c < chunks; c += NORM_THREADS) {
+        float b[8];
+        unpack8(load16(xr + c * 8), b);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x_sq = __fmaf_rn(b[j], b[j], x_sq);
+    }
+    const float inv_x = inv_rms(block_sum<NORM_THREADS>(x_sq, scratch), hidden, eps);
+    float sum_sq = 0.0f;
+    for (u32 c = threadIdx.x; c < chunks; c += NORM_THREADS) {
+        float a[8], b[8], g[8], s[8];
+        unpack8(load16(res + c * 8), a);
+        unpack8(load16(xr + c * 8), b);
+        load_weight8(wx + c * 8, g);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            s[j] = round_bf16(a[j] + round_bf16(norm_out<float>(b[j], inv_x, g[j])));
+            sum_sq = __fmaf_rn(s[j], s[j], sum_sq);
+        }
+        store16(res + c * 8, pack8(s));
+    }
+    const float inv = inv_rms(block_sum<NORM_THREADS>(sum_sq, scratch), hidden, eps);
+    for (u32 c = threadIdx.x; c < chunks; c += NORM_THREADS) {
+        float v[8], g[8], o[8];
+        unpack8(load16(res + c * 8), v);
+        load_weight8(w + c * 8, g);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o[j] = norm_out<float>(v[j], inv, g[j]);
+        store16(out + (row + c * 8), pack8(o));
+    }
 }
 
 // residual[r, :] = bf16(residual[r, :] + x[r, :]); out[r, :] = RMSNorm(residual[r, :]) * w.
@@ -117,18 +193,19 @@ add_rmsnorm(__nv_bfloat16* __restrict__ out, __nv_bfloat16* __restrict__ residua
         unpack8(load16(res + c * 8), v);
         unpack8(load16(w + c * 8), g);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) o[j] = norm_out(v[j], inv, g[j]);
+        for (int j = 0; j < 8; ++j) o[j] = norm_out<__nv_bfloat16>(v[j], inv, g[j]);
         store16(out + (row + c * 8), pack8(o));
     }
 }
 
-// In-place RMSNorm of each head_dim-long vector of x [vectors, head_dim] (Qwen3 q/k norm).
-// One warp per vector; lane l owns elements l*PER .. l*PER+PER-1 (PER = head_dim / 32, at most 8),
-// so the sum runs lane-sequential then by the fixed warp butterfly.
+// In-place RMSNorm of each head_dim-long vector of x [vectors, head_dim] (Qwen3's and Gemma 3's
+// q/k norm). One warp per vector; lane l owns elements l*PER .. l*PER+PER-1 (PER = head_dim / 32,
+// at most 8), so the sum runs lane-sequential then by the fixed warp butterfly.
 constexpr int HEAD_NORM_WARPS = 4;
-extern "C" __global__ void __launch_bounds__(HEAD_NORM_WARPS * 32)
-head_rmsnorm(__nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w, u32 vectors,
-             u32 head_dim, float eps) {
+template <typename W>
+__device__ __forceinline__ void head_rmsnorm_vec(__nv_bfloat16* __restrict__ x,
+                                                 const W* __restrict__ w, u32 vectors,
+                                                 u32 head_dim, float eps) {
     const u32 vec = blockIdx.x * HEAD_NORM_WARPS + (threadIdx.x >> 5);
     if (vec >= vectors) return;
     const u32 lane = threadIdx.x & 31;
@@ -147,9 +224,22 @@ head_rmsnorm(__nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         if (j < (int)per) {
-            v[j] = f32_to_bf16(norm_out(vals[j], inv, bf16_to_f32(w[lane * per + j])));
+            v[j] = f32_to_bf16(norm_out<W>(vals[j], inv, weight_f32(w[lane * per + j])));
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(HEAD_NORM_WARPS * 32)
+head_rmsnorm(__nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w, u32 vectors,
+             u32 head_dim, float eps) {
+    head_rmsnorm_vec(x, w, vectors, head_dim, eps);
+}
+
+// As head_rmsnorm, with f32 weights (Gemma 3).
+extern "C" __global__ void __launch_bounds__(HEAD_NORM_WARPS * 32)
+head_rmsnorm_f32w(__nv_bfloat16* __restrict__ x, const float* __restrict__ w, u32 vectors,
+                  u32 head_dim, float eps) {
+    head_rmsnorm_vec(x, w, vectors, head_dim, eps);
 }
 
 // x[r, n] = bf16(x[r, n] + bias[n]) over x [rows, cols], 8 elements per thread (cols % 8 == 0).
@@ -219,11 +309,29 @@ rope_kv_write(__nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k,
     }
 }
 
-// out[t, i] = bf16(bf16(silu(gate_up[t, i])) * gate_up[t, I + i]) with gate_up [T, 2I],
-// out [T, I], I % 8 == 0. silu in f32 with IEEE expf and division.
-extern "C" __global__ void __launch_bounds__(256)
-silu_mul(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ gate_up, u32 tokens,
-         u32 inter) {
+// The gate activations, in f32. silu: IEEE expf and division. gelu_tanh: PyTorch's
+// gelu(approximate="tanh") in its order, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), no FMA.
+struct Silu {
+    static __device__ __forceinline__ float apply(float g) {
+        return __fdiv_rn(g, 1.0f + expf(-g));
+    }
+};
+struct GeluTanh {
+    static __device__ __forceinline__ float apply(float x) {
+        const float beta = 0.7978845608028654f;  // sqrt(2 / pi)
+        const float kappa = 0.044715f;
+        const float cube = __fmul_rn(__fmul_rn(x, x), x);
+        const float inner = __fmul_rn(beta, __fadd_rn(x, __fmul_rn(kappa, cube)));
+        return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
+    }
+};
+
+// out[t, i] = bf16(bf16(act(gate_up[t, i])) * gate_up[t, I + i]) with gate_up [T, 2I],
+// out [T, I], I % 8 == 0 (HF rounds the activation before the product).
+template <typename Act>
+__device__ __forceinline__ void gated(__nv_bfloat16* __restrict__ out,
+                                      const __nv_bfloat16* __restrict__ gate_up, u32 tokens,
+                                      u32 inter) {
     const u32 chunks_per_row = inter / 8;
     const u64 total = (u64)tokens * chunks_per_row;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -235,10 +343,32 @@ silu_mul(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ gate
         unpack8(load16(row + c * 8), g);
         unpack8(load16(row + inter + c * 8), u);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const float act = round_bf16(__fdiv_rn(g[j], 1.0f + expf(-g[j])));
-            o[j] = act * u[j];
-        }
+        for (int j = 0; j < 8; ++j) o[j] = round_bf16(Act::apply(g[j])) * u[j];
         store16(out + t * inter + c * 8, pack8(o));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+silu_mul(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ gate_up, u32 tokens,
+         u32 inter) {
+    gated<Silu>(out, gate_up, tokens, inter);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+gelu_tanh_mul(__nv_bfloat16* __restrict__ out, const __nv_bfloat16* __restrict__ gate_up,
+              u32 tokens, u32 inter) {
+    gated<GeluTanh>(out, gate_up, tokens, inter);
+}
+
+// x[i] = bf16(x[i] * scale) for i < 8 * chunks (Gemma 3's embedding scale, an f32).
+extern "C" __global__ void __launch_bounds__(256)
+scale_bf16(__nv_bfloat16* __restrict__ x, u64 chunks, float scale) {
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < chunks;
+         i += (u64)gridDim.x * blockDim.x) {
+        float v[8];
+        unpack8(load16(x + i * 8), v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = __fmul_rn(v[j], scale);
+        store16(x + i * 8, pack8(v));
     }
 }

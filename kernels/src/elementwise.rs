@@ -1,5 +1,6 @@
-//! Launchers for `cuda/elementwise.cu`: embedding gather, RMSNorm variants, bias add, rotary
-//! embedding with the paged KV write, SiLU-gated product.
+//! Launchers for `cuda/elementwise.cu`: embedding gather, RMSNorm variants (bf16 weights as
+//! HF's Llama family, f32 weights as Gemma 3), bias add, rotary embedding with the paged KV
+//! write, SiLU- and GELU-tanh-gated products, the embedding scale.
 //!
 //! All tensors are row-major and contiguous; "holds at least" means a buffer may be longer than
 //! the shape (preallocated workspaces), never shorter. Buffers read or written with 16-byte
@@ -8,7 +9,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 
 use crate::launch::{aligned16, grid, need_len, product, stride_blocks, to_u32};
@@ -31,6 +32,46 @@ pub struct RopeKvShape {
     pub max_positions: usize,
     pub num_blocks: usize,
     pub block_size: usize,
+}
+
+/// An RMSNorm weight's element type, which also picks the norm's rounding: bf16 weights round the
+/// normalised value to bf16 before the weight multiplies it (HF's Llama-family RMSNorm); f32
+/// weights (Gemma 3's, holding `1 + w`) multiply the unrounded value.
+pub trait NormWeight: DeviceRepr + sealed::Sealed {
+    /// The kernel name's suffix.
+    const SUFFIX: &'static str;
+}
+
+impl NormWeight for bf16 {
+    const SUFFIX: &'static str = "";
+}
+
+impl NormWeight for f32 {
+    const SUFFIX: &'static str = "_f32w";
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for f32 {}
+}
+
+/// The gate activation of [`Kernels::gated_mul`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GateActivation {
+    /// `x · sigmoid(x)` (Llama, Qwen, Mistral).
+    Silu,
+    /// PyTorch's `gelu(approximate="tanh")` (Gemma 3).
+    GeluTanh,
+}
+
+impl GateActivation {
+    fn kernel(self) -> &'static str {
+        match self {
+            GateActivation::Silu => "silu_mul",
+            GateActivation::GeluTanh => "gelu_tanh_mul",
+        }
+    }
 }
 
 // Launchers mirror their kernel's signature: buffers then shape, so argument lists are long.
@@ -151,16 +192,17 @@ impl Kernels {
     }
 
     /// `out[r, :] = bf16(bf16(x[r, :] / sqrt(mean(x[r, :]²) + eps)) · weight)` for `r < rows`
-    /// (HF RMSNorm rounding: the normalised value is rounded before the weight multiplies it).
+    /// (HF RMSNorm rounding: the normalised value is rounded before the weight multiplies it);
+    /// with an f32 weight, `bf16(x[r, :] / sqrt(…) · weight)` (Gemma 3's, see [`NormWeight`]).
     ///
     /// `x`, `out` `[rows, hidden]`, `weight` `[hidden]`; `hidden % 8 == 0`; all 16-byte aligned.
     /// The sum of squares runs in an order fixed by `hidden` alone.
-    pub fn rmsnorm(
+    pub fn rmsnorm<W: NormWeight>(
         &self,
         stream: &Arc<CudaStream>,
         out: &mut impl DevicePtrMut<bf16>,
         x: &impl DevicePtr<bf16>,
-        weight: &impl DevicePtr<bf16>,
+        weight: &impl DevicePtr<W>,
         rows: usize,
         hidden: usize,
         eps: f32,
@@ -170,7 +212,7 @@ impl Kernels {
         if rows == 0 {
             return Ok(());
         }
-        let f = self.function(MODULE, K)?;
+        let f = self.function(MODULE, &format!("{K}{}", W::SUFFIX))?;
         let (o, _o) = out.device_ptr_mut(stream);
         let (xp, _x) = x.device_ptr(stream);
         let (w, _w) = weight.device_ptr(stream);
@@ -222,15 +264,70 @@ impl Kernels {
         Ok(())
     }
 
-    /// In-place RMSNorm of each `head_dim`-long vector (Qwen3's q/k norm):
-    /// `x[v, :] = rmsnorm(x[v, :]) · weight` for `v < vectors` (= tokens × heads).
+    /// Gemma 3's sandwich around a block's output `x`, fused with the next block's norm:
+    /// `residual[r, :] = bf16(residual[r, :] + bf16(rmsnorm(x[r, :]) · x_weight))`, then
+    /// `out[r, :] = bf16(rmsnorm(residual[r, :]) · weight)`, both norms with f32 weights (as
+    /// [`Kernels::rmsnorm`] with an f32 weight).
+    ///
+    /// `residual`, `x`, `out` `[rows, hidden]`, weights `[hidden]`; `hidden % 8 == 0`; all
+    /// 16-byte aligned.
+    pub fn sandwich_add_rmsnorm(
+        &self,
+        stream: &Arc<CudaStream>,
+        out: &mut impl DevicePtrMut<bf16>,
+        residual: &mut impl DevicePtrMut<bf16>,
+        x: &impl DevicePtr<bf16>,
+        x_weight: &impl DevicePtr<f32>,
+        weight: &impl DevicePtr<f32>,
+        rows: usize,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "sandwich_add_rmsnorm";
+        let (blocks, hidden32) = norm_shape(K, out.len(), x.len(), weight.len(), rows, hidden)?;
+        need_len(K, "residual", residual.len(), product(K, &[rows, hidden])?)?;
+        need_len(K, "x_weight", x_weight.len(), hidden)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        let f = self.function(MODULE, K)?;
+        let (o, _o) = out.device_ptr_mut(stream);
+        let (r, _r) = residual.device_ptr_mut(stream);
+        let (xp, _x) = x.device_ptr(stream);
+        let (wx, _wx) = x_weight.device_ptr(stream);
+        let (w, _w) = weight.device_ptr(stream);
+        for (what, p) in [
+            ("out", o),
+            ("residual", r),
+            ("x", xp),
+            ("x_weight", wx),
+            ("weight", w),
+        ] {
+            aligned16(K, what, p)?;
+        }
+        let mut b = stream.launch_builder(f);
+        b.arg(&o)
+            .arg(&r)
+            .arg(&xp)
+            .arg(&wx)
+            .arg(&w)
+            .arg(&hidden32)
+            .arg(&eps);
+        // SAFETY: as in `embed`.
+        unsafe { b.launch(grid(blocks, NORM_THREADS)) }?;
+        Ok(())
+    }
+
+    /// In-place RMSNorm of each `head_dim`-long vector (Qwen3's and Gemma 3's q/k norm):
+    /// `x[v, :] = rmsnorm(x[v, :]) · weight` for `v < vectors` (= tokens × heads), rounded as
+    /// [`Kernels::rmsnorm`] for the weight's type.
     ///
     /// `x` `[vectors, head_dim]`, `weight` `[head_dim]`; `head_dim` a multiple of 32, at most 256.
-    pub fn head_rmsnorm(
+    pub fn head_rmsnorm<W: NormWeight>(
         &self,
         stream: &Arc<CudaStream>,
         x: &mut impl DevicePtrMut<bf16>,
-        weight: &impl DevicePtr<bf16>,
+        weight: &impl DevicePtr<W>,
         vectors: usize,
         head_dim: usize,
         eps: f32,
@@ -248,7 +345,7 @@ impl Kernels {
         if vectors == 0 {
             return Ok(());
         }
-        let f = self.function(MODULE, K)?;
+        let f = self.function(MODULE, &format!("{K}{}", W::SUFFIX))?;
         let (xp, _x) = x.device_ptr_mut(stream);
         let (w, _w) = weight.device_ptr(stream);
         let mut b = stream.launch_builder(f);
@@ -395,41 +492,76 @@ impl Kernels {
         Ok(())
     }
 
-    /// `out[t, i] = bf16(bf16(silu(gate_up[t, i])) · gate_up[t, inter + i])` (HF rounds the
+    /// `out[t, i] = bf16(bf16(act(gate_up[t, i])) · gate_up[t, inter + i])` (HF rounds the
     /// activation before the product).
     ///
     /// `gate_up` `[tokens, 2·inter]` (gate then up, as a fused gate/up projection writes it),
     /// `out` `[tokens, inter]`; `inter % 8 == 0`; both 16-byte aligned.
-    pub fn silu_mul(
+    pub fn gated_mul(
         &self,
         stream: &Arc<CudaStream>,
+        act: GateActivation,
         out: &mut impl DevicePtrMut<bf16>,
         gate_up: &impl DevicePtr<bf16>,
         tokens: usize,
         inter: usize,
     ) -> Result<(), KernelError> {
-        const K: &str = "silu_mul";
+        let name = act.kernel();
         ensure_shape!(
             inter.is_multiple_of(8),
-            K,
+            name,
             "inter = {inter} is not a multiple of 8"
         );
-        let total = product(K, &[tokens, inter])?;
-        need_len(K, "out", out.len(), total)?;
-        need_len(K, "gate_up", gate_up.len(), product(K, &[total, 2])?)?;
-        let (tokens32, inter32) = (to_u32(K, "tokens", tokens)?, to_u32(K, "inter", inter)?);
+        let total = product(name, &[tokens, inter])?;
+        need_len(name, "out", out.len(), total)?;
+        need_len(name, "gate_up", gate_up.len(), product(name, &[total, 2])?)?;
+        let (tokens32, inter32) = (
+            to_u32(name, "tokens", tokens)?,
+            to_u32(name, "inter", inter)?,
+        );
         if total == 0 {
             return Ok(());
         }
-        let f = self.function(MODULE, K)?;
+        let f = self.function(MODULE, name)?;
         let (o, _o) = out.device_ptr_mut(stream);
         let (g, _g) = gate_up.device_ptr(stream);
-        aligned16(K, "out", o)?;
-        aligned16(K, "gate_up", g)?;
+        aligned16(name, "out", o)?;
+        aligned16(name, "gate_up", g)?;
         let mut b = stream.launch_builder(f);
         b.arg(&o).arg(&g).arg(&tokens32).arg(&inter32);
         // SAFETY: as in `embed`.
         unsafe { b.launch(grid(stride_blocks(total / 8, THREADS), THREADS)) }?;
+        Ok(())
+    }
+
+    /// `x[i] = bf16(x[i] · scale)` for `i < len` (Gemma 3's embedding scale).
+    ///
+    /// `x` holds at least `len` values, 16-byte aligned; `len % 8 == 0`.
+    pub fn scale(
+        &self,
+        stream: &Arc<CudaStream>,
+        x: &mut impl DevicePtrMut<bf16>,
+        len: usize,
+        scale: f32,
+    ) -> Result<(), KernelError> {
+        const K: &str = "scale_bf16";
+        ensure_shape!(
+            len.is_multiple_of(8),
+            K,
+            "len = {len} is not a multiple of 8"
+        );
+        need_len(K, "x", x.len(), len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        let f = self.function(MODULE, K)?;
+        let (xp, _x) = x.device_ptr_mut(stream);
+        aligned16(K, "x", xp)?;
+        let chunks = (len / 8) as u64;
+        let mut b = stream.launch_builder(f);
+        b.arg(&xp).arg(&chunks).arg(&scale);
+        // SAFETY: as in `embed`.
+        unsafe { b.launch(grid(stride_blocks(len / 8, THREADS), THREADS)) }?;
         Ok(())
     }
 }

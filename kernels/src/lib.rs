@@ -26,6 +26,7 @@ mod sampling;
 pub mod selftest;
 mod selftest_attention;
 pub mod selftest_blocks;
+mod selftest_gemma;
 mod selftest_gemv;
 mod selftest_tp;
 
@@ -44,7 +45,7 @@ pub use attention::{
 };
 pub use blocks::BlockFormat;
 pub use check::{FunctionResources, Report, check};
-pub use elementwise::RopeKvShape;
+pub use elementwise::{GateActivation, NormWeight, RopeKvShape};
 pub use gemm::{GemmOut, GemmShape, LtGemm};
 pub use gemv::{DEFAULT_VARIANT, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvOut, GemvVariant};
 pub use sampling::{

@@ -14,7 +14,9 @@ use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use half::bf16;
 
 use crate::selftest_gemv as gemv_checks;
-use crate::{CheckResult, KernelError, Kernels, RopeKvShape, selftest_attention, selftest_tp};
+use crate::{
+    CheckResult, KernelError, Kernels, RopeKvShape, selftest_attention, selftest_gemma, selftest_tp,
+};
 
 /// Tolerance for bf16 outputs whose reference rounds at the kernel's rounding points: only an
 /// f32-vs-f64 difference flipping a rounding remains, far under one bf16 ulp (2⁻⁸) overall.
@@ -68,6 +70,7 @@ pub fn selftest_with_seed(
             )),
         }
     }
+    results.extend(selftest_gemma::checks(kernels, stream, &mut rng));
     results.extend(selftest_attention::checks(kernels, stream));
     results
 }
@@ -525,7 +528,8 @@ fn check_silu_mul(
     let (tokens, inter) = (4, 2056);
     let gate_up = rng.bf16_vec(tokens * 2 * inter, 4.0, 0.0);
     let mut out = poisoned_bf16(s, tokens * inter)?;
-    k.silu_mul(s, &mut out, &upload(s, &gate_up)?, tokens, inter)?;
+    let act = crate::GateActivation::Silu;
+    k.gated_mul(s, act, &mut out, &upload(s, &gate_up)?, tokens, inter)?;
     let out = to_f64(&download(s, &out)?);
     let gu = to_f64(&gate_up);
     let reference = |swap: bool| -> Vec<f64> {

@@ -38,6 +38,11 @@ fn expected_functions() -> Vec<String> {
         "add_bias",
         "rope_kv_write",
         "silu_mul",
+        "rmsnorm_f32w",
+        "head_rmsnorm_f32w",
+        "sandwich_add_rmsnorm",
+        "gelu_tanh_mul",
+        "scale_bf16",
         "argmax_f32",
         "sum_shards_bf16",
     ]

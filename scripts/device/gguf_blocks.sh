@@ -14,6 +14,10 @@
 #      `rope_freqs.weight` tensor llama.cpp's converter writes), with the synthesized bf16 weights
 #      of the same shape as the comparison. With WIDENED=1 each file's decode is also run with --widen-blocks (the
 #      same bits, bf16 bytes) as an in-run control;
+#   3b. with GEMMA naming gemma-3-270m-q4_k_m.gguf (part "gemma"): Gemma 3 on CUDA from its kept
+#      blocks — a completion naming Paris, the same text with --widen-gguf, greedy parity
+#      against the CPU reference (8 prompts x 64 tokens), perplexity on TEXT (4 chunks of 512,
+#      as the CPU and llama.cpp fixtures), decode tok/s of the real file;
 #   4. when LLAMA_BENCH (and LLAMA_BATCHED_BENCH) name llama.cpp binaries built on this
 #      machine, the peer on the same two files: llama-bench tg128 (batch 1) and
 #      llama-batched-bench at 1, 8, 32, 64 parallel sequences.
@@ -31,7 +35,7 @@ BATCHES=${BATCHES:-1,8,32,64}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 mkdir -p "$OUT/logs" "$FILES"
 failed=0
-PARTS=${PARTS:-selftest,smollm2,decode,peer}
+PARTS=${PARTS:-selftest,smollm2,gemma,decode,peer}
 part() { [[ ,$PARTS, == *,$1,* ]]; }
 
 # shellcheck source=scripts/device/common.sh
@@ -58,6 +62,33 @@ if part smollm2; then
         --max-chunks 32 --json "$OUT/perplexity-smollm2-cuda.json" \
         >"$OUT/logs/perplexity.log" 2>&1 || failed=1
     tail -n 1 "$OUT/logs/perplexity.log"
+fi
+
+if part gemma && [[ -n ${GEMMA:-} ]]; then
+    prompt="The Eiffel Tower is located in the city of"
+    for mode in kept widened; do
+        flag=""
+        [[ $mode == widened ]] && flag="--widen-gguf"
+        # shellcheck disable=SC2086
+        "$BIN" generate --device cuda:0 --model "$GEMMA" --prompt "$prompt" --max-tokens 24 \
+            $flag >"$OUT/logs/gemma-generate-$mode.txt" 2>"$OUT/logs/gemma-generate-$mode.log" ||
+            { failed=1; tail -n 5 "$OUT/logs/gemma-generate-$mode.log"; }
+    done
+    cat "$OUT/logs/gemma-generate-kept.txt"
+    grep -q Paris "$OUT/logs/gemma-generate-kept.txt" || { echo "gemma generate: no Paris"; failed=1; }
+    cmp -s "$OUT/logs/gemma-generate-kept.txt" "$OUT/logs/gemma-generate-widened.txt" ||
+        { echo "gemma: kept blocks and --widen-gguf differ"; failed=1; }
+    grep -h "projections held as" "$OUT/logs/gemma-generate-kept.log" | tail -n 1
+    "$BIN" gpu parity --model "$GEMMA" --device cuda:0 --prompts 8 --tokens 64 \
+        --json "$OUT/parity-gemma.json" >"$OUT/logs/parity-gemma.log" 2>&1 || failed=1
+    tail -n 2 "$OUT/logs/parity-gemma.log"
+    "$BIN" eval perplexity --device cuda:0 --model "$GEMMA" --text "$TEXT" --context 512 \
+        --max-chunks 4 --json "$OUT/perplexity-gemma-cuda.json" \
+        >"$OUT/logs/perplexity-gemma.log" 2>&1 || failed=1
+    tail -n 1 "$OUT/logs/perplexity-gemma.log"
+    "$BIN" gpu decode --model "$GEMMA" --batch "$BATCHES" --json "$OUT/decode-gemma.json" \
+        >"$OUT/logs/decode-gemma.log" 2>&1 || { failed=1; tail -n 5 "$OUT/logs/decode-gemma.log"; }
+    grep -E "^decode|batch" "$OUT/logs/decode-gemma.log" | grep -v sampled
 fi
 
 # The 8B shape as GGUF files of random blocks.
@@ -123,6 +154,13 @@ receipt = {
         "generate": "\n".join(lines("generate.txt")),
         "parity": load("parity-smollm2.json"),
         "perplexity_cuda": load("perplexity-smollm2-cuda.json"),
+    },
+    "gemma3": {
+        "generate": "\n".join(lines("gemma-generate-kept.txt")),
+        "generate_widened_identical": lines("gemma-generate-kept.txt") == lines("gemma-generate-widened.txt"),
+        "parity": load("parity-gemma.json"),
+        "perplexity_cuda": load("perplexity-gemma-cuda.json"),
+        "decode": load("decode-gemma.json"),
     },
     "decode": decode,
     "llamacpp": peer,

@@ -55,6 +55,9 @@ pub struct ParityArgs {
     /// through NCCL), and also require its tokens to equal the GPU engine without the group.
     #[arg(long)]
     nccl: bool,
+    /// The GPU side widens GGUF block weights to bf16 at load (the CPU side is unchanged).
+    #[arg(long)]
+    widen_gguf: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -201,25 +204,24 @@ fn generate(engine: &Engine, prompt: Vec<u32>, tokens: u32) -> Result<(Vec<u32>,
 fn parity(args: ParityArgs) -> Result<()> {
     let reference_dir = args.reference_model.as_deref().unwrap_or(&args.model);
     let (cpu, _) = start_engine(reference_dir, &fixed_kv(Device::Cpu, 64 << 20))?;
+    let gpu_spec = |device| EngineSpec {
+        widen_gguf: args.widen_gguf,
+        ..fixed_kv(device, 256 << 20)
+    };
     let gpu = match (args.nccl, args.device) {
-        (false, device) => start_engine(&args.model, &fixed_kv(device, 256 << 20))?.0,
+        (false, device) => start_engine(&args.model, &gpu_spec(device))?.0,
         (true, Device::Cuda(ordinal)) => {
             let placement = CudaPlacement {
                 through_nccl: true,
                 ..CudaPlacement::single(ordinal)
             };
-            start_cuda_engine(
-                &args.model,
-                &placement,
-                &fixed_kv(Device::Cuda(0), 256 << 20),
-            )?
-            .0
+            start_cuda_engine(&args.model, &placement, &gpu_spec(Device::Cuda(0)))?.0
         }
         (true, Device::Cpu) => bail!("--nccl needs a CUDA device"),
     };
     // With --nccl, the same GPU without the group: the communicator must change no bit.
     let direct = if args.nccl {
-        Some(start_engine(&args.model, &fixed_kv(args.device, 256 << 20))?.0)
+        Some(start_engine(&args.model, &gpu_spec(args.device))?.0)
     } else {
         None
     };
@@ -278,7 +280,8 @@ fn parity(args: ParityArgs) -> Result<()> {
     }
     write_json(
         args.json.as_deref(),
-        &json!({"model": args.model, "reference": reference_dir, "prompts": args.prompts,
+        &json!({"model": args.model, "reference": reference_dir, "widen_gguf": args.widen_gguf,
+                "prompts": args.prompts,
                 "tokens": args.tokens, "identical": exact, "tokens_compared": compared,
                 "near_tie_threshold": args.near_tie, "near_ties": near_ties,
                 "failures": failures, "nccl": args.nccl,

@@ -6,15 +6,15 @@ use std::sync::Arc;
 
 use half::bf16;
 use strata_kernels::cudarc::driver::sys::CUevent_flags;
-use strata_kernels::cudarc::driver::{CudaEvent, CudaStream};
+use strata_kernels::cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 use strata_kernels::{
-    AttentionHeads, DecodeBatch, GEMV_MAX_M, PagedKv, PrefillChunk, RopeKvShape,
-    decode_workspace_elems,
+    AttentionHeads, DecodeBatch, GEMV_MAX_M, GateActivation, Kernels, PagedKv, PrefillChunk,
+    RopeKvShape, decode_workspace_elems,
 };
 
 use super::matmul::{gemm_weight, gemv, linear};
 use super::row_parallel::{RowParallel, gemm_shapes};
-use super::weights::Matrix;
+use super::weights::{Matrix, Norm};
 use super::{CudaBackend, CudaError, Plan};
 
 impl CudaBackend {
@@ -33,6 +33,7 @@ impl CudaBackend {
             k_cache,
             v_cache,
             cos_sin,
+            cos_sin_local,
             max_positions,
             block_size: bs,
             num_blocks,
@@ -51,12 +52,18 @@ impl CudaBackend {
         let (qd, kvd, inter) = (d.q_rows.len(), d.kv_rows.len(), d.inter_rows.len());
         let shapes = gemm_shapes(c, d, *row_shards);
         let eps = c.rms_norm_eps as f32;
-        let heads = AttentionHeads {
+        // Per layer: its window (Gemma 3 interleaves sliding and global layers).
+        let heads = |layer: usize| AttentionHeads {
             n_q_heads: d.heads,
             n_kv_heads: d.kv_heads,
             head_dim: c.head_dim,
-            window: c.sliding_window.unwrap_or(0),
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            window: c.layer_window(layer).unwrap_or(0),
+            scale: c.attention_scale(),
+        };
+        let act = if c.gemma3.is_some() {
+            GateActivation::GeluTanh
+        } else {
+            GateActivation::Silu
         };
         // The reserved scratch block is addressable too (padding rows write into it).
         let blocks = *num_blocks + 1;
@@ -120,14 +127,19 @@ impl CudaBackend {
             let comm = comm.as_deref_mut().ok_or(CudaError::NoCommunicator)?;
             comm.all_reduce_sum(buf!(residual).slice_mut(..t * h).into())?;
         }
+        if c.gemma3.is_some() {
+            // √hidden rounded once to f32, as the CPU reference and llama.cpp scale.
+            let scale = (h as f64).sqrt() as f32;
+            k.scale(stream, buf!(residual), t * h, scale)?;
+        }
         let normed = s.normed.as_mut().expect("scratch allocated");
-        k.rmsnorm(
+        norm(
+            k,
             stream,
             normed,
             get!(residual),
             &w.layers[0].input_norm,
-            t,
-            h,
+            (t, h),
             eps,
         )?;
         mark(profile, stream, "embed+norm")?;
@@ -193,9 +205,13 @@ impl CudaBackend {
                 k.add_bias(stream, buf!(v), bv, t, kvd)?;
             }
             if let Some([nq, nk]) = &layer.qk_norm {
-                k.head_rmsnorm(stream, buf!(q), nq, t * d.heads, c.head_dim, eps)?;
-                k.head_rmsnorm(stream, buf!(k), nk, t * d.kv_heads, c.head_dim, eps)?;
+                head_norm(k, stream, buf!(q), nq, (t * d.heads, c.head_dim), eps)?;
+                head_norm(k, stream, buf!(k), nk, (t * d.kv_heads, c.head_dim), eps)?;
             }
+            let rope = match cos_sin_local {
+                Some(local) if c.local_rope(l) => &*local,
+                _ => &*cos_sin,
+            };
             {
                 let (q, kk, v) = (
                     s.q.as_mut().expect("scratch allocated"),
@@ -209,7 +225,7 @@ impl CudaBackend {
                     v,
                     &mut k_cache[l],
                     &mut v_cache[l],
-                    cos_sin,
+                    rope,
                     &positions,
                     &slots,
                     rope_shape,
@@ -234,7 +250,7 @@ impl CudaBackend {
                         n_new: n,
                     };
                     let mut out = attn.slice_mut(first * qd..(first + n) * qd);
-                    k.prefill_attention(stream, &heads, &cache, &chunk, &mut out)?;
+                    k.prefill_attention(stream, &heads(l), &cache, &chunk, &mut out)?;
                 }
                 if !plan.segments.is_empty() {
                     mark(profile, stream, "prefill attention")?;
@@ -254,7 +270,14 @@ impl CudaBackend {
                         .expect("scratch allocated")
                         .slice_mut(..work);
                     let mut out = attn.slice_mut(p * qd..t * qd);
-                    k.decode_attention(stream, &heads, &cache, &batch, &mut workspace, &mut out)?;
+                    k.decode_attention(
+                        stream,
+                        &heads(l),
+                        &cache,
+                        &batch,
+                        &mut workspace,
+                        &mut out,
+                    )?;
                     mark(profile, stream, "decode attention")?;
                 }
             }
@@ -283,14 +306,15 @@ impl CudaBackend {
                     s.normed.as_mut().expect("scratch allocated"),
                     s.residual.as_mut().expect("scratch allocated"),
                 );
-                k.add_rmsnorm(
+                let out_norm = layer.sandwich.as_ref().map(|[a, _]| a);
+                add_norm(
+                    k,
                     stream,
-                    normed,
-                    residual,
+                    (normed, residual),
                     get!(proj),
+                    out_norm,
                     &layer.post_norm,
-                    t,
-                    h,
+                    (t, h),
                     eps,
                 )?;
             }
@@ -312,10 +336,10 @@ impl CudaBackend {
             }
             mark(profile, stream, "gate_up")?;
             {
-                let act = s.act.as_mut().expect("scratch allocated");
-                k.silu_mul(stream, act, get!(gate_up), t, inter)?;
+                let out = s.act.as_mut().expect("scratch allocated");
+                k.gated_mul(stream, act, out, get!(gate_up), t, inter)?;
             }
-            mark(profile, stream, "silu_mul")?;
+            mark(profile, stream, "act_mul")?;
             {
                 let mut rp = RowParallel {
                     kernels: k,
@@ -349,7 +373,17 @@ impl CudaBackend {
                 s.normed.as_mut().expect("scratch allocated"),
                 s.residual.as_mut().expect("scratch allocated"),
             );
-            k.add_rmsnorm(stream, normed, residual, get!(proj), next_norm, t, h, eps)?;
+            let out_norm = layer.sandwich.as_ref().map(|[_, b]| b);
+            add_norm(
+                k,
+                stream,
+                (normed, residual),
+                get!(proj),
+                out_norm,
+                next_norm,
+                (t, h),
+                eps,
+            )?;
             mark(profile, stream, "add+norm")?;
         }
 
@@ -398,6 +432,67 @@ impl CudaBackend {
         mark(profile, stream, "lm head")?;
         Ok(())
     }
+}
+
+/// `out = rmsnorm(x) · w` over `rows × hidden`, rounded as the weight's kind says.
+fn norm(
+    k: &Kernels,
+    stream: &Arc<CudaStream>,
+    out: &mut CudaSlice<bf16>,
+    x: &CudaSlice<bf16>,
+    w: &Norm,
+    (rows, hidden): (usize, usize),
+    eps: f32,
+) -> Result<(), CudaError> {
+    match w {
+        Norm::Bf16(w) => k.rmsnorm(stream, out, x, w, rows, hidden, eps)?,
+        Norm::F32(w) => k.rmsnorm(stream, out, x, w, rows, hidden, eps)?,
+    }
+    Ok(())
+}
+
+/// In-place RMSNorm of each of `vectors` head vectors of `x`.
+fn head_norm(
+    k: &Kernels,
+    stream: &Arc<CudaStream>,
+    x: &mut CudaSlice<bf16>,
+    w: &Norm,
+    (vectors, head_dim): (usize, usize),
+    eps: f32,
+) -> Result<(), CudaError> {
+    match w {
+        Norm::Bf16(w) => k.head_rmsnorm(stream, x, w, vectors, head_dim, eps)?,
+        Norm::F32(w) => k.head_rmsnorm(stream, x, w, vectors, head_dim, eps)?,
+    }
+    Ok(())
+}
+
+/// A block's output `x` into the residual, and the residual normed for the next block by
+/// `next`: `residual += x` (Llama family), or `residual += rmsnorm(x) · out_norm` (Gemma 3's
+/// sandwich, f32 weights throughout).
+#[allow(clippy::too_many_arguments)]
+fn add_norm(
+    k: &Kernels,
+    stream: &Arc<CudaStream>,
+    (out, residual): (&mut CudaSlice<bf16>, &mut CudaSlice<bf16>),
+    x: &CudaSlice<bf16>,
+    out_norm: Option<&CudaSlice<f32>>,
+    next: &Norm,
+    (rows, hidden): (usize, usize),
+    eps: f32,
+) -> Result<(), CudaError> {
+    match (out_norm, next) {
+        (None, Norm::Bf16(w)) => k.add_rmsnorm(stream, out, residual, x, w, rows, hidden, eps)?,
+        (Some(wx), Norm::F32(w)) => {
+            k.sandwich_add_rmsnorm(stream, out, residual, x, wx, w, rows, hidden, eps)?
+        }
+        _ => {
+            return Err(CudaError::Unsupported(
+                "a residual add between norms of two kinds (bf16 and Gemma 3's f32)".to_string(),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Records a CUDA event on `stream` after the launches of `family`, when profiling.

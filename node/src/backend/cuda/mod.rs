@@ -263,6 +263,8 @@ pub struct CudaBackend {
     k_cache: Vec<CudaSlice<bf16>>,
     v_cache: Vec<CudaSlice<bf16>>,
     cos_sin: CudaSlice<f32>,
+    /// Gemma 3's sliding-window layers rotate by their own base.
+    cos_sin_local: Option<CudaSlice<f32>>,
     max_positions: usize,
     block_size: usize,
     /// Blocks the scheduler may use; block `num_blocks` is the reserved scratch block that
@@ -366,7 +368,18 @@ impl CudaBackend {
             .unwrap_or(config.max_position_embeddings)
             .min(config.max_position_embeddings)
             .max(1);
-        let cos_sin = stream.clone_htod(&cos_sin_table(config, max_positions))?;
+        let cos_sin = stream.clone_htod(&cos_sin_table(
+            &Rope::new(config),
+            config.head_dim,
+            max_positions,
+        ))?;
+        let cos_sin_local = match &config.gemma3 {
+            Some(g) => {
+                let rope = Rope::with_theta(config.head_dim, g.rope_local_theta, None);
+                Some(stream.clone_htod(&cos_sin_table(&rope, config.head_dim, max_positions))?)
+            }
+            None => None,
+        };
         let dequant_elems = weights.dequant_elems(LayerDims {
             hidden: config.hidden_size,
             q: shard.q_rows.len(),
@@ -414,6 +427,7 @@ impl CudaBackend {
             k_cache,
             v_cache,
             cos_sin,
+            cos_sin_local,
             max_positions,
             block_size: options.block_size,
             num_blocks,
@@ -888,13 +902,6 @@ impl CudaBackend {
 /// failing every request: the attention kernels' head dimensions, and the tensor-core GEMV's
 /// `k % 32` for every projection's input width (hidden, q, intermediate).
 pub fn check_model_shape(config: &ModelConfig) -> Result<(), String> {
-    if config.gemma3.is_some() {
-        return Err(format!(
-            "the CUDA backend does not run {} yet (sandwich norms, GELU-tanh, per-layer windows \
-             and rope bases); the CPU backend does (--device cpu)",
-            config.architecture
-        ));
-    }
     let d = config.head_dim;
     if !ATTENTION_HEAD_DIMS.contains(&d) {
         return Err(format!(
@@ -945,12 +952,11 @@ const GIB: f64 = (1u64 << 30) as f64;
 
 /// `[max_positions, head_dim]`: cos in the first half of a row, sin in the second, from the same
 /// f64 angles as the CPU reference.
-fn cos_sin_table(config: &ModelConfig, max_positions: usize) -> Vec<f32> {
-    let rope = Rope::new(config);
-    let half = config.head_dim / 2;
-    let mut table = vec![0f32; max_positions * config.head_dim];
+fn cos_sin_table(rope: &Rope, head_dim: usize, max_positions: usize) -> Vec<f32> {
+    let half = head_dim / 2;
+    let mut table = vec![0f32; max_positions * head_dim];
     let (mut cos, mut sin) = (vec![0f32; half], vec![0f32; half]);
-    for (p, row) in table.chunks_exact_mut(config.head_dim).enumerate() {
+    for (p, row) in table.chunks_exact_mut(head_dim).enumerate() {
         rope.cos_sin(p, &mut cos, &mut sin);
         row[..half].copy_from_slice(&cos);
         row[half..].copy_from_slice(&sin);
@@ -1054,8 +1060,9 @@ mod tests {
         config.intermediate_size = 1000;
         let err = check_model_shape(&config).unwrap_err();
         assert!(err.contains("intermediate_size (1000)"), "{err}");
-        // Gemma 3 is refused by name at startup, not at the first request.
+        // Gemma 3 runs (its head_dim 256 too).
         config.intermediate_size = 14336;
+        config.head_dim = 256;
         config.architecture = strata_model::config::Architecture::Gemma3;
         config.gemma3 = Some(strata_model::config::Gemma3 {
             query_pre_attn_scalar: 128.0,
@@ -1063,11 +1070,7 @@ mod tests {
             sliding_layers: vec![true; config.num_layers],
             norm_offset: 0.0,
         });
-        let err = check_model_shape(&config).unwrap_err();
-        assert!(
-            err.contains("Gemma3ForCausalLM") && err.contains("--device cpu"),
-            "{err}"
-        );
+        assert_eq!(check_model_shape(&config), Ok(()));
     }
 
     #[test]

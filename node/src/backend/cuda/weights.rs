@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 use std::ops::Range;
 use strata_kernels::BlockFormat;
-use strata_kernels::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
+use strata_kernels::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
 
 use strata_model::ModelConfig;
 use strata_model::cpu::TpLayout;
@@ -49,16 +49,35 @@ impl Matrix {
     }
 }
 
+/// An RMSNorm weight on the device: bf16 as HF's Llama family rounds it, or Gemma 3's f32
+/// `offset + w` (see `strata_kernels::NormWeight`).
+pub(super) enum Norm {
+    Bf16(CudaSlice<bf16>),
+    F32(CudaSlice<f32>),
+}
+
+impl Norm {
+    pub(super) fn bytes(&self) -> usize {
+        match self {
+            Norm::Bf16(w) => w.len() * 2,
+            Norm::F32(w) => w.len() * 4,
+        }
+    }
+}
+
 pub(super) struct Layer {
-    pub(super) input_norm: CudaSlice<bf16>,
+    pub(super) input_norm: Norm,
     pub(super) q: Matrix,
     pub(super) k: Matrix,
     pub(super) v: Matrix,
     pub(super) o: Matrix,
     pub(super) qkv_bias: Option<[CudaSlice<bf16>; 3]>,
     pub(super) o_bias: Option<CudaSlice<bf16>>,
-    pub(super) qk_norm: Option<[CudaSlice<bf16>; 2]>,
-    pub(super) post_norm: CudaSlice<bf16>,
+    pub(super) qk_norm: Option<[Norm; 2]>,
+    /// The norm before the MLP (Gemma 3's `pre_feedforward_layernorm`).
+    pub(super) post_norm: Norm,
+    /// Gemma 3's norms of the attention and MLP outputs, before each is added to the residual.
+    pub(super) sandwich: Option<[CudaSlice<f32>; 2]>,
     /// gate and up stacked: `[2 * intermediate, hidden]`, so one product gives `[gate | up]`.
     pub(super) gate_up: Matrix,
     pub(super) down: Matrix,
@@ -67,7 +86,7 @@ pub(super) struct Layer {
 pub(super) struct Weights {
     pub(super) embed: Matrix,
     pub(super) layers: Vec<Layer>,
-    pub(super) final_norm: CudaSlice<bf16>,
+    pub(super) final_norm: Norm,
     /// `None` when tied to the embedding.
     pub(super) lm_head: Option<Matrix>,
 }
@@ -105,16 +124,21 @@ impl Weights {
                     .iter()
                     .map(|m| m.bytes())
                     .sum::<usize>()
-                    + vector(&l.input_norm)
-                    + vector(&l.post_norm)
+                    + l.input_norm.bytes()
+                    + l.post_norm.bytes()
                     + l.qkv_bias
                         .as_ref()
                         .map_or(0, |b| b.iter().map(vector).sum())
                     + opt(&l.o_bias)
-                    + l.qk_norm.as_ref().map_or(0, |n| n.iter().map(vector).sum())
+                    + l.qk_norm
+                        .as_ref()
+                        .map_or(0, |n| n.iter().map(Norm::bytes).sum())
+                    + l.sandwich
+                        .as_ref()
+                        .map_or(0, |n| n.iter().map(|w| w.len() * 4).sum())
             })
             .sum();
-        layers + vector(&self.final_norm) + self.lm_head.as_ref().unwrap_or(&self.embed).bytes()
+        layers + self.final_norm.bytes() + self.lm_head.as_ref().unwrap_or(&self.embed).bytes()
     }
 
     /// Tensors by how they are held: `(format name, count)`, bf16 first.
@@ -188,12 +212,18 @@ fn as_bf16(dtype: WeightDtype, bytes: &[u8]) -> Option<&[bf16]> {
 /// Values per staging buffer (64 MiB of bf16).
 const STAGE_VALUES: usize = 32 << 20;
 
-/// Host-to-device copies through a page-locked staging buffer: each chunk is written into it by
-/// all cores at once (page faults of a mapped checkpoint are taken in parallel) and copied by DMA,
-/// instead of one thread filling a pageable vector the driver then copies again.
+/// Host-to-device copies through two page-locked staging buffers: each chunk is written into one
+/// by all cores at once (page faults of a mapped checkpoint are taken in parallel) and copied by
+/// DMA while the next chunk fills the other, instead of one thread filling a pageable vector the
+/// driver then copies again. A copy from page-locked memory is asynchronous, so a buffer is
+/// written again only after the event recorded behind its last copy (without that wait a tensor
+/// of more than one chunk was uploaded with later chunks' values in earlier chunks' places).
 struct Staging {
     stream: Arc<CudaStream>,
-    buffer: PinnedHostSlice<bf16>,
+    buffers: [PinnedHostSlice<bf16>; 2],
+    /// Per buffer: the event behind the last copy out of it.
+    pending: [Option<CudaEvent>; 2],
+    next: usize,
     /// Bytes uploaded so far.
     bytes: usize,
 }
@@ -201,14 +231,16 @@ struct Staging {
 impl Staging {
     fn new(stream: &Arc<CudaStream>) -> Result<Self, CudaError> {
         // SAFETY: plain page-locked memory (not write-combined: written by the host, read by DMA).
-        let buffer = unsafe {
+        let alloc = || unsafe {
             stream
                 .context()
                 .alloc_pinned_with_flags::<bf16>(STAGE_VALUES, 0)
-        }?;
+        };
         Ok(Self {
             stream: stream.clone(),
-            buffer,
+            buffers: [alloc()?, alloc()?],
+            pending: [None, None],
+            next: 0,
             bytes: 0,
         })
     }
@@ -224,19 +256,34 @@ impl Staging {
         let mut device = self.stream.alloc_zeros::<bf16>(len.max(1))?;
         let mut at = 0;
         for chunk in parts.iter().flat_map(|p| p.chunks(STAGE_VALUES)) {
-            let staged = &mut self.buffer.as_mut_slice()?[..chunk.len()];
+            let i = self.next;
+            self.next ^= 1;
+            if let Some(copied) = self.pending[i].take() {
+                copied.synchronize()?;
+            }
+            let staged = &mut self.buffers[i].as_mut_slice()?[..chunk.len()];
             staged
                 .par_chunks_mut(1 << 16)
                 .zip(chunk.par_chunks(1 << 16))
                 .for_each(|(to, from)| to.copy_from_slice(from));
-            // A slice of the pinned buffer: the driver copies it by DMA, and the copy is waited
-            // for before the buffer is written again.
             self.stream
                 .memcpy_htod(&*staged, &mut device.slice_mut(at..at + chunk.len()))?;
+            self.pending[i] = Some(self.stream.record_event(None)?);
             at += chunk.len();
         }
         self.bytes += len * 2;
         Ok(device)
+    }
+}
+
+impl Drop for Staging {
+    /// The buffers are freed only after the copies out of them.
+    fn drop(&mut self) {
+        for copied in self.pending.iter_mut().filter_map(Option::take) {
+            if let Err(e) = copied.synchronize() {
+                tracing::error!("waiting for a weight upload: {e}");
+            }
+        }
     }
 }
 
@@ -296,6 +343,20 @@ pub(super) fn upload_checkpoint(
     let vector = |name: &str, len: usize, part: Range<usize>| {
         let t = ckpt.get_shaped(name, &[len])?;
         Ok::<_, CudaError>(stream.clone_htod(&slice_bf16(&t, len, 0..1, part, 1))?)
+    };
+    // RMSNorm weights: bf16, or for Gemma 3 f32 with its offset added (as the CPU reference).
+    let gemma_norm = |name: &str, len: usize| {
+        let offset = config.gemma3.as_ref().map_or(0.0, |g| g.norm_offset);
+        let mut w = ckpt.get_shaped(name, &[len])?.to_f32();
+        w.iter_mut().for_each(|v| *v += offset);
+        Ok::<_, CudaError>(stream.clone_htod(&w)?)
+    };
+    let norm = |name: &str, len: usize| {
+        Ok::<_, CudaError>(if config.gemma3.is_some() {
+            Norm::F32(gemma_norm(name, len)?)
+        } else {
+            Norm::Bf16(vector(name, len, 0..len)?)
+        })
     };
     let started = Instant::now();
     let staging = RefCell::new(Staging::new(stream)?);
@@ -408,8 +469,21 @@ pub(super) fn upload_checkpoint(
                 }
             }
         };
+        // Gemma 3 norms the MLP input with `pre_feedforward_layernorm`; its
+        // `post_attention_layernorm` norms the attention output (the sandwich).
+        let (post_norm, sandwich) = if config.gemma3.is_some() {
+            (
+                norm(&n.pre_feedforward_norm, h)?,
+                Some([
+                    gemma_norm(&n.post_attention_norm, h)?,
+                    gemma_norm(&n.post_feedforward_norm, h)?,
+                ]),
+            )
+        } else {
+            (norm(&n.post_attention_norm, h)?, None)
+        };
         layers.push(Layer {
-            input_norm: vector(&n.input_norm, h, 0..h)?,
+            input_norm: norm(&n.input_norm, h)?,
             q: matrix(&n.q, [q, h], qr.clone(), 0..h, 0, h)?,
             k: matrix(&n.k, [kv, h], kvr.clone(), 0..h, 0, h)?,
             v: matrix(&n.v, [kv, h], kvr.clone(), 0..h, 0, h)?,
@@ -429,16 +503,17 @@ pub(super) fn upload_checkpoint(
                 None
             },
             qk_norm: if config.qk_norm {
-                Some([vector(&n.q_norm, hd, 0..hd)?, vector(&n.k_norm, hd, 0..hd)?])
+                Some([norm(&n.q_norm, hd)?, norm(&n.k_norm, hd)?])
             } else {
                 None
             },
-            post_norm: vector(&n.post_attention_norm, h, 0..h)?,
+            post_norm,
+            sandwich,
             gate_up,
             down: matrix(&n.down, [h, inter], 0..h, ir.clone(), 0, down_align)?,
         });
     }
-    let final_norm = vector(FINAL_NORM, h, 0..h)?;
+    let final_norm = norm(FINAL_NORM, h)?;
     let lm_head = if config.tie_word_embeddings {
         None
     } else {
@@ -507,6 +582,15 @@ pub(super) fn synthesize(
         Ok(out)
     };
     let ones = |len: usize| stream.clone_htod(&vec![bf16::ONE; len]);
+    let f32_ones = |len: usize| stream.clone_htod(&vec![1f32; len]);
+    let gemma = config.gemma3.is_some();
+    let norm = |len: usize| -> Result<Norm, CudaError> {
+        Ok(if gemma {
+            Norm::F32(f32_ones(len)?)
+        } else {
+            Norm::Bf16(ones(len)?)
+        })
+    };
     let (h, q, kv, inter, hd) = (
         config.hidden_size,
         shard.q_rows.len(),
@@ -518,7 +602,7 @@ pub(super) fn synthesize(
     let mut layers = Vec::with_capacity(config.num_layers);
     for _ in 0..config.num_layers {
         layers.push(Layer {
-            input_norm: ones(h)?,
+            input_norm: norm(h)?,
             q: Matrix::Bf16(matrix(q * h)?),
             k: Matrix::Bf16(matrix(kv * h)?),
             v: Matrix::Bf16(matrix(kv * h)?),
@@ -534,16 +618,21 @@ pub(super) fn synthesize(
                 None
             },
             qk_norm: if config.qk_norm {
-                Some([ones(hd)?, ones(hd)?])
+                Some([norm(hd)?, norm(hd)?])
             } else {
                 None
             },
-            post_norm: ones(h)?,
+            post_norm: norm(h)?,
+            sandwich: if gemma {
+                Some([f32_ones(h)?, f32_ones(h)?])
+            } else {
+                None
+            },
             gate_up: Matrix::Bf16(matrix(2 * inter * h)?),
             down: Matrix::Bf16(matrix(h * inter)?),
         });
     }
-    let final_norm = ones(h)?;
+    let final_norm = norm(h)?;
     let lm_head = if config.tie_word_embeddings {
         None
     } else {
