@@ -1,20 +1,25 @@
-//! One step's launches (`CudaBackend::forward`): embedding, every layer through the kernels and
-//! the projections of `matmul.rs`, the logits of the gathered rows. Launches only — no
-//! allocation, copy or synchronization — so a decode step can be captured into a graph.
+//! One step's launches (`CudaBackend::forward`): the embedding, each layer as its four
+//! operations (q/k/v, attention, its output into the residual, the MLP) over the step's buffers,
+//! and the logits of the gathered rows. Launches only — no allocation, copy or synchronization —
+//! so a decode step can be captured into a graph.
 
 use std::sync::Arc;
 
 use half::bf16;
+use strata_collective::DeviceCommunicator;
 use strata_kernels::cudarc::driver::sys::CUevent_flags;
-use strata_kernels::cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
+use strata_kernels::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView};
 use strata_kernels::{
-    AttentionHeads, DecodeBatch, GEMV_MAX_M, GateActivation, Kernels, PagedKv, PrefillChunk,
-    RopeKvShape, decode_workspace_elems,
+    AttentionHeads, DecodeBatch, GEMV_MAX_M, GateActivation, Kernels, LtGemm, PagedKv,
+    PrefillChunk, RopeKvShape, decode_workspace_elems,
 };
+use strata_model::ModelConfig;
+use strata_model::cpu::{PartialsFault, TpLayout};
 
 use super::matmul::{gemm_weight, gemv, linear};
-use super::row_parallel::{RowParallel, gemm_shapes};
-use super::weights::{Matrix, Norm};
+use super::row_parallel::{GemmShapes, RowParallel, gemm_shapes};
+use super::scratch::{Activations, LogitBuffers};
+use super::weights::{Layer, Matrix, Norm, Weights};
 use super::{CudaBackend, CudaError, Plan};
 
 impl CudaBackend {
@@ -22,12 +27,12 @@ impl CudaBackend {
     /// only (no allocation, copy or synchronization), so it can be captured into a graph.
     pub(super) fn forward(&mut self, plan: &Plan) -> Result<(), CudaError> {
         let Self {
-            config: c,
-            shard: d,
+            config,
+            shard,
             row_shards,
             fault,
             stream,
-            kernels: k,
+            kernels,
             gemm,
             weights: w,
             k_cache,
@@ -35,64 +40,127 @@ impl CudaBackend {
             cos_sin,
             cos_sin_local,
             max_positions,
-            block_size: bs,
+            block_size,
             num_blocks,
-            scratch: s,
+            scratch,
             profile,
             comm,
             decode_gemm,
             dequant,
             ..
         } = self;
-        let bs = *bs;
-        let (t, p) = (plan.rows, plan.prompt);
-        // Rows whose projections take the GEMM: the prompt rows, or every row.
-        let gp = if *decode_gemm { t } else { p };
-        let h = c.hidden_size;
-        let (qd, kvd, inter) = (d.q_rows.len(), d.kv_rows.len(), d.inter_rows.len());
-        let shapes = gemm_shapes(c, d, *row_shards);
-        let eps = c.rms_norm_eps as f32;
-        // Per layer: its window (Gemma 3 interleaves sliding and global layers).
-        let heads = |layer: usize| AttentionHeads {
-            n_q_heads: d.heads,
-            n_kv_heads: d.kv_heads,
-            head_dim: c.head_dim,
-            window: c.layer_window(layer).unwrap_or(0),
-            scale: c.attention_scale(),
-        };
-        let act = if c.gemma3.is_some() {
-            GateActivation::GeluTanh
-        } else {
-            GateActivation::Silu
-        };
-        // The reserved scratch block is addressable too (padding rows write into it).
-        let blocks = *num_blocks + 1;
-        let rope_shape = RopeKvShape {
-            tokens: t,
-            q_heads: d.heads,
-            kv_heads: d.kv_heads,
-            head_dim: c.head_dim,
+        let buffers = scratch.step()?;
+        let a = buffers.act;
+        let mut step = Launch {
+            c: config,
+            d: shard,
+            k: kernels,
+            stream,
+            gemm,
+            dequant: dequant.as_mut(),
+            comm: comm.as_deref_mut(),
+            profile,
+            plan,
+            inputs: buffers.inputs,
+            shapes: gemm_shapes(config, shard, *row_shards),
+            row_shards: *row_shards,
+            fault: *fault,
+            decode_gemm: *decode_gemm,
+            eps: config.rms_norm_eps as f32,
+            block_size: *block_size,
+            // The reserved scratch block is addressable too (padding rows write into it).
+            blocks: *num_blocks + 1,
             max_positions: *max_positions,
-            num_blocks: blocks,
-            block_size: bs,
         };
-        let lay = plan.layout;
-        let inputs = s.inputs.as_ref().expect("scratch allocated");
-        let at = |offset: usize, len: usize| inputs.slice(offset..offset + len);
-        let ids = at(lay.ids, t);
-        let positions = at(lay.positions, t);
-        let slots = at(lay.slots, t);
-        macro_rules! buf {
-            ($name:ident) => {
-                s.$name.as_mut().expect("scratch allocated")
+        step.embed(w, a)?;
+        for (l, layer) in w.layers.iter().enumerate() {
+            let rope = match cos_sin_local {
+                Some(local) if config.local_rope(l) => &*local,
+                _ => &*cos_sin,
             };
+            step.qkv(layer, a)?;
+            let cache = (&mut k_cache[l], &mut v_cache[l]);
+            step.attention(l, layer, a, cache, rope, buffers.workspace)?;
+            step.attention_out(layer, a)?;
+            let next = w.layers.get(l + 1).map_or(&w.final_norm, |n| &n.input_norm);
+            step.mlp(layer, next, a)?;
         }
-        macro_rules! get {
-            ($name:ident) => {
-                s.$name.as_ref().expect("scratch allocated")
-            };
-        }
+        step.logits(w, a, buffers.logits)
+    }
+}
 
+/// The backend's parts one step's launches read, borrowed apart from its buffers.
+struct Launch<'a> {
+    c: &'a ModelConfig,
+    d: &'a TpLayout,
+    k: &'a Kernels,
+    stream: &'a Arc<CudaStream>,
+    gemm: &'a mut LtGemm,
+    dequant: Option<&'a mut CudaSlice<bf16>>,
+    comm: Option<&'a mut (dyn DeviceCommunicator + 'static)>,
+    profile: &'a mut Option<Vec<(&'static str, CudaEvent)>>,
+    plan: &'a Plan,
+    inputs: &'a CudaSlice<u32>,
+    shapes: GemmShapes,
+    row_shards: usize,
+    fault: PartialsFault,
+    /// Decode rows through the pinned GEMM too.
+    decode_gemm: bool,
+    eps: f32,
+    block_size: usize,
+    /// KV blocks addressable by the kernels (the reserved scratch block included).
+    blocks: usize,
+    max_positions: usize,
+}
+
+impl Launch<'_> {
+    fn mark(&mut self, family: &'static str) -> Result<(), CudaError> {
+        mark(self.profile, self.stream, family)
+    }
+
+    /// `len` words of the packed inputs from `offset`.
+    fn at(&self, offset: usize, len: usize) -> CudaView<'_, u32> {
+        self.inputs.slice(offset..offset + len)
+    }
+
+    /// Rows whose projections take the GEMM: the prompt rows, or every row.
+    fn gemm_rows(&self) -> usize {
+        if self.decode_gemm {
+            self.plan.rows
+        } else {
+            self.plan.prompt
+        }
+    }
+
+    /// The row-parallel projection of the step's rows, through `partials` when in the shard
+    /// order.
+    fn row_parallel<'b>(
+        &'b mut self,
+        partials: Option<&'b mut CudaSlice<f32>>,
+        local: Option<&'b mut CudaSlice<f32>>,
+    ) -> RowParallel<'b> {
+        let prompt = self.gemm_rows();
+        RowParallel {
+            kernels: self.k,
+            gemm: self.gemm,
+            stream: self.stream,
+            dequant: self.dequant.as_deref_mut(),
+            comm: self.comm.as_deref_mut(),
+            partials,
+            local,
+            shards: self.row_shards,
+            world: self.d.world,
+            fault: self.fault,
+            rows: self.plan.rows,
+            prompt,
+        }
+    }
+
+    /// The embedded rows into the residual (scaled for Gemma 3), and the first layer's norm.
+    fn embed(&mut self, w: &Weights, a: &mut Activations) -> Result<(), CudaError> {
+        let (k, stream, d) = (self.k, self.stream, self.d);
+        let (t, h) = (self.plan.rows, self.c.hidden_size);
+        let ids = self.at(self.plan.layout.ids, t);
         // Vocabulary-parallel: a rank fills foreign ids' rows with -0.0, and the all-reduce
         // returns the owner's row bit for bit.
         let fill = if d.world > 1 {
@@ -103,7 +171,7 @@ impl CudaBackend {
         match &w.embed {
             Matrix::Bf16(table) => k.embed_rows(
                 stream,
-                buf!(residual),
+                &mut a.residual,
                 table,
                 &ids,
                 t,
@@ -113,7 +181,7 @@ impl CudaBackend {
             )?,
             Matrix::Blocks { format, data } => k.embed_rows_blocks(
                 stream,
-                buf!(residual),
+                &mut a.residual,
                 data,
                 *format,
                 &ids,
@@ -124,313 +192,293 @@ impl CudaBackend {
             )?,
         }
         if d.world > 1 {
-            let comm = comm.as_deref_mut().ok_or(CudaError::NoCommunicator)?;
-            comm.all_reduce_sum(buf!(residual).slice_mut(..t * h).into())?;
+            let comm = self.comm.as_deref_mut().ok_or(CudaError::NoCommunicator)?;
+            comm.all_reduce_sum(a.residual.slice_mut(..t * h).into())?;
         }
-        if c.gemma3.is_some() {
+        if self.c.gemma3.is_some() {
             // √hidden rounded once to f32, as the CPU reference and llama.cpp scale.
             let scale = (h as f64).sqrt() as f32;
-            k.scale(stream, buf!(residual), t * h, scale)?;
+            k.scale(stream, &mut a.residual, t * h, scale)?;
         }
-        let normed = s.normed.as_mut().expect("scratch allocated");
+        let first = &w.layers[0].input_norm;
         norm(
             k,
             stream,
-            normed,
-            get!(residual),
-            &w.layers[0].input_norm,
+            &mut a.normed,
+            &a.residual,
+            first,
             (t, h),
-            eps,
+            self.eps,
         )?;
-        mark(profile, stream, "embed+norm")?;
-        for (l, layer) in w.layers.iter().enumerate() {
-            {
-                let normed = get!(normed);
-                let (q, kk, v) = (
-                    s.q.as_mut().expect("scratch allocated"),
-                    s.k.as_mut().expect("scratch allocated"),
-                    s.v.as_mut().expect("scratch allocated"),
-                );
-                if gp > 0 {
-                    let x = normed.slice(..gp * h);
-                    for (y, wt, shape) in [
-                        (q, &layer.q, shapes.q),
-                        (kk, &layer.k, shapes.kv),
-                        (v, &layer.v, shapes.kv),
-                    ] {
-                        let wide = gemm_weight(k, stream, dequant.as_mut(), wt, (shape.n, h))?;
-                        let mut out = y.slice_mut(..gp * shape.n);
-                        gemm.matmul_shape(&mut out, &x, wide, gp, shape)?;
-                    }
-                }
-                let (q, kk, v) = (
-                    s.q.as_mut().expect("scratch allocated"),
-                    s.k.as_mut().expect("scratch allocated"),
-                    s.v.as_mut().expect("scratch allocated"),
-                );
-                let mut row = gp;
-                while row < t {
-                    let m = (t - row).min(GEMV_MAX_M);
-                    let [mut yq, mut yk, mut yv] = [
-                        q.slice_mut(row * qd..(row + m) * qd),
-                        kk.slice_mut(row * kvd..(row + m) * kvd),
-                        v.slice_mut(row * kvd..(row + m) * kvd),
-                    ];
-                    let x = normed.slice(row * h..(row + m) * h);
-                    if let (Matrix::Bf16(wq), Matrix::Bf16(wk), Matrix::Bf16(wv)) =
-                        (&layer.q, &layer.k, &layer.v)
-                    {
-                        // One launch for the three: the narrow k and v alone leave SMs idle.
-                        k.gemv3(
-                            stream,
-                            [&mut yq, &mut yk, &mut yv],
-                            &x,
-                            [&wq.as_view(), &wk.as_view(), &wv.as_view()],
-                            m,
-                            [qd, kvd, kvd],
-                            h,
-                        )?;
-                    } else {
-                        gemv(k, stream, &mut yq, &x, &layer.q, (m, qd, h))?;
-                        gemv(k, stream, &mut yk, &x, &layer.k, (m, kvd, h))?;
-                        gemv(k, stream, &mut yv, &x, &layer.v, (m, kvd, h))?;
-                    }
-                    row += m;
-                }
-            }
-            mark(profile, stream, "qkv")?;
-            if let Some([bq, bk, bv]) = &layer.qkv_bias {
-                k.add_bias(stream, buf!(q), bq, t, qd)?;
-                k.add_bias(stream, buf!(k), bk, t, kvd)?;
-                k.add_bias(stream, buf!(v), bv, t, kvd)?;
-            }
-            if let Some([nq, nk]) = &layer.qk_norm {
-                head_norm(k, stream, buf!(q), nq, (t * d.heads, c.head_dim), eps)?;
-                head_norm(k, stream, buf!(k), nk, (t * d.kv_heads, c.head_dim), eps)?;
-            }
-            let rope = match cos_sin_local {
-                Some(local) if c.local_rope(l) => &*local,
-                _ => &*cos_sin,
-            };
-            {
-                let (q, kk, v) = (
-                    s.q.as_mut().expect("scratch allocated"),
-                    s.k.as_mut().expect("scratch allocated"),
-                    s.v.as_ref().expect("scratch allocated"),
-                );
-                k.rope_kv_write(
-                    stream,
-                    q,
-                    kk,
-                    v,
-                    &mut k_cache[l],
-                    &mut v_cache[l],
-                    rope,
-                    &positions,
-                    &slots,
-                    rope_shape,
-                )?;
-            }
-            mark(profile, stream, "bias+norm+rope")?;
-            {
-                let cache = PagedKv {
-                    k: k_cache[l].as_view(),
-                    v: v_cache[l].as_view(),
-                    block_size: bs,
-                    num_blocks: blocks,
-                };
-                let q = get!(q);
-                let attn = s.attn.as_mut().expect("scratch allocated");
-                for seg in &plan.segments {
-                    let (first, n) = (seg.first, seg.rows);
-                    let chunk = PrefillChunk {
-                        q: q.slice(first * qd..(first + n) * qd),
-                        block_table: at(seg.table.0, seg.table.1),
-                        start: seg.start,
-                        n_new: n,
-                    };
-                    let mut out = attn.slice_mut(first * qd..(first + n) * qd);
-                    k.prefill_attention(stream, &heads(l), &cache, &chunk, &mut out)?;
-                }
-                if !plan.segments.is_empty() {
-                    mark(profile, stream, "prefill attention")?;
-                }
-                if t > p {
-                    let batch = DecodeBatch {
-                        q: q.slice(p * qd..t * qd),
-                        block_tables: at(lay.decode_tables, (t - p) * plan.width),
-                        max_blocks_per_seq: plan.width,
-                        context_lens: at(lay.context_lens, t - p),
-                        max_context: plan.max_context,
-                    };
-                    let work = decode_workspace_elems(t - p, d.heads, c.head_dim, plan.max_context);
-                    let mut workspace = s
-                        .workspace
-                        .as_mut()
-                        .expect("scratch allocated")
-                        .slice_mut(..work);
-                    let mut out = attn.slice_mut(p * qd..t * qd);
-                    k.decode_attention(
-                        stream,
-                        &heads(l),
-                        &cache,
-                        &batch,
-                        &mut workspace,
-                        &mut out,
-                    )?;
-                    mark(profile, stream, "decode attention")?;
-                }
-            }
-            let mut rp = RowParallel {
-                kernels: k,
-                gemm,
-                stream,
-                dequant: dequant.as_mut(),
-                comm: comm.as_deref_mut(),
-                partials: s.partials.as_mut(),
-                local: s.local_partials.as_mut(),
-                shards: *row_shards,
-                world: d.world,
-                fault: *fault,
-                rows: t,
-                prompt: gp,
-            };
-            // Before the bias, which is added once.
-            rp.project(buf!(proj), get!(attn), &layer.o, h, (qd, c.q_dim()))?;
-            if let Some(bias) = &layer.o_bias {
-                k.add_bias(stream, buf!(proj), bias, t, h)?;
-            }
-            mark(profile, stream, "o")?;
-            {
-                let (normed, residual) = (
-                    s.normed.as_mut().expect("scratch allocated"),
-                    s.residual.as_mut().expect("scratch allocated"),
-                );
-                let out_norm = layer.sandwich.as_ref().map(|[a, _]| a);
-                add_norm(
-                    k,
-                    stream,
-                    (normed, residual),
-                    get!(proj),
-                    out_norm,
-                    &layer.post_norm,
-                    (t, h),
-                    eps,
-                )?;
-            }
-            mark(profile, stream, "add+norm")?;
-            {
-                let gate_up = s.gate_up.as_mut().expect("scratch allocated");
-                linear(
-                    k,
-                    gemm,
-                    stream,
-                    dequant.as_mut(),
-                    gate_up,
-                    get!(normed),
-                    &layer.gate_up,
-                    t,
-                    gp,
-                    shapes.gate_up,
-                )?;
-            }
-            mark(profile, stream, "gate_up")?;
-            {
-                let out = s.act.as_mut().expect("scratch allocated");
-                k.gated_mul(stream, act, out, get!(gate_up), t, inter)?;
-            }
-            mark(profile, stream, "act_mul")?;
-            {
-                let mut rp = RowParallel {
-                    kernels: k,
-                    gemm,
-                    stream,
-                    dequant: dequant.as_mut(),
-                    comm: comm.as_deref_mut(),
-                    partials: s.partials.as_mut(),
-                    local: s.local_partials.as_mut(),
-                    shards: *row_shards,
-                    world: d.world,
-                    fault: *fault,
-                    rows: t,
-                    prompt: gp,
-                };
-                let proj = s.proj.as_mut().expect("scratch allocated");
-                rp.project(
-                    proj,
-                    get!(act),
-                    &layer.down,
-                    h,
-                    (inter, c.intermediate_size),
-                )?;
-            }
-            mark(profile, stream, "down")?;
-            let next_norm = w
-                .layers
-                .get(l + 1)
-                .map_or(&w.final_norm, |next| &next.input_norm);
-            let (normed, residual) = (
-                s.normed.as_mut().expect("scratch allocated"),
-                s.residual.as_mut().expect("scratch allocated"),
-            );
-            let out_norm = layer.sandwich.as_ref().map(|[_, b]| b);
-            add_norm(
-                k,
-                stream,
-                (normed, residual),
-                get!(proj),
-                out_norm,
-                next_norm,
-                (t, h),
-                eps,
-            )?;
-            mark(profile, stream, "add+norm")?;
-        }
+        self.mark("embed+norm")
+    }
 
-        // Logits of the gathered rows, through the path of each row's role.
-        let r = plan.logits;
+    /// q, k and v of the normed rows: the pinned GEMM for the GEMM rows, the GEMV (one fused
+    /// launch when all three are bf16) for the rest.
+    fn qkv(&mut self, layer: &Layer, a: &mut Activations) -> Result<(), CudaError> {
+        let (k, stream) = (self.k, self.stream);
+        let (t, h) = (self.plan.rows, self.c.hidden_size);
+        let (qd, kvd) = (self.d.q_rows.len(), self.d.kv_rows.len());
+        let gp = self.gemm_rows();
+        if gp > 0 {
+            let x = a.normed.slice(..gp * h);
+            for (y, wt, shape) in [
+                (&mut a.q, &layer.q, self.shapes.q),
+                (&mut a.k, &layer.k, self.shapes.kv),
+                (&mut a.v, &layer.v, self.shapes.kv),
+            ] {
+                let wide = gemm_weight(k, stream, self.dequant.as_deref_mut(), wt, (shape.n, h))?;
+                let mut out = y.slice_mut(..gp * shape.n);
+                self.gemm.matmul_shape(&mut out, &x, wide, gp, shape)?;
+            }
+        }
+        let mut row = gp;
+        while row < t {
+            let m = (t - row).min(GEMV_MAX_M);
+            let [mut yq, mut yk, mut yv] = [
+                a.q.slice_mut(row * qd..(row + m) * qd),
+                a.k.slice_mut(row * kvd..(row + m) * kvd),
+                a.v.slice_mut(row * kvd..(row + m) * kvd),
+            ];
+            let x = a.normed.slice(row * h..(row + m) * h);
+            if let (Matrix::Bf16(wq), Matrix::Bf16(wk), Matrix::Bf16(wv)) =
+                (&layer.q, &layer.k, &layer.v)
+            {
+                // One launch for the three: the narrow k and v alone leave SMs idle.
+                k.gemv3(
+                    stream,
+                    [&mut yq, &mut yk, &mut yv],
+                    &x,
+                    [&wq.as_view(), &wk.as_view(), &wv.as_view()],
+                    m,
+                    [qd, kvd, kvd],
+                    h,
+                )?;
+            } else {
+                gemv(k, stream, &mut yq, &x, &layer.q, (m, qd, h))?;
+                gemv(k, stream, &mut yk, &x, &layer.k, (m, kvd, h))?;
+                gemv(k, stream, &mut yv, &x, &layer.v, (m, kvd, h))?;
+            }
+            row += m;
+        }
+        self.mark("qkv")
+    }
+
+    /// Biases and q/k norms, rope and the paged KV write, then attention of the prompt
+    /// segments and the decode rows into `a.attn`.
+    fn attention(
+        &mut self,
+        l: usize,
+        layer: &Layer,
+        a: &mut Activations,
+        (k_cache, v_cache): (&mut CudaSlice<bf16>, &mut CudaSlice<bf16>),
+        rope: &CudaSlice<f32>,
+        workspace: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        let (k, stream, c, d, eps) = (self.k, self.stream, self.c, self.d, self.eps);
+        let plan = self.plan;
+        let lay = plan.layout;
+        let (t, p) = (plan.rows, plan.prompt);
+        let (qd, kvd) = (d.q_rows.len(), d.kv_rows.len());
+        if let Some([bq, bk, bv]) = &layer.qkv_bias {
+            k.add_bias(stream, &mut a.q, bq, t, qd)?;
+            k.add_bias(stream, &mut a.k, bk, t, kvd)?;
+            k.add_bias(stream, &mut a.v, bv, t, kvd)?;
+        }
+        if let Some([nq, nk]) = &layer.qk_norm {
+            head_norm(k, stream, &mut a.q, nq, (t * d.heads, c.head_dim), eps)?;
+            head_norm(k, stream, &mut a.k, nk, (t * d.kv_heads, c.head_dim), eps)?;
+        }
+        let shape = RopeKvShape {
+            tokens: t,
+            q_heads: d.heads,
+            kv_heads: d.kv_heads,
+            head_dim: c.head_dim,
+            max_positions: self.max_positions,
+            num_blocks: self.blocks,
+            block_size: self.block_size,
+        };
+        let (positions, slots) = (self.at(lay.positions, t), self.at(lay.slots, t));
+        k.rope_kv_write(
+            stream, &mut a.q, &mut a.k, &a.v, k_cache, v_cache, rope, &positions, &slots, shape,
+        )?;
+        self.mark("bias+norm+rope")?;
+
+        // This layer's window (Gemma 3 interleaves sliding and global layers).
+        let heads = AttentionHeads {
+            n_q_heads: d.heads,
+            n_kv_heads: d.kv_heads,
+            head_dim: c.head_dim,
+            window: c.layer_window(l).unwrap_or(0),
+            scale: c.attention_scale(),
+        };
+        let cache = PagedKv {
+            k: k_cache.as_view(),
+            v: v_cache.as_view(),
+            block_size: self.block_size,
+            num_blocks: self.blocks,
+        };
+        for seg in &plan.segments {
+            let (first, n) = (seg.first, seg.rows);
+            let chunk = PrefillChunk {
+                q: a.q.slice(first * qd..(first + n) * qd),
+                block_table: self.at(seg.table.0, seg.table.1),
+                start: seg.start,
+                n_new: n,
+            };
+            let mut out = a.attn.slice_mut(first * qd..(first + n) * qd);
+            k.prefill_attention(stream, &heads, &cache, &chunk, &mut out)?;
+        }
+        if !plan.segments.is_empty() {
+            self.mark("prefill attention")?;
+        }
+        if t > p {
+            let batch = DecodeBatch {
+                q: a.q.slice(p * qd..t * qd),
+                block_tables: self.at(lay.decode_tables, (t - p) * plan.width),
+                max_blocks_per_seq: plan.width,
+                context_lens: self.at(lay.context_lens, t - p),
+                max_context: plan.max_context,
+            };
+            let work = decode_workspace_elems(t - p, d.heads, c.head_dim, plan.max_context);
+            let mut work = workspace.slice_mut(..work);
+            let mut out = a.attn.slice_mut(p * qd..t * qd);
+            k.decode_attention(stream, &heads, &cache, &batch, &mut work, &mut out)?;
+            self.mark("decode attention")?;
+        }
+        Ok(())
+    }
+
+    /// The o projection of `a.attn` into the residual, and the residual normed for the MLP.
+    fn attention_out(&mut self, layer: &Layer, a: &mut Activations) -> Result<(), CudaError> {
+        let (t, h) = (self.plan.rows, self.c.hidden_size);
+        let k_full = self.c.q_dim();
+        let qd = self.d.q_rows.len();
+        // Before the bias, which is added once.
+        self.row_parallel(a.partials.as_mut(), a.local_partials.as_mut())
+            .project(&mut a.proj, &a.attn, &layer.o, h, (qd, k_full))?;
+        if let Some(bias) = &layer.o_bias {
+            self.k.add_bias(self.stream, &mut a.proj, bias, t, h)?;
+        }
+        self.mark("o")?;
+        let out_norm = layer.sandwich.as_ref().map(|[attn, _]| attn);
+        add_norm(
+            self.k,
+            self.stream,
+            (&mut a.normed, &mut a.residual),
+            &a.proj,
+            out_norm,
+            &layer.post_norm,
+            (t, h),
+            self.eps,
+        )?;
+        self.mark("add+norm")
+    }
+
+    /// The gated MLP of `a.normed` into the residual, and the residual normed by `next` (the
+    /// next layer's input norm, or the final norm).
+    fn mlp(&mut self, layer: &Layer, next: &Norm, a: &mut Activations) -> Result<(), CudaError> {
+        let (k, stream) = (self.k, self.stream);
+        let (t, h) = (self.plan.rows, self.c.hidden_size);
+        let inter = self.d.inter_rows.len();
+        let gp = self.gemm_rows();
+        let shape = self.shapes.gate_up;
+        let dequant = self.dequant.as_deref_mut();
+        linear(
+            k,
+            self.gemm,
+            stream,
+            dequant,
+            &mut a.gate_up,
+            &a.normed,
+            &layer.gate_up,
+            t,
+            gp,
+            shape,
+        )?;
+        self.mark("gate_up")?;
+        let act = if self.c.gemma3.is_some() {
+            GateActivation::GeluTanh
+        } else {
+            GateActivation::Silu
+        };
+        k.gated_mul(stream, act, &mut a.act, &a.gate_up, t, inter)?;
+        self.mark("act_mul")?;
+        let k_full = self.c.intermediate_size;
+        self.row_parallel(a.partials.as_mut(), a.local_partials.as_mut())
+            .project(&mut a.proj, &a.act, &layer.down, h, (inter, k_full))?;
+        self.mark("down")?;
+        let out_norm = layer.sandwich.as_ref().map(|[_, mlp]| mlp);
+        add_norm(
+            k,
+            stream,
+            (&mut a.normed, &mut a.residual),
+            &a.proj,
+            out_norm,
+            next,
+            (t, h),
+            self.eps,
+        )?;
+        self.mark("add+norm")
+    }
+
+    /// Logits of the gathered rows, through the path of each row's role; all-gathered over the
+    /// vocabulary ranks when there are several.
+    fn logits(
+        &mut self,
+        w: &Weights,
+        a: &Activations,
+        out: &mut LogitBuffers,
+    ) -> Result<(), CudaError> {
+        let (k, stream) = (self.k, self.stream);
+        let plan = self.plan;
+        let (r, h) = (plan.logits, self.c.hidden_size);
         if r == 0 {
             return Ok(());
         }
-        {
-            let gathered = s.gathered.as_mut().expect("scratch allocated");
-            k.embed(stream, gathered, get!(normed), &at(lay.gather, r), r, h, t)?;
-        }
+        let gather = self.at(plan.layout.gather, r);
+        k.embed(
+            stream,
+            &mut out.gathered,
+            &a.normed,
+            &gather,
+            r,
+            h,
+            plan.rows,
+        )?;
         let head = w.lm_head.as_ref().unwrap_or(&w.embed);
         // This rank's vocabulary rows (padded): all-gathered below when there are several ranks.
-        let v = d.vocab_per_rank;
-        let logits = s.logits.as_mut().expect("scratch allocated");
-        let gathered = get!(gathered);
+        let v = self.d.vocab_per_rank;
         // A head in a block format takes the GEMV for every row (logits rows are few; a
         // dequantized vocabulary-sized copy would not be).
         let lp = match head {
             Matrix::Blocks { .. } => 0,
-            Matrix::Bf16(_) if *decode_gemm => r,
+            Matrix::Bf16(_) if self.decode_gemm => r,
             Matrix::Bf16(_) => plan.logits_prompt,
         };
         if let (true, Matrix::Bf16(head)) = (lp > 0, head) {
-            let mut y = logits.slice_mut(..lp * v);
-            let x = gathered.slice(..lp * h);
-            gemm.matmul_shape(&mut y, &x, head, lp, shapes.lm_head)?;
+            let mut y = out.device.slice_mut(..lp * v);
+            let x = out.gathered.slice(..lp * h);
+            self.gemm
+                .matmul_shape(&mut y, &x, head, lp, self.shapes.lm_head)?;
         }
         let mut row = lp;
         while row < r {
             let m = (r - row).min(GEMV_MAX_M);
-            let mut y = logits.slice_mut(row * v..(row + m) * v);
-            let x = gathered.slice(row * h..(row + m) * h);
+            let mut y = out.device.slice_mut(row * v..(row + m) * v);
+            let x = out.gathered.slice(row * h..(row + m) * h);
             gemv(k, stream, &mut y, &x, head, (m, v, h))?;
             row += m;
         }
-        if d.world > 1 {
-            let comm = comm.as_deref_mut().ok_or(CudaError::NoCommunicator)?;
-            let all = s.logits_all.as_mut().expect("scratch allocated");
+        let world = self.d.world;
+        if let Some(all) = out.all.as_mut() {
+            let comm = self.comm.as_deref_mut().ok_or(CudaError::NoCommunicator)?;
             comm.all_gather(
-                logits.slice(..r * v).into(),
-                all.slice_mut(..d.world * r * v).into(),
+                out.device.slice(..r * v).into(),
+                all.slice_mut(..world * r * v).into(),
             )?;
         }
-        mark(profile, stream, "lm head")?;
-        Ok(())
+        self.mark("lm head")
     }
 }
 

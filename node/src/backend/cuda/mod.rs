@@ -26,12 +26,9 @@ use std::sync::Arc;
 use half::bf16;
 use strata_collective::{CollectiveError, DeviceCommunicator};
 use strata_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use strata_kernels::cudarc::driver::{
-    CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, PinnedHostSlice,
-};
+use strata_kernels::cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream};
 use strata_kernels::{
     ATTENTION_HEAD_DIMS, DECODE_SPLIT_TOKENS, KernelError, Kernels, LtGemm, NO_TOKEN,
-    decode_workspace_elems,
 };
 use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
@@ -42,6 +39,7 @@ mod forward;
 mod matmul;
 mod readback;
 mod row_parallel;
+mod scratch;
 mod tp;
 mod weights;
 
@@ -53,6 +51,7 @@ pub use tp::{CudaTpBackend, TpTransport};
 use super::{Backend, BackendError, RowSampling, StepOutput, StepSeq};
 use crate::kv::{BlockId, KvBlockIo};
 use forward::mark;
+use scratch::Scratch;
 use strata_model::sampler::RowPlan;
 use weights::{BlockPolicy, LayerDims, Weights, synthesize, upload_checkpoint};
 
@@ -134,43 +133,6 @@ pub const ACTIVATION_RESERVE: usize = 3 << 29;
 /// the next bucket with rows that write to the reserved scratch block and whose outputs are
 /// dropped; steps with more rows, or with any prompt row, run eagerly.
 pub const GRAPH_BUCKETS: &[usize] = &[1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128];
-
-/// Per-step device buffers, grown to the largest step seen.
-#[derive(Default)]
-struct Scratch {
-    rows: usize,
-    residual: Option<CudaSlice<bf16>>,
-    normed: Option<CudaSlice<bf16>>,
-    q: Option<CudaSlice<bf16>>,
-    k: Option<CudaSlice<bf16>>,
-    v: Option<CudaSlice<bf16>>,
-    attn: Option<CudaSlice<bf16>>,
-    proj: Option<CudaSlice<bf16>>,
-    /// The eight shard partials of a row-parallel projection, `[8][rows][hidden]` f32.
-    partials: Option<CudaSlice<f32>>,
-    /// This rank's own partials before the all-gather, `[8 / world][rows][hidden]` (TP > 1).
-    local_partials: Option<CudaSlice<f32>>,
-    gate_up: Option<CudaSlice<bf16>>,
-    act: Option<CudaSlice<bf16>>,
-    logits_rows: usize,
-    gathered: Option<CudaSlice<bf16>>,
-    /// This rank's vocabulary columns of the logits, `[rows][vocab_per_rank]`.
-    logits: Option<CudaSlice<f32>>,
-    /// Every rank's, all-gathered in rank order, `[world][rows][vocab_per_rank]` (TP > 1).
-    logits_all: Option<CudaSlice<f32>>,
-    workspace_elems: usize,
-    workspace: Option<CudaSlice<f32>>,
-    /// Every per-step index (token ids, positions, slots, block tables, gather rows) packed
-    /// into one buffer, uploaded with one copy; see [`Layout`].
-    inputs: Option<CudaSlice<u32>>,
-    /// Page-locked host memory the logits are copied into.
-    logits_host: Option<PinnedHostSlice<f32>>,
-    /// The greedy token of each logits row, when the step samples greedily on the device.
-    tokens: Option<CudaSlice<u32>>,
-    /// Seeded sampling's per-row inputs (plans, rows, shaping) and outputs (heads, candidates).
-    sample_in: Option<CudaSlice<u32>>,
-    sample_out: Option<CudaSlice<u32>>,
-}
 
 /// Where each per-step index array sits in the packed input buffer. A function of the step's
 /// shape only, so a graph captured for a shape reads the right places on every replay.
@@ -560,61 +522,13 @@ impl CudaBackend {
     /// Grows the step buffers for `plan`. Growing moves buffers that captured graphs point
     /// at, so it drops every graph.
     fn ensure_scratch(&mut self, plan: &Plan) -> Result<(), CudaError> {
-        let c = &self.config;
-        let d = &self.shard;
-        let s = &mut self.scratch;
-        let stream = &self.stream;
-        let mut moved = false;
-        let rows = plan.rows;
-        if rows > s.rows {
-            let alloc = |n: usize| stream.alloc_zeros::<bf16>(rows * n);
-            s.residual = Some(alloc(c.hidden_size)?);
-            s.normed = Some(alloc(c.hidden_size)?);
-            s.q = Some(alloc(d.q_rows.len())?);
-            s.k = Some(alloc(d.kv_rows.len())?);
-            s.v = Some(alloc(d.kv_rows.len())?);
-            s.attn = Some(alloc(d.q_rows.len())?);
-            s.proj = Some(alloc(c.hidden_size)?);
-            s.gate_up = Some(alloc(2 * d.inter_rows.len())?);
-            s.act = Some(alloc(d.inter_rows.len())?);
-            if self.row_shards > 0 {
-                let partials = rows * c.hidden_size;
-                s.partials = Some(stream.alloc_zeros::<f32>(ROW_SHARDS * partials)?);
-                if d.world > 1 {
-                    s.local_partials = Some(stream.alloc_zeros::<f32>(self.row_shards * partials)?);
-                }
-            }
-            s.rows = rows;
-            moved = true;
-        }
-        let decode = rows - plan.prompt;
-        let work = decode_workspace_elems(decode, d.heads, c.head_dim, plan.max_context);
-        if work > s.workspace_elems {
-            s.workspace = Some(stream.alloc_zeros::<f32>(work)?);
-            s.workspace_elems = work;
-            moved = true;
-        }
-        if plan.logits > s.logits_rows {
-            let per_rank = plan.logits * d.vocab_per_rank;
-            s.gathered = Some(stream.alloc_zeros::<bf16>(plan.logits * c.hidden_size)?);
-            s.logits = Some(stream.alloc_zeros::<f32>(per_rank)?);
-            if d.world > 1 {
-                s.logits_all = Some(stream.alloc_zeros::<f32>(d.world * per_rank)?);
-            }
-            // SAFETY: plain page-locked memory (not write-combined: the host reads it).
-            s.logits_host = Some(unsafe {
-                stream
-                    .context()
-                    .alloc_pinned_with_flags::<f32>(d.world * per_rank, 0)
-            }?);
-            s.logits_rows = plan.logits;
-            moved = true;
-        }
-        let have = s.inputs.as_ref().map_or(0, |b| b.len());
-        if plan.layout.len > have {
-            s.inputs = Some(stream.alloc_zeros::<u32>(plan.layout.len.max(2 * have))?);
-            moved = true;
-        }
+        let moved = self.scratch.ensure(
+            &self.stream,
+            &self.config,
+            &self.shard,
+            self.row_shards,
+            plan,
+        )?;
         if moved {
             self.graphs.clear();
         }
@@ -781,7 +695,9 @@ impl CudaBackend {
         };
         self.ensure_scratch(&plan)?;
         {
-            let inputs = self.scratch.inputs.as_mut().expect("scratch allocated");
+            let inputs = self.scratch.inputs.as_mut().ok_or_else(|| {
+                CudaError::Unsupported("the step inputs were not sized".to_string())
+            })?;
             self.stream
                 .memcpy_htod(&self.host_inputs, &mut inputs.slice_mut(..layout.len))?;
         }

@@ -20,7 +20,7 @@ impl CudaBackend {
             s.tokens = Some(self.stream.alloc_zeros::<u32>(logits)?);
         }
         let tokens = s.tokens.as_mut().expect("allocated just above");
-        let device = s.logits.as_ref().expect("scratch allocated");
+        let device = &s.logits.as_ref().ok_or_else(no_step)?.device;
         let mut view = tokens.slice_mut(..logits);
         self.kernels.argmax(
             &self.stream,
@@ -58,10 +58,11 @@ impl CudaBackend {
             // The greedy tokens' copy already waited for the stream.
             return Ok(Vec::new());
         }
-        let s = &mut self.scratch;
-        let logits_host = s.logits_host.as_mut().expect("scratch allocated");
-        let device = if world > 1 { &s.logits_all } else { &s.logits };
-        let device = device.as_ref().expect("scratch allocated");
+        let buffers = self.scratch.logits()?;
+        let (device, logits_host) = (
+            buffers.all.as_ref().unwrap_or(&buffers.device),
+            &mut buffers.host,
+        );
         if kept.len() == order.len() || world > 1 {
             self.stream
                 .memcpy_dtoh(&device.slice(..world * logits * per), logits_host)?;
@@ -191,7 +192,7 @@ impl CudaBackend {
         self.stream
             .memcpy_htod(&words, &mut input.slice_mut(..words.len()))?;
         let input = s.sample_in.as_ref().expect("allocated just above");
-        let logits = s.logits.as_mut().expect("scratch allocated");
+        let logits = &mut s.logits.as_mut().ok_or_else(no_step)?.device;
         if shaping {
             self.kernels.sample_shape(
                 &self.stream,
@@ -232,7 +233,7 @@ impl CudaBackend {
             if head.count as usize > SUMMARY_CAP {
                 // Too many candidates for the list: read the shaped row and summarize it here.
                 let mut shaped = vec![0f32; v];
-                let logits = self.scratch.logits.as_ref().expect("scratch allocated");
+                let logits = &self.scratch.logits()?.device;
                 self.stream
                     .memcpy_dtoh(&logits.slice(row * per..row * per + v), &mut shaped)?;
                 self.stream.synchronize()?;
@@ -256,4 +257,8 @@ impl CudaBackend {
         }
         Ok(summaries)
     }
+}
+
+fn no_step() -> CudaError {
+    CudaError::Unsupported("logits were read before any step ran".to_string())
 }
