@@ -52,6 +52,9 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    if !cli.command.serves() {
+        restore_sigpipe();
+    }
     init_tracing();
     let result = match cli.command {
         Command::Model(cmd) => commands::model::run(cmd),
@@ -69,6 +72,36 @@ fn main() {
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+impl Command {
+    /// Whether the command runs servers or drives other processes' sockets and pipes (which
+    /// must see a closed peer as an error, not die of it), rather than printing and exiting.
+    fn serves(&self) -> bool {
+        match self {
+            Command::Serve(_)
+            | Command::Node(_)
+            | Command::Router(_)
+            | Command::Bench(_)
+            | Command::Gpu(_) => true,
+            Command::Cluster(cmd) => cmd.serves(),
+            Command::Model(_)
+            | Command::Generate(_)
+            | Command::Eval(_)
+            | Command::Keys(_)
+            | Command::Kernels(_) => false,
+        }
+    }
+}
+
+/// A command that prints and exits ends quietly when its reader goes away (`strata cluster
+/// status | head`), as Unix tools do: the Rust runtime ignores SIGPIPE, so a write to a closed
+/// pipe would otherwise be an error `println!` panics on.
+fn restore_sigpipe() {
+    // SAFETY: setting a signal's disposition to its default before any thread is started.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -302,6 +302,45 @@ fn an_operator_identity_reads_and_writes_without_a_member_directory() {
     let no_addr = cli_bare(&["status", "--identity", ops]);
     assert!(!no_addr.status.success());
 
+    // `cluster status | head`: a reader that went away ends the command quietly (SIGPIPE, as
+    // Unix tools end), never a panic. The pipe's read end is closed before the first line.
+    let mut piped = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args(["cluster", "status", "--identity", ops, "--addr", &listen])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run strata");
+    drop(piped.stdout.take());
+    let closed = piped.wait_with_output().expect("wait for strata");
+    assert!(!stderr(&closed).contains("panicked"), "{}", stderr(&closed));
+    {
+        use std::os::unix::process::ExitStatusExt;
+        assert!(
+            closed.status.success() || closed.status.signal() == Some(libc::SIGPIPE),
+            "{:?}: {}",
+            closed.status,
+            stderr(&closed)
+        );
+    }
+
+    // Leaving a member the group does not have changes nothing and says so (it used to print
+    // success).
+    let unknown = cli_bare(&[
+        "leave",
+        "--identity",
+        ops,
+        "--addr",
+        &listen,
+        "--member",
+        "99",
+    ]);
+    assert!(!unknown.status.success());
+    assert!(
+        stderr(&unknown).contains("member 99 is not in the group"),
+        "{}",
+        stderr(&unknown)
+    );
+
     // Placement through the operator: a member without GPUs hosts no group, and the group
     // says why; removing a placement that does not exist is refused by name.
     let place = cli_bare(&[

@@ -65,7 +65,13 @@ wait_log() {
 wait_voters() {
     for _ in $(seq 600); do
         if "$strata" cluster status --data "$dir/member-1" --json 2>/dev/null |
-            python3 -c 'import json,sys; s=json.load(sys.stdin); sys.exit(len(s["voters"]) < int(sys.argv[1]))' "$1"; then
+            python3 -c '
+import json, sys
+try:
+    s = json.load(sys.stdin)  # empty while member 1 is not answering yet
+except ValueError:
+    sys.exit(1)
+sys.exit(len(s["voters"]) < int(sys.argv[1]))' "$1"; then
             return 0
         fi
         sleep 0.2

@@ -214,6 +214,16 @@ pub struct ViewArgs {
     json: bool,
 }
 
+impl ClusterCommand {
+    /// Whether the command runs a member (the rest ask one and print).
+    pub fn serves(&self) -> bool {
+        matches!(
+            self,
+            ClusterCommand::Init(_) | ClusterCommand::Join(_) | ClusterCommand::Serve(_)
+        )
+    }
+}
+
 pub fn run(command: ClusterCommand) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -744,14 +754,22 @@ async fn leave(args: LeaveArgs) -> Result<()> {
     };
     let Operator { client, addr, .. } = operator(&args.target)?;
     let view = client.read(&addr).await?;
+    let in_raft = view.nodes.contains_key(&id);
+    let in_state = view.cluster.members().contains_key(&id);
+    if !in_raft && !in_state {
+        client.endpoint().close(0u32.into(), b"done");
+        bail!(
+            "member {id} is not in the group (its members: {}): nothing was changed",
+            view.nodes
+                .keys()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     if view.voters.contains(&id) && view.voters.len() == 1 {
         bail!("member {id} is the only voter; a group cannot lose its last voter");
     }
-    let change = if view.voters.contains(&id) {
-        MembershipChange::RemoveVoters([id].into())
-    } else {
-        MembershipChange::RemoveLearners([id].into())
-    };
     // Ask another member: this one may be the leader and step down mid-call.
     let other = view
         .nodes
@@ -759,17 +777,40 @@ async fn leave(args: LeaveArgs) -> Result<()> {
         .find(|(other, _)| **other != id)
         .map(|(_, a)| a.clone())
         .unwrap_or(addr);
-    client.change_membership(&other, change).await?;
-    if view.cluster.members().contains_key(&id) {
+    if in_raft {
+        let change = if view.voters.contains(&id) {
+            MembershipChange::RemoveVoters([id].into())
+        } else {
+            MembershipChange::RemoveLearners([id].into())
+        };
+        if let Err(e) = client.change_membership(&other, change).await {
+            // The change may have committed while its answer was lost (the leader changed
+            // mid-call): what the group holds now decides, so a retried leave finishes the job.
+            let now = client.read(&other).await.map_err(|_| e)?;
+            if now.nodes.contains_key(&id) {
+                bail!("member {id} is still in the group's membership after a failed change");
+            }
+            tracing::warn!("the membership change's answer was lost; the group no longer has {id}");
+        }
+    }
+    let removed_record = if in_state {
         let remove = Command::new(SystemClock.now_ms(), Change::RemoveMember { id });
         client
             .propose(&other, remove)
             .await?
             .1
             .map_err(anyhow::Error::msg)?;
-    }
+        true
+    } else {
+        false
+    };
     client.endpoint().close(0u32.into(), b"done");
-    println!("member {id} left the group; stop its process");
+    let what = match (in_raft, removed_record) {
+        (true, true) => "left the group's membership and its record was removed",
+        (true, false) => "left the group's membership (it had no member record)",
+        (false, _) => "had already left the membership; its leftover record was removed",
+    };
+    println!("member {id} {what}; stop its process");
     Ok(())
 }
 
