@@ -229,6 +229,71 @@ fn a_router_without_a_certificate_from_the_ca_is_refused() {
     assert!(stderr.contains("cannot reach node"), "{stderr}");
 }
 
+/// The raw response (status line, headers, body) of one POST on a fresh connection.
+fn post_raw(addr: SocketAddr, path: &str, body: &str) -> String {
+    let mut conn = TcpStream::connect(addr).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    raw
+}
+
+#[test]
+fn a_router_with_no_reachable_node_is_not_ready_and_answers_503_with_retry_after() {
+    let _serial = serial();
+    let mut cluster = start_cluster(1);
+    let ready = get(cluster.router_addr, "/ready");
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    cluster.nodes[0].kill();
+    // The router notices the node's connection is gone (QUIC's idle timeout at the latest).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let not_ready = loop {
+        let ready = get(cluster.router_addr, "/ready");
+        if ready.starts_with("HTTP/1.1 503") {
+            break ready;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still ready with its only node killed: {ready}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let lower = not_ready.to_ascii_lowercase();
+    assert!(lower.contains("retry-after: 1"), "{not_ready}");
+    assert!(not_ready.contains("no node is reachable"), "{not_ready}");
+    // Every surface refuses before any stream starts: 503, Retry-After, its own error shape.
+    let chat = |stream: bool| {
+        format!(
+            r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"max_tokens":4,"stream":{stream}}}"#
+        )
+    };
+    // The served name is the checkpoint directory's.
+    let messages =
+        r#"{"model":"m","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}"#
+            .to_string();
+    for (path, body, shape) in [
+        ("/v1/chat/completions", chat(false), r#""error":{"#),
+        ("/v1/chat/completions", chat(true), r#""error":{"#),
+        ("/v1/messages", messages, r#""type":"error""#),
+    ] {
+        let raw = post_raw(cluster.router_addr, path, &body);
+        assert!(raw.starts_with("HTTP/1.1 503"), "{path}: {raw}");
+        assert!(
+            raw.to_ascii_lowercase().contains("retry-after: 1"),
+            "{path}: {raw}"
+        );
+        assert!(raw.contains(shape), "{path}: {raw}");
+        assert!(raw.contains("no node is reachable"), "{path}: {raw}");
+    }
+}
+
 /// Runs 32 streams (even ones greedy, odd ones sampled with a seed and penalties) through a
 /// router started with `router_args`, SIGKILLs one of the three nodes once every stream has its
 /// first text, and returns, per stream, whether it ended with the fault-free run's text, and the

@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use strata_model::ModelConfig;
 use strata_model::grammar::GrammarCompiler;
 use strata_node::kv::{KvLayout, block_hash, prompt_block_hashes};
-use strata_node::rpc::{KvFetch, NodeClient, NodeError, NodeInfo, RefusalKind, RemoteStream};
+use strata_node::rpc::{
+    KvFetch, NodeClient, NodeError, NodeInfo, Refusal, RefusalKind, RemoteStream,
+};
 use strata_node::{Admission, RequestStream, SubmitError};
 use strata_protocol::{GenerateRequest, Resume, TokenEvent};
 use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
@@ -258,6 +260,11 @@ impl Cluster {
             .clone()
     }
 
+    /// Whether some node is connected and not removed: a request could be sent now.
+    pub fn has_available_node(&self) -> bool {
+        self.nodes().iter().any(|n| n.alive())
+    }
+
     fn supervise(self: &Arc<Self>, node: Arc<Node>) {
         tokio::spawn(Supervisor::new(self, node).run());
     }
@@ -428,6 +435,14 @@ impl Cluster {
             grammar: self.grammar.as_deref(),
         };
         admission.admit(&request)?;
+        // Refused before any stream starts (503 with Retry-After on every surface), rather than
+        // a stream that opens and then fails.
+        if !self.has_available_node() {
+            return Err(SubmitError::Remote(Refusal {
+                kind: RefusalKind::Unavailable,
+                message: "no node is reachable from this router; retry later".to_string(),
+            }));
+        }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, events) = unbounded_channel();
         let (cancel, cancelled) = oneshot::channel();
