@@ -294,6 +294,60 @@ fn a_router_with_no_reachable_node_is_not_ready_and_answers_503_with_retry_after
     }
 }
 
+#[test]
+fn a_router_takes_admission_limits_and_refuses_beyond_them_with_429() {
+    let _serial = serial();
+    let cluster = start_cluster_with(1, &["--max-inflight", "1", "--max-queued", "0"]);
+    // One long stream holds the only slot (its client reads the first chunk, then nothing).
+    let mut first = TcpStream::connect(cluster.router_addr).expect("connect");
+    first
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let body =
+        r#"{"model":"m","prompt":"hello","max_tokens":1500,"ignore_eos":true,"stream":true}"#;
+    let request = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    first.write_all(request.as_bytes()).unwrap();
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&head).contains("data: ") {
+        let n = first.read(&mut buf).unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&head));
+        head.extend_from_slice(&buf[..n]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+    // A second request finds no slot and no queue: 429 with Retry-After, at once.
+    let second = post_raw(
+        cluster.router_addr,
+        "/v1/completions",
+        r#"{"model":"m","prompt":"hello","max_tokens":2}"#,
+    );
+    assert!(second.starts_with("HTTP/1.1 429"), "{second}");
+    assert!(
+        second.to_ascii_lowercase().contains("retry-after: 1"),
+        "{second}"
+    );
+    assert!(second.contains("1 requests running, 0 waiting"), "{second}");
+    // A zero running limit is refused at startup, by name.
+    let out = strata(&[
+        "router",
+        "--model",
+        &cluster.model,
+        "--nodes",
+        &cluster.node_addrs[0].to_string(),
+        "--max-inflight",
+        "0",
+        "--port",
+        "0",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--max-inflight"), "{stderr}");
+}
+
 /// Runs 32 streams (even ones greedy, odd ones sampled with a seed and penalties) through a
 /// router started with `router_args`, SIGKILLs one of the three nodes once every stream has its
 /// first text, and returns, per stream, whether it ended with the fault-free run's text, and the

@@ -10,7 +10,6 @@ use clap::{Args, ValueEnum};
 use strata_node::rpc::ALPN;
 use strata_node::{ServingParts, grammar_compiler};
 use strata_quic::tls::{mutual_client_config, set_liveness};
-use strata_router::admission::AdmissionLimits;
 use strata_router::auth::KeyStore;
 use strata_router::cluster::{Cluster, ClusterOptions};
 use strata_router::routing::{Policy, Router, RoutingSettings};
@@ -66,6 +65,15 @@ pub struct RouterArgs {
     /// API keys (`strata keys add`); without the flag the router is open.
     #[arg(long)]
     keys_file: Option<PathBuf>,
+    /// Generation requests this router runs at once [default: 256].
+    #[arg(long)]
+    max_inflight: Option<usize>,
+    /// Generation requests waiting for a slot; beyond this, 429 with Retry-After [default: 1024].
+    #[arg(long)]
+    max_queued: Option<usize>,
+    /// Largest request body, in bytes; larger is a 413 [default: 4194304].
+    #[arg(long)]
+    max_body_bytes: Option<usize>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -168,7 +176,11 @@ pub fn run(args: RouterArgs) -> Result<()> {
     };
     let access = Access {
         keys,
-        limits: AdmissionLimits::default(),
+        limits: super::serve::admission_limits(
+            args.max_inflight,
+            args.max_queued,
+            args.max_body_bytes,
+        )?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

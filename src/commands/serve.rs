@@ -138,15 +138,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(path) => args.settings.or(ServeSettings::from_file(path)?),
         None => args.settings,
     };
-    let defaults = AdmissionLimits::default();
-    let limits = AdmissionLimits {
-        max_inflight: settings.max_inflight.unwrap_or(defaults.max_inflight),
-        max_queued: settings.max_queued.unwrap_or(defaults.max_queued),
-        max_body_bytes: settings.max_body_bytes.unwrap_or(defaults.max_body_bytes),
-    };
-    if limits.max_inflight == 0 {
-        anyhow::bail!("max_inflight (--max-inflight) must be at least 1");
-    }
+    let limits = admission_limits(
+        settings.max_inflight,
+        settings.max_queued,
+        settings.max_body_bytes,
+    )?;
     let cache = settings.cache_dir.unwrap_or_else(default_cache_dir);
     let keys_file = settings.keys_file.unwrap_or_else(|| cache.join(KEYS_FILE));
     let access = Access {
@@ -190,6 +186,25 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(strata_router::serve(config, access, Some(keys_file)))?;
     Ok(())
+}
+
+/// The admission limits given (each `None` keeps its default), checked: `strata serve` and
+/// `strata router` take the same three.
+pub(super) fn admission_limits(
+    max_inflight: Option<usize>,
+    max_queued: Option<usize>,
+    max_body_bytes: Option<usize>,
+) -> Result<AdmissionLimits> {
+    let defaults = AdmissionLimits::default();
+    let limits = AdmissionLimits {
+        max_inflight: max_inflight.unwrap_or(defaults.max_inflight),
+        max_queued: max_queued.unwrap_or(defaults.max_queued),
+        max_body_bytes: max_body_bytes.unwrap_or(defaults.max_body_bytes),
+    };
+    if limits.max_inflight == 0 {
+        anyhow::bail!("max_inflight (--max-inflight) must be at least 1");
+    }
+    Ok(limits)
 }
 
 #[cfg(test)]
