@@ -426,6 +426,89 @@ fn streams_across_a_node_fault(router_args: &[&str], signal: &str) -> (Vec<bool>
     (same, get(cluster.router_addr, "/metrics"))
 }
 
+#[test]
+fn a_rolling_restart_of_every_node_under_long_streams_ends_none_of_them() {
+    let _serial = serial();
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut cluster = start_cluster(2);
+    let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
+    let reference_addr = reference.address("on http://");
+    const TOKENS: u32 = 3000;
+    let prompts: Vec<String> = (0..16).map(|i| format!("rolling {i}: once upon")).collect();
+    let want: Vec<String> = prompts
+        .iter()
+        .map(|p| complete_with(reference_addr, p, TOKENS, None))
+        .collect();
+    let finished = Arc::new(AtomicUsize::new(0));
+    let (started_tx, started) = mpsc::channel();
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|prompt| {
+            let body = completion_body(prompt, TOKENS, true, None);
+            let (addr, started_tx, finished) =
+                (cluster.router_addr, started_tx.clone(), finished.clone());
+            std::thread::spawn(move || {
+                let mut conn = TcpStream::connect(addr).expect("connect");
+                conn.set_read_timeout(Some(Duration::from_secs(300)))
+                    .unwrap();
+                let request = format!(
+                    "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+                     Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                conn.write_all(request.as_bytes()).unwrap();
+                let (mut raw, mut buf, mut signalled) = (Vec::new(), [0u8; 4096], false);
+                loop {
+                    let n = conn.read(&mut buf).unwrap();
+                    if n == 0 {
+                        break;
+                    }
+                    raw.extend_from_slice(&buf[..n]);
+                    if !signalled && String::from_utf8_lossy(&raw).contains("\"text\"") {
+                        signalled = true;
+                        let _ = started_tx.send(());
+                    }
+                }
+                finished.fetch_add(1, Ordering::Relaxed);
+                let raw = String::from_utf8(raw).unwrap();
+                stream_text(raw.split_once("\r\n\r\n").unwrap().1)
+            })
+        })
+        .collect();
+    for _ in 0..prompts.len() {
+        started.recv_timeout(START).expect("every stream starts");
+    }
+    // Node 1 SIGKILLed and restarted on its address; then node 2 SIGKILLed. A stream that has
+    // lost node 1 and then node 2 continues on node 1's new incarnation (it used to fail with
+    // "no node could finish": one try per node for a stream's whole life).
+    let model = Path::new(&cluster.model).to_path_buf();
+    let first = cluster.node_addrs[0];
+    cluster.nodes[0].kill();
+    cluster.nodes[0] = spawn_node(cluster.tmp.path(), &model, 1, &first.to_string());
+    std::thread::sleep(Duration::from_millis(500));
+    let running = prompts.len() - finished.load(Ordering::Relaxed);
+    cluster.nodes[1].kill();
+    assert!(running > 0, "every stream ended before the second kill");
+    let same: Vec<bool> = handles
+        .into_iter()
+        .zip(&want)
+        .map(|(h, want)| h.join().ok().is_some_and(|got| &got == want))
+        .collect();
+    assert!(
+        same.iter().all(|&s| s),
+        "streams equal to the fault-free run: {same:?}"
+    );
+    let failovers = metric(
+        &get(cluster.router_addr, "/metrics"),
+        "strata_router_failovers_total",
+    );
+    assert!(
+        failovers >= running as f64,
+        "{failovers} failovers, {running} streams running"
+    );
+}
+
 /// Every one of the 32 streams survives `signal` sent to a node, and some failed over.
 fn assert_streams_survive(signal: &str) {
     let (same, metrics) = streams_across_a_node_fault(&[], signal);

@@ -5,13 +5,17 @@
 //! from the node it went to. If that node fails mid-stream (its connection drops, it dies), the
 //! request continues on another node from where it stood ([`Resume`]: the tokens already
 //! emitted and the sampler's RNG position), so the client sees the same stream as without the
-//! failure, sampled or greedy. A node whose connection has ended takes no more requests; at most
-//! one retry per other node is made, then the stream fails with the reasons.
+//! failure, sampled or greedy. A node whose connection has ended takes no more requests. The
+//! failover budget is per attempt and time, not per node: an incarnation of a node that failed
+//! the request is left out of its later attempts, but the node restarted (reconnected) may take
+//! it again, and while no node can take it the request waits up to [`FAILOVER_WAIT`] for one;
+//! after [`FAILOVER_ATTEMPTS`] attempts the stream fails with the reasons.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
 
 use strata_model::ModelConfig;
 use strata_model::grammar::GrammarCompiler;
@@ -27,6 +31,13 @@ use tokio::sync::oneshot;
 mod supervisor;
 
 use supervisor::{Supervisor, dial};
+
+/// Attempts one request may make (its first included) before it fails.
+pub const FAILOVER_ATTEMPTS: usize = 16;
+/// How long a request whose every node failed it waits for one to come (back).
+pub const FAILOVER_WAIT: Duration = Duration::from_secs(30);
+/// How often that wait looks.
+const FAILOVER_POLL: Duration = Duration::from_millis(100);
 
 use crate::routing::{
     Candidate, KvFetchConfig, MeasuredRates, NodeLoad, PrefixIndex, Reason, Router, Slot,
@@ -65,6 +76,9 @@ struct Node {
     routed: AtomicU64,
     /// Taken out of the cluster: its supervisor ends.
     removed: AtomicBool,
+    /// Connections made so far: a node that failed a request and came back (a restart) is a
+    /// new incarnation, eligible again for a request it failed.
+    incarnation: AtomicU64,
 }
 
 impl Node {
@@ -80,6 +94,7 @@ impl Node {
             rates: Mutex::new(MeasuredRates::default()),
             routed: AtomicU64::new(0),
             removed: AtomicBool::new(false),
+            incarnation: AtomicU64::new(0),
         })
     }
 
@@ -94,7 +109,14 @@ impl Node {
     }
 
     fn set_client(&self, client: Option<NodeClient>) {
+        if client.is_some() {
+            self.incarnation.fetch_add(1, Ordering::Relaxed);
+        }
         *self.client.write().unwrap_or_else(PoisonError::into_inner) = client;
+    }
+
+    fn incarnation(&self) -> u64 {
+        self.incarnation.load(Ordering::Relaxed)
     }
 
     /// Records what the node said about itself when it was dialed.
@@ -556,6 +578,37 @@ impl Cluster {
         Some((Arc::clone(node), fetch))
     }
 
+    /// [`Cluster::route`] leaving out the incarnations in `failed`; while none can take the
+    /// request, polls for up to `wait` (a node restarting, or one reconnecting), unless the
+    /// request is cancelled first.
+    async fn route_within(
+        &self,
+        request: &GenerateRequest,
+        failed: &[(Slot, u64)],
+        wait: Duration,
+        cancelled: &mut oneshot::Receiver<()>,
+    ) -> Option<(Arc<Node>, Option<KvFetch>)> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let exclude: Vec<Slot> = self
+                .nodes()
+                .iter()
+                .filter(|n| failed.contains(&(n.slot, n.incarnation())))
+                .map(|n| n.slot)
+                .collect();
+            if let Some(found) = self.route(request, &exclude) {
+                return Some(found);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(FAILOVER_POLL) => {}
+                _ = &mut *cancelled => return None,
+            }
+        }
+    }
+
     /// Runs `request` on a node, moving it to another when its node fails, until it ends, the
     /// client goes away, or it is cancelled.
     async fn relay(
@@ -567,8 +620,14 @@ impl Cluster {
         let prompt_tokens = request.prompt.len() as u32;
         let mut emitted: Vec<u32> = Vec::new();
         let mut rng_pos = 0;
-        let mut tried: Vec<Slot> = Vec::new();
+        // The incarnations that failed this request: each is left out of its later attempts,
+        // but the same node restarted is a new incarnation and may take it again (a rolling
+        // restart must not use up a long stream's nodes).
+        let mut failed: Vec<(Slot, u64)> = Vec::new();
         let mut failures: Vec<String> = Vec::new();
+        // The budget is per attempt and time, not per node: FAILOVER_ATTEMPTS attempts, and
+        // while no node can take it, waiting up to FAILOVER_WAIT for one to come (back).
+        let mut attempts = 0;
         loop {
             let Some(attempt) = resumed(&request, &emitted, rng_pos) else {
                 // The budget was spent exactly when the node failed: the stream is complete.
@@ -582,7 +641,14 @@ impl Cluster {
                 });
                 return;
             };
-            let Some((node, fetch)) = self.route(&attempt, &tried) else {
+            attempts += 1;
+            let routed = if attempts > FAILOVER_ATTEMPTS {
+                None
+            } else {
+                self.route_within(&attempt, &failed, FAILOVER_WAIT, &mut cancelled)
+                    .await
+            };
+            let Some((node, fetch)) = routed else {
                 let why = if failures.is_empty() {
                     "no node is available".to_string()
                 } else {
@@ -591,12 +657,13 @@ impl Cluster {
                 let _ = tx.send(TokenEvent::Failed { message: why });
                 return;
             };
-            tried.push(node.slot);
+            let incarnation = node.incarnation();
             if !emitted.is_empty() {
                 self.stats.failovers.fetch_add(1, Ordering::Relaxed);
             }
             let Some(client) = node.client() else {
                 failures.push(format!("node {} went away", node.addr));
+                failed.push((node.slot, incarnation));
                 continue;
             };
             let mut stream = match client.generate_with(attempt.clone(), fetch).await {
@@ -604,6 +671,7 @@ impl Cluster {
                 // A node shutting down refuses as unavailable: another may take the request.
                 Err(NodeError::Refused(refusal)) if refusal.kind == RefusalKind::Unavailable => {
                     failures.push(format!("node {}: {}", node.addr, refusal.message));
+                    failed.push((node.slot, incarnation));
                     continue;
                 }
                 Err(NodeError::Refused(refusal)) => {
@@ -615,6 +683,7 @@ impl Cluster {
                 Err(e) => {
                     node_failed(&node, &e);
                     failures.push(e.to_string());
+                    failed.push((node.slot, incarnation));
                     continue;
                 }
             };
@@ -635,6 +704,7 @@ impl Cluster {
                         return;
                     }
                     failures.push(e.to_string());
+                    failed.push((node.slot, incarnation));
                 }
             }
         }
