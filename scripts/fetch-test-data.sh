@@ -23,8 +23,8 @@ data="$root/target/test-data"
 jinja2_version="3.1.6"
 markupsafe_version="3.0.3"
 tokenizers_version="3.7.2"
-openai_version="1.109.1"
-anthropic_version="0.75.0"
+openai_version="3.60.0"
+anthropic_version="2.17.0"
 boto3_version="1.40.0"
 cuda_version="13.0"
 
@@ -116,21 +116,23 @@ if ! grep -qs "__version__ = \"$jinja2_version\"" "$py/jinja2/__init__.py"; then
         --target "$py" "jinja2==$jinja2_version" "markupsafe==$markupsafe_version"
     rerender=1
 fi
-# Installed after Jinja2 (whose step starts from an empty folder), checked by file for the same reason.
+# Installed after Jinja2 (whose step starts from an empty folder), checked by file for the same reason;
+# --upgrade so that a folder holding an older pin gets the new one (pip --target otherwise keeps it).
+# The SDKs are their current majors (openai 3.x, anthropic 2.x): what users run today.
 if ! grep -qs "__version__ = \"$openai_version\"" "$py/openai/_version.py"; then
     echo "installing openai==$openai_version -> $py" >&2
     python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
-        --target "$py" "openai==$openai_version"
+        --upgrade --target "$py" "openai==$openai_version"
 fi
 if ! grep -qs "__version__ = \"$anthropic_version\"" "$py/anthropic/_version.py"; then
     echo "installing anthropic==$anthropic_version -> $py" >&2
     python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
-        --target "$py" "anthropic==$anthropic_version"
+        --upgrade --target "$py" "anthropic==$anthropic_version"
 fi
 if ! grep -qs "__version__ = '$boto3_version'" "$py/boto3/__init__.py"; then
     echo "installing boto3==$boto3_version -> $py" >&2
     python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
-        --target "$py" "boto3==$boto3_version"
+        --upgrade --target "$py" "boto3==$boto3_version"
 fi
 
 # The CUDA wheels: every CUDA component pinned to one minor version (the nvcc wheel would

@@ -9,6 +9,10 @@ import argparse
 import anthropic
 import httpx
 
+# Sampling fields go in the body: the current SDK (2.x) no longer takes `temperature`, `top_p` or
+# `top_k` as arguments, and older ones send `extra_body` the same way.
+GREEDY = {"temperature": 0}
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -33,7 +37,7 @@ def main() -> None:
         system=system,
         messages=messages,
         max_tokens=24,
-        temperature=0,
+        extra_body=GREEDY,
         metadata={"user_id": "test"},
     )
     assert greedy.type == "message" and greedy.role == "assistant", greedy
@@ -54,7 +58,7 @@ def main() -> None:
 
     # Streaming: the text deltas concatenate to the greedy text; the final message agrees.
     with client.messages.stream(
-        model=model, system=system, messages=messages, max_tokens=24, temperature=0
+        model=model, system=system, messages=messages, max_tokens=24, extra_body=GREEDY
     ) as stream:
         event_types = [event.type for event in stream]
         final = stream.get_final_message()
@@ -67,7 +71,7 @@ def main() -> None:
                      "message_delta", "message_stop"):
         assert expected in event_types, (expected, event_types)
     with client.messages.stream(
-        model=model, system=system, messages=messages, max_tokens=24, temperature=0
+        model=model, system=system, messages=messages, max_tokens=24, extra_body=GREEDY
     ) as stream:
         assert "".join(stream.text_stream) == text
 
@@ -79,7 +83,7 @@ def main() -> None:
             system=system,
             messages=messages,
             max_tokens=24,
-            temperature=0,
+            extra_body=GREEDY,
             stop_sequences=["never-generated-zz", stop],
         )
         assert cut.stop_reason == "stop_sequence", cut
@@ -87,7 +91,7 @@ def main() -> None:
         assert cut.content[0].text == text[: text.index(stop)], (cut.content, stop)
         with client.messages.stream(
             model=model, system=system, messages=messages, max_tokens=24,
-            temperature=0, stop_sequences=[stop],
+            extra_body=GREEDY, stop_sequences=[stop],
         ) as stream:
             streamed_cut = "".join(stream.text_stream)
             final_cut = stream.get_final_message()
@@ -97,7 +101,7 @@ def main() -> None:
 
     # Sampled (non-greedy) requests with top_p / top_k work too.
     sampled = client.messages.create(
-        model=model, messages=messages, max_tokens=8, top_p=0.9, top_k=20
+        model=model, messages=messages, max_tokens=8, extra_body={"top_p": 0.9, "top_k": 20}
     )
     assert sampled.usage.output_tokens > 0, sampled
 

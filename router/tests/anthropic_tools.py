@@ -13,6 +13,14 @@ import pathlib
 import anthropic
 import httpx
 
+try:  # the current SDK (2.x) is built on httpx2 and takes only its clients
+    import httpx2 as sdk_httpx
+except ImportError:
+    sdk_httpx = httpx
+
+# Sampling fields go in the body: the current SDK no longer takes `temperature` as an argument.
+GREEDY = {"temperature": 0}
+
 WEATHER = {
     "name": "get_weather",
     "description": "The weather in a city.",
@@ -61,7 +69,7 @@ def request_path(client: anthropic.Anthropic, model: str) -> None:
     for choice in (None, {"type": "auto"}, {"type": "any"}, {"type": "tool", "name": "get_weather"}):
         extra = {} if choice is None else {"tool_choice": choice}
         served = client.messages.create(
-            model=model, messages=QUESTION, tools=[WEATHER], max_tokens=4, temperature=0, **extra
+            model=model, messages=QUESTION, tools=[WEATHER], max_tokens=4, extra_body=GREEDY, **extra
         )
         assert served.usage.input_tokens > plain + 50, (choice, served.usage, plain)
         counted = client.messages.count_tokens(
@@ -71,7 +79,7 @@ def request_path(client: anthropic.Anthropic, model: str) -> None:
         assert served.stop_reason in ("end_turn", "max_tokens", "tool_use"), served
         assert served.content and served.content[0].type in ("text", "tool_use"), served
         with client.messages.stream(
-            model=model, messages=QUESTION, tools=[WEATHER], max_tokens=4, temperature=0, **extra
+            model=model, messages=QUESTION, tools=[WEATHER], max_tokens=4, extra_body=GREEDY, **extra
         ) as stream:
             final = stream.get_final_message()
         assert shape(final.content) == shape(served.content), (final.content, served.content)
@@ -92,7 +100,7 @@ def request_path(client: anthropic.Anthropic, model: str) -> None:
         forced = dict(
             model=model, messages=QUESTION, tools=[WEATHER, unit],
             tool_choice={"type": "tool", "name": "get_unit"}, max_tokens=64,
-            temperature=seed_temperature,
+            extra_body={"temperature": seed_temperature},
         )
         served = client.messages.create(**forced)
         assert served.stop_reason == "tool_use", served
@@ -109,7 +117,7 @@ def request_path(client: anthropic.Anthropic, model: str) -> None:
     # "none" renders no tools: the plain prompt.
     none = client.messages.create(
         model=model, messages=QUESTION, tools=[WEATHER], tool_choice={"type": "none"},
-        max_tokens=4, temperature=0,
+        max_tokens=4, extra_body=GREEDY,
     )
     assert none.usage.input_tokens == plain, (none.usage, plain)
     assert [b.type for b in none.content] == ["text"], none
@@ -125,14 +133,14 @@ def request_path(client: anthropic.Anthropic, model: str) -> None:
     assert count(conversation("18 and sunny")) == short + len(" and sunny"), short
     assert count(conversation("18", city="Parisian")) == short + len("ian"), short
     done = client.messages.create(
-        model=model, messages=conversation("18"), tools=[WEATHER], max_tokens=8, temperature=0
+        model=model, messages=conversation("18"), tools=[WEATHER], max_tokens=8, extra_body=GREEDY
     )
     assert done.usage.input_tokens == short, (done.usage, short)
     assert done.stop_reason in ("end_turn", "max_tokens", "tool_use"), done
     errored = conversation("timed out")
     errored[-1]["content"][0]["is_error"] = True
     with client.messages.stream(
-        model=model, messages=errored, tools=[WEATHER], max_tokens=8, temperature=0
+        model=model, messages=errored, tools=[WEATHER], max_tokens=8, extra_body=GREEDY
     ) as stream:
         assert stream.get_final_message().stop_reason in ("end_turn", "max_tokens", "tool_use")
 
@@ -166,17 +174,19 @@ def offline_client(framed: dict) -> anthropic.Anthropic:
     """A client whose transport answers with the framed response: the whole message, or the
     events as an SSE body when the request streams."""
 
-    def answer(request: httpx.Request) -> httpx.Response:
+    def answer(request):
         if json.loads(request.content).get("stream"):
             body = "".join(
                 f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in framed["events"]
             )
-            return httpx.Response(200, headers={"content-type": "text/event-stream"}, text=body)
-        return httpx.Response(200, json=framed["whole"])
+            return sdk_httpx.Response(
+                200, headers={"content-type": "text/event-stream"}, text=body
+            )
+        return sdk_httpx.Response(200, json=framed["whole"])
 
     return anthropic.Anthropic(
         base_url="http://offline", api_key="unused", max_retries=0,
-        http_client=httpx.Client(transport=httpx.MockTransport(answer)),
+        http_client=sdk_httpx.Client(transport=sdk_httpx.MockTransport(answer)),
     )
 
 
