@@ -14,7 +14,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use cluster::{
-    Process, START, complete, complete_with, completion_body, get, metric, post, strata,
+    Process, START, complete, complete_with, completion_body, get, metric, post, post_raw, strata,
     stream_text, synth,
 };
 use strata_topology::transport::ClusterCa;
@@ -229,22 +229,6 @@ fn a_router_without_a_certificate_from_the_ca_is_refused() {
     assert!(stderr.contains("cannot reach node"), "{stderr}");
 }
 
-/// The raw response (status line, headers, body) of one POST on a fresh connection.
-fn post_raw(addr: SocketAddr, path: &str, body: &str) -> String {
-    let mut conn = TcpStream::connect(addr).expect("connect");
-    conn.set_read_timeout(Some(Duration::from_secs(60)))
-        .unwrap();
-    let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    conn.write_all(request.as_bytes()).unwrap();
-    let mut raw = String::new();
-    conn.read_to_string(&mut raw).unwrap();
-    raw
-}
-
 #[test]
 fn a_router_with_no_reachable_node_is_not_ready_and_answers_503_with_retry_after() {
     let _serial = serial();
@@ -378,35 +362,8 @@ fn streams_across_a_node_fault(router_args: &[&str], signal: &str) -> (Vec<bool>
         .enumerate()
         .map(|(i, prompt)| {
             let body = completion_body(prompt, TOKENS, true, seed(i));
-            let addr = cluster.router_addr;
-            let started_tx = started_tx.clone();
-            std::thread::spawn(move || {
-                let mut conn = TcpStream::connect(addr).expect("connect");
-                conn.set_read_timeout(Some(Duration::from_secs(300)))
-                    .unwrap();
-                let request = format!(
-                    "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
-                     Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                );
-                conn.write_all(request.as_bytes()).unwrap();
-                let mut raw = Vec::new();
-                let mut buf = [0u8; 4096];
-                let mut signalled = false;
-                loop {
-                    let n = conn.read(&mut buf).unwrap();
-                    if n == 0 {
-                        break;
-                    }
-                    raw.extend_from_slice(&buf[..n]);
-                    if !signalled && String::from_utf8_lossy(&raw).contains("\"text\"") {
-                        signalled = true;
-                        let _ = started_tx.send(());
-                    }
-                }
-                let raw = String::from_utf8(raw).unwrap();
-                stream_text(raw.split_once("\r\n\r\n").unwrap().1)
-            })
+            let finished = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            spawn_stream(cluster.router_addr, body, started_tx.clone(), finished)
         })
         .collect();
     for _ in 0..prompts.len() {
@@ -424,6 +381,42 @@ fn streams_across_a_node_fault(router_args: &[&str], signal: &str) -> (Vec<bool>
         .map(|(h, want)| h.join().ok().is_some_and(|got| &got == want))
         .collect();
     (same, get(cluster.router_addr, "/metrics"))
+}
+
+/// Streams the completion `body` through `addr` on a thread: sends on `started` at its first
+/// text, counts itself in `finished` when it ends, and returns the streamed text.
+fn spawn_stream(
+    addr: SocketAddr,
+    body: String,
+    started: mpsc::Sender<()>,
+    finished: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut conn = TcpStream::connect(addr).expect("connect");
+        conn.set_read_timeout(Some(Duration::from_secs(300)))
+            .unwrap();
+        let request = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(request.as_bytes()).unwrap();
+        let (mut raw, mut buf, mut signalled) = (Vec::new(), [0u8; 4096], false);
+        loop {
+            let n = conn.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            raw.extend_from_slice(&buf[..n]);
+            if !signalled && String::from_utf8_lossy(&raw).contains("\"text\"") {
+                signalled = true;
+                let _ = started.send(());
+            }
+        }
+        finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let raw = String::from_utf8(raw).unwrap();
+        stream_text(raw.split_once("\r\n\r\n").unwrap().1)
+    })
 }
 
 #[test]
@@ -446,34 +439,12 @@ fn a_rolling_restart_of_every_node_under_long_streams_ends_none_of_them() {
         .iter()
         .map(|prompt| {
             let body = completion_body(prompt, TOKENS, true, None);
-            let (addr, started_tx, finished) =
-                (cluster.router_addr, started_tx.clone(), finished.clone());
-            std::thread::spawn(move || {
-                let mut conn = TcpStream::connect(addr).expect("connect");
-                conn.set_read_timeout(Some(Duration::from_secs(300)))
-                    .unwrap();
-                let request = format!(
-                    "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
-                     Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                );
-                conn.write_all(request.as_bytes()).unwrap();
-                let (mut raw, mut buf, mut signalled) = (Vec::new(), [0u8; 4096], false);
-                loop {
-                    let n = conn.read(&mut buf).unwrap();
-                    if n == 0 {
-                        break;
-                    }
-                    raw.extend_from_slice(&buf[..n]);
-                    if !signalled && String::from_utf8_lossy(&raw).contains("\"text\"") {
-                        signalled = true;
-                        let _ = started_tx.send(());
-                    }
-                }
-                finished.fetch_add(1, Ordering::Relaxed);
-                let raw = String::from_utf8(raw).unwrap();
-                stream_text(raw.split_once("\r\n\r\n").unwrap().1)
-            })
+            spawn_stream(
+                cluster.router_addr,
+                body,
+                started_tx.clone(),
+                finished.clone(),
+            )
         })
         .collect();
     for _ in 0..prompts.len() {

@@ -101,8 +101,8 @@ pub fn synth(dir: &std::path::Path) {
     assert!(out.status.success(), "{out:?}");
 }
 
-/// Status and body of one POST on a fresh connection.
-pub fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
+/// The raw response (status line, headers, body) of one POST on a fresh connection.
+pub fn post_raw(addr: SocketAddr, path: &str, body: &str) -> String {
     let mut conn = TcpStream::connect(addr).expect("connect");
     conn.set_read_timeout(Some(Duration::from_secs(120)))
         .unwrap();
@@ -114,6 +114,12 @@ pub fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
     conn.write_all(request.as_bytes()).unwrap();
     let mut raw = String::new();
     conn.read_to_string(&mut raw).unwrap();
+    raw
+}
+
+/// Status and body of one POST on a fresh connection.
+pub fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
+    let raw = post_raw(addr, path, body);
     let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
     let body = raw
         .split_once("\r\n\r\n")
