@@ -391,15 +391,14 @@ pub fn routes() -> Router<AppState> {
 
 /// Ready to take requests: the server binds only after the model is loaded and its engine
 /// started, so a local engine is ready once it answers; a router is ready while some node is
-/// reachable, and otherwise answers 503 with `Retry-After` so a load balancer sends its traffic
-/// to another router.
+/// reachable, and otherwise answers 503 (with `Retry-After`, which the admission layer adds to
+/// every 503) so a load balancer sends its traffic to another router.
 async fn ready(State(state): State<AppState>) -> Response {
     if let crate::state::EngineHandle::Cluster(cluster) = &state.engine
         && !cluster.has_available_node()
     {
         return (
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            [(header::RETRY_AFTER, "1")],
             Json(json!({"status": "not_ready", "model": state.name,
                         "reason": "no node is reachable from this router"})),
         )
