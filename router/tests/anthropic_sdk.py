@@ -7,7 +7,11 @@ asserts something a broken server would fail; the first failure exits non-zero w
 import argparse
 
 import anthropic
-import httpx
+
+try:  # the current SDK majors (openai 3.x, anthropic 2.x) bring httpx2, older ones httpx
+    import httpx2 as httpx
+except ImportError:
+    import httpx
 
 # Sampling fields go in the body: the current SDK (2.x) no longer takes `temperature`, `top_p` or
 # `top_k` as arguments, and older ones send `extra_body` the same way.

@@ -11,12 +11,12 @@ import json
 import pathlib
 
 import anthropic
-import httpx
 
-try:  # the current SDK (2.x) is built on httpx2 and takes only its clients
-    import httpx2 as sdk_httpx
+try:  # the current SDK majors (openai 3.x, anthropic 2.x) bring httpx2 and take only its
+    # clients; older ones httpx
+    import httpx2 as httpx
 except ImportError:
-    sdk_httpx = httpx
+    import httpx
 
 # Sampling fields go in the body: the current SDK no longer takes `temperature` as an argument.
 GREEDY = {"temperature": 0}
@@ -179,14 +179,14 @@ def offline_client(framed: dict) -> anthropic.Anthropic:
             body = "".join(
                 f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in framed["events"]
             )
-            return sdk_httpx.Response(
+            return httpx.Response(
                 200, headers={"content-type": "text/event-stream"}, text=body
             )
-        return sdk_httpx.Response(200, json=framed["whole"])
+        return httpx.Response(200, json=framed["whole"])
 
     return anthropic.Anthropic(
         base_url="http://offline", api_key="unused", max_retries=0,
-        http_client=sdk_httpx.Client(transport=sdk_httpx.MockTransport(answer)),
+        http_client=httpx.Client(transport=httpx.MockTransport(answer)),
     )
 
 

@@ -8,8 +8,12 @@ reason.
 import argparse
 import json
 
-import httpx
 import openai
+
+try:  # the current SDK majors (openai 3.x, anthropic 2.x) bring httpx2, older ones httpx
+    import httpx2 as httpx
+except ImportError:
+    import httpx
 
 
 def main() -> None:
