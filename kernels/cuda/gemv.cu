@@ -128,10 +128,13 @@ GEMV_ENTRIES(15)
 GEMV_ENTRIES(16)
 
 // ---------------------------------------------------------------------------------------------
-// Tensor-core variant: one kernel family for every M in 1..=64, rows he next ceil(n1 / 16)
-// y1, the rest y2. Each block runs the single-GEMV body unchanged, so every output is bitwise
-// what the single launch gives; the point is one launch wide enough to fill the GPU where the
-// narrow k and v projections alone (1024 rows on an 8B shape: 64 blocks) leave half of it idle.
+// Tensor-core entries: the body of gemv_mma.cuh over bf16 weights, one kernel per x-tile count.
+//
+// The fused q/k/v GEMV (`gemv_mma3_bf16_x{XT}`): the first ceil(n0 / ROWS) blocks compute y0, the
+// next ceil(n1 / ROWS) y1, the rest y2. Each block runs the single-GEMV body unchanged, so every
+// output is bitwise what the single launch gives; the point is one launch wide enough to fill the
+// GPU where the narrow k and v projections alone (1024 rows on an 8B shape: 64 blocks) leave half
+// of it idle.
 //
 // The shard GEMV (the row-parallel o and down projections, DESIGN.md §5): block (b, s) computes
 // rows b of the f32 partial y_s = x[:, s*kslice .. (s+1)*kslice] * w[:, same]^T, x and w rows
@@ -142,12 +145,12 @@ GEMV_ENTRIES(16)
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                   \
         gemv_mma_bf16_x##XT(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,    \
                             const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {            \
-        gemv_mma_body<XT, false>(y, x, Bf16W{w, k}, m, n, k, k, blockIdx.x);                       \
+        gemv_mma_body<XT, MMA_WARPS, false>(y, x, Bf16W{w, k}, m, n, k, k, blockIdx.x);            \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                   \
         gemv_mma_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,             \
                            const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {             \
-        gemv_mma_body<XT, false>(y, x, Bf16W{w, k}, m, n, k, k, blockIdx.x);                       \
+        gemv_mma_body<XT, MMA_WARPS, false>(y, x, Bf16W{w, k}, m, n, k, k, blockIdx.x);            \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) gemv_mma3_bf16_x##XT(             \
         __nv_bfloat16* __restrict__ y0, __nv_bfloat16* __restrict__ y1,                            \
@@ -159,11 +162,12 @@ GEMV_ENTRIES(16)
         const u32 blocks1 = (n1 + ROWS - 1) / ROWS;                                                \
         const u32 b = blockIdx.x;                                                                  \
         if (b < blocks0) {                                                                         \
-            gemv_mma_body<XT, false>(y0, x, Bf16W{w0, k}, m, n0, k, k, b);                         \
+            gemv_mma_body<XT, MMA_WARPS, false>(y0, x, Bf16W{w0, k}, m, n0, k, k, b);              \
         } else if (b < blocks0 + blocks1) {                                                        \
-            gemv_mma_body<XT, false>(y1, x, Bf16W{w1, k}, m, n1, k, k, b - blocks0);               \
+            gemv_mma_body<XT, MMA_WARPS, false>(y1, x, Bf16W{w1, k}, m, n1, k, k, b - blocks0);    \
         } else {                                                                                   \
-            gemv_mma_body<XT, false>(y2, x, Bf16W{w2, k}, m, n2, k, k, b - blocks0 - blocks1);     \
+            const u32 b2 = b - blocks0 - blocks1;                                                  \
+            gemv_mma_body<XT, MMA_WARPS, false>(y2, x, Bf16W{w2, k}, m, n2, k, k, b2);             \
         }                                                                                          \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) gemv_mma_shards_f32_x##XT(        \
@@ -171,9 +175,9 @@ GEMV_ENTRIES(16)
         const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 kslice, u32 ld,                     \
         u64 y_stride) {                                                                            \
         const u32 s = blockIdx.y;                                                                  \
-        gemv_mma_body<XT, true>(y + (u64)s * y_stride, x + (u64)s * kslice,                        \
-                                Bf16W{w, ld}.from_col(s * kslice), m, n, kslice, ld,               \
-                                blockIdx.x);                                                       \
+        gemv_mma_body<XT, MMA_WARPS, true>(y + (u64)s * y_stride, x + (u64)s * kslice,             \
+                                           Bf16W{w, ld}.from_col(s * kslice), m, n, kslice, ld,    \
+                                           blockIdx.x);                                            \
     }
 
 GEMV_MMA_ENTRIES(1)
@@ -181,49 +185,59 @@ GEMV_MMA_ENTRIES(2)
 GEMV_MMA_ENTRIES(3)
 GEMV_MMA_ENTRIES(4)
 
+// The four-phase entries (`GemvVariant::Mma2`): the same body with MMA2_PHASES k-phases, for the
+// wide projections (gate/up and the LM head).
+
+#define GEMV_MMA2_ENTRIES(XT)                                                                      \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                   \
+        gemv_mma2_bf16_x##XT(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,   \
+                             const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {           \
+        gemv_mma_body<XT, MMA2_PHASES, false>(y, x, Bf16W{w, k}, m, n, k, k, blockIdx.x);          \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                   \
+        gemv_mma2_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,            \
+                            const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {            \
+        gemv_mma_body<XT, MMA2_PHASES, false>(y, x, Bf16W{w, k}, m, n, k, k, blockIdx.x);          \
+    }
+
+GEMV_MMA2_ENTRIES(1)
+GEMV_MMA2_ENTRIES(2)
+GEMV_MMA2_ENTRIES(3)
+GEMV_MMA2_ENTRIES(4)
+
 // ---------------------------------------------------------------------------------------------
-// Tensor-core variant 2 (experimental, `gemv_mma2_{bf16,f32}_x{XT}`): the same MMA fragments, a
-// different split. The 16 warps form MMA2_PHASES k-phases × MMA2_GROUPS row groups: warp w takes
-// phase w % MMA2_PHASES and row group w / MMA2_PHASES, and runs the 32-wide k-steps
-// phase, phase + MMA2_PHASES, ... in ascending order over 8 * Mma2Tiles<XT> rows of W. Fewer
-// phases than the first variant's 16 means fewer partial sums per output, so a block holds more
-// rows of W (64 for one x tile, 128 for more) and every block's x loads, which all blocks repeat,
-// are amortized over 2-4 times the weights; warps of one phase read the same x (L1 hits).
+// Row-warp variant (experimental, `gemv_rows_{bf16,f32}_x{XT}`, timed by `strata kernels bench`
+// against the two above): the warps of a block own rows instead of k-phases. Warp w of block b
+// owns the 8 * TILES rows from (b * ROWS_WARPS + w) * 8 * TILES and runs every k-step of one
+// K-slice of them, slice blockIdx.y of `kslice` columns, in ascending order; the warps of a block
+// read the same x (L1 hits), so x is loaded once per 8 * TILES * ROWS_WARPS rows, and no shared
+// memory or barrier is needed. With one slice the launch writes y; with S slices (grid.y = S) it
+// writes S f32 partials `m * n` apart, which `gemv_sum_slices_*` adds in slice order.
 //
-// Batch invariance: per (m, n) the order is the k-steps of each phase in ascending order, then the
-// MMA2_PHASES phase totals in phase order — fixed by K alone, the same for every XT, M, tile count
-// and grid. It is not the first variant's order: the two give different bits.
-constexpr int MMA2_PHASES = 4;
-constexpr int MMA2_GROUPS = MMA_WARPS / MMA2_PHASES;
+// Batch invariance: per (m, n) the order is the slice's k-steps in ascending order in one warp,
+// then the slices in slice order: fixed by K and the slice count alone.
+constexpr int ROWS_WARPS = 4;
 
 template <int XT>
-struct Mma2Tiles {
-    static constexpr int T = XT == 1 ? 2 : 4;
-};
-
-template <int XT>
-struct Mma2Unroll {
-    static constexpr int U = XT == 1 ? 4 : (XT == 2 ? 2 : 1);
+struct RowsUnroll {
+    static constexpr int U = XT == 1 ? 8 : (XT == 2 ? 4 : 2);
 };
 
 template <int XT, typename Out>
-__device__ __forceinline__ void gemv_mma2_body(Out* __restrict__ y,
+__device__ __forceinline__ void gemv_rows_body(Out* __restrict__ y,
                                                const __nv_bfloat16* __restrict__ x,
                                                const __nv_bfloat16* __restrict__ w, u32 m_rows,
-                                               u32 n_rows, u32 k, u32 block) {
-    constexpr int U = Mma2Unroll<XT>::U;
-    constexpr int TILES = Mma2Tiles<XT>::T;
-    constexpr int GROUP_ROWS = 8 * TILES;
-    constexpr int BLOCK_ROWS = GROUP_ROWS * MMA2_GROUPS;
-    __shared__ float partial[MMA2_PHASES][16][BLOCK_ROWS + 1];
+                                               u32 n_rows, u32 k, u32 kslice) {
+    constexpr int TILES = MmaTiles<XT>::T;
+    constexpr int U = RowsUnroll<XT>::U;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    const int phase = warp % MMA2_PHASES;
-    const int group = warp / MMA2_PHASES;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const u32 n0 = block * BLOCK_ROWS + group * GROUP_ROWS;
-    const u32 steps = k / 32;
+    const u32 n0 = (blockIdx.x * ROWS_WARPS + warp) * 8 * TILES;
+    if (n0 >= n_rows) return;
+    const u32 col0 = blockIdx.y * kslice;
+    const u32 steps = kslice / 32;
 
     float c[XT][TILES][4];
 #pragma unroll
@@ -231,37 +245,36 @@ __device__ __forceinline__ void gemv_mma2_body(Out* __restrict__ y,
 #pragma unroll
         for (int i = 0; i < TILES; ++i) c[j][i][0] = c[j][i][1] = c[j][i][2] = c[j][i][3] = 0.0f;
     }
-
-    for (u32 s0 = phase; s0 < steps; s0 += MMA2_PHASES * U) {
+    for (u32 s0 = 0; s0 < steps; s0 += U) {
         uint4 wv[U][TILES];
         uint4 xl[U][XT], xh[U][XT];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const u32 s = s0 + u * MMA2_PHASES;
+            const u32 s = s0 + u;
             const bool live = s < steps;
+            const u32 col = col0 + s * 32 + t * 8;
 #pragma unroll
             for (int i = 0; i < TILES; ++i) {
                 const u32 n = n0 + i * 8 + g;
-                wv[u][i] = live && n < n_rows ? load_stream(w + (u64)n * k + (u64)s * 32 + t * 8)
+                wv[u][i] = live && n < n_rows ? load_stream(w + (u64)n * k + col)
                                               : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
             for (int j = 0; j < XT; ++j) {
                 const u32 lo = 16 * j + g;
                 const u32 hi = lo + 8;
-                xl[u][j] = live && lo < m_rows ? load16(x + (u64)lo * k + (u64)s * 32 + t * 8)
-                                               : make_uint4(0, 0, 0, 0);
-                xh[u][j] = live && hi < m_rows ? load16(x + (u64)hi * k + (u64)s * 32 + t * 8)
-                                               : make_uint4(0, 0, 0, 0);
+                const uint4 zero = make_uint4(0, 0, 0, 0);
+                xl[u][j] = live && lo < m_rows ? load16(x + (u64)lo * k + col) : zero;
+                xh[u][j] = live && hi < m_rows ? load16(x + (u64)hi * k + col) : zero;
             }
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            if (s0 + u * MMA2_PHASES < steps) {
+            if (s0 + u < steps) {
 #pragma unroll
-                for (int j = 0; j < XT; ++j) {
+                for (int i = 0; i < TILES; ++i) {
 #pragma unroll
-                    for (int i = 0; i < TILES; ++i) {
+                    for (int j = 0; j < XT; ++j) {
                         mma_bf16_16816(c[j][i], xl[u][j].x, xh[u][j].x, xl[u][j].y, xh[u][j].y,
                                        wv[u][i].x, wv[u][i].y);
                         mma_bf16_16816(c[j][i], xl[u][j].z, xh[u][j].z, xl[u][j].w, xh[u][j].w,
@@ -271,46 +284,62 @@ __device__ __forceinline__ void gemv_mma2_body(Out* __restrict__ y,
             }
         }
     }
-
-    // One x tile at a time: the phase totals in phase order.
+    Out* out = y + (u64)blockIdx.y * m_rows * n_rows;
 #pragma unroll
     for (int j = 0; j < XT; ++j) {
-        if (j > 0) __syncthreads();
 #pragma unroll
         for (int i = 0; i < TILES; ++i) {
-            const int col = group * GROUP_ROWS + i * 8 + t * 2;
-            partial[phase][g][col] = c[j][i][0];
-            partial[phase][g][col + 1] = c[j][i][1];
-            partial[phase][g + 8][col] = c[j][i][2];
-            partial[phase][g + 8][col + 1] = c[j][i][3];
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < 16 * BLOCK_ROWS; e += blockDim.x) {
-            const int row = e / BLOCK_ROWS;
-            const int col = e % BLOCK_ROWS;
-            float total = 0.0f;
-#pragma unroll
-            for (int p = 0; p < MMA2_PHASES; ++p) total += partial[p][row][col];
-            const u32 m = 16 * j + row;
-            const u32 n = block * BLOCK_ROWS + col;
-            if (m < m_rows && n < n_rows) store_out(y + (u64)m * n_rows + n, total);
+            const u32 n = n0 + i * 8 + t * 2;
+            const u32 lo = 16 * j + g;
+            const u32 hi = lo + 8;
+            Out* row_lo = out + (u64)lo * n_rows;
+            Out* row_hi = out + (u64)hi * n_rows;
+            if (lo < m_rows && n < n_rows) store_out(row_lo + n, c[j][i][0]);
+            if (lo < m_rows && n + 1 < n_rows) store_out(row_lo + n + 1, c[j][i][1]);
+            if (hi < m_rows && n < n_rows) store_out(row_hi + n, c[j][i][2]);
+            if (hi < m_rows && n + 1 < n_rows) store_out(row_hi + n + 1, c[j][i][3]);
         }
     }
 }
 
-#define GEMV_MMA2_ENTRIES(XT)                                                                      \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                   \
-        gemv_mma2_bf16_x##XT(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,   \
-                             const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {           \
-        gemv_mma2_body<XT>(y, x, w, m, n, k, blockIdx.x);                                          \
+#define GEMV_ROWS_ENTRIES(XT)                                                                      \
+    extern "C" __global__ void __launch_bounds__(ROWS_WARPS * 32)                                  \
+        gemv_rows_bf16_x##XT(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,   \
+                             const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k,             \
+                             u32 kslice) {                                                         \
+        gemv_rows_body<XT>(y, x, w, m, n, k, kslice);                                              \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                   \
-        gemv_mma2_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,            \
-                            const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {            \
-        gemv_mma2_body<XT>(y, x, w, m, n, k, blockIdx.x);                                          \
+    extern "C" __global__ void __launch_bounds__(ROWS_WARPS * 32)                                  \
+        gemv_rows_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,            \
+                            const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k,              \
+                            u32 kslice) {                                                          \
+        gemv_rows_body<XT>(y, x, w, m, n, k, kslice);                                              \
     }
 
-GEMV_MMA2_ENTRIES(1)
-GEMV_MMA2_ENTRIES(2)
-GEMV_MMA2_ENTRIES(3)
-GEMV_MMA2_ENTRIES(4)
+GEMV_ROWS_ENTRIES(1)
+GEMV_ROWS_ENTRIES(2)
+GEMV_ROWS_ENTRIES(3)
+GEMV_ROWS_ENTRIES(4)
+
+// y[i] = the `slices` f32 partials `len` apart at p, added in slice order from slice 0.
+template <typename Out>
+__device__ __forceinline__ void sum_slices_body(Out* __restrict__ y, const float* __restrict__ p,
+                                                u32 len, u32 slices) {
+    const u32 stride = gridDim.x * blockDim.x;
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < len; i += stride) {
+        float total = p[i];
+        for (u32 s = 1; s < slices; ++s) total += p[(u64)s * len + i];
+        store_out(y + i, total);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    gemv_sum_slices_bf16(__nv_bfloat16* __restrict__ y, const float* __restrict__ p, u32 len,
+                         u32 slices) {
+    sum_slices_body(y, p, len, slices);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    gemv_sum_slices_f32(float* __restrict__ y, const float* __restrict__ p, u32 len, u32 slices) {
+    sum_slices_body(y, p, len, slices);
+}

@@ -1,6 +1,7 @@
 // Projections whose weights stay in a GGUF block format on the device (blocks.cuh): the decode
-// GEMV, the row-parallel shard GEMV, a dequantizer to bf16 for the cuBLASLt GEMM of prompt rows,
-// and the embedding gather. Names carry the format: `gemv_mma_q4_k_bf16_x2`, `dequant_q6_k`, ...
+// GEMV (both phase counts), the row-parallel shard GEMV, a dequantizer to bf16 for the cuBLASLt
+// GEMM of prompt rows, and the embedding gather. Names carry the format: `gemv_mma_q4_k_bf16_x2`,
+// `dequant_q6_k`, ...
 //
 // The GEMVs run gemv_mma.cuh's body unchanged with a BlockW<F> loader, and a BlockW<F> chunk is
 // bit for bit the bf16 the checkpoint loader would widen the block to: every output equals the
@@ -14,14 +15,27 @@
         gemv_mma_##NAME##_bf16_x##XT(__nv_bfloat16* __restrict__ y,                                \
                                      const __nv_bfloat16* __restrict__ x, const u8* __restrict__ w, \
                                      u32 m, u32 n, u32 k) {                                        \
-        gemv_mma_body<XT, false>(y, x, BlockW<F>{w, block_row_bytes<F>(k)}, m, n, k, k,            \
-                                 blockIdx.x);                                                      \
+        gemv_mma_body<XT, MMA_WARPS, false>(y, x, BlockW<F>{w, block_row_bytes<F>(k)}, m, n, k, k, \
+                                            blockIdx.x);                                           \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                  \
         gemv_mma_##NAME##_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,    \
                                     const u8* __restrict__ w, u32 m, u32 n, u32 k) {               \
-        gemv_mma_body<XT, false>(y, x, BlockW<F>{w, block_row_bytes<F>(k)}, m, n, k, k,            \
-                                 blockIdx.x);                                                      \
+        gemv_mma_body<XT, MMA_WARPS, false>(y, x, BlockW<F>{w, block_row_bytes<F>(k)}, m, n, k, k, \
+                                            blockIdx.x);                                           \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                  \
+        gemv_mma2_##NAME##_bf16_x##XT(__nv_bfloat16* __restrict__ y,                               \
+                                      const __nv_bfloat16* __restrict__ x,                         \
+                                      const u8* __restrict__ w, u32 m, u32 n, u32 k) {             \
+        gemv_mma_body<XT, MMA2_PHASES, false>(y, x, BlockW<F>{w, block_row_bytes<F>(k)}, m, n, k,  \
+                                              k, blockIdx.x);                                      \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                  \
+        gemv_mma2_##NAME##_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,   \
+                                     const u8* __restrict__ w, u32 m, u32 n, u32 k) {              \
+        gemv_mma_body<XT, MMA2_PHASES, false>(y, x, BlockW<F>{w, block_row_bytes<F>(k)}, m, n, k,  \
+                                              k, blockIdx.x);                                      \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                  \
         gemv_mma_shards_##NAME##_f32_x##XT(float* __restrict__ y,                                  \
@@ -29,9 +43,9 @@
                                            const u8* __restrict__ w, u32 m, u32 n, u32 kslice,     \
                                            u32 ld, u64 y_stride) {                                 \
         const u32 s = blockIdx.y;                                                                  \
-        gemv_mma_body<XT, true>(y + (u64)s * y_stride, x + (u64)s * kslice,                        \
-                                BlockW<F>{w, block_row_bytes<F>(ld)}.from_col(s * kslice), m, n,   \
-                                kslice, ld, blockIdx.x);                                           \
+        gemv_mma_body<XT, MMA_WARPS, true>(y + (u64)s * y_stride, x + (u64)s * kslice,             \
+                                           BlockW<F>{w, block_row_bytes<F>(ld)}.from_col(s * kslice), \
+                                           m, n, kslice, ld, blockIdx.x);                          \
     }
 
 // out[n, k] (bf16, row-major) = the rows of w, dequantized: grid-stride over 8-element chunks.

@@ -11,21 +11,31 @@ __device__ __forceinline__ void store_out(float* y, float v) { *y = v; }
 // Tensor-core variant: one kernel family for every M in 1..=64, rows padded to the m16n8k16 MMA
 // shape in XT = ceil(M / 16) tiles of 16 rows (`gemv_mma_{bf16,f32}_x{XT}`).
 //
-// A block of 16 warps owns 8 * TILES consecutive rows of W (TILES = MmaTiles<XT>: 2 for one x
-// tile, 4 for more, so that each block's x loads, which every block repeats, stay at most twice
-// its weight loads); warp w owns the 32-wide k-steps
-// w, w + 16, w + 32, ... Lane (g = lane / 4, t = lane % 4) streams 16 bytes of W row n0 + g at
-// k = 32 s + 8 t, and for every x tile j the matching 16 bytes of x rows 16 j + g and
-// 16 j + g + 8. Each weight fragment feeds the MMAs of every x tile, so W is read once for up to
-// 64 rows. The MMA's k slots are a permutation of the actual k (the same for A and B, so the dot
-// product is unchanged): the first MMA of a step takes each lane's elements 0..3, the second its
-// elements 4..7.
+// A block has 16 warps in PHASES k-phases × GROUPS = 16 / PHASES row groups: warp w takes phase
+// w % PHASES and row group w / PHASES. A group owns 8 * TILES consecutive rows of W (TILES =
+// MmaTiles<XT>: 2 for one x tile, 4 for more), so a block owns 8 * TILES * GROUPS rows; a warp runs
+// the 32-wide k-steps phase, phase + PHASES, phase + 2 PHASES, ... of its group's rows. Lane
+// (g = lane / 4, t = lane % 4) streams 16 bytes of W row n0 + g at k = 32 s + 8 t, and for every x
+// tile j the matching 16 bytes of x rows 16 j + g and 16 j + g + 8. Each weight fragment feeds the
+// MMAs of every x tile, so W is read once for up to 64 rows. The MMA's k slots are a permutation
+// of the actual k (the same for A and B, so the dot product is unchanged): the first MMA of a step
+// takes each lane's elements 0..3, the second its elements 4..7.
+//
+// Two phase counts are built (src/gemv.rs `GemvVariant`): 16 (`Mma`: one row group; every block
+// repeats the x loads of its 8 * TILES rows) and 4 (`Mma2`: four row groups, whose warps of one
+// phase read the same x, so a block's x loads are amortized over four times the weights; for the
+// wide projections, where 4 × the rows still make enough blocks).
 //
 // Batch invariance: rows of x beyond M are zeros, a tensor-core dot product of one output row
-// never reads another row, and per (m, n) the order is fixed by K alone: k-steps in ascending
-// order within a warp (UNROLL only changes how many loads are in flight), then the 16 warp totals
-// in warp order. So row m gets the same bits from every XT, every M, every TILES and every grid.
+// never reads another row, and per (m, n) the order is fixed by K and PHASES alone: the k-steps
+// of each phase in ascending order (UNROLL only changes how many loads are in flight), then the
+// PHASES phase totals in phase order. So row m gets the same bits from every XT, every M, every
+// TILES and every grid; the two phase counts give different bits, so a projection always takes
+// the same one.
 constexpr int MMA_WARPS = 16;
+// The phase count of `GemvVariant::Mma2` (MMA_WARPS is `Mma`'s); mirrored by `mma_rows` in
+// src/gemv.rs.
+constexpr int MMA2_PHASES = 4;
 
 // Tiles of 8 W rows per block for XT x tiles; mirrored by `mma_rows` in `src/gemv.rs`.
 template <int XT>
@@ -97,21 +107,26 @@ struct MmaSlot {
 // loader of blocks.cuh over the same columns. Every weight chunk the body multiplies is the
 // loader's 8 bf16 values, so the body gives the same bits for a block format as for its bf16
 // widening.
-template <int XT, bool SLICED, typename Out, typename W>
+template <int XT, int PHASES, bool SLICED, typename Out, typename W>
 __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
                                               const __nv_bfloat16* __restrict__ x, const W w,
                                               u32 m_rows, u32 n_rows, u32 k, u32 ld_arg,
                                               u32 block) {
+    static_assert(MMA_WARPS % PHASES == 0, "the warps split evenly into phases");
+    constexpr int GROUPS = MMA_WARPS / PHASES;
     const u32 ld = SLICED ? ld_arg : k;
     constexpr int U = BodyUnroll<W, XT>::U;
     constexpr int MMA_TILES = MmaTiles<XT>::T;
-    constexpr int MMA_ROWS = 8 * MMA_TILES;
-    __shared__ float partial[MMA_WARPS][16][MMA_ROWS + 1];
+    constexpr int GROUP_ROWS = 8 * MMA_TILES;
+    constexpr int BLOCK_ROWS = GROUP_ROWS * GROUPS;
+    __shared__ float partial[PHASES][16][BLOCK_ROWS + 1];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
+    const int phase = warp % PHASES;
+    const int group = warp / PHASES;
     const int g = lane >> 2;
     const int t = lane & 3;
-    const u32 n0 = block * MMA_ROWS;
+    const u32 n0 = block * BLOCK_ROWS + group * GROUP_ROWS;
     const u32 steps = k / 32;
 
     float c[XT][MMA_TILES][4];
@@ -121,13 +136,13 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
         for (int i = 0; i < MMA_TILES; ++i) c[j][i][0] = c[j][i][1] = c[j][i][2] = c[j][i][3] = 0.0f;
     }
 
-    for (u32 s0 = warp; s0 < steps; s0 += MMA_WARPS * U) {
+    for (u32 s0 = phase; s0 < steps; s0 += PHASES * U) {
         typedef MmaSlot<W, XT> Slots;
         typename Slots::Slot wv[U][MMA_TILES];
         uint4 xl[U][XT], xh[U][XT];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const u32 s = s0 + u * MMA_WARPS;
+            const u32 s = s0 + u * PHASES;
             const bool live = s < steps;
 #pragma unroll
             for (int i = 0; i < MMA_TILES; ++i) {
@@ -147,10 +162,10 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            if (s0 + u * MMA_WARPS < steps) {
+            if (s0 + u * PHASES < steps) {
 #pragma unroll
                 for (int i = 0; i < MMA_TILES; ++i) {
-                    const uint4 wf = Slots::decode(wv[u][i], (s0 + u * MMA_WARPS) * 32 + t * 8);
+                    const uint4 wf = Slots::decode(wv[u][i], (s0 + u * PHASES) * 32 + t * 8);
 #pragma unroll
                     for (int j = 0; j < XT; ++j) {
                         mma_bf16_16816(c[j][i], xl[u][j].x, xh[u][j].x, xl[u][j].y, xh[u][j].y,
@@ -163,29 +178,28 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
         }
     }
 
-    // One x tile at a time through the same shared buffer: warp totals in warp order.
+    // One x tile at a time through the same shared buffer: the phase totals in phase order.
 #pragma unroll
     for (int j = 0; j < XT; ++j) {
         if (j > 0) __syncthreads();  // the previous tile's reads are done
 #pragma unroll
         for (int i = 0; i < MMA_TILES; ++i) {
-            const int col = i * 8 + t * 2;
-            partial[warp][g][col] = c[j][i][0];
-            partial[warp][g][col + 1] = c[j][i][1];
-            partial[warp][g + 8][col] = c[j][i][2];
-            partial[warp][g + 8][col + 1] = c[j][i][3];
+            const int col = group * GROUP_ROWS + i * 8 + t * 2;
+            partial[phase][g][col] = c[j][i][0];
+            partial[phase][g][col + 1] = c[j][i][1];
+            partial[phase][g + 8][col] = c[j][i][2];
+            partial[phase][g + 8][col + 1] = c[j][i][3];
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < 16 * MMA_ROWS; e += blockDim.x) {
-            const int row = e / MMA_ROWS;
-            const int col = e % MMA_ROWS;
+        for (int e = threadIdx.x; e < 16 * BLOCK_ROWS; e += blockDim.x) {
+            const int row = e / BLOCK_ROWS;
+            const int col = e % BLOCK_ROWS;
             float total = 0.0f;
 #pragma unroll
-            for (int wi = 0; wi < MMA_WARPS; ++wi) total += partial[wi][row][col];
+            for (int p = 0; p < PHASES; ++p) total += partial[p][row][col];
             const u32 m = 16 * j + row;
-            const u32 n = n0 + col;
+            const u32 n = block * BLOCK_ROWS + col;
             if (m < m_rows && n < n_rows) store_out(y + (u64)m * n_rows + n, total);
         }
     }
 }
-

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
-use crate::gemv::{MMA_THREADS, MMA_X_ROWS, check_rows, check_shards, mma_rows};
+use crate::gemv::{MMA_THREADS, MMA_X_ROWS, check_rows, check_shards, mma_rows, mma2_rows};
 use crate::launch::{aligned16, grid, need_len, product, stride_blocks, to_u32};
-use crate::{GemvOut, KernelError, Kernels, ensure_shape};
+use crate::{GemvOut, GemvVariant, KernelError, Kernels, ensure_shape};
 
 const MODULE: &str = "gemv_blocks";
 
@@ -164,12 +164,14 @@ fn check_weight(
 }
 
 impl Kernels {
-    /// [`Kernels::gemv`] (`T` = bf16) or [`Kernels::gemv_f32`] (`T` = f32) with `w` `[n, k]` in
-    /// block format `format` (`n` rows of `format.row_bytes(k)` bytes): bitwise the bf16 GEMV on
-    /// the widened weights. `1 ≤ m ≤ 64`, `k` a multiple of the block and of 32.
+    /// [`Kernels::gemv_with`] with `w` `[n, k]` in block format `format` (`n` rows of
+    /// `format.row_bytes(k)` bytes): bitwise the bf16 GEMV of the same variant on the widened
+    /// weights. `variant` is [`GemvVariant::Mma`] or [`GemvVariant::Mma2`]; `1 ≤ m ≤ 64`, `k` a
+    /// multiple of the block and of 32.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_blocks<T: GemvOut>(
         &self,
+        variant: GemvVariant,
         stream: &Arc<CudaStream>,
         y: &mut impl DevicePtrMut<T>,
         x: &impl DevicePtr<bf16>,
@@ -179,6 +181,16 @@ impl Kernels {
     ) -> Result<(), KernelError> {
         const K: &str = "gemv_mma_blocks";
         check_rows(K, m)?;
+        let (prefix, rows) = match variant {
+            GemvVariant::Mma => ("gemv_mma", mma_rows(m)),
+            GemvVariant::Mma2 => ("gemv_mma2", mma2_rows(m)),
+            GemvVariant::Fma => {
+                return Err(KernelError::Shape {
+                    kernel: K,
+                    message: "block formats take the tensor-core variants only".into(),
+                });
+            }
+        };
         need_len(K, "y", y.len(), product(K, &[m, n])?)?;
         need_len(K, "x", x.len(), product(K, &[m, k])?)?;
         let n32 = to_u32(K, "n", n)?;
@@ -192,7 +204,7 @@ impl Kernels {
             return Ok(());
         }
         let name = format!(
-            "gemv_mma_{}_{}_x{}",
+            "{prefix}_{}_{}_x{}",
             format.kernel_name(),
             T::OUT,
             m.div_ceil(MMA_X_ROWS)
@@ -202,7 +214,7 @@ impl Kernels {
         let mut b = stream.launch_builder(f);
         b.arg(&yp).arg(&xp).arg(&wp).arg(&m32).arg(&n32).arg(&k32);
         // SAFETY: lengths, alignment and argument types checked above match the kernel.
-        unsafe { b.launch(grid(n32.div_ceil(mma_rows(m)), MMA_THREADS)) }?;
+        unsafe { b.launch(grid(n32.div_ceil(rows), MMA_THREADS)) }?;
         Ok(())
     }
 

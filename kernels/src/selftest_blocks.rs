@@ -15,7 +15,7 @@ use half::{bf16, f16};
 
 use crate::selftest::{Rng, download, poisoned_bf16, poisoned_f32, upload};
 use crate::selftest_gemv::{bit_mismatches, invariance_result};
-use crate::{BlockFormat, CheckResult, KernelError, Kernels};
+use crate::{BlockFormat, CheckResult, GemvVariant, KernelError, Kernels};
 
 /// A CPU dequantizer: `(format, bytes of whole blocks, elements)` → the f32 values.
 pub type Dequantizer<'a> = &'a dyn Fn(BlockFormat, &[u8], usize) -> Vec<f32>;
@@ -128,42 +128,48 @@ fn check_format(
     for m in [1, 17, 64] {
         let x = rng.bf16_vec(m * k, 1.0, 0.0);
         let dx = upload(s, &x)?;
-        let mut q = poisoned_bf16(s, m * n)?;
-        kernels.gemv_blocks(s, &mut q, &dx, &dw, format, (m, n, k))?;
-        let mut b = poisoned_bf16(s, m * n)?;
-        kernels.gemv(s, &mut b, &dx, &wide, m, n, k)?;
-        let (q, b) = (download(s, &q)?, download(s, &b)?);
-        results.push(invariance_result(
-            "gemv_blocks",
-            format!("{case} m={m}: vs the bf16 GEMV on the dequantized weights"),
-            false,
-            bf16_mismatches(&q, &b),
-        ));
-        if m == 1 {
-            let mut c = poisoned_bf16(s, m * n)?;
-            kernels.gemv(s, &mut c, &dx, &wide_changed, m, n, k)?;
+        for variant in [GemvVariant::Mma, GemvVariant::Mma2] {
+            let mut q = poisoned_bf16(s, m * n)?;
+            kernels.gemv_blocks(variant, s, &mut q, &dx, &dw, format, (m, n, k))?;
+            let mut b = poisoned_bf16(s, m * n)?;
+            kernels.gemv_with(variant, s, &mut b, &dx, &wide, (m, n, k))?;
+            let (q, b) = (download(s, &q)?, download(s, &b)?);
             results.push(invariance_result(
                 "gemv_blocks",
-                format!("{case} m={m}: vs the bf16 GEMV on a changed scale (canary)"),
-                true,
-                bf16_mismatches(&q, &download(s, &c)?),
+                format!("{case} m={m} {variant:?}: vs the bf16 GEMV on the dequantized weights"),
+                false,
+                bf16_mismatches(&q, &b),
             ));
+            if m == 1 {
+                let mut c = poisoned_bf16(s, m * n)?;
+                kernels.gemv_with(variant, s, &mut c, &dx, &wide_changed, (m, n, k))?;
+                results.push(invariance_result(
+                    "gemv_blocks",
+                    format!(
+                        "{case} m={m} {variant:?}: vs the bf16 GEMV on a changed scale (canary)"
+                    ),
+                    true,
+                    bf16_mismatches(&q, &download(s, &c)?),
+                ));
+            }
         }
     }
 
     // f32 out (the LM head) and the row-parallel shards.
     let m = 5;
     let x = upload(s, &rng.bf16_vec(m * k, 1.0, 0.0))?;
-    let mut q = poisoned_f32(s, m * n)?;
-    kernels.gemv_blocks(s, &mut q, &x, &dw, format, (m, n, k))?;
-    let mut b = poisoned_f32(s, m * n)?;
-    kernels.gemv_f32(s, &mut b, &x, &wide, m, n, k)?;
-    results.push(invariance_result(
-        "gemv_blocks",
-        format!("{case} m={m} f32: vs the bf16-weight GEMV"),
-        false,
-        bit_mismatches(&download(s, &q)?, &download(s, &b)?),
-    ));
+    for variant in [GemvVariant::Mma, GemvVariant::Mma2] {
+        let mut q = poisoned_f32(s, m * n)?;
+        kernels.gemv_blocks(variant, s, &mut q, &x, &dw, format, (m, n, k))?;
+        let mut b = poisoned_f32(s, m * n)?;
+        kernels.gemv_with(variant, s, &mut b, &x, &wide, (m, n, k))?;
+        results.push(invariance_result(
+            "gemv_blocks",
+            format!("{case} m={m} f32 {variant:?}: vs the bf16-weight GEMV"),
+            false,
+            bit_mismatches(&download(s, &q)?, &download(s, &b)?),
+        ));
+    }
     let (kslice, stride) = (k / SHARDS, m * n);
     let mut q = poisoned_f32(s, SHARDS * stride)?;
     kernels.gemv_shards_blocks(

@@ -478,6 +478,86 @@ pub(crate) fn check_gemm(
     Ok(results)
 }
 
+/// The experimental row-warp GEMV ([`Kernels::gemv_rows`]) against the f64 reference with one and
+/// four K-slices, and its M = 1 rows against an M = 64 launch bitwise (canary: x perturbed), so
+/// that the bench times a kernel that computes the product.
+pub(crate) fn check_gemv_rows(
+    kernels: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+) -> Result<Vec<CheckResult>, KernelError> {
+    let mut results = Vec::new();
+    let (n, k) = (1030, 4096);
+    let w = rng.bf16_vec(n * k, 1.0, 0.0);
+    let dw = upload(s, &w)?;
+    for (m, slices) in [(1, 1), (17, 4), (64, 1), (64, 4)] {
+        let x = rng.bf16_vec(m * k, 1.0, 0.0);
+        let dx = upload(s, &x)?;
+        let (right, wrong) = (
+            matmul_ref(&x, &w, (m, n, k), 0),
+            matmul_ref(&x, &w, (m, n, k), 1),
+        );
+        let mut partials = poisoned_f32(s, slices * m * n)?;
+        let case = format!("Rows/{slices} m={m} n={n} k={k}");
+        let mut y = poisoned_bf16(s, m * n)?;
+        kernels.gemv_rows(s, &mut y, &dx, &dw, &mut partials, (m, n, k), slices)?;
+        let y = to_f64(&download(s, &y)?);
+        results.extend(compare_with_canary(
+            "gemv_rows",
+            format!("{case} bf16"),
+            &y,
+            &rounded(&right),
+            &rounded(&wrong),
+            TOL_BF16,
+        ));
+        let mut y = poisoned_f32(s, m * n)?;
+        kernels.gemv_rows(s, &mut y, &dx, &dw, &mut partials, (m, n, k), slices)?;
+        let y: Vec<f64> = download(s, &y)?.iter().map(|&v| v as f64).collect();
+        results.extend(compare_with_canary(
+            "gemv_rows",
+            format!("{case} f32"),
+            &y,
+            &right,
+            &wrong,
+            TOL_F32,
+        ));
+    }
+    let (wide, slices) = (GEMV_MAX_M, 4);
+    let x = rng.bf16_vec(wide * k, 1.0, 0.0);
+    let mut perturbed = x.clone();
+    for m in 0..wide {
+        let e = &mut perturbed[m * k + rng.below(k)];
+        *e = bf16::from_bits(e.to_bits() ^ 1);
+    }
+    let (dx, dp) = (upload(s, &x)?, upload(s, &perturbed)?);
+    let mut partials = poisoned_f32(s, slices * wide * n)?;
+    let mut launch = |x: &cudarc::driver::CudaSlice<bf16>, first: usize, m: usize| {
+        let mut y = poisoned_f32(s, m * n)?;
+        let input = x.slice(first * k..(first + m) * k);
+        kernels.gemv_rows(s, &mut y, &input, &dw, &mut partials, (m, n, k), slices)?;
+        download(s, &y)
+    };
+    let full = launch(&dx, 0, wide)?;
+    let (mut ones, mut ones_canary) = (Vec::new(), Vec::new());
+    for m in 0..wide {
+        ones.extend(launch(&dx, m, 1)?);
+        ones_canary.extend(launch(&dp, m, 1)?);
+    }
+    results.push(invariance_result(
+        "gemv_rows",
+        format!("Rows/{slices} n={n} k={k} M=1 rows vs M={wide}"),
+        false,
+        bit_mismatches(&ones, &full),
+    ));
+    results.push(invariance_result(
+        "gemv_rows",
+        format!("Rows/{slices} n={n} k={k} M=1 rows (x perturbed) vs M={wide}"),
+        true,
+        bit_mismatches(&ones_canary, &full),
+    ));
+    Ok(results)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ use strata_kernels::{
 use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
 
-use super::matmul::{gemm_weight, gemv, linear};
+use super::matmul::{Role, gemm_weight, gemv, linear};
 use super::row_parallel::{GemmShapes, RowParallel, gemm_shapes};
 use super::scratch::{Activations, LogitBuffers};
 use super::weights::{Layer, Matrix, Norm, Weights};
@@ -255,9 +255,9 @@ impl Launch<'_> {
                     h,
                 )?;
             } else {
-                gemv(k, stream, &mut yq, &x, &layer.q, (m, qd, h))?;
-                gemv(k, stream, &mut yk, &x, &layer.k, (m, kvd, h))?;
-                gemv(k, stream, &mut yv, &x, &layer.v, (m, kvd, h))?;
+                gemv(k, Role::Narrow, stream, &mut yq, &x, &layer.q, (m, qd, h))?;
+                gemv(k, Role::Narrow, stream, &mut yk, &x, &layer.k, (m, kvd, h))?;
+                gemv(k, Role::Narrow, stream, &mut yv, &x, &layer.v, (m, kvd, h))?;
             }
             row += m;
         }
@@ -386,6 +386,7 @@ impl Launch<'_> {
         let dequant = self.dequant.as_deref_mut();
         linear(
             k,
+            Role::Wide,
             self.gemm,
             stream,
             dequant,
@@ -467,7 +468,7 @@ impl Launch<'_> {
             let m = (r - row).min(GEMV_MAX_M);
             let mut y = out.device.slice_mut(row * v..(row + m) * v);
             let x = out.gathered.slice(row * h..(row + m) * h);
-            gemv(k, stream, &mut y, &x, head, (m, v, h))?;
+            gemv(k, Role::Wide, stream, &mut y, &x, head, (m, v, h))?;
             row += m;
         }
         let world = self.d.world;

@@ -2,7 +2,8 @@
 //! place the forward pass meets the weight formats.
 //!
 //! Decode rows take the GEMV of the weight's format (the bf16 tensor-core GEMV, or the same
-//! kernel body over a block loader, bitwise the bf16 GEMV on the widened weight). Prompt rows
+//! kernel body over a block loader, bitwise the bf16 GEMV on the widened weight), in the variant
+//! of the projection's role ([`Role`]). Prompt rows
 //! take the pinned cuBLASLt GEMM on bf16: a block weight is first dequantized into one bf16
 //! buffer of the backend (the widened tensor, bit for bit), so prompt rows too compute exactly
 //! what the widened model computes.
@@ -11,7 +12,9 @@ use std::sync::Arc;
 
 use half::bf16;
 use strata_kernels::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use strata_kernels::{DEFAULT_VARIANT, GEMV_MAX_M, GemmShape, GemvOut, Kernels, LtGemm};
+use strata_kernels::{
+    DEFAULT_VARIANT, GEMV_MAX_M, GemmShape, GemvOut, GemvVariant, Kernels, LtGemm,
+};
 
 use super::CudaError;
 use super::weights::Matrix;
@@ -37,9 +40,34 @@ pub(super) fn gemm_weight<'a>(
     }
 }
 
-/// `y[m, n] = x[m, k] · wᵀ` for `1 ≤ m ≤ 64` decode rows, by the GEMV of `w`'s format.
+/// Which GEMV variant a projection's decode rows take. Chosen by the projection's role, never by a
+/// rank's row count, so that a tensor-parallel rank's rows get the bits one GPU gives them (the
+/// two variants' reduction orders differ).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Role {
+    /// q/k/v, o and down: 4 096–6 144 rows on an 8B shape, too few for the four-phase kernel's
+    /// 64–128-row blocks to fill the GPU.
+    Narrow,
+    /// gate/up and the LM head (28 672 and 128 256 rows on an 8B shape): the four-phase kernel,
+    /// which repeats each block's x loads a quarter as often (docs/DECISIONS.md).
+    Wide,
+}
+
+impl Role {
+    fn variant(self) -> GemvVariant {
+        match self {
+            Role::Narrow => DEFAULT_VARIANT,
+            Role::Wide => GemvVariant::Mma2,
+        }
+    }
+}
+
+/// `y[m, n] = x[m, k] · wᵀ` for `1 ≤ m ≤ 64` decode rows, by the GEMV of `w`'s format in the
+/// variant of `role`.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn gemv<T: GemvOut>(
     kernels: &Kernels,
+    role: Role,
     stream: &Arc<CudaStream>,
     y: &mut impl DevicePtrMut<T>,
     x: &impl DevicePtr<bf16>,
@@ -47,19 +75,20 @@ pub(super) fn gemv<T: GemvOut>(
     (m, n, k): (usize, usize, usize),
 ) -> Result<(), CudaError> {
     match w {
-        Matrix::Bf16(w) => kernels.gemv_with(DEFAULT_VARIANT, stream, y, x, w, (m, n, k))?,
+        Matrix::Bf16(w) => kernels.gemv_with(role.variant(), stream, y, x, w, (m, n, k))?,
         Matrix::Blocks { format, data } => {
-            kernels.gemv_blocks(stream, y, x, data, *format, (m, n, k))?
+            kernels.gemv_blocks(role.variant(), stream, y, x, data, *format, (m, n, k))?
         }
     }
     Ok(())
 }
 
 /// `y[rows, n] = x[rows, k] · wᵀ`: rows `..prompt` through the pinned GEMM, the rest through the
-/// GEMV of `w`'s format in groups of at most [`GEMV_MAX_M`] (see the module docs).
+/// GEMV of `w`'s format for `role` in groups of at most [`GEMV_MAX_M`] (see the module docs).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn linear(
     kernels: &Kernels,
+    role: Role,
     gemm: &mut LtGemm,
     stream: &Arc<CudaStream>,
     dequant: Option<&mut CudaSlice<bf16>>,
@@ -82,7 +111,7 @@ pub(super) fn linear(
         let m = (rows - row).min(GEMV_MAX_M);
         let mut out = y.slice_mut(row * n..(row + m) * n);
         let input = x.slice(row * k..(row + m) * k);
-        gemv(kernels, stream, &mut out, &input, w, (m, n, k))?;
+        gemv(kernels, role, stream, &mut out, &input, w, (m, n, k))?;
         row += m;
     }
     Ok(())

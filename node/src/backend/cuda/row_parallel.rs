@@ -17,7 +17,7 @@ use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
 
 use super::CudaError;
-use super::matmul::{gemm_weight, linear};
+use super::matmul::{Role, gemm_weight, linear};
 use super::weights::Matrix;
 
 /// K-slices of a row-parallel projection in the shard order: its partials are the same at every
@@ -122,6 +122,7 @@ impl RowParallel<'_> {
             let shape = GemmShape::new(n, k_full, GemmOut::Bf16);
             linear(
                 self.kernels,
+                Role::Narrow,
                 self.gemm,
                 self.stream,
                 self.dequant.as_deref_mut(),
