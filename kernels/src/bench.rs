@@ -21,27 +21,10 @@ use crate::{
     AttentionHeads, GemvVariant, KernelError, Kernels, PagedKv, PrefillChunk, PrefillVariant,
 };
 
-/// A decode GEMV to time: one of the variants, or the experimental row-warp kernel
-/// ([`Kernels::gemv_rows`]) with its K cut into `slices`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GemvKernel {
-    Variant(GemvVariant),
-    Rows { slices: usize },
-}
-
-impl std::fmt::Display for GemvKernel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GemvKernel::Variant(v) => write!(f, "{v:?}"),
-            GemvKernel::Rows { slices } => write!(f, "Rows/{slices}"),
-        }
-    }
-}
-
 /// One timed shape.
 #[derive(Debug, Clone)]
 pub struct GemvTiming {
-    pub kernel: GemvKernel,
+    pub variant: GemvVariant,
     pub m: usize,
     pub n: usize,
     pub k: usize,
@@ -60,13 +43,13 @@ const BATCHES: usize = 15;
 /// Random values tiled to fill the weights: random enough for timing, cheap to make.
 const PATTERN: usize = 1 << 20;
 
-/// Times the GEMV for each `(m, n, k, f32_out)` with each kernel, in the same run, handing
+/// Times the GEMV for each `(m, n, k, f32_out)` with each variant, in the same run, handing
 /// each timing to `report` as soon as it is measured.
 pub fn gemv_timings(
     kernels: &Kernels,
     stream: &Arc<CudaStream>,
     shapes: &[(usize, usize, usize, bool)],
-    variants: &[GemvKernel],
+    variants: &[GemvVariant],
     report: &mut dyn FnMut(&GemvTiming),
 ) -> Result<Vec<GemvTiming>, KernelError> {
     let mut rng = Rng::new(0xbe4c);
@@ -85,33 +68,18 @@ pub fn gemv_timings(
         let x = upload(stream, &rng.bf16_vec(m * k, 1.0, 0.0))?;
         let mut y16 = stream.alloc_zeros::<bf16>(m * n)?;
         let mut y32 = stream.alloc_zeros::<f32>(m * n)?;
-        let slices = match variant {
-            GemvKernel::Rows { slices } => slices,
-            GemvKernel::Variant(_) => 1,
-        };
-        let mut partials = stream.alloc_zeros::<f32>(slices * m * n)?;
         let mut launch = |i: usize| -> Result<(), KernelError> {
             let w = &weights[i % copies];
-            let shape = (m, n, k);
-            match (variant, f32_out) {
-                (GemvKernel::Variant(v), true) => {
-                    kernels.gemv_with(v, stream, &mut y32, &x, w, shape)
-                }
-                (GemvKernel::Variant(v), false) => {
-                    kernels.gemv_with(v, stream, &mut y16, &x, w, shape)
-                }
-                (GemvKernel::Rows { slices }, true) => {
-                    kernels.gemv_rows(stream, &mut y32, &x, w, &mut partials, shape, slices)
-                }
-                (GemvKernel::Rows { slices }, false) => {
-                    kernels.gemv_rows(stream, &mut y16, &x, w, &mut partials, shape, slices)
-                }
+            if f32_out {
+                kernels.gemv_with(variant, stream, &mut y32, &x, w, (m, n, k))
+            } else {
+                kernels.gemv_with(variant, stream, &mut y16, &x, w, (m, n, k))
             }
         };
         let micros = median_micros(stream, &mut launch)?;
         let bytes = (n * k + m * k) * 2 + m * n * if f32_out { 4 } else { 2 };
         let timing = GemvTiming {
-            kernel: variant,
+            variant,
             m,
             n,
             k,

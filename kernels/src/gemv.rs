@@ -11,7 +11,7 @@ use cudarc::driver::{
 };
 use half::bf16;
 
-use crate::launch::{aligned16, grid, need_len, product, stride_blocks, to_u32};
+use crate::launch::{aligned16, grid, need_len, product, to_u32};
 use crate::{KernelError, Kernels, ensure_shape};
 
 const MODULE: &str = "gemv";
@@ -349,95 +349,6 @@ impl Kernels {
         config.grid_dim.1 = shards32;
         // SAFETY: lengths, alignment and argument types checked above match the kernel.
         unsafe { b.launch(config) }?;
-        Ok(())
-    }
-}
-
-/// Threads per block of the experimental row-warp GEMV; mirrors `ROWS_WARPS` in `cuda/gemv.cu`.
-const ROWS_THREADS: u32 = 128;
-
-/// Rows of W per block of the row-warp GEMV: 4 warps of `mma_rows(m)` rows each.
-fn rows_block_rows(m: usize) -> u32 {
-    4 * mma_rows(m)
-}
-
-impl Kernels {
-    /// The experimental row-warp GEMV (`gemv_rows_*` in `cuda/gemv.cu`, timed beside the other
-    /// variants by `strata kernels bench`): `y = x · wᵀ` as [`Kernels::gemv_with`], with K cut
-    /// into `slices` equal K-slices, each a multiple of 32 columns. With several slices their
-    /// f32 partials go to `partials` (`[slices][m][n]`) and are added in slice order; one slice
-    /// writes `y` directly. Per output the order is fixed by K and `slices`, never by `m`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv_rows<T: GemvOut>(
-        &self,
-        stream: &Arc<CudaStream>,
-        y: &mut impl DevicePtrMut<T>,
-        x: &impl DevicePtr<bf16>,
-        w: &impl DevicePtr<bf16>,
-        partials: &mut impl DevicePtrMut<f32>,
-        (m, n, k): (usize, usize, usize),
-        slices: usize,
-    ) -> Result<(), KernelError> {
-        const K: &str = "gemv_rows";
-        check_rows(K, m)?;
-        ensure_shape!(
-            slices > 0 && k.is_multiple_of(32 * slices),
-            K,
-            "k = {k} does not cut into {slices} slices of a positive multiple of 32 columns"
-        );
-        need_len(K, "y", y.len(), product(K, &[m, n])?)?;
-        need_len(K, "x", x.len(), product(K, &[m, k])?)?;
-        need_len(K, "w", w.len(), product(K, &[n, k])?)?;
-        if slices > 1 {
-            need_len(K, "partials", partials.len(), product(K, &[slices, m, n])?)?;
-        }
-        let (n32, k32) = (to_u32(K, "n", n)?, to_u32(K, "k", k)?);
-        if n == 0 {
-            return Ok(());
-        }
-        let (m32, kslice32, slices32) = (m as u32, (k / slices) as u32, slices as u32);
-        let xt = m.div_ceil(MMA_X_ROWS);
-        let (xp, _x) = x.device_ptr(stream);
-        let (wp, _w) = w.device_ptr(stream);
-        aligned16(K, "x", xp)?;
-        aligned16(K, "w", wp)?;
-        let mut config = grid(n32.div_ceil(rows_block_rows(m)), ROWS_THREADS);
-        config.grid_dim.1 = slices32;
-        if slices == 1 {
-            let f = self.function(MODULE, &format!("gemv_rows_{}_x{xt}", T::OUT))?;
-            let (yp, _y) = y.device_ptr_mut(stream);
-            let mut b = stream.launch_builder(f);
-            b.arg(&yp)
-                .arg(&xp)
-                .arg(&wp)
-                .arg(&m32)
-                .arg(&n32)
-                .arg(&k32)
-                .arg(&kslice32);
-            // SAFETY: lengths, alignment and argument types checked above match the kernel.
-            unsafe { b.launch(config) }?;
-            return Ok(());
-        }
-        let f = self.function(MODULE, &format!("gemv_rows_f32_x{xt}"))?;
-        let (pp, _p) = partials.device_ptr_mut(stream);
-        let mut b = stream.launch_builder(f);
-        b.arg(&pp)
-            .arg(&xp)
-            .arg(&wp)
-            .arg(&m32)
-            .arg(&n32)
-            .arg(&k32)
-            .arg(&kslice32);
-        // SAFETY: lengths, alignment and argument types checked above match the kernel.
-        unsafe { b.launch(config) }?;
-        let len = m * n;
-        let len32 = to_u32(K, "m * n", len)?;
-        let f = self.function(MODULE, &format!("gemv_sum_slices_{}", T::OUT))?;
-        let (yp, _y) = y.device_ptr_mut(stream);
-        let mut b = stream.launch_builder(f);
-        b.arg(&yp).arg(&pp).arg(&len32).arg(&slices32);
-        // SAFETY: `partials` holds `slices * len` f32 and `y` `len` outputs (checked above).
-        unsafe { b.launch(grid(stride_blocks(len, 256), 256)) }?;
         Ok(())
     }
 }

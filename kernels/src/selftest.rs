@@ -53,7 +53,6 @@ pub fn selftest_with_seed(
         ("gemv", gemv_checks::check_gemv),
         ("gemv batch invariance", gemv_checks::check_gemv_invariance),
         ("gemv3 fused q/k/v", gemv_checks::check_gemv3),
-        ("gemv rows (experimental)", gemv_checks::check_gemv_rows),
         ("argmax", gemv_checks::check_argmax),
         ("gemm", gemv_checks::check_gemm),
         ("gemv shards", selftest_tp::check_gemv_shards),

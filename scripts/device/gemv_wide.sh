@@ -5,7 +5,8 @@
 # 1. the gates with the change: CHECKS_ONLY battery (kernel self-test incl. the block formats'
 #    four-phase GEMV against the bf16 one, parity and its canary, invariance, TP 2/4/8 against one
 #    GPU in the shard order, the serve smoke);
-# 2. `strata kernels bench`: Mma, Mma2 and the row-warp kernel with 1-8 K-slices per 8B projection;
+# 2. `strata kernels bench`: the GEMV variants per 8B projection (at d4c258c also an experimental
+#    row-warp kernel with 1-8 K-slices, since removed);
 # 3. `strata gpu decode` on the 8B shape, the base binary then the change, in the same run (each
 #    with its graph == eager and device-sampling checks).
 set -uo pipefail

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
-use strata_kernels::bench::{GemvKernel, GemvTiming};
+use strata_kernels::bench::GemvTiming;
 use strata_kernels::cudarc::driver::CudaContext;
 use strata_kernels::{
     BlockFormat, CheckResult, GEMV_FMA_MAX_M, GemvVariant, Kernels, PrefillVariant, libs, selftest,
@@ -83,28 +83,25 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
         }
         shapes.push((m, 128_256, 4096, true));
     }
-    let [fma, mma, mma2] =
-        [GemvVariant::Fma, GemvVariant::Mma, GemvVariant::Mma2].map(GemvKernel::Variant);
     println!(
         "{:<7} {:>3} {:>7} {:>6} {:>4} {:>9} {:>8}",
         "variant", "m", "n", "k", "out", "us", "GB/s"
     );
     let mut print = |t: &GemvTiming| {
+        let kernel = format!("{:?}", t.variant);
         print_timing(
-            &t.kernel.to_string(),
+            &kernel,
             (t.m, t.n, t.k, t.f32_out),
             t.micros,
             t.gbytes_per_s,
         );
     };
     // The FMA variant takes at most GEMV_FMA_MAX_M rows; wider shapes run the MMA variants only.
-    // The experimental row-warp kernel runs with 1 to 8 K-slices.
-    let rows = [1, 2, 4, 8].map(|slices| GemvKernel::Rows { slices });
+    let variants = [GemvVariant::Fma, GemvVariant::Mma, GemvVariant::Mma2];
     let (narrow, wide): (Vec<_>, Vec<_>) =
         shapes.into_iter().partition(|&(m, ..)| m <= GEMV_FMA_MAX_M);
-    let with_fma: Vec<_> = [fma, mma, mma2].into_iter().chain(rows).collect();
-    strata_kernels::bench::gemv_timings(&kernels, &stream, &narrow, &with_fma, &mut print)?;
-    strata_kernels::bench::gemv_timings(&kernels, &stream, &wide, &with_fma[1..], &mut print)?;
+    strata_kernels::bench::gemv_timings(&kernels, &stream, &narrow, &variants, &mut print)?;
+    strata_kernels::bench::gemv_timings(&kernels, &stream, &wide, &variants[1..], &mut print)?;
     // The same shapes through the pinned cuBLASLt GEMM (batch-invariant too, `check_gemm`): what
     // decode rows would cost on the prompt rows' kernel.
     let all: Vec<_> = narrow.iter().chain(&wide).copied().collect();
