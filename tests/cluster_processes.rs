@@ -1,6 +1,7 @@
 //! `strata cluster` as real processes on 127.0.0.1: `init` and two `join --voter`, the
 //! leader SIGKILLed and a new leader committing writes, then every member SIGKILLed and
-//! restarted from disk with the same `cluster members --json`; and an operator identity
+//! restarted from disk with the same `cluster members --json`; a join through the CA holder
+//! while another member leads and that leader is stopped mid-join; and an operator identity
 //! issued by `cluster operator` reading and writing the group without a member's directory.
 
 use std::fs::File;
@@ -39,6 +40,16 @@ impl Member {
     fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`): a member that hangs without dying.
+    fn pause(&self, stop: bool) {
+        let signal = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: signalling our own child, which has not been waited for.
+        assert_eq!(
+            unsafe { libc::kill(self.child.id() as libc::pid_t, signal) },
+            0
+        );
     }
 
     fn log(&self) -> String {
@@ -123,33 +134,31 @@ fn voters(status: &Value) -> Vec<u64> {
         .unwrap_or_default()
 }
 
-#[test]
-fn three_processes_survive_a_leader_kill_and_a_full_restart() {
-    let root = tempfile::tempdir().unwrap();
-    let datas: Vec<PathBuf> = (1..=3).map(|i| root.path().join(format!("m{i}"))).collect();
-    let listens: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let join = format!("127.0.0.1:{}", free_port());
+/// A fresh token file issued through the member in `data`.
+fn issue_token(data: &Path, file: &Path) -> PathBuf {
+    let out = cli(data, &["token", "--out", file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    file.to_path_buf()
+}
 
+/// `init` in `datas[0]` (the CA holder, join endpoint `join`), then `join --voter` of the rest
+/// through it, each waited for.
+fn start_group(root: &Path, datas: &[PathBuf], listens: &[String], join: &str) -> Vec<Member> {
     let mut members = vec![Member::spawn(
         &datas[0],
-        &["init", "--listen", &listens[0], "--join-listen", &join],
+        &["init", "--listen", &listens[0], "--join-listen", join],
     )];
     wait_status(&[&datas[0]], "member 1 leads", |s| s["leader"] == 1);
-    for i in 1..3 {
+    for i in 1..datas.len() {
         // Each join spends a token: `init` wrote the first, `cluster token` issues the next.
         let token = if i == 1 {
             datas[0].join("join-token")
         } else {
-            let file = root.path().join(format!("token-{i}"));
-            let out = cli(&datas[0], &["token", "--out", file.to_str().unwrap()]);
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            file
+            issue_token(&datas[0], &root.join(format!("token-{i}")))
         };
         members.push(Member::spawn(
             &datas[i],
@@ -158,7 +167,7 @@ fn three_processes_survive_a_leader_kill_and_a_full_restart() {
                 "--listen",
                 &listens[i],
                 "--seed",
-                &join,
+                join,
                 "--token",
                 token.to_str().unwrap(),
                 "--voter",
@@ -169,6 +178,18 @@ fn three_processes_survive_a_leader_kill_and_a_full_restart() {
             voters(s).len() == want && s["members"] == want
         });
     }
+    members
+}
+
+#[test]
+fn three_processes_survive_a_leader_kill_and_a_full_restart() {
+    let root = tempfile::tempdir().unwrap();
+    let datas: Vec<PathBuf> = (1..=3).map(|i| root.path().join(format!("m{i}"))).collect();
+    let listens: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let join = format!("127.0.0.1:{}", free_port());
+    let mut members = start_group(root.path(), &datas, &listens, &join);
     let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
     let before = view(&datas[0], "members").expect("members");
     assert_eq!(before["members"].as_array().unwrap().len(), 3);
@@ -233,6 +254,83 @@ fn three_processes_survive_a_leader_kill_and_a_full_restart() {
             .collect::<Vec<_>>()
             .join("\n")
     );
+}
+
+/// The CA holder (member 1) is a follower: the leader died and came back as member 1 restarted.
+/// A new member joins through member 1 while the leader is SIGSTOPped, so the first answer is
+/// lost to the election; the joiner asks again with the same token and key and is admitted as
+/// the one id the token spent, with no orphan learner left beside it.
+#[test]
+fn a_join_through_a_follower_ca_holder_survives_a_stalled_leader() {
+    let root = tempfile::tempdir().unwrap();
+    let datas: Vec<PathBuf> = (1..=4).map(|i| root.path().join(format!("m{i}"))).collect();
+    let listens: Vec<String> = (0..4)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let join = format!("127.0.0.1:{}", free_port());
+    let mut members = start_group(root.path(), &datas[..3], &listens[..3], &join);
+    let paths: Vec<&Path> = datas[..3].iter().map(PathBuf::as_path).collect();
+
+    // Member 1 (CA, leader) dies; another leads; member 1 comes back as a follower.
+    members[0].kill();
+    wait_status(&paths[1..], "a new leader", |s| {
+        s["leader"].as_u64().is_some_and(|l| l != 1)
+    });
+    members[0] = Member::spawn(&datas[0], &["serve"]);
+    let status = wait_status(&paths[..1], "member 1 follows", |s| {
+        s["leader"].as_u64().is_some_and(|l| l != 1) && voters(s).len() == 3
+    });
+    let leader = status["leader"].as_u64().unwrap() as usize;
+    let token = issue_token(&datas[0], &root.path().join("token-4"));
+
+    // The leader hangs while the join is under way, then resumes.
+    members[leader - 1].pause(true);
+    let started = Instant::now();
+    members.push(Member::spawn(
+        &datas[3],
+        &[
+            "join",
+            "--listen",
+            &listens[3],
+            "--seed",
+            &join,
+            "--token",
+            token.to_str().unwrap(),
+        ],
+    ));
+    std::thread::sleep(Duration::from_secs(4));
+    members[leader - 1].pause(false);
+    let joined = wait_status(&paths, "the joiner is a recorded learner", |s| {
+        s["members"] == 4 && s["learners"].as_array().is_some_and(|l| l.len() == 1)
+    });
+    eprintln!("joined after {:?}: {joined}", started.elapsed());
+    assert_eq!(voters(&joined).len(), 3, "{joined}");
+    let learner = &joined["learners"][0];
+    assert_eq!(learner, 4, "the one id the token spent: {joined}");
+    assert!(
+        members[3].child.try_wait().unwrap().is_none(),
+        "the joiner exited:\n{}",
+        members[3].log()
+    );
+    // The token is spent for this joiner's key only: another directory presenting it is refused
+    // at once, and nothing is added.
+    let other = root.path().join("m5");
+    let refused = Command::new(env!("CARGO_BIN_EXE_strata"))
+        .args([
+            "cluster",
+            "join",
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+        ])
+        .args(["--seed", &join, "--token", token.to_str().unwrap()])
+        .args(["--data", other.to_str().unwrap()])
+        .output()
+        .expect("run strata");
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("join refused"), "{stderr}");
+    let after = view(&datas[0], "status").expect("status");
+    assert_eq!(after["learners"], joined["learners"], "{after}");
 }
 
 #[test]

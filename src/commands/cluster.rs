@@ -27,10 +27,11 @@ use strata_topology::state::{
 };
 use strata_topology::transport::ca::{CA_KEY_FILE, check_operator_name, sha256_hex};
 use strata_topology::transport::client::commit_via_leader;
-use strata_topology::transport::join::{JoinToken, request_membership};
+use strata_topology::transport::join::{JoinError, JoinToken, request_membership};
 use strata_topology::transport::wire::{ClusterView, MembershipChange, Refusal};
 use strata_topology::transport::{
-    Client, ClusterCa, MemberIdentity, OperatorIdentity, client_endpoint, operator_endpoint,
+    Client, ClientError, ClusterCa, MemberIdentity, OperatorIdentity, client_endpoint,
+    operator_endpoint,
 };
 
 /// How long a join or a promotion may take.
@@ -357,15 +358,7 @@ async fn join(args: JoinArgs) -> Result<()> {
     };
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("create {}", args.data.display()))?;
-    let identity = request_membership(
-        &args.seed,
-        &token,
-        &config.advertised(),
-        &layout.tls_dir(),
-        CALL_TIMEOUT,
-    )
-    .await
-    .context("join through the seed")?;
+    let identity = join_with_retries(&args.seed, &token, &config.advertised(), &layout).await?;
     config.save(&layout.config()).map_err(anyhow::Error::msg)?;
     let server = Server::start(&config).await?;
     // Recorded as what it is now, a learner; the voter role only once raft has promoted it.
@@ -390,6 +383,43 @@ async fn join(args: JoinArgs) -> Result<()> {
     }
     tracing::info!(member = identity.id, addr = %server.addr, voter = args.voter, "joined");
     serve_until_signal(server).await
+}
+
+/// Asks the seed for membership until it answers, for up to [`CATCH_UP_TIMEOUT`]: a timeout, a
+/// lost answer or a leader change is asked again (the key kept from the first attempt makes the
+/// retry the same joiner, admitted as the same id); a refusal of the token itself is final.
+async fn join_with_retries(
+    seed: &str,
+    token: &JoinToken,
+    advertised: &str,
+    layout: &DataLayout,
+) -> Result<MemberIdentity> {
+    let deadline = std::time::Instant::now() + CATCH_UP_TIMEOUT;
+    let mut pause = std::time::Duration::from_millis(200);
+    loop {
+        match request_membership(seed, token, advertised, &layout.tls_dir(), CALL_TIMEOUT).await {
+            Ok(identity) => return Ok(identity),
+            Err(e) if join_retriable(&e) && std::time::Instant::now() < deadline => {
+                tracing::warn!(error = %e, retry_in = ?pause, "join not answered; asking again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(5));
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("join through the seed")),
+        }
+    }
+}
+
+/// Whether a failed join may succeed when asked again.
+fn join_retriable(e: &JoinError) -> bool {
+    match e {
+        JoinError::Client(ClientError::Refused { refusal, .. }) => matches!(
+            refusal,
+            Refusal::NotLeader { .. } | Refusal::Failed(_) | Refusal::ReadTimeout { .. }
+        ),
+        JoinError::Client(ClientError::WrongMember { .. }) => false,
+        JoinError::Client(_) | JoinError::Endpoint(_) => true,
+        _ => false,
+    }
 }
 
 /// Commits `change` through the leader this new member knows of. Right after admission a

@@ -10,11 +10,14 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use openraft::error::{ClientWriteError, RaftError};
+use std::collections::BTreeSet;
 
-use crate::Raft;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, Membership};
+
 use crate::state::{Change, ClusterState, Command};
 use crate::store::StateReader;
+use crate::{NodeId, Raft};
 
 /// Milliseconds on the proposer's clock.
 pub trait Clock: Send + Sync + 'static {
@@ -49,6 +52,27 @@ pub fn evaluation_due(state: &ClusterState, leading_since_ms: u64, now_ms: u64) 
 }
 
 /// Runs on every member; acts only while its member leads.
+/// Learners left by joins that never finished: admitted by a join token that has expired at
+/// `now_ms` (or the group's later time), in the membership but not voters, and never recorded as
+/// members. Past its token's TTL a joiner can no longer retry, so nothing will start them.
+pub fn orphan_learners(
+    state: &ClusterState,
+    membership: &Membership<NodeId, BasicNode>,
+    now_ms: u64,
+) -> BTreeSet<NodeId> {
+    let at = now_ms.max(state.clock_ms());
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    state
+        .join_tokens()
+        .tokens()
+        .values()
+        .filter(|t| t.expired(at))
+        .filter_map(|t| t.consumed_by)
+        .filter(|id| membership.get_node(id).is_some() && !voters.contains(id))
+        .filter(|id| !state.members().contains_key(id))
+        .collect()
+}
+
 pub struct LeaseDriver {
     raft: Raft,
     state: StateReader,
@@ -87,6 +111,19 @@ impl LeaseDriver {
                 continue;
             }
             let since = *leading_since.get_or_insert(now);
+            let orphans = self
+                .state
+                .with(|s| orphan_learners(&s.cluster, s.membership.membership(), now));
+            if !orphans.is_empty() {
+                tracing::warn!(learners = ?orphans, "removing learners whose joins never finished");
+                if let Err(e) = self
+                    .raft
+                    .change_membership(ChangeMembers::RemoveNodes(orphans), false)
+                    .await
+                {
+                    tracing::warn!(error = %e, "orphan learners were not removed");
+                }
+            }
             if !self.state.with(|s| evaluation_due(&s.cluster, since, now)) {
                 continue;
             }
@@ -127,6 +164,35 @@ mod tests {
         ))
         .unwrap();
         s
+    }
+
+    #[test]
+    fn a_learner_whose_join_token_expired_unrecorded_is_an_orphan() {
+        let mut s = ClusterState::default();
+        for (sha, ttl) in [("ab", 1_000), ("cd", 1_000), ("ef", 10_000)] {
+            let put = Change::PutJoinToken {
+                sha256: sha.repeat(32),
+                ttl_ms: ttl,
+            };
+            s.apply(&Command::new(0, put)).unwrap();
+        }
+        for (sha, id) in [("ab", 2), ("cd", 3), ("ef", 4)] {
+            let consume = Change::ConsumeJoinToken {
+                sha256: sha.repeat(32),
+                id,
+                key_sha256: None,
+            };
+            s.apply(&Command::new(10, consume)).unwrap();
+        }
+        // Member 3 finished its join (recorded); 2 never did; 4's token still lives.
+        s.apply(&Command::new(20, Change::AddMember(test_spec(3, &[]))))
+            .unwrap();
+        let membership = Membership::new(vec![[1].into()], Some([1, 2, 3, 4].into()));
+        assert_eq!(orphan_learners(&s, &membership, 500), BTreeSet::new());
+        assert_eq!(orphan_learners(&s, &membership, 1_000), [2].into());
+        // Canary arms: a voter or a node already removed is never an orphan.
+        let membership = Membership::new(vec![[1, 2].into()], None);
+        assert_eq!(orphan_learners(&s, &membership, 1_000), BTreeSet::new());
     }
 
     #[test]

@@ -82,11 +82,14 @@ pub enum Change {
         #[serde(default = "default_join_token_ttl_ms")]
         ttl_ms: u64,
     },
-    /// Spends a join token, admitting member `id`; refused once the token has expired at this
-    /// command's time.
+    /// Spends a join token, admitting member `id` with the public key whose SHA-256 is
+    /// `key_sha256`; refused once the token has expired at this command's time. The same key and
+    /// id again (a joiner retrying) is accepted and changes nothing.
     ConsumeJoinToken {
         sha256: String,
         id: NodeId,
+        #[serde(default)]
+        key_sha256: Option<String>,
     },
 }
 

@@ -5,6 +5,11 @@
 //! assigns before it signs anything: the token is spent in the log, so two joiners can never
 //! both use it, and a replayed join is refused on every replica alike.
 //!
+//! A joiner that did not get its answer (a timeout, a leader change) presents the same token
+//! again with the same key: the token records the SHA-256 of the public key it admitted, and
+//! the same key gets the same member id back while the token lives and that member has not
+//! recorded itself yet. Any other key is refused, so a spent token admits one joiner only.
+//!
 //! A token expires a TTL after it was issued. Both ends are group time — the largest clock
 //! stamped into an applied entry — never a replica's own clock: the issue is stamped by its
 //! proposer, the spend by the member admitting the joiner, and every replica compares the
@@ -32,6 +37,9 @@ pub struct JoinToken {
     pub expires_ms: u64,
     /// The member admitted with it, once spent.
     pub consumed_by: Option<NodeId>,
+    /// The SHA-256 of the public key it admitted (absent in tokens spent before it was kept).
+    #[serde(default)]
+    pub key_sha256: Option<String>,
 }
 
 impl JoinToken {
@@ -57,6 +65,14 @@ impl JoinTokens {
         &self.by_sha256
     }
 
+    /// The member a spent token admitted for the key with this SHA-256, while the token lives.
+    pub fn readmits(&self, sha256: &str, key_sha256: &str, now_ms: u64) -> Option<NodeId> {
+        let token = self.by_sha256.get(sha256)?;
+        (token.key_sha256.as_deref() == Some(key_sha256) && !token.expired(now_ms))
+            .then_some(token.consumed_by)
+            .flatten()
+    }
+
     /// Whether some token already admitted member `id`.
     pub fn admitted(&self, id: NodeId) -> bool {
         self.by_sha256.values().any(|t| t.consumed_by == Some(id))
@@ -76,33 +92,50 @@ impl JoinTokens {
                 issued_ms: now_ms,
                 expires_ms: now_ms.saturating_add(ttl_ms),
                 consumed_by: None,
+                key_sha256: None,
             },
         );
         Ok(())
     }
 
-    /// Spends a token for member `id` at group time `now_ms`. Refused, spending nothing, for an
-    /// unknown, spent or expired token, or an id some token already admitted.
-    pub fn consume(&mut self, sha256: &str, id: NodeId, now_ms: u64) -> Result<(), Rejection> {
-        if self.admitted(id) {
-            return Err(Rejection::MemberExists(id));
-        }
+    /// Spends a token for member `id` with the public key `key_sha256` at group time `now_ms`.
+    /// Refused, spending nothing, for an unknown or expired token, a token spent for another
+    /// key or id, or an id another token admitted. The same key and id again is no change.
+    pub fn consume(
+        &mut self,
+        sha256: &str,
+        id: NodeId,
+        key_sha256: Option<&str>,
+        now_ms: u64,
+    ) -> Result<(), Rejection> {
+        let admitted_elsewhere = self
+            .by_sha256
+            .iter()
+            .any(|(hash, t)| hash != sha256 && t.consumed_by == Some(id));
         let token = self
             .by_sha256
             .get_mut(sha256)
             .ok_or_else(|| Rejection::NotFound("join token".into()))?;
-        if token.consumed_by.is_some() {
-            return Err(Rejection::AlreadyExists(
-                "a member admitted with this join token".into(),
-            ));
-        }
         if token.expired(now_ms) {
             return Err(Rejection::JoinTokenExpired {
                 expired_ms: token.expires_ms,
                 now_ms,
             });
         }
+        if let Some(by) = token.consumed_by {
+            let same_joiner = key_sha256.is_some() && token.key_sha256.as_deref() == key_sha256;
+            if same_joiner && by == id {
+                return Ok(());
+            }
+            return Err(Rejection::AlreadyExists(
+                "a member admitted with this join token".into(),
+            ));
+        }
+        if admitted_elsewhere {
+            return Err(Rejection::MemberExists(id));
+        }
         token.consumed_by = Some(id);
+        token.key_sha256 = key_sha256.map(str::to_string);
         Ok(())
     }
 }
@@ -137,14 +170,18 @@ mod tests {
         assert!(tokens.put("not-a-hash", 1, TTL).is_err());
         tokens.put(&hash, 1, TTL).unwrap();
         assert!(
-            tokens.consume(&"cd".repeat(32), 2, 2).is_err(),
+            tokens.consume(&"cd".repeat(32), 2, None, 2).is_err(),
             "unknown token"
         );
-        tokens.consume(&hash, 2, 2).unwrap();
-        assert!(tokens.consume(&hash, 3, 2).is_err(), "spent token");
+        tokens.consume(&hash, 2, None, 2).unwrap();
+        assert!(tokens.consume(&hash, 3, None, 2).is_err(), "spent token");
+        assert!(
+            tokens.consume(&hash, 2, None, 2).is_err(),
+            "spent, no key to match"
+        );
         tokens.put(&"ef".repeat(32), 1, TTL).unwrap();
         assert_eq!(
-            tokens.consume(&"ef".repeat(32), 2, 2),
+            tokens.consume(&"ef".repeat(32), 2, None, 2),
             Err(Rejection::MemberExists(2))
         );
         assert!(tokens.admitted(2));
@@ -159,7 +196,7 @@ mod tests {
         assert!(!tokens.tokens()[&hash].expired(5_999));
         // At the expiry itself the token no longer admits anyone.
         assert_eq!(
-            tokens.consume(&hash, 2, 6_000),
+            tokens.consume(&hash, 2, None, 6_000),
             Err(Rejection::JoinTokenExpired {
                 expired_ms: 6_000,
                 now_ms: 6_000
@@ -171,12 +208,32 @@ mod tests {
         // A live token still admits, just before its expiry.
         let live = "cd".repeat(32);
         tokens.put(&live, 5_000, TTL).unwrap();
-        tokens.consume(&live, 2, 5_999).unwrap();
+        tokens.consume(&live, 2, None, 5_999).unwrap();
         assert_eq!(tokens.tokens()[&live].consumed_by, Some(2));
         // A TTL that would overflow the clock saturates instead of wrapping into the past.
         let forever = "ef".repeat(32);
         tokens.put(&forever, 5_000, u64::MAX).unwrap();
-        tokens.consume(&forever, 3, u64::MAX - 1).unwrap();
+        tokens.consume(&forever, 3, None, u64::MAX - 1).unwrap();
+    }
+
+    #[test]
+    fn the_same_key_is_readmitted_with_the_same_id_and_no_other_key_is() {
+        let mut tokens = JoinTokens::default();
+        let hash = "ab".repeat(32);
+        let (key, other) = ("11".repeat(32), "22".repeat(32));
+        tokens.put(&hash, 1_000, TTL).unwrap();
+        tokens.consume(&hash, 4, Some(&key), 1_100).unwrap();
+        assert_eq!(tokens.readmits(&hash, &key, 1_200), Some(4));
+        // The answer was lost: the same joiner asks again, nothing changes.
+        tokens.consume(&hash, 4, Some(&key), 1_200).unwrap();
+        assert_eq!(tokens.tokens()[&hash].consumed_by, Some(4));
+        // Canaries: another key, another id, or the same key after the TTL are refused.
+        assert_eq!(tokens.readmits(&hash, &other, 1_200), None);
+        assert!(tokens.consume(&hash, 5, Some(&other), 1_200).is_err());
+        assert!(tokens.consume(&hash, 5, Some(&key), 1_200).is_err());
+        assert!(tokens.consume(&hash, 4, None, 1_200).is_err());
+        assert_eq!(tokens.readmits(&hash, &key, 2_000), None);
+        assert!(tokens.consume(&hash, 4, Some(&key), 2_000).is_err());
     }
 
     #[test]

@@ -119,11 +119,16 @@ impl ClusterState {
             Change::PutJoinToken { sha256, ttl_ms } => {
                 self.join_tokens.put(sha256, now, *ttl_ms)?
             }
-            Change::ConsumeJoinToken { sha256, id } => {
+            Change::ConsumeJoinToken {
+                sha256,
+                id,
+                key_sha256,
+            } => {
                 if self.members.contains_key(id) {
                     return Err(Rejection::MemberExists(*id));
                 }
-                self.join_tokens.consume(sha256, *id, now)?
+                self.join_tokens
+                    .consume(sha256, *id, key_sha256.as_deref(), now)?
             }
         }
         self.ring.update(self.live_ring_members());

@@ -108,6 +108,7 @@ fn join_tokens_expire_at_group_time_carried_by_the_log() {
     let consume = |sha: &str, id| Change::ConsumeJoinToken {
         sha256: sha.repeat(32),
         id,
+        key_sha256: None,
     };
     let log = vec![
         cmd(1_000, put("ab", 500)),
@@ -329,6 +330,7 @@ fn random_command(rng: &mut XorShift, at_ms: u64) -> Command {
         12 => Change::ConsumeJoinToken {
             sha256: format!("{:064x}", rng.below(4)),
             id: 6 + rng.below(4),
+            key_sha256: [None, Some("11".repeat(32))][rng.below(2) as usize].clone(),
         },
         _ => Change::RemoveTenant {
             name: format!("t{}", rng.below(4)),

@@ -10,6 +10,13 @@
 //! The group records when each token expires (`state::join_tokens`); a spend past that is
 //! rejected in the state machine, so the refusal reaches the joiner before anything is signed
 //! and the token stays unspent.
+//!
+//! Joins are retriable. The joiner keeps its key in its TLS directory from the first attempt, and
+//! the token records the key it admitted: the same key presenting the same token again (its
+//! answer was lost to a timeout or a leader change) gets the same member id, a certificate for it,
+//! and its learner entry re-added (with its address updated) — no second id, no orphan learner.
+//! The learner is added without waiting for it to catch up (it cannot start before it holds the
+//! certificate this answer carries), wherever the leader is.
 
 use std::fs;
 use std::net::SocketAddr;
@@ -17,8 +24,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use openraft::ChangeMembers;
 use openraft::error::{ClientWriteError, RaftError};
-use rcgen::{CertificateParams, CertificateSigningRequestParams, KeyPair};
+use rcgen::{CertificateParams, CertificateSigningRequestParams, KeyPair, PublicKeyData};
 use ring::rand::SecureRandom;
 use rustls::pki_types::pem::PemObject;
 
@@ -28,10 +36,10 @@ use super::ca::{
 use super::client::{Client, ClientError, commit_via_leader};
 use super::tls::{TlsError, pinned_client_config};
 use super::wire::{JoinGrant, JoinRequest, Refusal, Request, Response, node};
-use crate::Raft;
 use crate::lease_driver::Clock;
 use crate::state::{Change, Command};
 use crate::store::StateReader;
+use crate::{NodeId, Raft};
 
 /// What a joiner must present: which CA to trust and the secret.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,58 +125,53 @@ impl JoinAuthority {
         Self { ca, client, clock }
     }
 
-    /// Checks and spends the token, signs the request, adds the joiner as a learner.
+    /// Checks and spends the token, signs the request, adds the joiner as a learner. A joiner
+    /// presenting a token it already spent, with the same key, is admitted again as the same id.
     pub async fn admit(
         &self,
         raft: &Raft,
         state: &StateReader,
         join: JoinRequest,
     ) -> Result<JoinGrant, Refusal> {
-        CertificateSigningRequestParams::from_pem(&join.csr_pem)
+        let csr = CertificateSigningRequestParams::from_pem(&join.csr_pem)
             .map_err(|e| Refusal::Malformed(format!("certificate request: {e}")))?;
+        let key_sha256 = sha256_hex(csr.public_key.der_bytes());
         if join.raft_addr.parse::<SocketAddr>().is_err() {
             return Err(Refusal::Malformed(format!(
                 "raft address {:?} is not host:port",
                 join.raft_addr
             )));
         }
+        let sha256 = sha256_hex(join.secret.as_bytes());
+        let now = self.clock.now_ms();
         let id = state.with(|applied| {
+            let tokens = applied.cluster.join_tokens();
+            if let Some(id) = tokens.readmits(&sha256, &key_sha256, now) {
+                return id;
+            }
             let members = applied.cluster.members().keys().copied();
             let nodes = applied.membership.membership().nodes().map(|(id, _)| *id);
-            let admitted = applied
-                .cluster
-                .join_tokens()
-                .tokens()
-                .values()
-                .filter_map(|t| t.consumed_by);
+            let admitted = tokens.tokens().values().filter_map(|t| t.consumed_by);
             members.chain(nodes).chain(admitted).max().unwrap_or(0) + 1
         });
-        let sha256 = sha256_hex(join.secret.as_bytes());
-        let consume = Command::new(self.clock.now_ms(), Change::ConsumeJoinToken { sha256, id });
+        let consume = Command::new(
+            now,
+            Change::ConsumeJoinToken {
+                sha256,
+                id,
+                key_sha256: Some(key_sha256),
+            },
+        );
         commit_via_leader(raft, &self.client, consume)
             .await?
-            .map_err(|rejection| Refusal::Failed(format!("join refused: {rejection}")))?;
+            .map_err(|rejection| Refusal::JoinRefused(rejection.to_string()))?;
         let cert_pem = self
             .ca
             .sign_request(&join.csr_pem, id)
             .map_err(|e| Refusal::Failed(e.to_string()))?;
-        // Not blocking: the joiner starts its member endpoint only once it has the certificate.
-        let added = match raft.add_learner(id, node(&join.raft_addr), false).await {
-            Ok(_) => Ok(()),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-                match forward.leader_node {
-                    Some(leader) => self
-                        .client
-                        .add_learner(&leader.addr, id, &join.raft_addr)
-                        .await
-                        .map(|_| ())
-                        .map_err(|e| e.to_string()),
-                    None => Err("no leader".to_string()),
-                }
-            }
-            Err(e) => Err(e.to_string()),
-        };
-        added.map_err(|e| Refusal::Failed(format!("member {id} admitted, not added: {e}")))?;
+        self.add_learner(raft, id, &join.raft_addr)
+            .await
+            .map_err(|e| Refusal::Failed(format!("member {id} admitted, not added: {e}")))?;
         tracing::info!(member = id, addr = %join.raft_addr, "admitted a joiner as a learner");
         Ok(JoinGrant {
             id,
@@ -176,10 +179,47 @@ impl JoinAuthority {
             ca_pem: self.ca.cert_pem().to_string(),
         })
     }
+
+    /// Adds `id` at `addr` as a learner through whichever member leads, without waiting for it
+    /// to catch up; a learner already there (a retried join) gets its address updated.
+    async fn add_learner(&self, raft: &Raft, id: NodeId, addr: &str) -> Result<(), String> {
+        let known = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|n| n.addr.clone());
+        if known.as_deref() == Some(addr) {
+            return Ok(());
+        }
+        let change = if known.is_some() {
+            raft.change_membership(ChangeMembers::SetNodes([(id, node(addr))].into()), true)
+                .await
+        } else {
+            raft.add_learner(id, node(addr), false).await
+        };
+        match change {
+            Ok(_) => Ok(()),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                match forward.leader_node {
+                    Some(leader) => self
+                        .client
+                        .add_learner(&leader.addr, id, addr)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string()),
+                    None => Err("no leader".to_string()),
+                }
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 /// The joiner's side: asks the member at `seed` (its join endpoint) for a certificate, writes
-/// the new identity into `tls_dir` and returns it.
+/// the new identity into `tls_dir` and returns it. The key is made on the first attempt and kept
+/// in `tls_dir`, so that a retry after a lost answer is admitted as the same member.
 pub async fn request_membership(
     seed: &str,
     token: &JoinToken,
@@ -187,7 +227,7 @@ pub async fn request_membership(
     tls_dir: &Path,
     timeout: Duration,
 ) -> Result<MemberIdentity, JoinError> {
-    let key = KeyPair::generate()?;
+    let key = joiner_key(tls_dir)?;
     let csr_pem = CertificateParams::new(Vec::<String>::new())?
         .serialize_request(&key)?
         .pem()?;
@@ -238,17 +278,24 @@ pub async fn request_membership(
     if sha256_hex(&ca_der) != token.ca_fingerprint {
         return Err(JoinError::WrongCa);
     }
-    write_identity(tls_dir, &grant, &key)?;
+    write_identity(tls_dir, &grant)?;
     Ok(MemberIdentity::load(tls_dir)?)
 }
 
-fn write_identity(dir: &Path, grant: &JoinGrant, key: &KeyPair) -> Result<(), JoinError> {
-    let write_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| JoinError::Write { path, source }
-    };
-    fs::create_dir_all(dir).map_err(write_err(dir))?;
+fn write_err(path: &Path) -> impl FnOnce(std::io::Error) -> JoinError {
+    let path = path.to_path_buf();
+    move |source| JoinError::Write { path, source }
+}
+
+/// The key this joiner asks with: the one an earlier attempt left in `dir`, else a new one,
+/// written there (owner-only) before it is used.
+fn joiner_key(dir: &Path) -> Result<KeyPair, JoinError> {
     let key_path = dir.join(MEMBER_KEY_FILE);
+    if let Ok(pem) = fs::read_to_string(&key_path) {
+        return KeyPair::from_pem(&pem).map_err(JoinError::Request);
+    }
+    let key = KeyPair::generate()?;
+    fs::create_dir_all(dir).map_err(write_err(dir))?;
     let mut options = fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
     #[cfg(unix)]
@@ -256,6 +303,10 @@ fn write_identity(dir: &Path, grant: &JoinGrant, key: &KeyPair) -> Result<(), Jo
     let mut file = options.open(&key_path).map_err(write_err(&key_path))?;
     std::io::Write::write_all(&mut file, key.serialize_pem().as_bytes())
         .map_err(write_err(&key_path))?;
+    Ok(key)
+}
+
+fn write_identity(dir: &Path, grant: &JoinGrant) -> Result<(), JoinError> {
     for (name, contents) in [
         (MEMBER_CERT_FILE, &grant.cert_pem),
         (CA_CERT_FILE, &grant.ca_pem),

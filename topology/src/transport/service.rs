@@ -259,7 +259,22 @@ async fn answer(
         Request::Subscribe => return stream_feed(send, &service.state).await,
         Request::AddLearner { id, addr } => {
             tracing::info!(by = %describe(peer), learner = id, addr = %addr, "adding a learner");
-            membership_response(raft.add_learner(id, node(&addr), true).await)
+            // Not waiting for the learner to catch up: a joiner starts only once the member that
+            // forwarded this has answered it with its certificate. A learner already present (a
+            // retried join) gets its address set.
+            let known = raft
+                .metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .get_node(&id)
+                .is_some();
+            if known {
+                let nodes = ChangeMembers::SetNodes([(id, node(&addr))].into());
+                membership_response(raft.change_membership(nodes, true).await)
+            } else {
+                membership_response(raft.add_learner(id, node(&addr), false).await)
+            }
         }
         Request::ChangeMembership(change) => {
             tracing::info!(by = %describe(peer), change = ?change, "changing the membership");

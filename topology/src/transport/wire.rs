@@ -156,6 +156,10 @@ pub enum Refusal {
     },
     #[error("{0}")]
     Failed(String),
+    /// The group refused the join token itself (unknown, expired, spent for another key): asking
+    /// again cannot succeed.
+    #[error("join refused: {0}")]
+    JoinRefused(String),
 }
 
 /// A member's answer.
