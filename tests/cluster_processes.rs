@@ -333,6 +333,95 @@ fn a_join_through_a_follower_ca_holder_survives_a_stalled_leader() {
     assert_eq!(after["learners"], joined["learners"], "{after}");
 }
 
+/// A member whose store is corrupt, then missing (moved aside), exits non-zero each time with a
+/// recovery procedure, rather than staying up without raft; the procedure it prints (leave, a
+/// new token, join with a new directory) brings the group back to three voters that commit.
+#[test]
+fn a_member_that_lost_its_store_exits_and_the_printed_procedure_recovers_the_group() {
+    let root = tempfile::tempdir().unwrap();
+    let datas: Vec<PathBuf> = (1..=3).map(|i| root.path().join(format!("m{i}"))).collect();
+    let listens: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let join = format!("127.0.0.1:{}", free_port());
+    let mut members = start_group(root.path(), &datas, &listens, &join);
+    members[2].kill();
+    let store = datas[2].join("topology.redb");
+    let mut bytes = std::fs::read(&store).unwrap();
+    let middle = bytes.len() / 2;
+    for b in &mut bytes[middle..] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(&store, bytes).unwrap();
+
+    // Restarted on the damaged store, then with it moved aside: it exits (within 20 s, not
+    // staying up without raft), naming the procedure.
+    let restart = |what: &str| {
+        let mut member = Member::spawn(&datas[2], &["serve"]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = member.child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let stderr = member.log();
+        assert!(
+            status.is_some_and(|s| !s.success()),
+            "{what}: it kept running or succeeded\n{stderr}"
+        );
+        assert!(
+            stderr.contains("cluster leave --member 3") && stderr.contains("cluster join"),
+            "{what}: {stderr}"
+        );
+        stderr
+    };
+    let corrupt = restart("corrupt store");
+    assert!(corrupt.contains("corrupt"), "{corrupt}");
+    std::fs::rename(&store, datas[2].join("topology.redb.damaged")).unwrap();
+    let missing = restart("store moved aside");
+    assert!(missing.contains("missing"), "{missing}");
+    assert!(
+        !store.exists(),
+        "a refused start must not create an empty store"
+    );
+
+    // The procedure: remove member 3 through another member, a new token, a join as new.
+    let leave = cli(&datas[0], &["leave", "--member", "3"]);
+    assert!(
+        leave.status.success(),
+        "{}",
+        String::from_utf8_lossy(&leave.stderr)
+    );
+    let token = issue_token(&datas[0], &root.path().join("token-new"));
+    let fresh = root.path().join("m3-new");
+    members.push(Member::spawn(
+        &fresh,
+        &[
+            "join",
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+            "--seed",
+            &join,
+            "--token",
+            token.to_str().unwrap(),
+            "--voter",
+        ],
+    ));
+    let paths = [datas[0].as_path(), datas[1].as_path(), fresh.as_path()];
+    let before = wait_status(&paths[..1], "three voters again, member 3 gone", |s| {
+        let v = voters(s);
+        v.len() == 3 && !v.contains(&3) && s["members"] == 3
+    });
+    let applied = before["last_applied"].as_u64().unwrap();
+    wait_status(&paths, "the recovered group commits", |s| {
+        s["last_applied"].as_u64().is_some_and(|a| a > applied + 2)
+    });
+}
+
 #[test]
 fn an_operator_identity_reads_and_writes_without_a_member_directory() {
     let root = tempfile::tempdir().unwrap();

@@ -20,11 +20,14 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use strata_topology::NodeId;
 use strata_topology::lease_driver::{Clock, SystemClock};
-use strata_topology::server::{DataLayout, Server, ServerConfig, Timing, shutdown_signal};
+use strata_topology::server::{
+    DataLayout, Server, ServerConfig, ServerError, Timing, shutdown_signal,
+};
 use strata_topology::state::{
     Applied, Capacity, Change, Command, DEFAULT_JOIN_TOKEN_TTL_MS, MemberAddresses, MemberSpec,
     PlacementRequest, RaftRole, UnixMillis,
 };
+use strata_topology::store::StoreError;
 use strata_topology::transport::ca::{CA_KEY_FILE, check_operator_name, sha256_hex};
 use strata_topology::transport::client::commit_via_leader;
 use strata_topology::transport::join::{JoinError, JoinToken, request_membership};
@@ -265,17 +268,72 @@ fn member_spec(id: NodeId, addr: &str) -> MemberSpec {
     }
 }
 
-/// Serves `server` until SIGTERM or ctrl-c.
+/// Serves `server` until SIGTERM or ctrl-c; exits with an error if its raft core stops first
+/// (a member that cannot take part must not stay up answering as if it could).
 async fn serve_until_signal(server: Server) -> Result<()> {
-    shutdown_signal().await;
-    tracing::info!(member = server.id, "stopping on signal");
-    server.shutdown().await;
-    Ok(())
+    let mut metrics = server.raft.metrics();
+    let stopped = async move {
+        loop {
+            if let Err(e) = &metrics.borrow().running_state {
+                return e.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "its metrics channel closed".to_string();
+            }
+        }
+    };
+    tokio::select! {
+        _ = shutdown_signal() => {
+            tracing::info!(member = server.id, "stopping on signal");
+            server.shutdown().await;
+            Ok(())
+        }
+        why = stopped => {
+            let id = server.id;
+            server.shutdown().await;
+            bail!("member {id}: the raft core stopped ({why}); exiting")
+        }
+    }
+}
+
+/// How a member that lost its raft state rejoins: as a new member. Keeping its id is unsafe: a
+/// member that forgot its vote could vote twice in one term.
+fn recovery_procedure(id: NodeId, data: &Path) -> String {
+    format!(
+        "member {id} cannot rejoin as itself without its raft state (it could vote twice in one \
+         term). To recover: (1) on another member, `strata cluster leave --member {id} --data \
+         <its data>`; (2) move {} aside; (3) on the member holding the CA key, `strata cluster \
+         token --out TOKEN`; (4) `strata cluster join --seed <its join address> --token TOKEN \
+         --data <a new directory> [--voter]`: it joins with a new id and catches up from the \
+         group (docs/ARCHITECTURE.md, \"Recovering a member\")",
+        data.display()
+    )
 }
 
 async fn serve(data: &Path) -> Result<()> {
     let config = load_config(data)?;
-    let server = Server::start(&config).await?;
+    let layout = DataLayout::new(data);
+    let id = MemberIdentity::load(&layout.tls_dir())
+        .map(|identity| identity.id)
+        .with_context(|| format!("{}: the member's identity", layout.tls_dir().display()));
+    if !layout.store().exists() {
+        let id = id?;
+        bail!(
+            "{}: this member's topology store is missing. {}",
+            layout.store().display(),
+            recovery_procedure(id, data)
+        );
+    }
+    let server = match Server::start(&config).await {
+        Ok(server) => server,
+        Err(e @ ServerError::Store(StoreError::Corrupt { .. })) => {
+            return Err(match id {
+                Ok(id) => anyhow::anyhow!("{e}. {}", recovery_procedure(id, data)),
+                Err(_) => e.into(),
+            });
+        }
+        Err(e) => return Err(e.into()),
+    };
     serve_until_signal(server).await
 }
 

@@ -15,6 +15,7 @@ use openraft::{BasicNode, ServerState};
 use strata_topology::NodeId;
 use strata_topology::lease_driver::{Clock, SystemClock};
 use strata_topology::state::{Change, Command, DEFAULT_JOIN_TOKEN_TTL_MS, UnixMillis};
+use strata_topology::transport::ca::{MEMBER_CERT_FILE, MEMBER_KEY_FILE};
 use strata_topology::transport::join::{JoinAuthority, JoinToken, request_membership};
 use strata_topology::transport::wire::{
     FeedItem, MAX_FRAME, MembershipChange, Refusal, Request, Response,
@@ -374,8 +375,10 @@ async fn an_expired_join_token_is_refused_naming_its_expiry_and_stays_unspent() 
         );
         assert!(stored.expired(first.service.state.get().cluster.clock_ms()));
     }
+    // The joiner's key is kept for its retries; no certificate is written for a refused join.
+    assert!(tls_dir.join(MEMBER_KEY_FILE).exists());
     assert!(
-        !tls_dir.exists(),
+        !tls_dir.join(MEMBER_CERT_FILE).exists(),
         "no certificate is written for a refused join"
     );
     let view = admin.read(&first.addr).await.expect("read");

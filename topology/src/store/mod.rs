@@ -58,8 +58,9 @@ const KEY_SNAPSHOT_DATA: &str = "data";
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error(
-        "{}: the topology store is corrupt: {detail}. Refusing to start on it; move it aside \
-         and let this member catch up from the group (or restore a backup)",
+        "{}: the topology store is corrupt: {detail}. Refusing to start on it: without its raft \
+         state this member must leave the group and join again as a new member (docs/\
+         ARCHITECTURE.md, \"Recovering a member\")",
         path.display()
     )]
     Corrupt { path: PathBuf, detail: String },
