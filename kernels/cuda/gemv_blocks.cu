@@ -1,7 +1,7 @@
 // Projections whose weights stay in a GGUF block format on the device (blocks.cuh): the decode
 // GEMV (both phase counts), the row-parallel shard GEMV, a dequantizer to bf16 for the cuBLASLt
-// GEMM of prompt rows, and the embedding gather. Names carry the format: `gemv_mma_q4_k_bf16_x2`,
-// `dequant_q6_k`, ...
+// GEMM of prompt rows, and the embedding gather, for one format per module (below). Names carry
+// the format: `gemv_mma_q4_k_bf16_x2`, `dequant_q6_k`, ...
 //
 // The GEMVs run gemv_mma.cuh's body unchanged with a BlockW<F> loader, and a BlockW<F> chunk is
 // bit for bit the bf16 the checkpoint loader would widen the block to: every output equals the
@@ -85,4 +85,6 @@
         for (u32 c = threadIdx.x; c < chunks; c += blockDim.x) dst[c] = src.load(id - first, c * 8); \
     }
 
-FOR_EACH_BLOCK_FORMAT(BLOCK_FORMAT_KERNELS)
+// One format per compilation unit: src/lib.rs prepends `#define BLOCK_FORMAT(MACRO) MACRO(id, name)`
+// for each of FOR_EACH_BLOCK_FORMAT's formats (module `gemv_blocks_<name>`).
+BLOCK_FORMAT(BLOCK_FORMAT_KERNELS)

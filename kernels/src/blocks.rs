@@ -13,8 +13,6 @@ use crate::gemv::{MMA_THREADS, MMA_X_ROWS, check_rows, check_shards, mma_rows, m
 use crate::launch::{aligned16, grid, need_len, product, stride_blocks, to_u32};
 use crate::{GemvOut, GemvVariant, KernelError, Kernels, ensure_shape};
 
-const MODULE: &str = "gemv_blocks";
-
 /// A GGUF block format the device kernels read: `block_elems` weights of a row in `block_bytes`
 /// bytes (layouts in `cuda/blocks.cuh`, the same as llama.cpp's files).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -72,6 +70,21 @@ impl BlockFormat {
             BlockFormat::Q4_K => "q4_k",
             BlockFormat::Q5_K => "q5_k",
             BlockFormat::Q6_K => "q6_k",
+        }
+    }
+
+    /// The module holding this format's kernels (`gemv_blocks_<name>`, one per format; see
+    /// `SOURCES` in src/lib.rs).
+    pub fn module(self) -> &'static str {
+        match self {
+            BlockFormat::Q4_0 => "gemv_blocks_q4_0",
+            BlockFormat::Q4_1 => "gemv_blocks_q4_1",
+            BlockFormat::Q5_0 => "gemv_blocks_q5_0",
+            BlockFormat::Q5_1 => "gemv_blocks_q5_1",
+            BlockFormat::Q8_0 => "gemv_blocks_q8_0",
+            BlockFormat::Q4_K => "gemv_blocks_q4_k",
+            BlockFormat::Q5_K => "gemv_blocks_q5_k",
+            BlockFormat::Q6_K => "gemv_blocks_q6_k",
         }
     }
 
@@ -209,7 +222,7 @@ impl Kernels {
             T::OUT,
             m.div_ceil(MMA_X_ROWS)
         );
-        let f = self.function(MODULE, &name)?;
+        let f = self.function(format.module(), &name)?;
         let (m32, k32) = (m as u32, k as u32);
         let mut b = stream.launch_builder(f);
         b.arg(&yp).arg(&xp).arg(&wp).arg(&m32).arg(&n32).arg(&k32);
@@ -259,7 +272,7 @@ impl Kernels {
             format.kernel_name(),
             m.div_ceil(MMA_X_ROWS)
         );
-        let f = self.function(MODULE, &name)?;
+        let f = self.function(format.module(), &name)?;
         let mut b = stream.launch_builder(f);
         b.arg(&yp).arg(&xp).arg(&wp);
         b.arg(&m32)
@@ -294,7 +307,10 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let f = self.function(MODULE, &format!("dequant_{}", format.kernel_name()))?;
+        let f = self.function(
+            format.module(),
+            &format!("dequant_{}", format.kernel_name()),
+        )?;
         let mut b = stream.launch_builder(f);
         b.arg(&op).arg(&wp).arg(&n32).arg(&k32);
         // SAFETY: lengths, alignment and argument types checked above match the kernel.
@@ -334,7 +350,7 @@ impl Kernels {
         if tokens == 0 {
             return Ok(());
         }
-        let f = self.function(MODULE, &format!("embed_{}", format.kernel_name()))?;
+        let f = self.function(format.module(), &format!("embed_{}", format.kernel_name()))?;
         let fill_bits = u32::from(fill.to_bits());
         let mut b = stream.launch_builder(f);
         b.arg(&o).arg(&t).arg(&i).arg(&hidden32);
@@ -348,6 +364,23 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_format_has_its_own_module_built_for_it_alone() {
+        for format in BlockFormat::ALL {
+            let source = crate::SOURCES
+                .iter()
+                .find(|s| s.module == format.module())
+                .unwrap_or_else(|| panic!("no module for {format:?}"));
+            let first = source.text.lines().next().unwrap_or_default();
+            let want = format!("MACRO({}, {})", format.ggml_type(), format.kernel_name());
+            assert_eq!(first, format!("#define BLOCK_FORMAT(MACRO) {want}"));
+        }
+        let blocks = crate::SOURCES
+            .iter()
+            .filter(|s| s.module.starts_with("gemv_blocks_"));
+        assert_eq!(blocks.count(), BlockFormat::ALL.len());
+    }
 
     #[test]
     fn formats_round_trip_through_their_ggml_numbers_and_size_rows() {

@@ -62,6 +62,23 @@ pub struct Source {
     pub text: &'static str,
 }
 
+/// `cuda/gemv_blocks.cu` for one block format (`MACRO(id, name)` as `FOR_EACH_BLOCK_FORMAT` in
+/// `cuda/blocks.cuh` lists it): one module per format, so that the formats compile in parallel and
+/// each stays a small compilation unit (the eight together were a third of NVRTC's time at load).
+macro_rules! block_source {
+    ($module:literal, $format:literal) => {
+        Source {
+            module: $module,
+            text: concat!(
+                "#define BLOCK_FORMAT(MACRO) ",
+                $format,
+                "\n",
+                include_str!("../cuda/gemv_blocks.cu")
+            ),
+        }
+    };
+}
+
 /// Every kernel source, in load order.
 pub const SOURCES: &[Source] = &[
     Source {
@@ -72,10 +89,14 @@ pub const SOURCES: &[Source] = &[
         module: "gemv",
         text: include_str!("../cuda/gemv.cu"),
     },
-    Source {
-        module: "gemv_blocks",
-        text: include_str!("../cuda/gemv_blocks.cu"),
-    },
+    block_source!("gemv_blocks_q4_0", "MACRO(2, q4_0)"),
+    block_source!("gemv_blocks_q4_1", "MACRO(3, q4_1)"),
+    block_source!("gemv_blocks_q5_0", "MACRO(6, q5_0)"),
+    block_source!("gemv_blocks_q5_1", "MACRO(7, q5_1)"),
+    block_source!("gemv_blocks_q8_0", "MACRO(8, q8_0)"),
+    block_source!("gemv_blocks_q4_k", "MACRO(12, q4_k)"),
+    block_source!("gemv_blocks_q5_k", "MACRO(13, q5_k)"),
+    block_source!("gemv_blocks_q6_k", "MACRO(14, q6_k)"),
     Source {
         module: "sampling",
         text: include_str!("../cuda/sampling.cu"),
@@ -227,6 +248,27 @@ struct LoadedModule {
     functions: HashMap<String, CudaFunction>,
 }
 
+/// Compiles `source` for `arch` (or takes it from the cache) and loads it with its functions.
+fn load_module(
+    ctx: &Arc<CudaContext>,
+    compiler: &compile::Compiler,
+    source: &Source,
+    arch: &str,
+) -> Result<LoadedModule, KernelError> {
+    let ptx = compiler.compile(source, arch)?;
+    let names = compile::entry_names(&ptx);
+    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
+    let mut functions = HashMap::new();
+    for name in names {
+        let function = module.load_function(&name)?;
+        functions.insert(name, function);
+    }
+    Ok(LoadedModule {
+        _module: module,
+        functions,
+    })
+}
+
 /// Every kernel module, compiled for and loaded into one [`CudaContext`].
 ///
 /// Load once per context and share it; launch methods take the stream to launch on.
@@ -250,23 +292,29 @@ impl Kernels {
             return Err(KernelError::UnsupportedArch { major, minor });
         }
         let compiler = compile::Compiler::new(cache_dir.map(Path::to_path_buf))?;
+        // Each module compiles (NVRTC) and loads (the driver's PTX JIT) on its own thread: a
+        // first start on a machine with an empty cache pays the slowest module, not their sum.
+        let loaded: Vec<Result<LoadedModule, KernelError>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = SOURCES
+                .iter()
+                .map(|source| scope.spawn(|| load_module(ctx, &compiler, source, arch)))
+                .collect();
+            threads
+                .into_iter()
+                .zip(SOURCES)
+                .map(|(thread, source)| {
+                    thread.join().unwrap_or_else(|_| {
+                        Err(KernelError::Nvrtc(format!(
+                            "the thread compiling {}.cu panicked",
+                            source.module
+                        )))
+                    })
+                })
+                .collect()
+        });
         let mut modules = HashMap::new();
-        for source in SOURCES {
-            let ptx = compiler.compile(source, arch)?;
-            let names = compile::entry_names(&ptx);
-            let module = ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx))?;
-            let mut functions = HashMap::new();
-            for name in names {
-                let function = module.load_function(&name)?;
-                functions.insert(name, function);
-            }
-            modules.insert(
-                source.module,
-                LoadedModule {
-                    _module: module,
-                    functions,
-                },
-            );
+        for (source, module) in SOURCES.iter().zip(loaded) {
+            modules.insert(source.module, module?);
         }
         Ok(Kernels {
             ctx: ctx.clone(),
