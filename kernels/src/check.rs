@@ -146,31 +146,71 @@ pub fn check_sources(sources: &[Source], arches: &[&str]) -> Report {
         }
     };
     report.nvrtc_version = Some(compiler.nvrtc_version());
-    for arch in arches {
-        for source in sources {
-            let ptx = match compiler.compile(source, arch) {
-                Ok(ptx) => ptx,
-                Err(e) => {
-                    report.failures.push(failure(source, arch, e.to_string()));
-                    continue;
-                }
-            };
-            report.entries.push((
-                source.module.to_string(),
-                arch.to_string(),
-                compile::entry_names(&ptx),
-            ));
-            if let Some(ptxas) = &report.ptxas {
-                match run_ptxas(ptxas, arch, &ptx) {
-                    Ok(text) => report
-                        .functions
-                        .extend(parse_ptxas(&text, source.module, arch)),
-                    Err(message) => report.failures.push(failure(source, arch, message)),
-                }
-            }
-        }
+    // Every (arch, module) compiles on its own thread; the report keeps the sequential order.
+    let ptxas = report.ptxas.clone();
+    let jobs: Vec<(&str, &Source)> = arches
+        .iter()
+        .flat_map(|arch| sources.iter().map(move |source| (*arch, source)))
+        .collect();
+    let outcomes: Vec<Outcome> = std::thread::scope(|scope| {
+        let threads: Vec<_> = jobs
+            .iter()
+            .map(|&(arch, source)| {
+                let (compiler, ptxas) = (&compiler, ptxas.as_deref());
+                scope.spawn(move || check_one(compiler, ptxas, source, arch))
+            })
+            .collect();
+        threads
+            .into_iter()
+            .zip(&jobs)
+            .map(|(thread, &(arch, source))| {
+                thread.join().unwrap_or_else(|_| Outcome {
+                    failures: vec![failure(source, arch, "the checking thread panicked".into())],
+                    ..Outcome::default()
+                })
+            })
+            .collect()
+    });
+    for outcome in outcomes {
+        report.entries.extend(outcome.entries);
+        report.functions.extend(outcome.functions);
+        report.failures.extend(outcome.failures);
     }
     report
+}
+
+/// What checking one module for one architecture found.
+#[derive(Default)]
+struct Outcome {
+    entries: Vec<(String, String, Vec<String>)>,
+    functions: Vec<FunctionResources>,
+    failures: Vec<CheckFailure>,
+}
+
+/// Compiles `source` for `arch`, lists its entries and, with ptxas, its resources.
+fn check_one(compiler: &Compiler, ptxas: Option<&Path>, source: &Source, arch: &str) -> Outcome {
+    let mut outcome = Outcome::default();
+    let ptx = match compiler.compile(source, arch) {
+        Ok(ptx) => ptx,
+        Err(e) => {
+            outcome.failures.push(failure(source, arch, e.to_string()));
+            return outcome;
+        }
+    };
+    outcome.entries.push((
+        source.module.to_string(),
+        arch.to_string(),
+        compile::entry_names(&ptx),
+    ));
+    if let Some(ptxas) = ptxas {
+        match run_ptxas(ptxas, arch, &ptx) {
+            Ok(text) => outcome
+                .functions
+                .extend(parse_ptxas(&text, source.module, arch)),
+            Err(message) => outcome.failures.push(failure(source, arch, message)),
+        }
+    }
+    outcome
 }
 
 fn failure(source: &Source, arch: &str, message: String) -> CheckFailure {
