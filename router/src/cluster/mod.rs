@@ -580,13 +580,14 @@ impl Cluster {
 
     /// [`Cluster::route`] leaving out the incarnations in `failed`; while none can take the
     /// request, polls for up to `wait` (a node restarting, or one reconnecting), unless the
-    /// request is cancelled first.
+    /// request is cancelled or its client goes away (`tx` closes) first.
     async fn route_within(
         &self,
         request: &GenerateRequest,
         failed: &[(Slot, u64)],
         wait: Duration,
         cancelled: &mut oneshot::Receiver<()>,
+        tx: &UnboundedSender<TokenEvent>,
     ) -> Option<(Arc<Node>, Option<KvFetch>)> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
@@ -605,6 +606,7 @@ impl Cluster {
             tokio::select! {
                 () = tokio::time::sleep(FAILOVER_POLL) => {}
                 _ = &mut *cancelled => return None,
+                () = tx.closed() => return None,
             }
         }
     }
@@ -645,7 +647,7 @@ impl Cluster {
             let routed = if attempts > FAILOVER_ATTEMPTS {
                 None
             } else {
-                self.route_within(&attempt, &failed, FAILOVER_WAIT, &mut cancelled)
+                self.route_within(&attempt, &failed, FAILOVER_WAIT, &mut cancelled, &tx)
                     .await
             };
             let Some((node, fetch)) = routed else {
