@@ -396,6 +396,11 @@ fn a_member_that_lost_its_store_exits_and_the_printed_procedure_recovers_the_gro
         "{}",
         String::from_utf8_lossy(&leave.stderr)
     );
+    // Member 3's certificate is revoked with its leave: it can no longer read the group.
+    let stale = cli(&datas[2], &["status", "--addr", &listens[0]]);
+    assert!(!stale.status.success());
+    let stale = String::from_utf8_lossy(&stale.stderr);
+    assert!(stale.contains("member 3 has been revoked"), "{stale}");
     let token = issue_token(&datas[0], &root.path().join("token-new"));
     let fresh = root.path().join("m3-new");
     members.push(Member::spawn(
@@ -560,4 +565,31 @@ fn an_operator_identity_reads_and_writes_without_a_member_directory() {
     assert!(stderr(&unplace).contains("`m`"), "{}", stderr(&unplace));
     let placement = cli_bare(&["placement", "--identity", ops, "--addr", &listen, "--json"]);
     assert_eq!(String::from_utf8_lossy(&placement.stdout).trim(), "{}");
+
+    // Revoked by name through the member: alice's certificate no longer reads or writes, while
+    // the member's own identity still does (the canary arm).
+    let revoke = cli(&data, &["revoke", "--operator", "alice"]);
+    assert!(revoke.status.success(), "{}", stderr(&revoke));
+    let refused = cli_bare(&["status", "--identity", ops, "--addr", &listen]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("operator alice has been revoked"),
+        "{}",
+        stderr(&refused)
+    );
+    let token = root.path().join("token-after-revoke");
+    let mint = cli_bare(&[
+        "token",
+        "--identity",
+        ops,
+        "--addr",
+        &listen,
+        "--out",
+        token.to_str().unwrap(),
+    ]);
+    assert!(!mint.status.success(), "a revoked operator minted a token");
+    assert!(
+        view(&data, "status").is_some(),
+        "the member's identity was refused"
+    );
 }

@@ -67,9 +67,11 @@ pub enum ClusterCommand {
     Place(PlaceArgs),
     /// Remove a model's placement: its requests go to every serving member again.
     Unplace(UnplaceArgs),
-    /// Remove a member from the group (then stop its process): the one in --data, or
-    /// --member.
+    /// Remove a member from the group and revoke its certificate (then stop its process): the
+    /// one in --data, or --member.
     Leave(LeaveArgs),
+    /// Revoke an operator's certificates by name: every member refuses them from then on.
+    Revoke(RevokeArgs),
     /// Issue another one-use join token (each join spends one); it expires after --ttl.
     Token(TokenArgs),
     /// Issue an operator's certificate (run on the member holding the CA key): writes an
@@ -142,6 +144,15 @@ pub struct LeaveArgs {
     /// The member to remove; default: the one in --data.
     #[arg(long, required_unless_present = "data")]
     member: Option<NodeId>,
+}
+
+#[derive(Args)]
+pub struct RevokeArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The operator whose certificates to revoke.
+    #[arg(long)]
+    operator: String,
 }
 
 #[derive(Args)]
@@ -244,6 +255,7 @@ pub fn run(command: ClusterCommand) -> Result<()> {
             ClusterCommand::Place(args) => place(args).await,
             ClusterCommand::Unplace(args) => unplace(args).await,
             ClusterCommand::Leave(args) => leave(args).await,
+            ClusterCommand::Revoke(args) => revoke_operator(args).await,
             ClusterCommand::Token(args) => issue_token(args).await,
             ClusterCommand::Operator(args) => issue_operator(&args),
         }
@@ -844,8 +856,15 @@ async fn leave(args: LeaveArgs) -> Result<()> {
     let view = client.read(&addr).await?;
     let in_raft = view.nodes.contains_key(&id);
     let in_state = view.cluster.members().contains_key(&id);
-    if !in_raft && !in_state {
+    let revoked = view.cluster.revoked().members.contains(&id);
+    // Member 1 is `init`'s; every other id was admitted by a join token.
+    let ever_member = id == 1 || view.cluster.join_tokens().admitted(id);
+    if !in_raft && !in_state && (revoked || !ever_member) {
         client.endpoint().close(0u32.into(), b"done");
+        if revoked {
+            println!("member {id} has already left and its certificate is revoked: nothing to do");
+            return Ok(());
+        }
         bail!(
             "member {id} is not in the group (its members: {}): nothing was changed",
             view.nodes
@@ -881,24 +900,45 @@ async fn leave(args: LeaveArgs) -> Result<()> {
             tracing::warn!("the membership change's answer was lost; the group no longer has {id}");
         }
     }
-    let removed_record = if in_state {
+    if in_state {
         let remove = Command::new(SystemClock.now_ms(), Change::RemoveMember { id });
         client
             .propose(&other, remove)
             .await?
             .1
             .map_err(anyhow::Error::msg)?;
-        true
-    } else {
-        false
-    };
+    }
+    // Last, since a member leaving by its own identity can make no call after this one.
+    let revoke = Command::new(SystemClock.now_ms(), Change::RevokeMember { id });
+    client
+        .propose(&other, revoke)
+        .await?
+        .1
+        .map_err(anyhow::Error::msg)?;
     client.endpoint().close(0u32.into(), b"done");
-    let what = match (in_raft, removed_record) {
-        (true, true) => "left the group's membership and its record was removed",
+    let what = match (in_raft, in_state) {
+        (true, true) => "left the group's membership, its record was removed",
         (true, false) => "left the group's membership (it had no member record)",
-        (false, _) => "had already left the membership; its leftover record was removed",
+        (false, true) => "had already left the membership; its leftover record was removed",
+        (false, false) => "had already left the membership and has no record",
     };
-    println!("member {id} {what}; stop its process");
+    println!("member {id} {what} and its certificate is revoked; stop its process");
+    Ok(())
+}
+
+/// `cluster revoke --operator NAME`: every member refuses that operator's certificates.
+async fn revoke_operator(args: RevokeArgs) -> Result<()> {
+    check_operator_name(&args.operator)?;
+    let Operator { client, addr, .. } = operator(&args.target)?;
+    let name = args.operator.clone();
+    let revoke = Command::new(SystemClock.now_ms(), Change::RevokeOperator { name });
+    let outcome = client.propose(&addr, revoke).await;
+    client.endpoint().close(0u32.into(), b"done");
+    outcome?.1.map_err(anyhow::Error::msg)?;
+    println!(
+        "operator {} is revoked: every member refuses its certificates",
+        args.operator
+    );
     Ok(())
 }
 

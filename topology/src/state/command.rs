@@ -82,6 +82,15 @@ pub enum Change {
         #[serde(default = "default_join_token_ttl_ms")]
         ttl_ms: u64,
     },
+    /// Withdraws member `id`'s certificate: every member refuses calls from it (after it left;
+    /// revoking twice is no change).
+    RevokeMember {
+        id: NodeId,
+    },
+    /// Withdraws every certificate issued to operator `name`.
+    RevokeOperator {
+        name: String,
+    },
     /// Spends a join token, admitting member `id` with the public key whose SHA-256 is
     /// `key_sha256`; refused once the token has expired at this command's time. The same key and
     /// id again (a joiner retrying) is accepted and changes nothing.

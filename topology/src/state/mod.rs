@@ -43,6 +43,19 @@ pub struct ClusterState {
     /// Absent in states written before join tokens existed.
     #[serde(default)]
     join_tokens: JoinTokens,
+    /// Identities the group no longer accepts (absent in states written before revocation).
+    #[serde(default)]
+    revoked: Revoked,
+}
+
+/// Certificates the group has withdrawn: members that left and operators revoked by name. Every
+/// member refuses a call whose peer certificate names one of them, raft's included; member ids
+/// are never reused (each is assigned above every id a token ever admitted), so a revoked id
+/// names one identity forever.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Revoked {
+    pub members: std::collections::BTreeSet<NodeId>,
+    pub operators: std::collections::BTreeSet<String>,
 }
 
 impl ClusterState {
@@ -76,6 +89,10 @@ impl ClusterState {
 
     pub fn join_tokens(&self) -> &JoinTokens {
         &self.join_tokens
+    }
+
+    pub fn revoked(&self) -> &Revoked {
+        &self.revoked
     }
 
     /// Applies one command. A rejected command leaves the state as it was, except that group
@@ -116,6 +133,22 @@ impl ClusterState {
                 self.routers.register(id, http_addr, now)?
             }
             Change::DeregisterRouter { id } => self.routers.deregister(id)?,
+            Change::RevokeMember { id } => {
+                // A member is revoked once it has left: its record goes first (`cluster leave`).
+                if self.members.contains_key(id) {
+                    return Err(Rejection::InvalidMember {
+                        id: *id,
+                        why: "still a member; remove it before revoking its certificate".into(),
+                    });
+                }
+                self.revoked.members.insert(*id);
+            }
+            Change::RevokeOperator { name } => {
+                if !tenants::valid_name(name) {
+                    return Err(Rejection::InvalidName(name.clone()));
+                }
+                self.revoked.operators.insert(name.clone());
+            }
             Change::PutJoinToken { sha256, ttl_ms } => {
                 self.join_tokens.put(sha256, now, *ttl_ms)?
             }

@@ -114,7 +114,7 @@ impl TenantRegistry {
 }
 
 /// Printable, no spaces, at most 128 bytes: the router's rule for tenant names.
-fn valid_name(name: &str) -> bool {
+pub(super) fn valid_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 128 && name.chars().all(|c| c.is_ascii_graphic())
 }
 

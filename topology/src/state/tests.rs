@@ -422,3 +422,39 @@ fn random_logs_keep_invariants_and_snapshot_replay_matches_direct_apply() {
     }
     assert!(spent > 0 && expired > 0, "spent {spent}, expired {expired}");
 }
+
+#[test]
+fn a_member_is_revoked_only_once_removed_and_operators_by_valid_name() {
+    let mut s = ClusterState::default();
+    s.apply(&cmd(1, Change::AddMember(test_spec(2, &[]))))
+        .unwrap();
+    assert!(matches!(
+        s.apply(&cmd(2, Change::RevokeMember { id: 2 })),
+        Err(Rejection::InvalidMember { id: 2, .. })
+    ));
+    assert!(
+        s.revoked().members.is_empty(),
+        "a refused revocation changed the list"
+    );
+    s.apply(&cmd(3, Change::RemoveMember { id: 2 })).unwrap();
+    s.apply(&cmd(4, Change::RevokeMember { id: 2 })).unwrap();
+    s.apply(&cmd(5, Change::RevokeMember { id: 2 })).unwrap();
+    assert_eq!(s.revoked().members, [2].into());
+    let bad = Change::RevokeOperator {
+        name: "two words".into(),
+    };
+    assert!(matches!(
+        s.apply(&cmd(6, bad)),
+        Err(Rejection::InvalidName(_))
+    ));
+    let alice = Change::RevokeOperator {
+        name: "alice".into(),
+    };
+    s.apply(&cmd(7, alice)).unwrap();
+    assert_eq!(s.revoked().operators, ["alice".to_string()].into());
+    // A state written before revocation existed reads with nothing revoked.
+    let mut old = serde_json::to_value(ClusterState::default()).unwrap();
+    old.as_object_mut().unwrap().remove("revoked");
+    let old: ClusterState = serde_json::from_value(old).unwrap();
+    assert!(old.revoked().members.is_empty() && old.revoked().operators.is_empty());
+}

@@ -97,7 +97,11 @@ async fn serve_stream(
     let refused = match read {
         Err(_elapsed) => read_timeout_refusal(service.read_timeout),
         Ok(Ok(Some(body))) => match serde_json::from_slice::<Request>(&body) {
-            Ok(request) => match admit(&request, peer, mutual) {
+            Ok(request) => match admit(&request, peer, mutual).and_then(|()| {
+                // Checked per request: a certificate revoked while its connection is open stops
+                // working at its next call.
+                not_revoked(&service.state, peer)
+            }) {
                 Ok(()) => {
                     if let Err(e) = answer(request, &mut send, service, peer).await {
                         tracing::debug!(peer = %remote, error = %e, "answer not delivered");
@@ -183,6 +187,24 @@ fn admit(request: &Request, peer: Option<&Principal>, mutual: bool) -> Result<()
         None => Err(Refusal::Failed(
             "raft RPCs need a member certificate".into(),
         )),
+    }
+}
+
+/// Refuses a peer whose certificate the group has revoked (a member that left, an operator
+/// withdrawn by name), raft calls included: a removed member can neither write, read, mint join
+/// tokens nor disturb elections with its votes.
+fn not_revoked(state: &StateReader, peer: Option<&Principal>) -> Result<(), Refusal> {
+    let revoked = state.with(|applied| {
+        let list = applied.cluster.revoked();
+        match peer {
+            Some(Principal::Member(id)) => list.members.contains(id),
+            Some(Principal::Operator(name)) => list.operators.contains(name),
+            None => false,
+        }
+    });
+    match (revoked, peer) {
+        (true, Some(principal)) => Err(Refusal::Revoked(principal.to_string())),
+        _ => Ok(()),
     }
 }
 

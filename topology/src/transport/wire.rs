@@ -156,6 +156,9 @@ pub enum Refusal {
     },
     #[error("{0}")]
     Failed(String),
+    /// The peer's certificate names an identity the group has revoked.
+    #[error("the certificate of {0} has been revoked")]
+    Revoked(String),
     /// The group refused the join token itself (unknown, expired, spent for another key): asking
     /// again cannot succeed.
     #[error("join refused: {0}")]
