@@ -678,48 +678,7 @@ fn a_node_joining_the_group_under_load_changes_the_ring_and_gets_traffic() {
     let model = tmp.path().join("m");
     synth(&model);
     let dir = tmp.path().join("cluster");
-    let base: u16 = {
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket.local_addr().unwrap().port() % 20_000 + 30_000
-    };
-    let up = std::process::Command::new(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/up.sh"),
-    )
-    .args([
-        "--nodes",
-        "2",
-        "--routers",
-        "1",
-        "--model",
-        model.to_str().unwrap(),
-    ])
-    .args([
-        "--dir",
-        dir.to_str().unwrap(),
-        "--base-port",
-        &base.to_string(),
-    ])
-    .env("STRATA", env!("CARGO_BIN_EXE_strata"))
-    .output()
-    .unwrap();
-    // down.sh stops what up.sh started, whatever this test does.
-    struct Down<'a>(&'a Path);
-    impl Drop for Down<'_> {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new(
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/down.sh"),
-            )
-            .args(["--dir", self.0.to_str().unwrap()])
-            .output();
-        }
-    }
-    let _down = Down(&dir);
-    assert!(
-        up.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&up.stdout),
-        String::from_utf8_lossy(&up.stderr)
-    );
+    let (_down, base) = deploy_local(&dir, &model, 2);
     let router: SocketAddr = format!("127.0.0.1:{}", base + 101).parse().unwrap();
     let member = |i: u16| format!("127.0.0.1:{}", base + 10 * i);
     let node3: SocketAddr = format!("127.0.0.1:{}", base + 32).parse().unwrap();
@@ -899,4 +858,119 @@ fn a_node_fetches_a_prefix_cached_on_another_instead_of_computing_it() {
     // Canary: without fetching, the second node computes everything.
     let (_, cached, fetches) = fetch_round(&["--kv-fetch", "false"]);
     assert_eq!((cached, fetches), (0, 0.0));
+}
+
+/// `deploy/local/up.sh` in `dir` (members, nodes beside them, routers), stopped by `down.sh` when
+/// the returned guard drops; the base port it used.
+fn deploy_local(dir: &Path, model: &Path, nodes: usize) -> (impl Drop, u16) {
+    let base: u16 = {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap().port() % 20_000 + 30_000
+    };
+    let up = std::process::Command::new(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/up.sh"),
+    )
+    .args(["--nodes", &nodes.to_string(), "--routers", "1"])
+    .args(["--model", model.to_str().unwrap()])
+    .args([
+        "--dir",
+        dir.to_str().unwrap(),
+        "--base-port",
+        &base.to_string(),
+    ])
+    .env("STRATA", env!("CARGO_BIN_EXE_strata"))
+    .output()
+    .unwrap();
+    struct Down(std::path::PathBuf);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/down.sh"),
+            )
+            .args(["--dir", self.0.to_str().unwrap()])
+            .output();
+        }
+    }
+    let down = Down(dir.to_path_buf());
+    assert!(
+        up.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&up.stdout),
+        String::from_utf8_lossy(&up.stderr)
+    );
+    (down, base)
+}
+
+/// An operator's certificate revoked in the group stops working at the nodes too: a router holding
+/// it (in front of the nodes directly, `--nodes`) is served before and refused after, within the
+/// nodes' refresh, while the group's own router keeps answering (the canary arm).
+#[test]
+fn nodes_refuse_a_certificate_the_group_revoked() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let dir = tmp.path().join("cluster");
+    let (_down, base) = deploy_local(&dir, &model, 2);
+    let member1 = dir.join("member-1");
+    let rogue = tmp.path().join("rogue");
+    let out = strata(&[
+        "cluster",
+        "operator",
+        "--data",
+        member1.to_str().unwrap(),
+        "--name",
+        "rogue",
+        "--out",
+        rogue.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let nodes = format!("127.0.0.1:{},127.0.0.1:{}", base + 12, base + 22);
+    let router = Process::start(&[
+        "router",
+        "--model",
+        model.to_str().unwrap(),
+        "--nodes",
+        &nodes,
+        "--identity",
+        rogue.to_str().unwrap(),
+        "--port",
+        "0",
+    ]);
+    let rogue_addr = router.address("on http://");
+    let ask = |addr: SocketAddr| {
+        let body = completion_body("a question for the nodes", 4, false, None);
+        post(addr, "/v1/completions", &body).0
+    };
+    assert_eq!(
+        ask(rogue_addr),
+        200,
+        "the operator's router is served before"
+    );
+    let out = strata(&[
+        "cluster",
+        "revoke",
+        "--data",
+        member1.to_str().unwrap(),
+        "--operator",
+        "rogue",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while ask(rogue_addr) == 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the nodes still serve a revoked certificate"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    for _ in 0..3 {
+        assert_ne!(
+            ask(rogue_addr),
+            200,
+            "a revoked certificate was served again"
+        );
+    }
+    let group_router: SocketAddr = format!("127.0.0.1:{}", base + 101).parse().unwrap();
+    assert_eq!(ask(group_router), 200, "the group's own router was refused");
 }

@@ -13,16 +13,16 @@ use serde_json::{Value, json};
 use strata_collective::inventory::{
     Inventory, InventoryError, LinkKind, inspect, suggest_tp_pairs,
 };
-use strata_node::rpc::{ALPN, NodeService, Peers};
+use strata_node::rpc::{ALPN, NodeService, PeerCheck, Peers};
 use strata_quic::tls::{mutual_client_config, mutual_server_config};
 
 use super::engine_args::EngineSettings;
 use strata_node::{Device, start_engine};
 use strata_topology::lease_driver::{Clock, SystemClock};
 use strata_topology::server::{DataLayout, ServerConfig};
-use strata_topology::state::{Change, Command, Gpu};
+use strata_topology::state::{Change, Command, Gpu, Revoked};
 use strata_topology::transport::ca::{MEMBER_CERT_FILE, SERVER_NAME};
-use strata_topology::transport::{Client, MemberIdentity, client_endpoint};
+use strata_topology::transport::{Client, MemberIdentity, Principal, client_endpoint};
 
 #[derive(Subcommand)]
 pub enum NodeCommand {
@@ -105,7 +105,17 @@ pub fn run(command: NodeCommand) -> Result<()> {
                     SERVER_NAME,
                     Duration::from_millis(kv_fetch_timeout_ms),
                 );
-                let service = Arc::new(NodeService::new(Arc::new(engine), tp).with_peers(peers));
+                let mut service = NodeService::new(Arc::new(engine), tp).with_peers(peers);
+                if let Some(data) = &data {
+                    let revoked = Arc::new(std::sync::RwLock::new(Revoked::default()));
+                    tokio::spawn(follow_revocations(
+                        data.clone(),
+                        identity.clone(),
+                        revoked.clone(),
+                    ));
+                    service = service.with_peer_check(revocation_check(revoked));
+                }
+                let service = Arc::new(service);
                 tracing::info!(
                     "node serving `{}` on quic://{addr} ({} KV blocks of {} tokens, tp {tp})",
                     model.display(),
@@ -128,6 +138,62 @@ pub fn run(command: NodeCommand) -> Result<()> {
             })
         }
     }
+}
+
+/// How often a node serving beside a member re-reads the group's revocations.
+const REVOCATIONS_EVERY: Duration = Duration::from_secs(2);
+
+/// Keeps `revoked` equal to the group's revocation list, read through the member in `data`
+/// every [`REVOCATIONS_EVERY`] (a failed read keeps the last list).
+async fn follow_revocations(
+    data: PathBuf,
+    identity: MemberIdentity,
+    revoked: Arc<std::sync::RwLock<Revoked>>,
+) {
+    let setup = || -> Result<(Client, String)> {
+        let config =
+            ServerConfig::load(&DataLayout::new(&data).config()).map_err(anyhow::Error::msg)?;
+        let member = config
+            .advertise
+            .unwrap_or_else(|| config.listen.to_string());
+        let local = SocketAddr::from(([0, 0, 0, 0], 0));
+        let client = Client::new(client_endpoint(&identity, local)?, Duration::from_secs(5));
+        Ok((client, member))
+    };
+    let (client, member) = match setup() {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::error!("following the group's revocations: {e:#}");
+            return;
+        }
+    };
+    loop {
+        match client.read(&member).await {
+            Ok(view) => {
+                let list = view.cluster.revoked().clone();
+                if let Ok(mut held) = revoked.write() {
+                    *held = list;
+                }
+            }
+            Err(e) => tracing::debug!("reading the group's revocations from {member}: {e}"),
+        }
+        tokio::time::sleep(REVOCATIONS_EVERY).await;
+    }
+}
+
+/// Refuses a caller whose certificate names a member or an operator in `revoked`.
+fn revocation_check(revoked: Arc<std::sync::RwLock<Revoked>>) -> PeerCheck {
+    Arc::new(move |leaf: &[u8]| {
+        let principal = Principal::of(&quinn::rustls::pki_types::CertificateDer::from(
+            leaf.to_vec(),
+        ))?;
+        let list = revoked.read().ok()?;
+        let out = match &principal {
+            Principal::Member(id) => list.members.contains(id),
+            Principal::Operator(name) => list.operators.contains(name),
+        };
+        out.then(|| format!("the certificate of {principal} has been revoked"))
+    })
 }
 
 /// How long a node keeps trying to declare itself to its member before giving up.

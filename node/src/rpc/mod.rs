@@ -23,7 +23,7 @@ mod server;
 mod wire;
 
 pub use client::{KvSubscription, NodeClient, NodeError, RemoteStream};
-pub use server::{NodeService, Peers, serve};
+pub use server::{NodeService, PeerCheck, Peers, serve};
 pub use wire::{
     ALPN, GenerateCall, GenerateFrame, KvBlockPayload, KvExportHead, KvFeed, KvFetch, NodeInfo,
     NodeRequest, Refusal, RefusalKind,

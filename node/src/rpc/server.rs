@@ -32,6 +32,7 @@ pub struct NodeService {
     info: NodeInfo,
     peers: Option<Peers>,
     stats: FetchStats,
+    peer_check: Option<PeerCheck>,
 }
 
 /// How a node reaches its peers to fetch KV blocks: an endpoint whose client configuration
@@ -66,6 +67,10 @@ impl Peers {
     }
 }
 
+/// Decides whether a peer may still call this node, from its leaf certificate (DER): `Some(why)`
+/// refuses. A node serving beside a topology member refuses the certificates its group revoked.
+pub type PeerCheck = Arc<dyn Fn(&[u8]) -> Option<String> + Send + Sync>;
+
 /// What a node's fetches brought, for the rate it reports with its load.
 #[derive(Debug, Default)]
 struct FetchStats {
@@ -92,7 +97,14 @@ impl NodeService {
             info,
             peers: None,
             stats: FetchStats::default(),
+            peer_check: None,
         }
+    }
+
+    /// Refuses callers `check` refuses: their connection is closed at its next call.
+    pub fn with_peer_check(mut self, check: PeerCheck) -> Self {
+        self.peer_check = Some(check);
+        self
     }
 
     /// Lets the node fetch KV blocks from peers when a call asks it to; without peers such
@@ -238,11 +250,30 @@ pub async fn serve(endpoint: quinn::Endpoint, service: Arc<NodeService>) {
     }
 }
 
+/// The leaf certificate the peer presented, DER.
+fn peer_leaf(connection: &quinn::Connection) -> Option<Vec<u8>> {
+    let identity = connection.peer_identity()?;
+    let chain = identity
+        .downcast::<Vec<quinn::rustls::pki_types::CertificateDer<'static>>>()
+        .ok()?;
+    chain.first().map(|c| c.as_ref().to_vec())
+}
+
 async fn serve_connection(connection: quinn::Connection, service: Arc<NodeService>) {
     let peer = connection.remote_address();
+    let leaf = peer_leaf(&connection);
     loop {
         match connection.accept_bi().await {
             Ok((send, recv)) => {
+                // Checked at every call: a certificate revoked while its connection is open
+                // stops working at its next call.
+                if let (Some(check), Some(leaf)) = (&service.peer_check, &leaf)
+                    && let Some(why) = check(leaf)
+                {
+                    tracing::warn!("node RPC from {peer}: refused: {why}");
+                    connection.close(2u32.into(), why.as_bytes());
+                    return;
+                }
                 let service = Arc::clone(&service);
                 tokio::spawn(async move {
                     if let Err(e) = serve_stream(send, recv, &service).await {
