@@ -70,9 +70,26 @@ fn main() {
         Command::Bench(cmd) => commands::bench::run(cmd),
     };
     if let Err(e) = result {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", report(&e));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes on one line, each cause said once: a message that already ends
+/// with its cause's text (a library error that prints its source and also exposes it) does not
+/// get the cause appended again.
+fn report(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.is_empty() {
+            line = text;
+        } else if !line.ends_with(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+    }
+    line
 }
 
 impl Command {
@@ -115,4 +132,44 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{path}: {source}")]
+    struct Wrapped {
+        path: &'static str,
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn each_cause_is_said_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::AddrInUse, "Address already in use");
+        // A cause the message already ends with (it printed its source) is not repeated.
+        let e = anyhow::Error::new(Wrapped {
+            path: "127.0.0.1:8000",
+            source: io(),
+        });
+        assert_eq!(
+            format!("{e:#}"),
+            "127.0.0.1:8000: Address already in use: Address already in use",
+            "anyhow's own chain repeats it"
+        );
+        assert_eq!(report(&e), "127.0.0.1:8000: Address already in use");
+        // A context over a plain error keeps both (the canary of the rule).
+        let e = anyhow::Error::new(io()).context("cannot listen on 127.0.0.1:8000");
+        assert_eq!(
+            report(&e),
+            "cannot listen on 127.0.0.1:8000: Address already in use"
+        );
+        let e = anyhow::Error::new(io()).context("starting");
+        assert_eq!(format!("{e:#}"), "starting: Address already in use");
+        assert_eq!(
+            report(&e.context("serve")),
+            "serve: starting: Address already in use"
+        );
+    }
 }

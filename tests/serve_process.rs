@@ -349,3 +349,38 @@ fn the_readme_request_to_the_default_model_answers_paris() {
     let answer = json["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(answer.contains("Paris"), "the answer: {answer:?}");
 }
+
+/// Startup failures say each cause once, and the port is taken before the model loads: with the
+/// port already in use, a checkpoint that cannot load is never reached (the error names the
+/// port, not the checkpoint); on a free port the checkpoint's one problem is named once.
+#[test]
+fn startup_errors_name_the_port_before_the_model_and_each_cause_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let config = model.join("config.json");
+    let mut c: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    c["mlp_bias"] = true.into();
+    std::fs::write(&config, c.to_string()).unwrap();
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let m = model.to_str().unwrap();
+    let o = strata(&["serve", "--model", m, "--port", &port]);
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("cannot listen on"), "{stderr}");
+    assert!(
+        !stderr.contains("mlp_bias"),
+        "the model loaded first: {stderr}"
+    );
+    let in_use = stderr.matches("in use").count();
+    assert_eq!(in_use, 1, "the cause said {in_use} times: {stderr}");
+
+    let o = strata(&["serve", "--model", m, "--port", "0"]);
+    assert!(!o.status.success());
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let said = stderr.matches("mlp_bias = true is not supported").count();
+    assert_eq!(said, 1, "the cause said {said} times: {stderr}");
+}

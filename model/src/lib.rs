@@ -27,4 +27,6 @@ pub mod text_stream;
 pub mod tokenizer;
 pub mod weights;
 
-pub use config::{Architecture, ConfigError, GenerationConfig, ModelConfig, RopeScaling};
+pub use config::{
+    Architecture, ConfigError, GenerationConfig, ModelConfig, RopeScaling, SamplingDefaults,
+};

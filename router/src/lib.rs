@@ -175,8 +175,17 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     // Installed before the port opens: a SIGTERM from then on drains instead of killing.
     let shutdown = shutdown_signal()?;
+    // Bound before the model loads, so that a taken port is reported at once, not after a load
+    // of minutes; connections wait in the backlog until the model is up.
+    let listener = bind(config.addr).await?;
     let state = load_state(&config)?;
-    serve_state(state, config.addr, access, keys_file, shutdown).await
+    serve_listener(state, listener, access, keys_file, shutdown).await
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
 }
 
 /// Serves the HTTP surfaces over `state` (a local engine or a cluster of nodes) on `addr` until
@@ -188,9 +197,18 @@ pub async fn serve_state(
     keys_file: Option<PathBuf>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind { addr, source })?;
+    let listener = bind(addr).await?;
+    serve_listener(state, listener, access, keys_file, shutdown).await
+}
+
+/// [`serve_state`] on a listener already bound.
+async fn serve_listener(
+    state: AppState,
+    listener: TcpListener,
+    access: Access,
+    keys_file: Option<PathBuf>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let addr = listener.local_addr()?;
     tracing::info!(
         "serving `{}` on http://{addr} (OpenAI API at http://{addr}/v1)",

@@ -607,7 +607,35 @@ struct RawGenerationConfig {
     repetition_penalty: Option<f32>,
 }
 
+/// The sampling a request gets for every field it leaves out, resolved once from the
+/// checkpoint's generation_config.json for every API surface (OpenAI, Anthropic, Converse).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingDefaults {
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0: no top-k cut.
+    pub top_k: u32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+}
+
 impl GenerationConfig {
+    /// What an omitted field means: the checkpoint's value (temperature 0, greedy, when it
+    /// says `do_sample: false`), else the neutral one (temperature 1.0, no top-p, top-k or min-p
+    /// cut, no repetition penalty).
+    pub fn sampling_defaults(&self) -> SamplingDefaults {
+        SamplingDefaults {
+            temperature: match self.do_sample {
+                Some(false) => 0.0,
+                _ => self.temperature.unwrap_or(1.0),
+            },
+            top_p: self.top_p.unwrap_or(1.0),
+            top_k: self.top_k.unwrap_or(0),
+            min_p: self.min_p.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(1.0),
+        }
+    }
+
     /// Reads `dir/generation_config.json`; a checkpoint without one gets the empty default. A
     /// GGUF file has no sampling defaults; its BOS and end-of-generation tokens are read.
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {

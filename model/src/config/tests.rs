@@ -200,3 +200,34 @@ fn rope_freqs_is_ignorable_only_with_factors() {
     c.rope_scaling = Some(RopeScaling::Factors(vec![1.0; c.head_dim / 2]));
     assert!(crate::weights::is_ignorable(name, &c));
 }
+
+#[test]
+fn sampling_defaults_take_the_checkpoint_else_neutral_and_greedy_when_it_says_so() {
+    let neutral = GenerationConfig::default().sampling_defaults();
+    assert_eq!(
+        neutral,
+        SamplingDefaults {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0
+        }
+    );
+    let shipped = GenerationConfig {
+        temperature: Some(0.6),
+        top_p: Some(0.9),
+        top_k: Some(20),
+        min_p: Some(0.05),
+        repetition_penalty: Some(1.1),
+        ..GenerationConfig::default()
+    };
+    let d = shipped.sampling_defaults();
+    assert_eq!((d.temperature, d.top_p, d.top_k), (0.6, 0.9, 20));
+    assert_eq!((d.min_p, d.repetition_penalty), (0.05, 1.1));
+    let greedy = GenerationConfig {
+        do_sample: Some(false),
+        ..shipped
+    };
+    assert_eq!(greedy.sampling_defaults().temperature, 0.0);
+}

@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use strata_model::GenerationConfig;
 use strata_protocol::SamplingParams;
 
 use super::error::AnthropicError;
@@ -38,7 +39,7 @@ pub async fn create(
         Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
     };
     let (prompt, format, constraint) = render(&state, &request.conversation)?;
-    let sampling = sampling_params(&state, &request, max_tokens)?;
+    let sampling = sampling_params(&state.generation_config, &request, max_tokens)?;
     let number = state.next_response_number();
     let header = MessageHeader {
         id: format!("msg_{number:024}"),
@@ -135,21 +136,22 @@ fn refuse_unsupported(fields: &[(&str, &Option<Value>)]) -> Result<(), Anthropic
     }
 }
 
-/// Anthropic's fields over the checkpoint's defaults. `temperature` defaults to Anthropic's 1.0
-/// (not the checkpoint's); an omitted `top_p` / `top_k` takes the checkpoint's, else no cut;
-/// `min_p` and `repetition_penalty` have no Anthropic field and come from the checkpoint.
+/// Anthropic's fields over the checkpoint's defaults: an omitted `temperature` / `top_p` /
+/// `top_k` takes [`GenerationConfig::sampling_defaults`], the rule every surface uses (the
+/// current SDK no longer sends `temperature` unless asked, so the checkpoint's value is what most
+/// requests get); `min_p` and `repetition_penalty` have no Anthropic field.
 fn sampling_params(
-    state: &AppState,
+    generation: &GenerationConfig,
     r: &MessagesRequest,
     max_tokens: u32,
 ) -> Result<SamplingParams, AnthropicError> {
-    let g = &state.generation_config;
+    let d = generation.sampling_defaults();
     let sampling = SamplingParams {
-        temperature: r.temperature.unwrap_or(1.0),
-        top_p: r.top_p.or(g.top_p).unwrap_or(1.0),
-        top_k: r.top_k.or(g.top_k).unwrap_or(0),
-        min_p: g.min_p.unwrap_or(0.0),
-        repetition_penalty: g.repetition_penalty.unwrap_or(1.0),
+        temperature: r.temperature.unwrap_or(d.temperature),
+        top_p: r.top_p.unwrap_or(d.top_p),
+        top_k: r.top_k.unwrap_or(d.top_k),
+        min_p: d.min_p,
+        repetition_penalty: d.repetition_penalty,
         seed: fresh_seed(),
         max_tokens,
         stop: r.stop_sequences.clone(),
@@ -173,6 +175,35 @@ mod tests {
         .unwrap();
         assert_eq!(r.max_tokens, None);
         assert_eq!(r.temperature, Some(0.0));
+    }
+
+    #[test]
+    fn omitted_sampling_fields_take_the_checkpoints_defaults_as_on_every_surface() {
+        let r: MessagesRequest = serde_json::from_value(json!({
+            "model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]
+        }))
+        .unwrap();
+        let shipped = GenerationConfig {
+            temperature: Some(0.6),
+            top_p: Some(0.9),
+            top_k: Some(20),
+            ..GenerationConfig::default()
+        };
+        let s = sampling_params(&shipped, &r, 4).unwrap();
+        // It was Anthropic's 1.0 whatever the checkpoint said.
+        assert_eq!((s.temperature, s.top_p, s.top_k), (0.6, 0.9, 20));
+        let greedy = GenerationConfig {
+            do_sample: Some(false),
+            ..shipped
+        };
+        assert_eq!(sampling_params(&greedy, &r, 4).unwrap().temperature, 0.0);
+        // A field the request names wins over the checkpoint.
+        let hot: MessagesRequest = serde_json::from_value(json!({
+            "model": "m", "max_tokens": 4, "temperature": 1.0,
+            "messages": [{"role": "user", "content": "hi"}]
+        }))
+        .unwrap();
+        assert_eq!(sampling_params(&greedy, &hot, 4).unwrap().temperature, 1.0);
     }
 
     #[test]

@@ -124,10 +124,10 @@ fn refuse_unsupported(request: &ConverseRequest) -> Result<(), ConverseError> {
     }
 }
 
-/// `inferenceConfig` over the checkpoint's defaults, as on the OpenAI surface: an omitted
-/// `temperature` / `topP` takes generation_config.json (greedy when `do_sample: false`), else
-/// 1.0; an omitted `maxTokens` runs to the context window; `top_k`, `min_p` and the repetition
-/// penalty have no Converse field and come from the checkpoint.
+/// `inferenceConfig` over the checkpoint's defaults: an omitted `temperature` / `topP` takes
+/// [`GenerationConfig::sampling_defaults`], the rule every surface uses; an omitted `maxTokens`
+/// runs to the context window; `top_k`, `min_p` and the repetition penalty have no Converse
+/// field and come from the checkpoint.
 fn sampling_params(
     state: &AppState,
     c: &InferenceConfig,
@@ -145,17 +145,13 @@ fn sampling_params(
             u32::try_from(room).unwrap_or(u32::MAX)
         }
     };
-    let g = &state.generation_config;
-    let default_temperature = match g.do_sample {
-        Some(false) => 0.0,
-        _ => g.temperature.unwrap_or(1.0),
-    };
+    let d = state.generation_config.sampling_defaults();
     let sampling = SamplingParams {
-        temperature: c.temperature.unwrap_or(default_temperature),
-        top_p: c.top_p.or(g.top_p).unwrap_or(1.0),
-        top_k: g.top_k.unwrap_or(0),
-        min_p: g.min_p.unwrap_or(0.0),
-        repetition_penalty: g.repetition_penalty.unwrap_or(1.0),
+        temperature: c.temperature.unwrap_or(d.temperature),
+        top_p: c.top_p.unwrap_or(d.top_p),
+        top_k: d.top_k,
+        min_p: d.min_p,
+        repetition_penalty: d.repetition_penalty,
         seed: fresh_seed(),
         max_tokens,
         stop: c.stop_sequences.clone(),

@@ -184,7 +184,17 @@ fn normalize_message(index: usize, message: &Value) -> Result<Value, ApiError> {
         Some("developer") => {
             object.insert("role".into(), "system".into());
         }
-        Some(_) => {}
+        Some("system" | "user" | "assistant" | "tool") => {}
+        // A role the template does not know would be dropped from the prompt without a word.
+        Some(other) => {
+            return Err(ApiError::invalid(
+                Some(&format!("messages[{index}].role")),
+                format!(
+                    "messages[{index}].role must be one of system, developer, user, assistant, \
+                     tool; got {other:?}"
+                ),
+            ));
+        }
         None => {
             return Err(ApiError::invalid(
                 Some(&format!("messages[{index}].role")),
@@ -493,5 +503,15 @@ mod tests {
     fn a_message_without_a_role_is_refused() {
         let e = normalize_message(0, &json!({"content": "hi"})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[0].role"));
+    }
+
+    #[test]
+    fn a_message_with_an_unknown_role_is_refused_by_name() {
+        let e = normalize_message(2, &json!({"role": "narrator", "content": "hi"})).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[2].role"));
+        assert!(e.message.contains("\"narrator\""), "{}", e.message);
+        for role in ["system", "developer", "user", "assistant", "tool"] {
+            assert!(normalize_message(0, &json!({"role": role, "content": "hi"})).is_ok());
+        }
     }
 }

@@ -126,9 +126,9 @@ fn response_format(format: Option<&Value>) -> Result<Option<Constraint>, ApiErro
     }
 }
 
-/// OpenAI's fields over the checkpoint's defaults. An omitted `temperature` / `top_p` / `top_k`
-/// / `min_p` / `repetition_penalty` takes the checkpoint's generation_config.json (greedy when it
-/// says `do_sample: false`), else the neutral value (1.0 for temperature, as OpenAI).
+/// OpenAI's fields over the checkpoint's defaults: an omitted `temperature` / `top_p` / `top_k`
+/// / `min_p` / `repetition_penalty` takes [`GenerationConfig::sampling_defaults`], the one rule
+/// every surface uses.
 fn sampling_params(
     state: &AppState,
     f: &SamplingFields,
@@ -147,11 +147,7 @@ fn sampling_params(
         // The engine ends at the context window in any case.
         (None, None) => u32::try_from(room).unwrap_or(u32::MAX),
     };
-    let g = &state.generation_config;
-    let default_temperature = match g.do_sample {
-        Some(false) => 0.0,
-        _ => g.temperature.unwrap_or(1.0),
-    };
+    let d = state.generation_config.sampling_defaults();
     let mut logit_bias = std::collections::BTreeMap::new();
     for (token, &bias) in f.logit_bias.iter().flatten() {
         let id = token.parse::<u32>().map_err(|_| {
@@ -163,7 +159,7 @@ fn sampling_params(
         logit_bias.insert(id, bias);
     }
     let top_k = match f.top_k {
-        None => g.top_k.unwrap_or(0),
+        None => d.top_k,
         // vLLM's convention: -1 (or 0) turns top-k off.
         Some(-1 | 0) => 0,
         Some(k) if k > 0 => u32::try_from(k).unwrap_or(u32::MAX),
@@ -175,11 +171,11 @@ fn sampling_params(
         }
     };
     let sampling = SamplingParams {
-        temperature: f.temperature.unwrap_or(default_temperature),
-        top_p: f.top_p.or(g.top_p).unwrap_or(1.0),
+        temperature: f.temperature.unwrap_or(d.temperature),
+        top_p: f.top_p.unwrap_or(d.top_p),
         top_k,
-        min_p: f.min_p.or(g.min_p).unwrap_or(0.0),
-        repetition_penalty: f.repetition_penalty.or(g.repetition_penalty).unwrap_or(1.0),
+        min_p: f.min_p.unwrap_or(d.min_p),
+        repetition_penalty: f.repetition_penalty.unwrap_or(d.repetition_penalty),
         presence_penalty: f.presence_penalty.unwrap_or(0.0),
         frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
         logit_bias,

@@ -177,6 +177,13 @@ pub fn openai() -> Vec<Case> {
         .param("messages[0].role"),
         bad(
             CHAT,
+            "a message with a role the template does not know",
+            json!({"messages": [{"role": "user", "content": "hi"}, {"role": "narrator", "content": "x"}]}),
+        )
+        .param("messages[1].role")
+        .mentions(&["narrator"]),
+        bad(
+            CHAT,
             "an image part",
             json!({"messages": [{"role": "user", "content": image}]}),
         )
