@@ -5,8 +5,10 @@ asserts something a broken server would fail; the first failure exits non-zero w
 """
 
 import argparse
+from typing import Literal
 
 import anthropic
+import pydantic
 
 try:  # the current SDK majors (openai 3.x, anthropic 2.x) bring httpx2, older ones httpx
     import httpx2 as httpx
@@ -16,6 +18,11 @@ except ImportError:
 # Sampling fields go in the body: the current SDK (2.x) no longer takes `temperature`, `top_p` or
 # `top_k` as arguments, and older ones send `extra_body` the same way.
 GREEDY = {"temperature": 0}
+
+
+class Weather(pydantic.BaseModel):
+    raining: bool
+    sky: Literal["clear", "cloudy", "stormy"]
 
 
 def main() -> None:
@@ -126,6 +133,27 @@ def main() -> None:
     except anthropic.BadRequestError as e:
         assert e.body["error"]["type"] == "invalid_request_error", e.body
         assert str(args.context_window) in e.body["error"]["message"], e.body
+
+    # Structured output as the current SDK sends it (output_config.format from a pydantic
+    # model): random weights never write schema-valid JSON by chance, so this needs enforcement.
+    parsed = client.messages.parse(
+        model=model,
+        messages=[{"role": "user", "content": "Describe the weather."}],
+        max_tokens=64,
+        output_format=Weather,
+        extra_body={"temperature": 1.0},
+    )
+    assert isinstance(parsed.parsed_output, Weather), parsed
+    try:
+        client.messages.create(
+            model=model,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=4,
+            extra_body={"output_config": {"format": {"type": "json_schema"}}},
+        )
+        raise AssertionError("a format without a schema was accepted")
+    except anthropic.BadRequestError as e:
+        assert "output_config.format" in e.body["error"]["message"], e.body
 
     # The SDK will not send a request without max_tokens, so raw HTTP checks that refusal.
     raw = httpx.post(

@@ -106,6 +106,66 @@ def structured(client: openai.OpenAI, model: str) -> None:
             assert e.status_code == 400, e
 
 
+def vllm_fields(client: openai.OpenAI, model: str) -> None:
+    # vLLM's structured-output fields, sent as vLLM clients send them (extra_body).
+    choices = ["alpha", "beta gamma"]
+    for seed in range(3):
+        for body in ({"guided_choice": choices}, {"structured_outputs": {"choice": choices}}):
+            out = client.chat.completions.create(
+                model=model, messages=QUESTION, max_tokens=16, temperature=1.0, seed=seed,
+                extra_body=body,
+            )
+            assert out.choices[0].message.content in choices, (body, out.choices[0])
+    regex = r"[0-9]{3}-[a-z]{2}"
+    out = client.chat.completions.create(
+        model=model, messages=QUESTION, max_tokens=16, temperature=1.0, seed=1,
+        extra_body={"guided_regex": regex},
+    )
+    import re
+    assert re.fullmatch(regex, out.choices[0].message.content), out.choices[0]
+    schema = Weather.model_json_schema()
+    out = client.completions.create(
+        model=model, prompt="Weather:", max_tokens=64, temperature=1.0, seed=2,
+        extra_body={"guided_json": schema},
+    )
+    if out.choices[0].finish_reason == "stop":
+        Weather.model_validate_json(out.choices[0].text)
+    else:
+        assert out.choices[0].text.startswith("{"), out.choices[0]
+    # Two sources at once, or a malformed one, are refused by name.
+    for body, param in (
+        ({"guided_choice": choices, "guided_regex": regex}, "guided_choice"),
+        ({"guided_choice": []}, "guided_choice"),
+        ({"structured_outputs": {"yaml": "x"}}, "structured_outputs"),
+        ({"guided_json": "not json"}, "guided_json"),
+    ):
+        try:
+            client.chat.completions.create(
+                model=model, messages=QUESTION, max_tokens=4, extra_body=body
+            )
+            raise AssertionError(f"{body!r} was accepted")
+        except openai.BadRequestError as e:
+            assert e.status_code == 400 and e.body.get("param") == param, (body, e.body)
+
+
+def responses_format(client: openai.OpenAI, model: str) -> None:
+    # What the SDK's responses.parse sends: text.format with a strict json_schema.
+    parsed = client.responses.parse(
+        model=model, input="Describe the weather.", text_format=Weather,
+        max_output_tokens=64, temperature=1.0,
+    )
+    assert isinstance(parsed.output_parsed, Weather), parsed
+    assert parsed.text.format.type == "json_schema", parsed.text
+    try:
+        client.responses.create(
+            model=model, input="hi", max_output_tokens=4,
+            text={"format": {"type": "json_schema", "name": "x"}},
+        )
+        raise AssertionError("a json_schema format without a schema was accepted")
+    except openai.BadRequestError as e:
+        assert e.body.get("param") == "text.format", e.body
+
+
 def forced_calls(client: openai.OpenAI, model: str) -> None:
     tools = [UNIT_TOOL, TIME_TOOL]
     named = client.chat.completions.create(
@@ -273,6 +333,8 @@ def main() -> None:
     args = parser.parse_args()
     client = openai.OpenAI(base_url=args.base_url, api_key="unused", max_retries=0, timeout=120)
     structured(client, args.model)
+    vllm_fields(client, args.model)
+    responses_format(client, args.model)
     forced_calls(client, args.model)
     logprobs(client, args.model)
     choices(client, args.model)

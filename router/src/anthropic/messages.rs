@@ -8,7 +8,7 @@ use axum::{Extension, Json};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use strata_model::GenerationConfig;
-use strata_protocol::SamplingParams;
+use strata_protocol::{Constraint, SamplingParams};
 
 use super::error::AnthropicError;
 use super::prompt::render;
@@ -38,7 +38,15 @@ pub async fn create(
         }
         Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
     };
-    let (prompt, format, constraint) = render(&state, &request.conversation)?;
+    let (prompt, format, forced) = render(&state, &request.conversation)?;
+    let constraint = match (output_format(request.output_config.as_ref())?, forced) {
+        (Some(_), Some(_)) => {
+            return Err(AnthropicError::invalid(
+                "output_config.format: cannot apply when tool_choice forces a tool call",
+            ));
+        }
+        (format, forced) => format.or(forced),
+    };
     let sampling = sampling_params(&state.generation_config, &request, max_tokens)?;
     let number = state.next_response_number();
     let header = MessageHeader {
@@ -133,6 +141,43 @@ fn refuse_unsupported(fields: &[(&str, &Option<Value>)]) -> Result<(), Anthropic
             "{name}: not supported by this server yet"
         ))),
         None => Ok(()),
+    }
+}
+
+/// `output_config`: `format` `{"type": "json_schema", "schema": {…}}` is enforced while decoding
+/// (what the SDK's `messages.parse(output_format=…)` sends); `effort` is accepted without effect;
+/// anything else is refused by name.
+fn output_format(config: Option<&Value>) -> Result<Option<Constraint>, AnthropicError> {
+    let Some(config) = config.filter(|c| !c.is_null()) else {
+        return Ok(None);
+    };
+    let Some(object) = config.as_object() else {
+        return Err(AnthropicError::invalid("output_config: must be an object"));
+    };
+    if let Some(key) = object
+        .keys()
+        .find(|k| !matches!(k.as_str(), "format" | "effort"))
+    {
+        return Err(AnthropicError::invalid(format!(
+            "output_config.{key}: not supported by this server"
+        )));
+    }
+    let Some(format) = object.get("format").filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    match (
+        format.get("type").and_then(Value::as_str),
+        format.get("schema"),
+    ) {
+        (Some("json_schema"), Some(schema @ (Value::Object(_) | Value::Bool(_)))) => {
+            Ok(Some(Constraint::JsonSchema(schema.to_string())))
+        }
+        (Some("json_schema"), _) => Err(AnthropicError::invalid(
+            "output_config.format.schema: a JSON Schema object is required",
+        )),
+        _ => Err(AnthropicError::invalid(
+            "output_config.format.type: must be \"json_schema\"",
+        )),
     }
 }
 

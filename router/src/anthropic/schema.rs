@@ -24,6 +24,9 @@ pub struct MessagesRequest {
     pub stream: bool,
     /// Not implemented yet: refused by name when set.
     pub thinking: Option<Value>,
+    /// `format` (`{"type": "json_schema", "schema": …}`) is enforced while decoding; `effort`
+    /// is accepted and has no effect here.
+    pub output_config: Option<Value>,
 }
 
 /// What is rendered into the prompt: shared by `/v1/messages` and `/v1/messages/count_tokens`.

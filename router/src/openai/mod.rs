@@ -91,7 +91,7 @@ impl Prepared {
             prompt,
             sampling,
             n,
-            constraint: response_format(fields.response_format.as_ref())?,
+            constraint: constraint(fields)?,
             stream: fields.stream.unwrap_or(false),
             include_usage: fields.include_usage(),
             prompt_param,
@@ -102,6 +102,111 @@ impl Prepared {
     pub fn for_tenant(mut self, tenant: Option<&Tenant>) -> Self {
         self.cache_salt = tenant.map_or(0, |t| t.cache_salt);
         self
+    }
+}
+
+/// What the output must follow: `response_format`, or one of vLLM's structured-output fields. Two
+/// sources at once are refused by name rather than one silently winning.
+fn constraint(f: &SamplingFields) -> Result<Option<Constraint>, ApiError> {
+    fn set(v: &Option<Value>) -> Option<&Value> {
+        v.as_ref().filter(|v| !v.is_null())
+    }
+    let mut sources: Vec<(&'static str, &Value)> = Vec::new();
+    for (name, value) in [
+        ("response_format", &f.response_format),
+        ("structured_outputs", &f.structured_outputs),
+        ("guided_json", &f.guided_json),
+        ("guided_regex", &f.guided_regex),
+        ("guided_choice", &f.guided_choice),
+        ("guided_grammar", &f.guided_grammar),
+    ] {
+        if let Some(v) = set(value) {
+            sources.push((name, v));
+        }
+    }
+    match sources.as_slice() {
+        [] => Ok(None),
+        [("response_format", v)] => response_format(Some(v)),
+        [("structured_outputs", v)] => structured_outputs(v),
+        [(name, v)] => guided(name, name.trim_start_matches("guided_"), v),
+        [(a, _), (b, _), ..] => Err(ApiError::invalid(
+            Some(b),
+            format!("`{a}` and `{b}` both constrain the output; give one"),
+        )),
+    }
+}
+
+/// vLLM's `structured_outputs`: an object with exactly one of `json`, `regex`, `choice`,
+/// `grammar`.
+fn structured_outputs(v: &Value) -> Result<Option<Constraint>, ApiError> {
+    let refuse = |message: String| Err(ApiError::invalid(Some("structured_outputs"), message));
+    let Some(object) = v.as_object() else {
+        return refuse("`structured_outputs` must be an object".into());
+    };
+    let kinds: Vec<(&String, &Value)> = object.iter().filter(|(_, v)| !v.is_null()).collect();
+    match kinds.as_slice() {
+        [(kind, value)] if ["json", "regex", "choice", "grammar"].contains(&kind.as_str()) => {
+            let param = format!("structured_outputs.{kind}");
+            guided(&param, kind, value)
+        }
+        [(kind, _)] => refuse(format!(
+            "`structured_outputs.{kind}` is not supported (json, regex, choice or grammar)"
+        )),
+        _ => {
+            refuse("`structured_outputs` needs exactly one of json, regex, choice, grammar".into())
+        }
+    }
+}
+
+/// One structured-output request of `kind` (`json`, `regex`, `choice`, `grammar`) from `param`:
+/// a JSON Schema (an object, or its text), a regular expression the whole output must match, a
+/// list of strings the output must be one of, or a grammar in llguidance's Lark dialect.
+fn guided(param: &str, kind: &str, v: &Value) -> Result<Option<Constraint>, ApiError> {
+    let refuse = |message: String| Err(ApiError::invalid(Some(param), message));
+    match (kind, v) {
+        ("json", Value::Object(_) | Value::Bool(_)) => {
+            Ok(Some(Constraint::JsonSchema(v.to_string())))
+        }
+        ("json", Value::String(text)) => match serde_json::from_str::<Value>(text) {
+            Ok(schema @ (Value::Object(_) | Value::Bool(_))) => {
+                Ok(Some(Constraint::JsonSchema(schema.to_string())))
+            }
+            _ => refuse(format!(
+                "`{param}` must be a JSON Schema (an object or its JSON text)"
+            )),
+        },
+        ("regex", Value::String(regex)) if !regex.is_empty() => {
+            // A Lark regex terminal: `/` inside it is escaped.
+            Ok(Some(Constraint::Lark(format!(
+                "start: /{}/",
+                regex.replace('/', "\\/")
+            ))))
+        }
+        ("choice", Value::Array(choices)) if !choices.is_empty() => {
+            let mut alternatives = Vec::with_capacity(choices.len());
+            for choice in choices {
+                match choice {
+                    // A JSON string literal is a Lark string literal.
+                    Value::String(text) if !text.is_empty() => {
+                        alternatives.push(choice.to_string())
+                    }
+                    _ => return refuse(format!("`{param}` must be a list of non-empty strings")),
+                }
+            }
+            Ok(Some(Constraint::Lark(format!(
+                "start: {}",
+                alternatives.join(" | ")
+            ))))
+        }
+        ("grammar", Value::String(grammar)) if !grammar.trim().is_empty() => {
+            Ok(Some(Constraint::Lark(grammar.clone())))
+        }
+        ("json", _) => refuse(format!("`{param}` must be a JSON Schema")),
+        ("regex", _) => refuse(format!("`{param}` must be a non-empty regular expression")),
+        ("choice", _) => refuse(format!("`{param}` must be a non-empty list of strings")),
+        _ => refuse(format!(
+            "`{param}` must be a grammar in the Lark dialect (text)"
+        )),
     }
 }
 

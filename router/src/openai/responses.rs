@@ -52,6 +52,9 @@ struct ResponsesRequest {
     metadata: Option<Value>,
     /// Not implemented: refused when non-empty.
     tools: Option<Value>,
+    /// `text.format`: `text`, `json_object` or `json_schema` (with `schema`), enforced while
+    /// decoding (what the SDK's `responses.parse` sends).
+    text: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -127,6 +130,26 @@ impl ResponseStore {
     }
 }
 
+/// `text.format` as chat's `response_format` (the Responses API puts `schema` beside `type`
+/// instead of under `json_schema`); refusals name `text.format`.
+fn text_format(text: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let refuse = |message: &str| Err(ApiError::invalid(Some("text.format"), message));
+    let Some(format) = text.and_then(|t| t.get("format")).filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
+        Some("json_schema") => match format.get("schema") {
+            Some(schema @ (Value::Object(_) | Value::Bool(_))) => Ok(Some(
+                json!({"type": "json_schema", "json_schema": {"schema": schema}}),
+            )),
+            _ => refuse("`text.format` of type `json_schema` needs `schema`, a JSON Schema object"),
+        },
+        _ => refuse("`text.format.type` must be \"text\", \"json_object\" or \"json_schema\""),
+    }
+}
+
 async fn create(
     State(state): State<AppState>,
     Extension(store): Extension<Arc<ResponseStore>>,
@@ -159,6 +182,7 @@ async fn create(
         temperature: request.temperature,
         top_p: request.top_p,
         stream: Some(request.stream),
+        response_format: text_format(request.text.as_ref())?,
         ..SamplingFields::default()
     };
     let prepared = Prepared::new(&state, &fields, prompt, "input")
@@ -179,6 +203,8 @@ async fn create(
             "store": request.store.unwrap_or(true),
             "user": request.user,
             "metadata": request.metadata.clone().unwrap_or_else(|| json!({})),
+            "text": request.text.clone().filter(|t| t.get("format").is_some_and(|f| !f.is_null()))
+                .unwrap_or_else(|| json!({"format": {"type": "text"}})),
         }),
     };
     let keep = request.store.unwrap_or(true).then(|| Keep {

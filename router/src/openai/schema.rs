@@ -46,6 +46,14 @@ pub struct SamplingFields {
     pub functions: Option<Value>,
     /// `text`, `json_object` or `json_schema`: enforced while decoding.
     pub response_format: Option<Value>,
+    /// vLLM's structured outputs, enforced like `response_format` (one source at most):
+    /// `structured_outputs: {json | regex | choice | grammar}` and the older `guided_json`,
+    /// `guided_regex`, `guided_choice`, `guided_grammar`.
+    pub structured_outputs: Option<Value>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<Value>,
+    pub guided_choice: Option<Value>,
+    pub guided_grammar: Option<Value>,
     pub echo: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
