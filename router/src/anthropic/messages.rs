@@ -29,6 +29,15 @@ pub async fn create(
     let request: MessagesRequest = parse_body(&body)?;
     check_model(&state, &request.model)?;
     refuse_unsupported(&[("thinking", &request.thinking)])?;
+    if let Some((name, _)) = request
+        .extra
+        .iter()
+        .find(|(name, value)| !value.is_null() && name.as_str() != "service_tier")
+    {
+        return Err(AnthropicError::invalid(format!(
+            "{name}: not a field this server knows"
+        )));
+    }
     let max_tokens = match request.max_tokens {
         None => return Err(AnthropicError::invalid("max_tokens: Field required")),
         Some(v) if v < 1 => {
@@ -249,6 +258,17 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(sampling_params(&greedy, &hot, 4).unwrap().temperature, 1.0);
+    }
+
+    #[test]
+    fn fields_beside_the_flattened_conversation_land_in_extra_only_when_unknown() {
+        let r: MessagesRequest = serde_json::from_value(json!({
+            "model": "m", "max_tokens": 4, "system": "s", "tools": [],
+            "messages": [{"role": "user", "content": "hi"}], "mcp_servers": [], "service_tier": "auto"
+        }))
+        .unwrap();
+        let extra: Vec<&str> = r.extra.keys().map(String::as_str).collect();
+        assert_eq!(extra, ["mcp_servers", "service_tier"]);
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub struct MessagesRequest {
     /// `format` (`{"type": "json_schema", "schema": …}`) is enforced while decoding; `effort`
     /// is accepted and has no effect here.
     pub output_config: Option<Value>,
+    /// Every other field: `service_tier` is accepted and ignored, anything else is refused by
+    /// name (never silently dropped).
+    #[serde(flatten)]
+    pub extra: std::collections::BTreeMap<String, Value>,
 }
 
 /// What is rendered into the prompt: shared by `/v1/messages` and `/v1/messages/count_tokens`.

@@ -239,11 +239,8 @@ fn sampling_params(
     f: &SamplingFields,
     prompt_len: usize,
 ) -> Result<SamplingParams, ApiError> {
-    if let Some(unsupported) = f.unsupported() {
-        return Err(ApiError::invalid(
-            Some(unsupported),
-            format!("`{unsupported}` is not supported by this server yet"),
-        ));
+    if let Some((field, message)) = f.unsupported() {
+        return Err(ApiError::invalid(Some(&field), message));
     }
     let room = state.context_window().saturating_sub(prompt_len).max(1);
     let max_tokens = match (f.max_completion_tokens, f.max_tokens) {

@@ -55,7 +55,20 @@ struct ResponsesRequest {
     /// `text.format`: `text`, `json_object` or `json_schema` (with `schema`), enforced while
     /// decoding (what the SDK's `responses.parse` sends).
     text: Option<Value>,
+    /// Every other field: accepted only when listed in [`IGNORED`] (or null), else refused by
+    /// name.
+    #[serde(flatten)]
+    extra: std::collections::BTreeMap<String, Value>,
 }
+
+/// Responses fields accepted and ignored: hints with no effect on what is generated here.
+const IGNORED: &[&str] = &[
+    "parallel_tool_calls",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "tool_choice",
+];
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
@@ -166,6 +179,16 @@ async fn create(
         return Err(ApiError::invalid(
             Some("tools"),
             "`tools` is not supported by /v1/responses yet",
+        ));
+    }
+    if let Some((name, _)) = request
+        .extra
+        .iter()
+        .find(|(name, value)| !value.is_null() && !IGNORED.contains(&name.as_str()))
+    {
+        return Err(ApiError::invalid(
+            Some(name),
+            format!("`{name}` is not supported by /v1/responses"),
         ));
     }
     let tenant_name: Arc<str> = tenant.as_ref().map_or(Arc::from(""), |t| t.name.clone());

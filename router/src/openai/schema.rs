@@ -57,11 +57,60 @@ pub struct SamplingFields {
     pub echo: Option<Value>,
     pub best_of: Option<Value>,
     pub suffix: Option<Value>,
+    /// Every other field the request carries: accepted only when listed in [`IGNORED_FIELDS`]
+    /// or set to the value this server always behaves as ([`DEFAULT_ONLY_FIELDS`]); any other is
+    /// refused by name, never silently dropped.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, Value>,
 }
 
+/// Fields accepted and ignored: hints with no effect on what is generated (docs/SERVING.md).
+pub const IGNORED_FIELDS: &[&str] = &[
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "prompt_cache_key",
+    "safety_identifier",
+];
+
+/// vLLM's fields whose only accepted value is how this server always behaves: the stop string
+/// is left out of the output, special tokens are skipped and spaced, no prompt log-probabilities.
+pub const DEFAULT_ONLY_FIELDS: &[(&str, Value)] = &[
+    ("include_stop_str_in_output", Value::Bool(false)),
+    ("skip_special_tokens", Value::Bool(true)),
+    ("spaces_between_special_tokens", Value::Bool(true)),
+];
+
 impl SamplingFields {
-    /// The first field set to a value this server cannot honour yet.
-    pub fn unsupported(&self) -> Option<&'static str> {
+    /// The first field set to a value this server cannot honour (yet), or that it does not know.
+    pub fn unsupported(&self) -> Option<(String, String)> {
+        if let Some(name) = self.unsupported_known() {
+            return Some((
+                name.to_string(),
+                format!("`{name}` is not supported by this server yet"),
+            ));
+        }
+        self.extra.iter().find_map(|(name, value)| {
+            if value.is_null() || IGNORED_FIELDS.contains(&name.as_str()) {
+                return None;
+            }
+            if let Some((_, default)) = DEFAULT_ONLY_FIELDS.iter().find(|(n, _)| n == name) {
+                return (value != default).then(|| {
+                    (
+                        name.clone(),
+                        format!("`{name}` can only be {default} on this server; got {value}"),
+                    )
+                });
+            }
+            Some((
+                name.clone(),
+                format!("`{name}` is not a field this server knows"),
+            ))
+        })
+    }
+
+    fn unsupported_known(&self) -> Option<&'static str> {
         let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
         let truthy = |v: &Option<Value>| {
             v.as_ref()
@@ -164,5 +213,36 @@ impl UsageBody {
     pub fn with_cached(mut self, cached_tokens: u32) -> Self {
         self.prompt_tokens_details.cached_tokens = cached_tokens;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn fields(v: Value) -> SamplingFields {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn unknown_fields_are_refused_by_name_and_hints_are_accepted() {
+        let ok = fields(json!({
+            "temperature": 0, "store": true, "metadata": {"a": "b"}, "service_tier": "auto",
+            "skip_special_tokens": true, "include_stop_str_in_output": false, "unheard_of": null
+        }));
+        assert_eq!(ok.unsupported(), None);
+        let (field, message) = fields(json!({"unheard_of": 3})).unsupported().unwrap();
+        assert_eq!(field, "unheard_of");
+        assert!(message.contains("`unheard_of`"), "{message}");
+        let (field, message) = fields(json!({"skip_special_tokens": false}))
+            .unsupported()
+            .unwrap();
+        assert_eq!(field, "skip_special_tokens");
+        assert!(message.contains("true"), "{message}");
+        assert_eq!(
+            fields(json!({"echo": true})).unsupported().map(|u| u.0),
+            Some("echo".to_string())
+        );
     }
 }

@@ -188,6 +188,16 @@ pub fn openai() -> Vec<Case> {
             json!({"messages": [{"role": "user", "content": image}]}),
         )
         .param("messages[0].content[0]"),
+        bad(CHAT, "a field this server does not know", json!({"frobnicate": 1}))
+            .param("frobnicate")
+            .mentions(&["frobnicate"]),
+        bad(
+            CHAT,
+            "include_stop_str_in_output true",
+            json!({"include_stop_str_in_output": true}),
+        )
+        .param("include_stop_str_in_output"),
+        bad(COMPLETIONS, "prompt_logprobs", json!({"prompt_logprobs": 1})).param("prompt_logprobs"),
         bad(CHAT, "negative max_tokens", json!({"max_tokens": -5}))
             .param("max_tokens")
             .mentions(&["-5"]),
@@ -300,6 +310,8 @@ pub fn openai() -> Vec<Case> {
         )
         .param("prompt")
         .mentions(&["300", "256"]),
+        bad(RESPONSES, "a field this server does not know", json!({"reasoning": {"effort": "high"}}))
+            .param("reasoning"),
         bad(RESPONSES, "input as a number", json!({"input": 7})),
         bad(RESPONSES, "missing input", json!({"input": "-"})).mentions(&["input"]),
         bad(RESPONSES, "empty input", json!({"input": []})).param("input"),
@@ -367,6 +379,8 @@ pub fn anthropic() -> Vec<Case> {
             .status(404)
             .mentions(&["claude-opus-4"]),
         bad(MESSAGES, "missing model", json!({"model": "-"})).mentions(&["model"]),
+        bad(MESSAGES, "a field this server does not know", json!({"mcp_servers": [{}]}))
+            .mentions(&["mcp_servers"]),
         bad(MESSAGES, "missing max_tokens", json!({"max_tokens": "-"})).mentions(&["max_tokens"]),
         bad(MESSAGES, "negative max_tokens", json!({"max_tokens": -1}))
             .mentions(&["max_tokens", "-1"]),
