@@ -175,13 +175,9 @@ fn guided(param: &str, kind: &str, v: &Value) -> Result<Option<Constraint>, ApiE
                 "`{param}` must be a JSON Schema (an object or its JSON text)"
             )),
         },
-        ("regex", Value::String(regex)) if !regex.is_empty() => {
-            // A Lark regex terminal: `/` inside it is escaped.
-            Ok(Some(Constraint::Lark(format!(
-                "start: /{}/",
-                regex.replace('/', "\\/")
-            ))))
-        }
+        ("regex", Value::String(regex)) if !regex.is_empty() => Ok(Some(Constraint::Lark(
+            format!("start: /{}/", lark_regex_body(regex)),
+        ))),
         ("choice", Value::Array(choices)) if !choices.is_empty() => {
             let mut alternatives = Vec::with_capacity(choices.len());
             for choice in choices {
@@ -208,6 +204,21 @@ fn guided(param: &str, kind: &str, v: &Value) -> Result<Option<Constraint>, ApiE
             "`{param}` must be a grammar in the Lark dialect (text)"
         )),
     }
+}
+
+/// `regex` as the body of a Lark regex terminal `/…/`: a `/` not already escaped gets a
+/// backslash, so it cannot end the terminal early.
+fn lark_regex_body(regex: &str) -> String {
+    let mut out = String::with_capacity(regex.len() + 4);
+    let mut escaped = false;
+    for c in regex.chars() {
+        if c == '/' && !escaped {
+            out.push('\\');
+        }
+        escaped = c == '\\' && !escaped;
+        out.push(c);
+    }
+    out
 }
 
 /// `response_format`: `text` (or absent) is free text; `json_object` any JSON object;
@@ -669,4 +680,25 @@ impl<F: Framer, S: futures_util::Stream<Item = ChoiceEvent> + Unpin> MergedStrea
 
 fn data(chunk: &Value) -> Event {
     Event::default().data(chunk.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_regex_becomes_one_lark_terminal_whatever_its_slashes() {
+        assert_eq!(lark_regex_body("a/b"), "a\\/b");
+        assert_eq!(
+            lark_regex_body("a\\/b"),
+            "a\\/b",
+            "an escaped slash stays as it is"
+        );
+        assert_eq!(
+            lark_regex_body("a\\\\/b"),
+            "a\\\\\\/b",
+            "after an escaped backslash"
+        );
+        assert_eq!(lark_regex_body("[0-9]{3}"), "[0-9]{3}");
+    }
 }
