@@ -232,11 +232,20 @@ def framing(directory: pathlib.Path) -> None:
     assert whole.content[0].input == {"city": "Oslo"}, whole.content
     assert shape(final.content) == shape(whole.content) and final.stop_reason == "tool_use", final
 
+    # Cut by the token limit after a complete call: the call stays, the stop is max_tokens.
     whole, events, final = load("call_then_text")
     assert [b.type for b in whole.content] == ["tool_use", "text"], whole.content
     assert whole.content[1].text == "\nDone.", whole.content
-    assert whole.stop_reason == "tool_use", whole
-    assert shape(final.content) == shape(whole.content) and final.stop_reason == "tool_use", final
+    assert whole.stop_reason == "max_tokens", whole
+    assert shape(final.content) == shape(whole.content) and final.stop_reason == "max_tokens", final
+
+    # A call the limit cut off: no tool_use block, none of its markup in the text, max_tokens.
+    whole, events, final = load("hermes_cut_call")
+    assert [b.type for b in whole.content] == ["text"], whole.content
+    assert whole.content[0].text == "Let me check.", whole.content
+    assert whole.stop_reason == "max_tokens" and final.stop_reason == "max_tokens", whole
+    assert shape(final.content) == shape(whole.content), (final.content, whole.content)
+    assert "".join(e.text for e in events if e.type == "text") == "Let me check.", events
 
     whole, events, final = load("no_tools")
     assert [b.type for b in whole.content] == ["text"], whole.content

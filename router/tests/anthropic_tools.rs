@@ -18,7 +18,7 @@ fn tool_requests_through_the_official_anthropic_sdk() {
 
 /// Fixed outputs through the handler's framing, written as JSON files for the script.
 fn write_framed(dir: &Path) {
-    let cases: [(&str, &[&str], &'static str, Option<ToolFormat>); 5] = [
+    let cases: [(&str, &[&str], &'static str, Option<ToolFormat>); 6] = [
         (
             "hermes_two_calls",
             &[
@@ -50,6 +50,12 @@ fn write_framed(dir: &Path) {
                 "<tool_call>{\"name\": \"get_time\", \"arguments\": {\"tz\": \"UTC\"}}</tool_call>",
                 "\nDone.",
             ],
+            "max_tokens",
+            Some(ToolFormat::Hermes),
+        ),
+        (
+            "hermes_cut_call",
+            &["Let me check.", "<tool_call>{\"name\": \"get_wea"],
             "max_tokens",
             Some(ToolFormat::Hermes),
         ),

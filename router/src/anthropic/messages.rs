@@ -70,7 +70,8 @@ pub async fn create(
         return Ok(stream::respond(turn, header, framer));
     }
     let (text, ending) = turn.collect().await?;
-    Ok(Json(header.whole(framer.whole(&text), ending)).into_response())
+    let cut = ending.stop_reason == "max_tokens";
+    Ok(Json(header.whole(framer.whole(&text, cut), ending)).into_response())
 }
 
 pub async fn count_tokens(
@@ -108,9 +109,11 @@ impl MessageHeader {
         })
     }
 
-    /// The whole answer; `stop_reason` is `tool_use` when it holds a call.
+    /// The whole answer; `stop_reason` is `tool_use` when it holds a call, unless the token limit
+    /// ended it (`max_tokens` stays).
     pub fn whole(&self, blocks: Vec<Block>, mut ending: Ending) -> Value {
-        if blocks.iter().any(|b| matches!(b, Block::ToolUse { .. })) {
+        let cut = ending.stop_reason == "max_tokens";
+        if !cut && blocks.iter().any(|b| matches!(b, Block::ToolUse { .. })) {
             ending.stop_reason = "tool_use";
         }
         let content = blocks.into_iter().map(content_block).collect::<Vec<_>>();

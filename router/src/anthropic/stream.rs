@@ -62,8 +62,15 @@ impl MessageEncoder {
     }
 
     pub fn finish(&mut self, ending: &Ending) -> Vec<Named> {
-        let mut out: Vec<Named> = self.framer.finish().into_iter().map(block_event).collect();
-        let stop_reason = if self.framer.called() {
+        // Cut by the token limit: a call it cut off is dropped and the stop is `max_tokens`.
+        let cut = ending.stop_reason == "max_tokens";
+        let mut out: Vec<Named> = self
+            .framer
+            .finish(cut)
+            .into_iter()
+            .map(block_event)
+            .collect();
+        let stop_reason = if self.framer.called() && !cut {
             "tool_use"
         } else {
             ending.stop_reason
@@ -160,7 +167,8 @@ pub fn frame_offline(
         output_tokens: pieces.len() as u32,
     };
     let framer = || BlockFramer::new(format, "toolu_offline".into());
-    let whole = header().whole(framer().whole(&pieces.concat()), ending.clone());
+    let cut = ending.stop_reason == "max_tokens";
+    let whole = header().whole(framer().whole(&pieces.concat(), cut), ending.clone());
     let mut encoder = MessageEncoder {
         header: header(),
         framer: framer(),

@@ -30,12 +30,20 @@ pub async fn converse(
     let started = Instant::now();
     let (turn, framer) = start(state, &model_id, tenant, &body)?;
     let (text, ending) = turn.collect().await?;
-    Ok(Json(whole(framer.whole(&text), &ending, latency_ms(started))).into_response())
+    let cut = ending.stop_reason == "max_tokens";
+    Ok(Json(whole(
+        framer.whole(&text, cut),
+        &ending,
+        latency_ms(started),
+    ))
+    .into_response())
 }
 
-/// The `converse` answer; `stopReason` is `tool_use` when it holds a call.
+/// The `converse` answer; `stopReason` is `tool_use` when it holds a call, unless the token limit
+/// ended it (`max_tokens` stays).
 pub(crate) fn whole(blocks: Vec<Block>, ending: &Ending, latency_ms: u64) -> Value {
-    let called = blocks.iter().any(|b| matches!(b, Block::ToolUse { .. }));
+    let called = ending.stop_reason != "max_tokens"
+        && blocks.iter().any(|b| matches!(b, Block::ToolUse { .. }));
     let content = blocks.into_iter().map(content_block).collect::<Vec<_>>();
     json!({
         "output": {"message": {"role": "assistant", "content": content}},

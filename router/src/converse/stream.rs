@@ -70,13 +70,15 @@ impl EventEncoder {
     }
 
     fn finish(&mut self, ending: &Ending, latency_ms: u64) -> Vec<Typed> {
+        // Cut by the token limit: a call it cut off is dropped and the stop is `max_tokens`.
+        let cut = ending.stop_reason == "max_tokens";
         let mut out: Vec<Typed> = self
             .framer
-            .finish()
+            .finish(cut)
             .into_iter()
             .filter_map(block_event)
             .collect();
-        let stop_reason = if self.framer.called() {
+        let stop_reason = if self.framer.called() && !cut {
             "tool_use"
         } else {
             ending.stop_reason
@@ -169,7 +171,8 @@ pub fn frame_offline(
         output_tokens: pieces.len() as u32,
     };
     let framer = || BlockFramer::new(format, "tooluse_offline".into());
-    let answer = whole(framer().whole(&pieces.concat()), &ending, 0);
+    let cut = ending.stop_reason == "max_tokens";
+    let answer = whole(framer().whole(&pieces.concat(), cut), &ending, 0);
     let mut events = EventEncoder { framer: framer() };
     let mut typed = events.start();
     for piece in pieces {

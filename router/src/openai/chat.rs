@@ -347,17 +347,19 @@ impl Framer for ChatFramer {
     }
 
     fn closing(&mut self, reason: &str) -> Vec<Value> {
+        // Cut by the token limit: a call it cut off is dropped and the answer ends as `length`.
+        let cut = reason == "length";
         let pieces = self
             .tools
             .as_mut()
-            .map(|t| t.splitter.finish())
+            .map(|t| t.splitter.finish(cut))
             .unwrap_or_default();
         let mut out = Vec::new();
         for piece in pieces {
             self.piece_chunks(piece, &mut out);
         }
         let called = self.tools.as_ref().is_some_and(|t| t.sent > 0);
-        out.push(self.finish(if called { "tool_calls" } else { reason }));
+        out.push(self.finish(if called && !cut { "tool_calls" } else { reason }));
         out
     }
 
@@ -371,7 +373,8 @@ impl Framer for ChatFramer {
         let mut message = json!({"role": "assistant", "content": text});
         let mut reason = reason;
         if let Some(tools) = &self.tools {
-            let parsed = parse(tools.format, &text);
+            let cut = reason == "length";
+            let parsed = parse(tools.format, &text, cut);
             if !parsed.calls.is_empty() {
                 let calls = parsed
                     .calls
@@ -392,7 +395,12 @@ impl Framer for ChatFramer {
                     content.into()
                 };
                 message["tool_calls"] = calls.into();
-                reason = "tool_calls";
+                if !cut {
+                    reason = "tool_calls";
+                }
+            } else {
+                // Without a call, the text as the parser left it (a cut-off call dropped).
+                message["content"] = parsed.content.into();
             }
         }
         json!({

@@ -99,20 +99,30 @@ impl BlockFramer {
         out
     }
 
-    /// The events that end the answer: whatever was held, then the open block's stop.
-    pub fn finish(&mut self) -> Vec<BlockEvent> {
+    /// The events that end the answer: whatever was held, then the open block's stop. `cut`:
+    /// the token limit ended the output, so a call it cut off is dropped (see
+    /// [`ToolCallSplitter::finish`]).
+    pub fn finish(&mut self, cut: bool) -> Vec<BlockEvent> {
         let mut out = Vec::new();
         let pieces = self
             .splitter
             .as_mut()
-            .map(ToolCallSplitter::finish)
+            .map(|s| s.finish(cut))
             .unwrap_or_default();
         for piece in pieces {
             self.piece(piece, &mut out);
         }
         if self.opened == 0 {
-            // No block yet: the (whitespace or empty) output is the answer's one text block.
+            // No block yet: the (whitespace or empty) output is the answer's one text block. It
+            // carries one text event even when empty, so that a stream that opens text blocks
+            // with no start event (Converse) still shows the block.
             self.open_text(&mut out);
+            if self.held.is_empty() {
+                out.push(BlockEvent::Text {
+                    index: self.opened - 1,
+                    text: String::new(),
+                });
+            }
         }
         if self.text_open {
             let held = std::mem::take(&mut self.held);
@@ -122,16 +132,18 @@ impl BlockFramer {
         out
     }
 
-    /// Whether the answer made any call (its stop reason is then `tool_use`).
+    /// Whether the answer made any call (its stop reason is then `tool_use`, unless the token
+    /// limit ended it).
     pub fn called(&self) -> bool {
         self.calls > 0
     }
 
-    /// The whole answer for `text`, folded from the streamed events.
-    pub fn whole(mut self, text: &str) -> Vec<Block> {
+    /// The whole answer for `text`, folded from the streamed events; `cut` as for
+    /// [`BlockFramer::finish`].
+    pub fn whole(mut self, text: &str, cut: bool) -> Vec<Block> {
         let mut events = self.opening();
         events.extend(self.push(text));
-        events.extend(self.finish());
+        events.extend(self.finish(cut));
         let mut blocks = Vec::new();
         for event in events {
             match event {
@@ -225,7 +237,7 @@ mod tests {
         for piece in pieces {
             events.extend(framer.push(piece));
         }
-        events.extend(framer.finish());
+        events.extend(framer.finish(false));
         events
     }
 
@@ -294,8 +306,8 @@ mod tests {
                 BlockEvent::Stop { index: 2 },
             ]
         );
-        let whole =
-            BlockFramer::new(Some(ToolFormat::Hermes), "toolu_7".into()).whole(&pieces.concat());
+        let whole = BlockFramer::new(Some(ToolFormat::Hermes), "toolu_7".into())
+            .whole(&pieces.concat(), false);
         assert_eq!(
             whole,
             [
@@ -324,13 +336,13 @@ mod tests {
         ] {
             for format in [ToolFormat::Hermes, ToolFormat::LlamaJson] {
                 let mut framer = BlockFramer::new(Some(format), "t".into());
-                let blocks = BlockFramer::new(Some(format), "t".into()).whole(text);
+                let blocks = BlockFramer::new(Some(format), "t".into()).whole(text, false);
                 assert_eq!(blocks, [Block::Text(text.into())], "{format:?} {text:?}");
                 let mut events = framer.opening();
                 for c in text.chars() {
                     events.extend(framer.push(&c.to_string()));
                 }
-                events.extend(framer.finish());
+                events.extend(framer.finish(false));
                 assert!(!framer.called());
                 assert_eq!(events.first(), Some(&BlockEvent::TextStart { index: 0 }));
                 assert_eq!(events.last(), Some(&BlockEvent::Stop { index: 0 }));
@@ -346,7 +358,7 @@ mod tests {
         for c in text.chars() {
             events.extend(framer.push(&c.to_string()));
         }
-        events.extend(framer.finish());
+        events.extend(framer.finish(false));
         assert!(framer.called());
         let streamed: String = events
             .iter()
@@ -356,7 +368,7 @@ mod tests {
             })
             .collect();
         assert_eq!(streamed, "\n  Done.");
-        let whole = BlockFramer::new(Some(ToolFormat::Hermes), "t".into()).whole(text);
+        let whole = BlockFramer::new(Some(ToolFormat::Hermes), "t".into()).whole(text, false);
         assert_eq!(whole[1], Block::Text("\n  Done.".into()));
         assert_eq!(events.last(), Some(&BlockEvent::Stop { index: 1 }));
     }

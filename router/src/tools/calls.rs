@@ -48,10 +48,12 @@ pub struct Parsed {
 }
 
 /// Splits a whole output.
-pub fn parse(format: ToolFormat, text: &str) -> Parsed {
+/// The calls and the text of a whole output; `cut` when the token limit ended it (a call it cut
+/// off is dropped, never returned as text).
+pub fn parse(format: ToolFormat, text: &str, cut: bool) -> Parsed {
     let mut splitter = ToolCallSplitter::new(format);
     let mut parsed = Parsed::default();
-    for piece in splitter.push(text).into_iter().chain(splitter.finish()) {
+    for piece in splitter.push(text).into_iter().chain(splitter.finish(cut)) {
         match piece {
             Piece::Text(t) => parsed.content.push_str(&t),
             Piece::Call(c) => parsed.calls.push(c),
@@ -89,25 +91,28 @@ impl ToolCallSplitter {
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         self.held.push_str(text);
         match self.format {
-            ToolFormat::Hermes => self.drain_hermes(false),
-            ToolFormat::LlamaJson => self.drain_llama(false),
+            ToolFormat::Hermes => self.drain_hermes(false, false),
+            ToolFormat::LlamaJson => self.drain_llama(false, false),
         }
     }
 
     /// Releases everything still held: an unfinished call is plain text.
-    pub fn finish(&mut self) -> Vec<Piece> {
+    /// Releases what is held at the end of the output. `cut`: the token limit ended it, so a call
+    /// still open (or the start of its marker) was cut off: it is dropped, neither a call nor
+    /// text (its markup must not leak into the answer).
+    pub fn finish(&mut self, cut: bool) -> Vec<Piece> {
         match self.format {
-            ToolFormat::Hermes => self.drain_hermes(true),
-            ToolFormat::LlamaJson => self.drain_llama(true),
+            ToolFormat::Hermes => self.drain_hermes(true, cut),
+            ToolFormat::LlamaJson => self.drain_llama(true, cut),
         }
     }
 
-    fn drain_hermes(&mut self, end: bool) -> Vec<Piece> {
+    fn drain_hermes(&mut self, end: bool, cut: bool) -> Vec<Piece> {
         let mut out = Vec::new();
         loop {
             let Some(start) = self.held.find(OPEN) else {
                 // Keep the longest suffix that is a prefix of `<tool_call>`.
-                let keep = if end {
+                let keep = if end && !cut {
                     0
                 } else {
                     partial_prefix(&self.held, OPEN)
@@ -115,13 +120,20 @@ impl ToolCallSplitter {
                 let release = self.held.len() - keep;
                 push_text(&mut out, self.held[..release].to_string());
                 self.held.drain(..release);
+                if end {
+                    // Cut inside the opening marker: dropped.
+                    self.held.clear();
+                }
                 return out;
             };
             push_text(&mut out, self.held[..start].to_string());
             self.held.drain(..start);
             let Some(close) = self.held.find(CLOSE) else {
                 if end {
-                    push_text(&mut out, std::mem::take(&mut self.held));
+                    let open = std::mem::take(&mut self.held);
+                    if !cut {
+                        push_text(&mut out, open);
+                    }
                 }
                 return out;
             };
@@ -135,7 +147,7 @@ impl ToolCallSplitter {
         }
     }
 
-    fn drain_llama(&mut self, end: bool) -> Vec<Piece> {
+    fn drain_llama(&mut self, end: bool, cut: bool) -> Vec<Piece> {
         let mut out = Vec::new();
         if self.json_output.is_none() {
             match self.held.trim_start().chars().next() {
@@ -150,6 +162,8 @@ impl ToolCallSplitter {
         let text = std::mem::take(&mut self.held);
         match call_from_json(&text, &["parameters", "arguments"]) {
             Some(call) if self.json_output == Some(true) => out.push(Piece::Call(call)),
+            // A call the limit cut off before its JSON closed.
+            _ if cut && self.json_output == Some(true) => {}
             _ => push_text(&mut out, text),
         }
         out
@@ -213,6 +227,7 @@ mod tests {
         let p = parse(
             ToolFormat::Hermes,
             "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+            false,
         );
         assert_eq!(p.content, "");
         assert_eq!(p.calls, vec![call("get_weather", r#"{"city":"Paris"}"#)]);
@@ -222,7 +237,7 @@ mod tests {
     fn hermes_several_calls_with_leading_text() {
         let text = "Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n\
                     <tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": 1}}\n</tool_call>";
-        let p = parse(ToolFormat::Hermes, text);
+        let p = parse(ToolFormat::Hermes, text, false);
         assert_eq!(p.content, "Let me check.\n\n");
         assert_eq!(p.calls, vec![call("a", "{}"), call("b", r#"{"x":1}"#)]);
     }
@@ -230,7 +245,7 @@ mod tests {
     #[test]
     fn hermes_malformed_json_stays_text() {
         let text = "x<tool_call>{\"name\": \"a\", \"arguments\": {</tool_call>";
-        let p = parse(ToolFormat::Hermes, text);
+        let p = parse(ToolFormat::Hermes, text, false);
         assert_eq!(p.content, text);
         assert!(p.calls.is_empty());
     }
@@ -238,7 +253,7 @@ mod tests {
     #[test]
     fn hermes_unclosed_call_stays_text() {
         let text = "<tool_call>{\"name\": \"a\"";
-        assert_eq!(parse(ToolFormat::Hermes, text).content, text);
+        assert_eq!(parse(ToolFormat::Hermes, text, false).content, text);
     }
 
     #[test]
@@ -246,15 +261,21 @@ mod tests {
         let p = parse(
             ToolFormat::LlamaJson,
             " {\"name\": \"f\", \"parameters\": {\"q\": \"rust\"}}",
+            false,
         );
         assert_eq!(p.content, "");
         assert_eq!(p.calls, vec![call("f", r#"{"q":"rust"}"#)]);
         let p = parse(
             ToolFormat::LlamaJson,
             "{\"name\": \"f\", \"arguments\": {}}",
+            false,
         );
         assert_eq!(p.calls, vec![call("f", "{}")]);
-        let p = parse(ToolFormat::LlamaJson, "The answer is {\"name\": \"f\"}");
+        let p = parse(
+            ToolFormat::LlamaJson,
+            "The answer is {\"name\": \"f\"}",
+            false,
+        );
         assert!(p.calls.is_empty());
     }
 
@@ -267,6 +288,45 @@ mod tests {
         assert_eq!(
             ToolFormat::detect("Environment: ipython\n"),
             ToolFormat::LlamaJson
+        );
+    }
+
+    #[test]
+    fn a_call_cut_off_by_the_limit_is_dropped_not_returned_as_text() {
+        let done = "Sure.<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>";
+        for cut_at in [
+            done.len() - 3,
+            "Sure.<tool_call>{\"na".len(),
+            "Sure.<tool_".len(),
+        ] {
+            let p = parse(ToolFormat::Hermes, &done[..cut_at], true);
+            assert_eq!(
+                p,
+                Parsed {
+                    content: "Sure.".into(),
+                    calls: vec![]
+                },
+                "cut at {cut_at}"
+            );
+            // The canary: read as a whole output, the same text leaks the markup.
+            let whole = parse(ToolFormat::Hermes, &done[..cut_at], false);
+            assert!(whole.content.len() > "Sure.".len(), "{whole:?}");
+        }
+        // A call completed before the cut stays a call.
+        let two = format!("{done}\n<tool_call>{{\"name\"");
+        let p = parse(ToolFormat::Hermes, &two, true);
+        assert_eq!(p.calls.len(), 1);
+        assert_eq!(p.content.trim(), "Sure.");
+        let p = parse(
+            ToolFormat::LlamaJson,
+            "{\"name\": \"f\", \"parameters\": {\"a\"",
+            true,
+        );
+        assert_eq!(p, Parsed::default());
+        let free = parse(ToolFormat::LlamaJson, "Plain words cut of", true);
+        assert_eq!(
+            free.content, "Plain words cut of",
+            "text that is no call stays text"
         );
     }
 
@@ -290,13 +350,13 @@ mod tests {
                     .chars()
                     .flat_map(|c| splitter.push(c.encode_utf8(&mut buf)))
                     .collect::<Vec<_>>();
-                for piece in pieces.into_iter().chain(splitter.finish()) {
+                for piece in pieces.into_iter().chain(splitter.finish(false)) {
                     match piece {
                         Piece::Text(t) => streamed.content.push_str(&t),
                         Piece::Call(c) => streamed.calls.push(c),
                     }
                 }
-                assert_eq!(streamed, parse(format, text), "{format:?}: {text}");
+                assert_eq!(streamed, parse(format, text, false), "{format:?}: {text}");
             }
         }
     }
