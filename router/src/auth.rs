@@ -363,7 +363,10 @@ impl KeysFileWatch {
 
 /// Paths anyone may read: liveness, readiness, metrics and the API description.
 fn is_public(path: &str) -> bool {
-    matches!(path, "/health" | "/ready" | "/metrics" | "/openapi.json")
+    matches!(
+        path,
+        "/health" | "/ping" | "/ready" | "/metrics" | "/openapi.json"
+    )
 }
 
 /// The key a client presented: `Authorization: Bearer <key>` or `x-api-key: <key>`.

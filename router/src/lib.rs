@@ -106,6 +106,8 @@ pub fn build_app_live(state: AppState, limits: AdmissionLimits, keys: Arc<LiveKe
     let admission = (Arc::new(Admission::new(limits)), state.clone());
     Router::new()
         .route("/health", get(|| async { "ok" }))
+        // vLLM's and SageMaker's liveness probe, both methods.
+        .route("/ping", get(|| async { "ok" }).post(|| async { "ok" }))
         .merge(openai::routes())
         .merge(openai::responses::routes())
         .merge(anthropic::routes())

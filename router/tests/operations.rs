@@ -49,6 +49,11 @@ async fn request(
 /// A route added to the router but not here fails `every_served_route_is_described`.
 const ROUTES: &[(&str, &str, &str)] = &[
     ("GET", "/health", "/health"),
+    ("GET", "/ping", "/ping"),
+    ("POST", "/ping", "/ping"),
+    ("GET", "/version", "/version"),
+    ("POST", "/tokenize", "/tokenize"),
+    ("POST", "/detokenize", "/detokenize"),
     ("GET", "/ready", "/ready"),
     ("GET", "/metrics", "/metrics"),
     ("GET", "/openapi.json", "/openapi.json"),

@@ -172,7 +172,7 @@ fn render_text(
 /// `developer` role (OpenAI's newer name for `system`) becomes `system`. Other fields pass
 /// through untouched, except an assistant's `tool_calls[].function.arguments`: OpenAI sends a
 /// JSON string, templates expect an object, so a string holding valid JSON becomes that value.
-fn normalize_message(index: usize, message: &Value) -> Result<Value, ApiError> {
+pub(crate) fn normalize_message(index: usize, message: &Value) -> Result<Value, ApiError> {
     let Some(object) = message.as_object() else {
         return Err(ApiError::invalid(
             Some(&format!("messages[{index}]")),

@@ -7,6 +7,7 @@ pub(crate) mod generation;
 pub mod models;
 pub mod responses;
 pub mod schema;
+pub mod tokenize;
 pub use crate::tools;
 
 use std::convert::Infallible;
@@ -34,6 +35,9 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/models/{id}", get(models::retrieve))
         .route("/v1/chat/completions", post(chat::create))
         .route("/v1/completions", post(completions::create))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/version", get(tokenize::version))
 }
 
 /// Parses a request body; a malformed or mistyped body is a 400 naming what serde found.

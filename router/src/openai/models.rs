@@ -28,5 +28,7 @@ fn model_object(state: &AppState) -> Value {
         "object": "model",
         "created": state.created,
         "owned_by": state.owned_by,
+        // vLLM's field: the context window a request's prompt and output share.
+        "max_model_len": state.context_window(),
     })
 }
