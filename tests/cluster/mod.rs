@@ -1,11 +1,12 @@
 //! Helpers for the cluster's process tests and benchmarks: `strata` processes with their logs,
 //! plain HTTP/1.1 calls, SSE streams and Prometheus metrics.
-// Each user (tests/cluster_serving.rs, tests/serve_process.rs, benches/cluster_routing.rs) takes
-// a subset.
+// Each user (tests/cluster_serving.rs, tests/cluster_deploy.rs, tests/serve_process.rs,
+// benches/cluster_routing.rs) takes a subset.
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -77,7 +78,7 @@ pub fn strata(args: &[&str]) -> std::process::Output {
 }
 
 /// A tiny Qwen3 with a window of 4096 tokens.
-pub fn synth(dir: &std::path::Path) {
+pub fn synth(dir: &Path) {
     let out = strata(&[
         "model",
         "synth",
@@ -262,4 +263,54 @@ pub fn stream_timed(addr: SocketAddr, body: &str) -> Timed {
         text: stream_text(body),
         prompt_tokens: stream_usage(body),
     }
+}
+
+/// One cluster at a time: each test runs several processes, and a 2-core machine running them all
+/// at once starves the raft members' heartbeats.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `deploy/local/up.sh` in `dir` (members, nodes beside them, routers), stopped by `down.sh` when
+/// the returned guard drops; the base port it used.
+pub fn deploy_local(dir: &Path, model: &Path, nodes: usize) -> (impl Drop, u16) {
+    let base: u16 = {
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.local_addr().unwrap().port() % 20_000 + 30_000
+    };
+    let up = std::process::Command::new(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/up.sh"),
+    )
+    .args(["--nodes", &nodes.to_string(), "--routers", "1"])
+    .args(["--model", model.to_str().unwrap()])
+    .args([
+        "--dir",
+        dir.to_str().unwrap(),
+        "--base-port",
+        &base.to_string(),
+    ])
+    .env("STRATA", env!("CARGO_BIN_EXE_strata"))
+    .output()
+    .unwrap();
+    struct Down(std::path::PathBuf);
+    impl Drop for Down {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new(
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/down.sh"),
+            )
+            .args(["--dir", self.0.to_str().unwrap()])
+            .output();
+        }
+    }
+    let down = Down(dir.to_path_buf());
+    assert!(
+        up.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&up.stdout),
+        String::from_utf8_lossy(&up.stderr)
+    );
+    (down, base)
 }
