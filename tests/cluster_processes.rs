@@ -145,6 +145,17 @@ fn issue_token(data: &Path, file: &Path) -> PathBuf {
     file.to_path_buf()
 }
 
+/// `cluster join` of a new member in `data` on `listen`, through the join endpoint `seed` with
+/// the token in the file `token`; `--voter` when `voter`.
+fn spawn_join(data: &Path, listen: &str, seed: &str, token: &Path, voter: bool) -> Member {
+    let token = token.to_str().unwrap();
+    let mut args = vec!["join", "--listen", listen, "--seed", seed, "--token", token];
+    if voter {
+        args.push("--voter");
+    }
+    Member::spawn(data, &args)
+}
+
 /// `init` in `datas[0]` (the CA holder, join endpoint `join`), then `join --voter` of the rest
 /// through it, each waited for.
 fn start_group(root: &Path, datas: &[PathBuf], listens: &[String], join: &str) -> Vec<Member> {
@@ -160,19 +171,7 @@ fn start_group(root: &Path, datas: &[PathBuf], listens: &[String], join: &str) -
         } else {
             issue_token(&datas[0], &root.join(format!("token-{i}")))
         };
-        members.push(Member::spawn(
-            &datas[i],
-            &[
-                "join",
-                "--listen",
-                &listens[i],
-                "--seed",
-                join,
-                "--token",
-                token.to_str().unwrap(),
-                "--voter",
-            ],
-        ));
+        members.push(spawn_join(&datas[i], &listens[i], join, &token, true));
         let want = i + 1;
         wait_status(&[&datas[0]], "the joiner becomes a voter", |s| {
             voters(s).len() == want && s["members"] == want
@@ -286,18 +285,7 @@ fn a_join_through_a_follower_ca_holder_survives_a_stalled_leader() {
     // The leader hangs while the join is under way, then resumes.
     members[leader - 1].pause(true);
     let started = Instant::now();
-    members.push(Member::spawn(
-        &datas[3],
-        &[
-            "join",
-            "--listen",
-            &listens[3],
-            "--seed",
-            &join,
-            "--token",
-            token.to_str().unwrap(),
-        ],
-    ));
+    members.push(spawn_join(&datas[3], &listens[3], &join, &token, false));
     std::thread::sleep(Duration::from_secs(4));
     members[leader - 1].pause(false);
     let joined = wait_status(&paths, "the joiner is a recorded learner", |s| {
@@ -403,19 +391,8 @@ fn a_member_that_lost_its_store_exits_and_the_printed_procedure_recovers_the_gro
     assert!(stale.contains("member 3 has been revoked"), "{stale}");
     let token = issue_token(&datas[0], &root.path().join("token-new"));
     let fresh = root.path().join("m3-new");
-    members.push(Member::spawn(
-        &fresh,
-        &[
-            "join",
-            "--listen",
-            &format!("127.0.0.1:{}", free_port()),
-            "--seed",
-            &join,
-            "--token",
-            token.to_str().unwrap(),
-            "--voter",
-        ],
-    ));
+    let listen = format!("127.0.0.1:{}", free_port());
+    members.push(spawn_join(&fresh, &listen, &join, &token, true));
     let paths = [datas[0].as_path(), datas[1].as_path(), fresh.as_path()];
     let before = wait_status(&paths[..1], "three voters again, member 3 gone", |s| {
         let v = voters(s);
