@@ -44,29 +44,6 @@ sum_shards_bf16(__nv_bfloat16* __restrict__ out, const float* __restrict__ parti
     }
 }
 
-// sum_shards_bf16 into three outputs: element i of the concatenation [a | b | c] (na, nb, nc
-// values) is the slice-order sum of partials[s * stride + i], rounded once; the split q/k/v
-// projections' slices (gemv_mma2_split3_f32_x*).
-extern "C" __global__ void __launch_bounds__(256)
-sum_split3_bf16(__nv_bfloat16* __restrict__ a, __nv_bfloat16* __restrict__ b,
-                __nv_bfloat16* __restrict__ c, const float* __restrict__ partials, u32 slices,
-                u64 stride, u64 na, u64 nb, u64 nc) {
-    const u64 n = na + nb + nc;
-    const u64 step = (u64)gridDim.x * blockDim.x;
-    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
-        float acc = partials[i];
-        for (u32 s = 1; s < slices; ++s) acc += partials[(u64)s * stride + i];
-        const __nv_bfloat16 v = f32_to_bf16(acc);
-        if (i < na) {
-            a[i] = v;
-        } else if (i < na + nb) {
-            b[i - na] = v;
-        } else {
-            c[i - na - nb] = v;
-        }
-    }
-}
-
 // 1 / sqrt(mean + eps) with IEEE sqrt and division (no approximate rsqrt).
 __device__ __forceinline__ float inv_rms(float sum_sq, u32 n, float eps) {
     return 1.0f / sqrtf(sum_sq / (float)n + eps);

@@ -141,17 +141,6 @@ GEMV_ENTRIES(16)
 // `ld` apart, y_s at y + s * y_stride. A shard's partial depends only on its own K-slice (the
 // steps are counted from the slice's start), so it is bitwise the same whether the launch covers
 // all eight shards of the full K (TP = 1) or a rank's share of them (TP = N, ld = its K).
-#define GEMV_SHARDS_ENTRY(NAME, PHASES, XT)                                                        \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                   \
-        NAME(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,                           \
-             const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 kslice, u32 ld,                \
-             u64 y_stride) {                                                                       \
-        const u32 s = blockIdx.y;                                                                  \
-        gemv_mma_body<XT, PHASES, true>(y + (u64)s * y_stride, x + (u64)s * kslice,                \
-                                        Bf16W{w, ld}.from_col(s * kslice), m, n, kslice, ld,       \
-                                        blockIdx.x);                                               \
-    }
-
 #define GEMV_MMA_ENTRIES(XT)                                                                       \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32)                                   \
         gemv_mma_bf16_x##XT(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x,    \
@@ -181,23 +170,20 @@ GEMV_ENTRIES(16)
             gemv_mma_body<XT, MMA_WARPS, false>(y2, x, Bf16W{w2, k}, m, n2, k, k, b2);             \
         }                                                                                          \
     }                                                                                              \
-    GEMV_SHARDS_ENTRY(gemv_mma_shards_f32_x##XT, MMA_WARPS, XT)
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) gemv_mma_shards_f32_x##XT(        \
+        float* __restrict__ y, const __nv_bfloat16* __restrict__ x,                                \
+        const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 kslice, u32 ld,                     \
+        u64 y_stride) {                                                                            \
+        const u32 s = blockIdx.y;                                                                  \
+        gemv_mma_body<XT, MMA_WARPS, true>(y + (u64)s * y_stride, x + (u64)s * kslice,             \
+                                           Bf16W{w, ld}.from_col(s * kslice), m, n, kslice, ld,    \
+                                           blockIdx.x);                                            \
+    }
 
 GEMV_MMA_ENTRIES(1)
 GEMV_MMA_ENTRIES(2)
 GEMV_MMA_ENTRIES(3)
 GEMV_MMA_ENTRIES(4)
-
-// The split narrow projections (`Kernels::gemv_shards` and `Kernels::gemv3_split` with
-// `GemvVariant::Mma2`): the four-phase body over K-slices, each slice's f32 partial summed in
-// slice order by `sum_shards_bf16` / `sum_split3_bf16`. The narrow projections (4 096-6 144 rows)
-// make too few 128-row blocks of Mma2 over the whole K; cut into 4-8 K-slices they make enough,
-// and every block still reads its x once per 128 weight rows.
-//
-// `gemv_mma2_split3_f32_x{XT}`: q, k and v in one launch, block (b, s) computing rows b of slice s
-// of whichever projection b falls in (as `gemv_mma3_*`); slice s's partials at y + s * y_stride,
-// q's [m, n0] first, then k's [m, n1], then v's [m, n2]. Each projection's partial is bitwise
-// what `gemv_mma2_shards_f32_x{XT}` gives for it alone.
 
 // The four-phase entries (`GemvVariant::Mma2`): the same body with MMA2_PHASES k-phases, for the
 // wide projections (gate/up and the LM head).
@@ -212,32 +198,6 @@ GEMV_MMA_ENTRIES(4)
         gemv_mma2_f32_x##XT(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,            \
                             const __nv_bfloat16* __restrict__ w, u32 m, u32 n, u32 k) {            \
         gemv_mma_body<XT, MMA2_PHASES, false>(y, x, Bf16W{w, k}, m, n, k, k, blockIdx.x);          \
-    }                                                                                              \
-    GEMV_SHARDS_ENTRY(gemv_mma2_shards_f32_x##XT, MMA2_PHASES, XT)                                 \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32) gemv_mma2_split3_f32_x##XT(       \
-        float* __restrict__ y, const __nv_bfloat16* __restrict__ x,                                \
-        const __nv_bfloat16* __restrict__ w0, const __nv_bfloat16* __restrict__ w1,                \
-        const __nv_bfloat16* __restrict__ w2, u32 m, u32 n0, u32 n1, u32 n2, u32 kslice, u32 k,    \
-        u64 y_stride) {                                                                            \
-        constexpr u32 ROWS = 8 * MmaTiles<XT>::T * (MMA_WARPS / MMA2_PHASES);                      \
-        const u32 blocks0 = (n0 + ROWS - 1) / ROWS;                                                \
-        const u32 blocks1 = (n1 + ROWS - 1) / ROWS;                                                \
-        const u32 b = blockIdx.x;                                                                  \
-        const u32 s = blockIdx.y;                                                                  \
-        float* ys = y + (u64)s * y_stride;                                                         \
-        const __nv_bfloat16* xs = x + (u64)s * kslice;                                             \
-        if (b < blocks0) {                                                                         \
-            gemv_mma_body<XT, MMA2_PHASES, true>(ys, xs, Bf16W{w0, k}.from_col(s * kslice), m, n0, \
-                                                 kslice, k, b);                                    \
-        } else if (b < blocks0 + blocks1) {                                                        \
-            gemv_mma_body<XT, MMA2_PHASES, true>(ys + (u64)m * n0, xs,                             \
-                                                 Bf16W{w1, k}.from_col(s * kslice), m, n1, kslice, \
-                                                 k, b - blocks0);                                  \
-        } else {                                                                                   \
-            gemv_mma_body<XT, MMA2_PHASES, true>(ys + (u64)m * (n0 + n1), xs,                      \
-                                                 Bf16W{w2, k}.from_col(s * kslice), m, n2, kslice, \
-                                                 k, b - blocks0 - blocks1);                        \
-        }                                                                                          \
     }
 
 GEMV_MMA2_ENTRIES(1)

@@ -1,5 +1,5 @@
 // Projections whose weights stay in a GGUF block format on the device (blocks.cuh): the decode
-// GEMV and the row-parallel shard GEMV (both phase counts), a dequantizer to bf16 for the cuBLASLt
+// GEMV (both phase counts), the row-parallel shard GEMV, a dequantizer to bf16 for the cuBLASLt
 // GEMM of prompt rows, and the embedding gather, for one format per module (below). Names carry
 // the format: `gemv_mma_q4_k_bf16_x2`, `dequant_q6_k`, ...
 //
@@ -9,17 +9,6 @@
 // invariance of the bf16 path holds here as it is. With one x tile (XT = 1, up to 16 rows) a GEMV
 // is built for two blocks per SM.
 #include "gemv_mma.cuh"
-
-// The shard GEMV of one phase count (gemv.cu's GEMV_SHARDS_ENTRY over a block loader).
-#define GEMV_BLOCK_SHARDS(F, KERNEL, PHASES, XT)                                                   \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                  \
-        KERNEL(float* __restrict__ y, const __nv_bfloat16* __restrict__ x,                         \
-               const u8* __restrict__ w, u32 m, u32 n, u32 kslice, u32 ld, u64 y_stride) {         \
-        const u32 s = blockIdx.y;                                                                  \
-        gemv_mma_body<XT, PHASES, true>(y + (u64)s * y_stride, x + (u64)s * kslice,                \
-                                        BlockW<F>{w, block_row_bytes<F>(ld)}.from_col(s * kslice), \
-                                        m, n, kslice, ld, blockIdx.x);                             \
-    }
 
 #define GEMV_BLOCK_ENTRIES(F, NAME, XT)                                                            \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                  \
@@ -48,8 +37,16 @@
         gemv_mma_body<XT, MMA2_PHASES, false>(y, x, BlockW<F>{w, block_row_bytes<F>(k)}, m, n, k,  \
                                               k, blockIdx.x);                                      \
     }                                                                                              \
-    GEMV_BLOCK_SHARDS(F, gemv_mma_shards_##NAME##_f32_x##XT, MMA_WARPS, XT)                        \
-    GEMV_BLOCK_SHARDS(F, gemv_mma2_shards_##NAME##_f32_x##XT, MMA2_PHASES, XT)
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, XT == 1 ? 2 : 1)                  \
+        gemv_mma_shards_##NAME##_f32_x##XT(float* __restrict__ y,                                  \
+                                           const __nv_bfloat16* __restrict__ x,                    \
+                                           const u8* __restrict__ w, u32 m, u32 n, u32 kslice,     \
+                                           u32 ld, u64 y_stride) {                                 \
+        const u32 s = blockIdx.y;                                                                  \
+        gemv_mma_body<XT, MMA_WARPS, true>(y + (u64)s * y_stride, x + (u64)s * kslice,             \
+                                           BlockW<F>{w, block_row_bytes<F>(ld)}.from_col(s * kslice), \
+                                           m, n, kslice, ld, blockIdx.x);                          \
+    }
 
 // out[n, k] (bf16, row-major) = the rows of w, dequantized: grid-stride over 8-element chunks.
 // out[t, :] = row ids[t] - first of the table, dequantized, for ids in first .. first + rows;

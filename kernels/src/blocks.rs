@@ -9,9 +9,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
-use crate::gemv::{
-    MMA_THREADS, MMA_X_ROWS, check_rows, check_shards, mma_rows, mma2_rows, shard_kernel,
-};
+use crate::gemv::{MMA_THREADS, MMA_X_ROWS, check_rows, check_shards, mma_rows, mma2_rows};
 use crate::launch::{aligned16, grid, need_len, product, stride_blocks, to_u32};
 use crate::{GemvOut, GemvVariant, KernelError, Kernels, ensure_shape};
 
@@ -234,13 +232,11 @@ impl Kernels {
     }
 
     /// [`Kernels::gemv_shards`] with `w` `[n, ld]` in block format `format`: shard `s`'s
-    /// partial over columns `s * kslice ..` is bitwise the bf16 kernel's (same variant) on the widened
-    /// weights.
+    /// partial over columns `s * kslice ..` is bitwise the bf16 kernel's on the widened weights.
     /// `kslice` a multiple of the block and of 32; otherwise as there.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_shards_blocks(
         &self,
-        variant: GemvVariant,
         stream: &Arc<CudaStream>,
         y: &mut impl DevicePtrMut<f32>,
         x: &impl DevicePtr<bf16>,
@@ -250,8 +246,7 @@ impl Kernels {
         (shards, kslice, ld): (usize, usize, usize),
         y_stride: usize,
     ) -> Result<(), KernelError> {
-        const K: &str = "gemv_shards_blocks";
-        let (prefix, rows) = shard_kernel(variant, m)?;
+        const K: &str = "gemv_mma_shards_blocks";
         // Whole blocks and whole 32-column MMA steps per slice (32 divides every block size).
         check_shards(
             K,
@@ -273,7 +268,7 @@ impl Kernels {
         let shards32 = to_u32(K, "shards", shards)?;
         let stride64 = y_stride as u64;
         let name = format!(
-            "{prefix}_shards_{}_f32_x{}",
+            "gemv_mma_shards_{}_f32_x{}",
             format.kernel_name(),
             m.div_ceil(MMA_X_ROWS)
         );
@@ -285,7 +280,7 @@ impl Kernels {
             .arg(&kslice32)
             .arg(&ld32)
             .arg(&stride64);
-        let mut config = grid(n32.div_ceil(rows), MMA_THREADS);
+        let mut config = grid(n32.div_ceil(mma_rows(m)), MMA_THREADS);
         config.grid_dim.1 = shards32;
         // SAFETY: lengths, alignment and argument types checked above match the kernel.
         unsafe { b.launch(config) }?;

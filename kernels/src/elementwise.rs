@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, PushKernelArg};
 use half::bf16;
 
 use crate::launch::{aligned16, grid, need_len, product, stride_blocks, to_u32};
@@ -188,54 +188,6 @@ impl Kernels {
         b.arg(&o).arg(&p).arg(&shards32).arg(&stride64).arg(&n64);
         // SAFETY: lengths and argument types checked above match the kernel.
         unsafe { b.launch(grid(stride_blocks(n, THREADS), THREADS)) }?;
-        Ok(())
-    }
-
-    /// [`Kernels::sum_shards`] into three outputs: element `i` of the concatenation
-    /// `[a | b | c]` (`ns[0]`, `ns[1]`, `ns[2]` values) is `bf16(Σ_s partials[s * stride + i])`,
-    /// added in slice order and rounded once: the slices of [`Kernels::gemv3_split`].
-    #[allow(clippy::too_many_arguments)]
-    pub fn sum_split3(
-        &self,
-        stream: &Arc<CudaStream>,
-        [a, b, c]: [&mut CudaViewMut<'_, bf16>; 3],
-        partials: &impl DevicePtr<f32>,
-        slices: usize,
-        stride: usize,
-        ns: [usize; 3],
-    ) -> Result<(), KernelError> {
-        const K: &str = "sum_split3_bf16";
-        let n = ns.iter().sum::<usize>();
-        ensure_shape!(
-            slices > 0 && stride >= n,
-            K,
-            "{slices} slices of stride {stride} cannot hold {n} values"
-        );
-        need_len(K, "a", a.len(), ns[0])?;
-        need_len(K, "b", b.len(), ns[1])?;
-        need_len(K, "c", c.len(), ns[2])?;
-        need_len(
-            K,
-            "partials",
-            partials.len(),
-            product(K, &[slices - 1, stride])? + n,
-        )?;
-        if n == 0 {
-            return Ok(());
-        }
-        let slices32 = to_u32(K, "slices", slices)?;
-        let stride64 = stride as u64;
-        let [na, nb, nc] = ns.map(|v| v as u64);
-        let f = self.function(MODULE, K)?;
-        let (ap, _a) = a.device_ptr_mut(stream);
-        let (bp, _b) = b.device_ptr_mut(stream);
-        let (cp, _c) = c.device_ptr_mut(stream);
-        let (p, _p) = partials.device_ptr(stream);
-        let mut l = stream.launch_builder(f);
-        l.arg(&ap).arg(&bp).arg(&cp).arg(&p);
-        l.arg(&slices32).arg(&stride64).arg(&na).arg(&nb).arg(&nc);
-        // SAFETY: lengths and argument types checked above match the kernel.
-        unsafe { l.launch(grid(stride_blocks(n, THREADS), THREADS)) }?;
         Ok(())
     }
 

@@ -304,12 +304,10 @@ impl Kernels {
     /// `s`'s partial depends only on its K-slice, never on `ld`, `shards` or `m` (the same
     /// reduction order as [`Kernels::gemv`] over `kslice` columns), so a rank holding some of
     /// the shards computes bitwise what one GPU holding all of them does.
-    /// `variant` is [`GemvVariant::Mma`] or [`GemvVariant::Mma2`] (each its own bits);
     /// `1 ≤ m ≤ 64`, `kslice % 32 == 0`, `ld % 8 == 0`.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_shards(
         &self,
-        variant: GemvVariant,
         stream: &Arc<CudaStream>,
         y: &mut impl DevicePtrMut<f32>,
         x: &impl DevicePtr<bf16>,
@@ -318,8 +316,7 @@ impl Kernels {
         (shards, kslice, ld): (usize, usize, usize),
         y_stride: usize,
     ) -> Result<(), KernelError> {
-        const K: &str = "gemv_shards";
-        let (prefix, rows) = shard_kernel(variant, m)?;
+        const K: &str = "gemv_mma_shards_f32_x";
         check_shards(
             K,
             (m, n),
@@ -335,8 +332,7 @@ impl Kernels {
         let (m32, kslice32, ld32) = (m as u32, kslice as u32, to_u32(K, "ld", ld)?);
         let shards32 = to_u32(K, "shards", shards)?;
         let stride64 = y_stride as u64;
-        let name = format!("{prefix}_shards_f32_x{}", m.div_ceil(MMA_X_ROWS));
-        let f = self.function(MODULE, &name)?;
+        let f = self.function(MODULE, &format!("{K}{}", m.div_ceil(MMA_X_ROWS)))?;
         let (yp, _y) = y.device_ptr_mut(stream);
         let (xp, _x) = x.device_ptr(stream);
         let (wp, _w) = w.device_ptr(stream);
@@ -349,85 +345,10 @@ impl Kernels {
             .arg(&kslice32)
             .arg(&ld32)
             .arg(&stride64);
-        let mut config = grid(n32.div_ceil(rows), MMA_THREADS);
+        let mut config = grid(n32.div_ceil(mma_rows(m)), MMA_THREADS);
         config.grid_dim.1 = shards32;
         // SAFETY: lengths, alignment and argument types checked above match the kernel.
         unsafe { b.launch(config) }?;
         Ok(())
-    }
-
-    /// The q, k and v projections of one `x` split into `slices` K-slices of `kslice` columns,
-    /// in one launch of the four-phase kernel: slice `s`'s f32 partials at `y[s * y_stride ..]`,
-    /// q's `[m, ns[0]]` first, then k's `[m, ns[1]]`, then v's (what
-    /// [`Kernels::sum_split3`] adds up). Each projection's partials are bitwise what
-    /// [`Kernels::gemv_shards`] with [`GemvVariant::Mma2`] gives for it alone. `x` `[m, k]`,
-    /// `ws[i]` `[ns[i], k]` with `k = slices * kslice`; `1 ≤ m ≤ 64`, `kslice % 32 == 0`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemv3_split(
-        &self,
-        stream: &Arc<CudaStream>,
-        y: &mut impl DevicePtrMut<f32>,
-        x: &impl DevicePtr<bf16>,
-        ws: [&CudaView<'_, bf16>; 3],
-        (m, ns): (usize, [usize; 3]),
-        (slices, kslice): (usize, usize),
-        y_stride: usize,
-    ) -> Result<(), KernelError> {
-        const K: &str = "gemv_mma2_split3_f32_x";
-        let k = product(K, &[slices, kslice])?;
-        let n_all = ns.iter().sum::<usize>();
-        check_shards(
-            K,
-            (m, n_all),
-            (slices, kslice, k),
-            (32, y_stride),
-            (x.len(), y.len()),
-        )?;
-        let mut blocks = 0u32;
-        for i in 0..3 {
-            need_len(K, "w", ws[i].len(), product(K, &[ns[i], k])?)?;
-            blocks += to_u32(K, "n", ns[i])?.div_ceil(mma2_rows(m));
-        }
-        if blocks == 0 {
-            return Ok(());
-        }
-        let f = self.function(MODULE, &format!("{K}{}", m.div_ceil(MMA_X_ROWS)))?;
-        let (yp, _y) = y.device_ptr_mut(stream);
-        let (xp, _x) = x.device_ptr(stream);
-        let (w0p, _w0) = ws[0].device_ptr(stream);
-        let (w1p, _w1) = ws[1].device_ptr(stream);
-        let (w2p, _w2) = ws[2].device_ptr(stream);
-        aligned16(K, "x", xp)?;
-        for (what, p) in [("w0", w0p), ("w1", w1p), ("w2", w2p)] {
-            aligned16(K, what, p)?;
-        }
-        let (m32, kslice32, k32) = (m as u32, to_u32(K, "kslice", kslice)?, to_u32(K, "k", k)?);
-        let (n0, n1, n2) = (ns[0] as u32, ns[1] as u32, ns[2] as u32);
-        let stride64 = y_stride as u64;
-        let mut b = stream.launch_builder(f);
-        b.arg(&yp).arg(&xp).arg(&w0p).arg(&w1p).arg(&w2p);
-        b.arg(&m32).arg(&n0).arg(&n1).arg(&n2);
-        b.arg(&kslice32).arg(&k32).arg(&stride64);
-        let mut config = grid(blocks, MMA_THREADS);
-        config.grid_dim.1 = to_u32(K, "slices", slices)?;
-        // SAFETY: lengths, alignment and argument types checked above match the kernel.
-        unsafe { b.launch(config) }?;
-        Ok(())
-    }
-}
-
-/// The shard GEMV kernels' name prefix for `variant` (`gemv_mma` or `gemv_mma2`) and their rows
-/// of W per block for `m` rows of x.
-pub(crate) fn shard_kernel(
-    variant: GemvVariant,
-    m: usize,
-) -> Result<(&'static str, u32), KernelError> {
-    match variant {
-        GemvVariant::Mma => Ok(("gemv_mma", mma_rows(m))),
-        GemvVariant::Mma2 => Ok(("gemv_mma2", mma2_rows(m))),
-        GemvVariant::Fma => Err(KernelError::Shape {
-            kernel: "gemv_shards",
-            message: "the shard GEMV takes the tensor-core variants only".into(),
-        }),
     }
 }

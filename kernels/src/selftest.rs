@@ -56,7 +56,6 @@ pub fn selftest_with_seed(
         ("argmax", gemv_checks::check_argmax),
         ("gemm", gemv_checks::check_gemm),
         ("gemv shards", selftest_tp::check_gemv_shards),
-        ("gemv3 split", selftest_tp::check_gemv3_split),
         ("gemm slices", selftest_tp::check_gemm_slices),
         ("embed rows", selftest_tp::check_embed_rows),
     ];

@@ -17,7 +17,6 @@ use std::sync::Arc;
 use cudarc::driver::{CudaSlice, CudaStream};
 use half::bf16;
 
-use crate::GemvVariant::{Mma, Mma2};
 use crate::gemm::{GemmOut, GemmShape, LtGemm};
 use crate::selftest::{
     Rng, TOL_F32, compare_with_canary, download, poisoned_bf16, poisoned_f32, upload,
@@ -49,38 +48,15 @@ pub(crate) fn check_gemv_shards(
     let mut results = Vec::new();
     let (n, kslice) = (264, 128);
     let k = SHARDS * kslice;
-    for (variant, m) in [(Mma, 1), (Mma, 40), (Mma2, 1), (Mma2, 40)] {
+    for m in [1, 40] {
         let x = rng.bf16_vec(m * k, 1.0, 0.0);
         let w = rng.bf16_vec(n * k, 1.0, 0.0);
         let (dx, dw) = (upload(s, &x)?, upload(s, &w)?);
         let stride = m * n;
         let mut whole = poisoned_f32(s, SHARDS * stride)?;
-        let layout = (SHARDS, kslice, k);
-        kernels.gemv_shards(variant, s, &mut whole, &dx, &dw, (m, n), layout, stride)?;
+        kernels.gemv_shards(s, &mut whole, &dx, &dw, (m, n), (SHARDS, kslice, k), stride)?;
         let whole = download(s, &whole)?;
-        let case = format!("m={m} n={n} {SHARDS}x{kslice} {variant:?}");
-
-        if m > 1 {
-            // Batch invariance: x's first row alone gives row 0 of every shard bit for bit
-            // (the canary compares with row 1).
-            let mut alone = poisoned_f32(s, SHARDS * n)?;
-            let first = dx.slice(..k);
-            kernels.gemv_shards(variant, s, &mut alone, &first, &dw, (1, n), layout, n)?;
-            let alone = download(s, &alone)?;
-            let row = |r: usize| -> Vec<f32> {
-                (0..SHARDS)
-                    .flat_map(|sh| whole[sh * stride + r * n..][..n].iter().copied())
-                    .collect()
-            };
-            for (r, canary) in [(0, false), (1, true)] {
-                results.push(invariance_result(
-                    "gemv_shards",
-                    format!("{case}: row {r} vs x's first row alone"),
-                    canary,
-                    bit_mismatches(&alone, &row(r)),
-                ));
-            }
-        }
+        let case = format!("m={m} n={n} {SHARDS}x{kslice}");
 
         // Each partial is its slice's matmul (the canary reads the next row of w).
         for shard in [0, SHARDS - 1] {
@@ -106,7 +82,6 @@ pub(crate) fn check_gemv_shards(
         let wr = upload(s, &columns(&w, k, half..k))?;
         let mut rank = poisoned_f32(s, SHARDS / 2 * stride)?;
         kernels.gemv_shards(
-            variant,
             s,
             &mut rank,
             &xr,
@@ -160,102 +135,6 @@ pub(crate) fn check_gemv_shards(
             true,
             bf16_mismatches(&sum, &host(&mut (0..SHARDS - 1))),
         ));
-    }
-    Ok(results)
-}
-
-/// The split q/k/v launch ([`Kernels::gemv3_split`]): each projection's slices equal the
-/// four-phase shard GEMV of that projection alone, bit for bit (the canary swaps k and v), and
-/// [`Kernels::sum_split3`] equals [`Kernels::sum_shards`] of each part.
-pub(crate) fn check_gemv3_split(
-    kernels: &Kernels,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-) -> Result<Vec<CheckResult>, KernelError> {
-    const SLICES: usize = 4;
-    let (kslice, ns) = (256, [520, 136, 136]);
-    let k = SLICES * kslice;
-    let n_all: usize = ns.iter().sum();
-    let mut results = Vec::new();
-    for m in [1, 17, 64] {
-        let x = upload(s, &rng.bf16_vec(m * k, 1.0, 0.0))?;
-        let ws = ns
-            .iter()
-            .map(|&n| upload(s, &rng.bf16_vec(n * k, 1.0, 0.0)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let stride = m * n_all;
-        let mut split = poisoned_f32(s, SLICES * stride)?;
-        let views = [&ws[0].as_view(), &ws[1].as_view(), &ws[2].as_view()];
-        let layout = (SLICES, kslice);
-        kernels.gemv3_split(s, &mut split, &x, views, (m, ns), layout, stride)?;
-        let split = download(s, &split)?;
-        let case = format!("m={m} n={ns:?} {SLICES}x{kslice}");
-        let mut single = vec![Vec::new(); 2];
-        let mut at = 0;
-        for (i, &n) in ns.iter().enumerate() {
-            // w1 and w2 have the same shape: the canary reads the other one.
-            for (j, w) in [i, [0, 2, 1][i]].into_iter().enumerate() {
-                let mut y = poisoned_f32(s, SLICES * m * n)?;
-                let shape = ((m, n), (SLICES, kslice, k), m * n);
-                kernels.gemv_shards(Mma2, s, &mut y, &x, &ws[w], shape.0, shape.1, shape.2)?;
-                let y = download(s, &y)?;
-                // Into the split layout: slice-major, the three parts side by side.
-                single[j].resize(SLICES * stride, 0.0);
-                for sl in 0..SLICES {
-                    single[j][sl * stride + at..][..m * n]
-                        .copy_from_slice(&y[sl * m * n..][..m * n]);
-                }
-            }
-            at += m * n;
-        }
-        for (j, canary) in [(0, false), (1, true)] {
-            results.push(invariance_result(
-                "gemv3_split",
-                format!(
-                    "{case} vs Mma2 shard launches{}",
-                    ["", " with w1, w2 swapped"][j]
-                ),
-                canary,
-                bit_mismatches(&split, &single[j]),
-            ));
-        }
-
-        let partials = upload(s, &split)?;
-        let mut outs = Vec::new();
-        for &n in &ns {
-            outs.push(poisoned_bf16(s, m * n)?);
-        }
-        {
-            let [a, b, c] = &mut outs[..] else {
-                unreachable!("three outputs")
-            };
-            let targets = [
-                &mut a.as_view_mut(),
-                &mut b.as_view_mut(),
-                &mut c.as_view_mut(),
-            ];
-            kernels.sum_split3(s, targets, &partials, SLICES, stride, ns.map(|n| m * n))?;
-        }
-        let mut got = Vec::new();
-        for o in &outs {
-            got.extend(download(s, o)?);
-        }
-        let mut want = poisoned_bf16(s, m * n_all)?;
-        kernels.sum_shards(s, &mut want, &partials, SLICES, stride, m * n_all)?;
-        let mut short = poisoned_bf16(s, m * n_all)?;
-        kernels.sum_shards(s, &mut short, &partials, SLICES - 1, stride, m * n_all)?;
-        let (want, short) = (download(s, &want)?, download(s, &short)?);
-        for (reference, canary, what) in [
-            (&want, false, ""),
-            (&short, true, " without the last slice"),
-        ] {
-            results.push(invariance_result(
-                "sum_split3",
-                format!("{case} vs sum_shards{what}"),
-                canary,
-                bf16_mismatches(&got, reference),
-            ));
-        }
     }
     Ok(results)
 }

@@ -45,7 +45,6 @@ fn expected_functions() -> Vec<String> {
         "scale_bf16",
         "argmax_f32",
         "sum_shards_bf16",
-        "sum_split3_bf16",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -55,10 +54,6 @@ fn expected_functions() -> Vec<String> {
         names.push(format!("gemv_mma_f32_x{xt}"));
         names.push(format!("gemv_mma3_bf16_x{xt}"));
         names.push(format!("gemv_mma_shards_f32_x{xt}"));
-        names.push(format!("gemv_mma2_bf16_x{xt}"));
-        names.push(format!("gemv_mma2_f32_x{xt}"));
-        names.push(format!("gemv_mma2_shards_f32_x{xt}"));
-        names.push(format!("gemv_mma2_split3_f32_x{xt}"));
     }
     for format in strata_kernels::BlockFormat::ALL {
         let name = format.kernel_name();
@@ -66,9 +61,6 @@ fn expected_functions() -> Vec<String> {
             names.push(format!("gemv_mma_{name}_bf16_x{xt}"));
             names.push(format!("gemv_mma_{name}_f32_x{xt}"));
             names.push(format!("gemv_mma_shards_{name}_f32_x{xt}"));
-            names.push(format!("gemv_mma2_{name}_bf16_x{xt}"));
-            names.push(format!("gemv_mma2_{name}_f32_x{xt}"));
-            names.push(format!("gemv_mma2_shards_{name}_f32_x{xt}"));
         }
         names.push(format!("dequant_{name}"));
         names.push(format!("embed_{name}"));

@@ -119,8 +119,6 @@ pub struct CudaPlacement {
     /// Compute o and down in the shard order, byte-identical at every TP degree; always so with
     /// several ranks.
     pub sharded_reduction: bool,
-    /// Split the narrow projections' decode rows into K-slices ([`CudaOptions::split_narrow`]).
-    pub split_narrow: bool,
     /// Several ranks: NCCL, or host-staged; by default NCCL when every device is distinct.
     pub transport: Option<TpTransport>,
     /// A deliberately wrong reduction of the partials, for the canary of `strata gpu tp`.
@@ -135,7 +133,6 @@ impl CudaPlacement {
             devices: vec![ordinal],
             through_nccl: false,
             sharded_reduction: false,
-            split_narrow: false,
             transport: None,
             fault: PartialsFault::None,
         }
@@ -197,7 +194,6 @@ fn build_cuda_backend(
         tp_rank: 0,
         tp_world: 1,
         sharded_reduction: placement.sharded_reduction,
-        split_narrow: placement.split_narrow,
         widen_blocks: spec.widen_gguf,
     };
     let source = WeightSource::Checkpoint(&checkpoint);

@@ -32,7 +32,6 @@ fn starts_on_a_gpu_or_says_why_not() {
         tp_rank: 0,
         tp_world: 1,
         sharded_reduction: false,
-        split_narrow: false,
         widen_blocks: false,
     };
     let backend = CudaBackend::new(&config, WeightSource::Checkpoint(&checkpoint), &options);

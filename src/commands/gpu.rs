@@ -113,10 +113,6 @@ pub struct DecodeArgs {
     /// Compute o and down in the shard order of tensor parallelism (eight K-slice partials).
     #[arg(long)]
     sharded: bool,
-    /// Split the narrow projections' decode rows (q/k/v, o, down) into K-slices through the
-    /// four-phase GEMV (`CudaOptions::split_narrow`).
-    #[arg(long)]
-    split_narrow: bool,
     /// Decode rows' projections through the pinned cuBLASLt GEMM prompt rows use, instead of the
     /// tensor-core GEMV (an experiment: batch-invariant too, different bits).
     #[arg(long)]
@@ -378,7 +374,7 @@ fn bench_backend(
     device: usize,
     positions: usize,
     kv_tokens: usize,
-    (sharded, split_narrow): (bool, bool),
+    sharded: bool,
 ) -> Result<CudaBackend> {
     let block_size = 16;
     let kv_bytes =
@@ -394,7 +390,6 @@ fn bench_backend(
         tp_rank: 0,
         tp_world: 1,
         sharded_reduction: sharded,
-        split_narrow,
         widen_blocks: checkpoint.is_some_and(|(_, widen)| widen),
     };
     let source = match checkpoint {
@@ -604,7 +599,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         args.device,
         positions,
         max_batch * positions,
-        (args.sharded, args.split_narrow),
+        args.sharded,
     )?;
     backend.set_decode_gemm(args.decode_gemm);
     // Synthesized: the parameters in bf16 (as every earlier receipt counts them); a checkpoint:
@@ -730,8 +725,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
                 "weight_bytes": weight_bytes, "context": args.context,
                 "bandwidth_bytes_per_s": args.bandwidth,
                 "includes": "greedy sampling on the device, token ids copied to the host",
-                "sharded_reduction": args.sharded, "split_narrow": args.split_narrow,
-                "decode_gemm": args.decode_gemm,
+                "sharded_reduction": args.sharded, "decode_gemm": args.decode_gemm,
                 "graph_checks": graph_checks, "sampling_checks": sampling_checks,
                 "seeded_sampling_checks": seeded_checks, "results": results}),
     )
@@ -746,7 +740,7 @@ fn prefill(args: PrefillArgs) -> Result<()> {
         args.device,
         longest + 16,
         longest + 16,
-        (false, false),
+        false,
     )?;
     let params = parameter_count(&config) as f64;
     let vocab = config.vocab_size as u32;

@@ -40,10 +40,6 @@ pub struct TpArgs {
     prompts: usize,
     #[arg(long, default_value_t = 16)]
     tokens: u32,
-    /// Every engine (reference and ranks) splits the narrow projections' decode rows
-    /// (`CudaOptions::split_narrow`).
-    #[arg(long)]
-    split_narrow: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -103,10 +99,6 @@ fn differing(reference: &[Stream], got: &[Stream]) -> Vec<usize> {
 }
 
 pub fn run(args: TpArgs) -> Result<()> {
-    let single = |device: usize| CudaPlacement {
-        split_narrow: args.split_narrow,
-        ..CudaPlacement::single(device)
-    };
     let start = |placement: &CudaPlacement| -> Result<Engine> {
         Ok(start_cuda_engine(
             &args.model,
@@ -118,12 +110,12 @@ pub fn run(args: TpArgs) -> Result<()> {
     let reference = {
         let engine = start(&CudaPlacement {
             sharded_reduction: true,
-            ..single(args.device)
+            ..CudaPlacement::single(args.device)
         })?;
         run_batch(&engine, args.prompts, args.tokens)?
     };
     let fused = run_batch(
-        &start(&single(args.device))?,
+        &start(&CudaPlacement::single(args.device))?,
         args.prompts,
         args.tokens,
     )?;
@@ -135,7 +127,7 @@ pub fn run(args: TpArgs) -> Result<()> {
             let placement = CudaPlacement {
                 devices: vec![args.device; n],
                 transport: Some(TpTransport::Staged),
-                ..single(args.device)
+                ..CudaPlacement::single(args.device)
             };
             (format!("tp{n}-staged"), placement)
         })
@@ -146,7 +138,7 @@ pub fn run(args: TpArgs) -> Result<()> {
             CudaPlacement {
                 devices: args.devices.clone(),
                 transport: Some(TpTransport::Nccl),
-                ..single(args.devices[0])
+                ..CudaPlacement::single(args.devices[0])
             },
         ));
     }
@@ -172,7 +164,7 @@ pub fn run(args: TpArgs) -> Result<()> {
             devices: vec![args.device; 2],
             transport: Some(TpTransport::Staged),
             fault: PartialsFault::LocalSumOnly,
-            ..single(args.device)
+            ..CudaPlacement::single(args.device)
         };
         run_batch(&start(&placement)?, args.prompts, args.tokens)?
     };
@@ -199,7 +191,6 @@ pub fn run(args: TpArgs) -> Result<()> {
     write_json(
         args.json.as_deref(),
         &json!({"model": args.model, "prompts": args.prompts, "tokens": args.tokens,
-                "split_narrow": args.split_narrow,
                 "groups": results, "canary_differing": canary_differ,
                 "fused_order_differing": fused_differ, "passed": passed}),
     )?;

@@ -10,14 +10,14 @@ use strata_collective::DeviceCommunicator;
 use strata_kernels::cudarc::driver::sys::CUevent_flags;
 use strata_kernels::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView};
 use strata_kernels::{
-    AttentionHeads, DecodeBatch, GEMV_MAX_M, GateActivation, GemvVariant, Kernels, LtGemm, PagedKv,
+    AttentionHeads, DecodeBatch, GEMV_MAX_M, GateActivation, Kernels, LtGemm, PagedKv,
     PrefillChunk, RopeKvShape, decode_workspace_elems,
 };
 use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
 
 use super::matmul::{Role, gemm_weight, gemv, linear};
-use super::row_parallel::{GemmShapes, Narrow, RowParallel, gemm_shapes};
+use super::row_parallel::{GemmShapes, RowParallel, gemm_shapes};
 use super::scratch::{Activations, LogitBuffers};
 use super::weights::{Layer, Matrix, Norm, Weights};
 use super::{CudaBackend, CudaError, Plan};
@@ -29,7 +29,7 @@ impl CudaBackend {
         let Self {
             config,
             shard,
-            narrow,
+            row_shards,
             fault,
             stream,
             kernels,
@@ -62,8 +62,8 @@ impl CudaBackend {
             profile,
             plan,
             inputs: buffers.inputs,
-            shapes: gemm_shapes(config, shard, narrow.prompt_shards()),
-            narrow: *narrow,
+            shapes: gemm_shapes(config, shard, *row_shards),
+            row_shards: *row_shards,
             fault: *fault,
             decode_gemm: *decode_gemm,
             eps: config.rms_norm_eps as f32,
@@ -102,7 +102,7 @@ struct Launch<'a> {
     plan: &'a Plan,
     inputs: &'a CudaSlice<u32>,
     shapes: GemmShapes,
-    narrow: Narrow,
+    row_shards: usize,
     fault: PartialsFault,
     /// Decode rows through the pinned GEMM too.
     decode_gemm: bool,
@@ -148,7 +148,7 @@ impl Launch<'_> {
             comm: self.comm.as_deref_mut(),
             partials,
             local,
-            narrow: self.narrow,
+            shards: self.row_shards,
             world: self.d.world,
             fault: self.fault,
             rows: self.plan.rows,
@@ -241,23 +241,7 @@ impl Launch<'_> {
                 a.v.slice_mut(row * kvd..(row + m) * kvd),
             ];
             let x = a.normed.slice(row * h..(row + m) * h);
-            let slices = self.narrow.qkv_slices;
-            if slices > 0 {
-                let partials = a.qkv_partials.as_mut().expect("scratch allocated");
-                let ns = [qd, kvd, kvd];
-                split_qkv(
-                    k,
-                    stream,
-                    partials,
-                    &x,
-                    layer,
-                    (m, ns),
-                    (slices, h / slices),
-                )?;
-                let stride = m * (qd + 2 * kvd);
-                let outs = [&mut yq, &mut yk, &mut yv];
-                k.sum_split3(stream, outs, &*partials, slices, stride, ns.map(|n| m * n))?;
-            } else if let (Matrix::Bf16(wq), Matrix::Bf16(wk), Matrix::Bf16(wv)) =
+            if let (Matrix::Bf16(wq), Matrix::Bf16(wk), Matrix::Bf16(wv)) =
                 (&layer.q, &layer.k, &layer.v)
             {
                 // One launch for the three: the narrow k and v alone leave SMs idle.
@@ -571,56 +555,6 @@ pub(super) fn mark(
             family,
             stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?,
         ));
-    }
-    Ok(())
-}
-
-/// The split q/k/v GEMV of `m` decode rows into `partials` (`[slices][m][q | k | v]`, what
-/// [`Kernels::sum_split3`] adds up): one launch when all three weights are bf16, else one
-/// four-phase shard launch per projection into its part (bitwise the same).
-fn split_qkv(
-    k: &Kernels,
-    stream: &Arc<CudaStream>,
-    partials: &mut CudaSlice<f32>,
-    x: &CudaView<'_, bf16>,
-    layer: &Layer,
-    (m, ns): (usize, [usize; 3]),
-    (slices, kslice): (usize, usize),
-) -> Result<(), CudaError> {
-    let stride = m * ns.iter().sum::<usize>();
-    if let (Matrix::Bf16(wq), Matrix::Bf16(wk), Matrix::Bf16(wv)) = (&layer.q, &layer.k, &layer.v) {
-        let ws = [&wq.as_view(), &wk.as_view(), &wv.as_view()];
-        k.gemv3_split(stream, partials, x, ws, (m, ns), (slices, kslice), stride)?;
-        return Ok(());
-    }
-    let layout = (slices, kslice, slices * kslice);
-    let mut at = 0;
-    for (w, n) in [&layer.q, &layer.k, &layer.v].into_iter().zip(ns) {
-        let mut out = partials.slice_mut(at..);
-        match w {
-            Matrix::Bf16(w) => k.gemv_shards(
-                GemvVariant::Mma2,
-                stream,
-                &mut out,
-                x,
-                w,
-                (m, n),
-                layout,
-                stride,
-            )?,
-            Matrix::Blocks { format, data } => k.gemv_shards_blocks(
-                GemvVariant::Mma2,
-                stream,
-                &mut out,
-                x,
-                data,
-                *format,
-                (m, n),
-                layout,
-                stride,
-            )?,
-        }
-        at += m * n;
     }
     Ok(())
 }

@@ -28,7 +28,7 @@ use strata_collective::{CollectiveError, DeviceCommunicator};
 use strata_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use strata_kernels::cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream};
 use strata_kernels::{
-    ATTENTION_HEAD_DIMS, DECODE_SPLIT_TOKENS, GemvVariant, KernelError, Kernels, LtGemm, NO_TOKEN,
+    ATTENTION_HEAD_DIMS, DECODE_SPLIT_TOKENS, KernelError, Kernels, LtGemm, NO_TOKEN,
 };
 use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
@@ -43,8 +43,8 @@ mod scratch;
 mod tp;
 mod weights;
 
-use row_parallel::{Narrow, gemm_shapes};
-pub use row_parallel::{QKV_SLICES, ROW_SHARDS};
+pub use row_parallel::ROW_SHARDS;
+use row_parallel::gemm_shapes;
 
 pub use tp::{CudaTpBackend, TpTransport};
 
@@ -119,12 +119,6 @@ pub struct CudaOptions {
     /// when `tp_world > 1`; off at TP = 1 the projections are one GEMV / GEMM each (faster,
     /// other bits). Needs `q_dim` and `intermediate` to be multiples of 256.
     pub sharded_reduction: bool,
-    /// Split the narrow projections' decode rows (q/k/v, o and down: 4 096-6 144 rows on an 8B
-    /// shape) into K-slices through the four-phase GEMV, so that they make enough blocks of it:
-    /// q/k/v in [`QKV_SLICES`] slices, o and down in the eight shards of the shard order, each
-    /// slice's f32 partial added in slice order. Other bits than the unsplit kernels, the same
-    /// for every batch and at every TP degree (where it must be set on every rank).
-    pub split_narrow: bool,
     /// Widen GGUF block weights to bf16 at load instead of keeping them in their formats (the
     /// comparison arm of the block kernels: the same bits, more bytes per step).
     pub widen_blocks: bool,
@@ -220,8 +214,8 @@ pub struct CudaBackend {
     config: ModelConfig,
     /// This backend's slices of the model ([`CudaOptions::tp_rank`]).
     shard: TpLayout,
-    /// How the narrow projections are computed (the shard order, the split decode GEMVs).
-    narrow: Narrow,
+    /// Row-parallel shards this backend computes (`8 / world`), or 0: one fused GEMV / GEMM.
+    row_shards: usize,
     /// A deliberately wrong reduction of the partials, for canaries.
     fault: PartialsFault,
     stream: Arc<CudaStream>,
@@ -288,40 +282,23 @@ impl CudaBackend {
         let (rank, world) = (options.tp_rank, options.tp_world);
         let shard = TpLayout::new(config, rank, world, 8)
             .map_err(|e| CudaError::Unsupported(e.to_string()))?;
-        let kslices = [
-            config.q_dim() / ROW_SHARDS,
-            config.intermediate_size / ROW_SHARDS,
-        ];
-        let sliceable = kslices.iter().all(|k| k.is_multiple_of(32));
-        let prompt_shards = world > 1 || options.sharded_reduction;
-        if prompt_shards && !sliceable {
-            return Err(CudaError::Unsupported(format!(
-                "the shard order needs q_dim ({}) and intermediate ({}) to be multiples of {}",
-                config.q_dim(),
-                config.intermediate_size,
-                32 * ROW_SHARDS
-            )));
-        }
-        // Split decode rows where the model's shapes allow it (a model whose shapes do not
-        // keeps the unsplit kernels for every row: its own bits, still batch-invariant).
-        let split = options.split_narrow;
-        let narrow = Narrow {
-            shards: if prompt_shards || (split && sliceable) {
-                ROW_SHARDS / world
-            } else {
-                0
-            },
-            prompt_shards,
-            variant: if split {
-                GemvVariant::Mma2
-            } else {
-                GemvVariant::Mma
-            },
-            qkv_slices: if split && config.hidden_size.is_multiple_of(32 * QKV_SLICES) {
-                QKV_SLICES
-            } else {
-                0
-            },
+        let row_shards = if world > 1 || options.sharded_reduction {
+            let kslices = [
+                config.q_dim() / ROW_SHARDS,
+                config.intermediate_size / ROW_SHARDS,
+            ];
+            if kslices.iter().any(|k| !k.is_multiple_of(32)) {
+                return Err(CudaError::Unsupported(format!(
+                    "the shard order needs q_dim ({}) and intermediate ({}) to be multiples of \
+                     {}",
+                    config.q_dim(),
+                    config.intermediate_size,
+                    32 * ROW_SHARDS
+                )));
+            }
+            ROW_SHARDS / world
+        } else {
+            0
         };
         strata_kernels::libs::ensure_driver()?;
         let ctx = CudaContext::new(options.device)?;
@@ -337,14 +314,12 @@ impl CudaBackend {
                 ckpt.validate(config)?;
                 let policy = BlockPolicy {
                     keep: !options.widen_blocks,
-                    row_kslice: (narrow.shards > 0).then(|| {
+                    row_kslice: (row_shards > 0).then(|| {
                         (
                             config.q_dim() / ROW_SHARDS,
                             config.intermediate_size / ROW_SHARDS,
                         )
                     }),
-                    qkv_kslice: (narrow.qkv_slices > 0)
-                        .then(|| config.hidden_size / narrow.qkv_slices),
                 };
                 upload_checkpoint(&stream, config, ckpt, &shard, policy)?
             }
@@ -405,7 +380,7 @@ impl CudaBackend {
         let mut backend = Self {
             config: config.clone(),
             shard,
-            narrow,
+            row_shards,
             fault: PartialsFault::None,
             stream,
             kernels,
@@ -538,8 +513,7 @@ impl CudaBackend {
 
     /// Chooses every GEMM algorithm now, so the first prompt does not pay for it.
     fn pin_gemms(&mut self) -> Result<(), CudaError> {
-        let prompt_shards = self.narrow.prompt_shards();
-        for shape in gemm_shapes(&self.config, &self.shard, prompt_shards).all() {
+        for shape in gemm_shapes(&self.config, &self.shard, self.row_shards).all() {
             self.gemm.pin_shape(shape)?;
         }
         Ok(())
@@ -548,9 +522,13 @@ impl CudaBackend {
     /// Grows the step buffers for `plan`. Growing moves buffers that captured graphs point
     /// at, so it drops every graph.
     fn ensure_scratch(&mut self, plan: &Plan) -> Result<(), CudaError> {
-        let moved =
-            self.scratch
-                .ensure(&self.stream, &self.config, &self.shard, self.narrow, plan)?;
+        let moved = self.scratch.ensure(
+            &self.stream,
+            &self.config,
+            &self.shard,
+            self.row_shards,
+            plan,
+        )?;
         if moved {
             self.graphs.clear();
         }

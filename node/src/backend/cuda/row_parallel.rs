@@ -12,7 +12,7 @@ use std::sync::Arc;
 use half::bf16;
 use strata_collective::DeviceCommunicator;
 use strata_kernels::cudarc::driver::{CudaSlice, CudaStream};
-use strata_kernels::{GEMV_MAX_M, GemmOut, GemmShape, GemvVariant, Kernels, LtGemm};
+use strata_kernels::{GEMV_MAX_M, GemmOut, GemmShape, Kernels, LtGemm};
 use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
 
@@ -23,33 +23,6 @@ use super::weights::Matrix;
 /// K-slices of a row-parallel projection in the shard order: its partials are the same at every
 /// TP degree that divides it.
 pub const ROW_SHARDS: usize = 8;
-
-/// K-slices of the split q/k/v GEMV ([`Narrow::qkv_slices`]).
-pub const QKV_SLICES: usize = 4;
-
-/// How a backend computes the narrow projections (q/k/v, o and down), fixed at construction so
-/// that every row of every step takes the same kernels (their bits differ).
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Narrow {
-    /// Shards of o and down this backend computes (`8 / world`), or 0: one fused GEMV / GEMM.
-    pub(super) shards: usize,
-    /// Prompt rows take the shard order too (one GEMM per K-slice): at TP > 1 and with
-    /// `sharded_reduction`. Otherwise only decode rows are split and prompt rows take the
-    /// fused GEMM.
-    pub(super) prompt_shards: bool,
-    /// The shard GEMV's variant: `Mma`, or `Mma2` when split ([`CudaOptions::split_narrow`](super::CudaOptions::split_narrow)).
-    pub(super) variant: GemvVariant,
-    /// K-slices of q/k/v's decode rows through the four-phase GEMV ([`QKV_SLICES`]), or 0:
-    /// one fused launch of the 16-phase GEMV.
-    pub(super) qkv_slices: usize,
-}
-
-impl Narrow {
-    /// The shards of the prompt rows' GEMMs: [`Narrow::shards`] in the shard order, else 0.
-    pub(super) fn prompt_shards(&self) -> usize {
-        if self.prompt_shards { self.shards } else { 0 }
-    }
-}
 
 /// The weight shapes a backend multiplies by, each with the algorithm of the whole model's shape
 /// (`algo_n`), so a rank's GEMM of a column slice runs TP = 1's algorithm.
@@ -125,8 +98,8 @@ pub(super) struct RowParallel<'a> {
     pub(super) partials: Option<&'a mut CudaSlice<f32>>,
     /// `[8 / world][rows][n]` f32 (shard order, TP > 1).
     pub(super) local: Option<&'a mut CudaSlice<f32>>,
-    /// How o and down are computed.
-    pub(super) narrow: Narrow,
+    /// Shards this rank computes, 0 for the fused order.
+    pub(super) shards: usize,
     pub(super) world: usize,
     pub(super) fault: PartialsFault,
     pub(super) rows: usize,
@@ -145,41 +118,28 @@ impl RowParallel<'_> {
         (k_local, k_full): (usize, usize),
     ) -> Result<(), CudaError> {
         let (rows, prompt) = (self.rows, self.prompt);
-        let narrow = self.narrow;
-        let fused = |this: &mut Self, y: &mut CudaSlice<bf16>, rows: usize| {
+        if self.shards == 0 {
             let shape = GemmShape::new(n, k_full, GemmOut::Bf16);
             linear(
-                this.kernels,
+                self.kernels,
                 Role::Narrow,
-                this.gemm,
-                this.stream,
-                this.dequant.as_deref_mut(),
+                self.gemm,
+                self.stream,
+                self.dequant.as_deref_mut(),
                 y,
                 x,
                 w,
                 rows,
                 prompt,
                 shape,
-            )
-        };
-        if narrow.shards == 0 {
-            fused(self, y, rows)?;
+            )?;
             // One rank through a communicator: the all-reduce of a one-rank group.
             if let Some(comm) = self.comm.as_deref_mut() {
                 comm.all_reduce_sum(y.slice_mut(..rows * n).into())?;
             }
             return Ok(());
         }
-        // At TP = 1 with only the decode rows split, the prompt rows take the fused GEMM and the
-        // shard sum covers the decode rows alone.
-        let decode_only = !narrow.prompt_shards;
-        if decode_only && prompt > 0 {
-            fused(self, y, prompt)?;
-            if rows == prompt {
-                return Ok(());
-            }
-        }
-        let (shards, kslice, stride) = (narrow.shards, k_full / ROW_SHARDS, rows * n);
+        let (shards, kslice, stride) = (self.shards, k_full / ROW_SHARDS, rows * n);
         let partials = self.partials.as_deref_mut().expect("scratch allocated");
         let target = match self.local.as_deref_mut() {
             Some(local) if self.world > 1 => local,
@@ -192,7 +152,7 @@ impl RowParallel<'_> {
             out: GemmOut::F32,
             algo_n: n,
         };
-        if prompt > 0 && !decode_only {
+        if prompt > 0 {
             let wide = gemm_weight(
                 self.kernels,
                 self.stream,
@@ -213,7 +173,6 @@ impl RowParallel<'_> {
             let xs = x.slice(row * k_local..);
             match w {
                 Matrix::Bf16(w) => self.kernels.gemv_shards(
-                    narrow.variant,
                     self.stream,
                     &mut out,
                     &xs,
@@ -223,7 +182,6 @@ impl RowParallel<'_> {
                     stride,
                 )?,
                 Matrix::Blocks { format, data } => self.kernels.gemv_shards_blocks(
-                    narrow.variant,
                     self.stream,
                     &mut out,
                     &xs,
@@ -236,17 +194,12 @@ impl RowParallel<'_> {
             }
             row += m;
         }
+        let mut y = y.slice_mut(..stride);
         if self.world == 1 {
-            // Rows `first..` (all of them, or the decode rows after fused prompt rows).
-            let first = if decode_only { prompt * n } else { 0 };
-            let mut y = y.slice_mut(first..stride);
-            let partials = partials.slice(first..);
-            let count = stride - first;
             self.kernels
-                .sum_shards(self.stream, &mut y, &partials, ROW_SHARDS, stride, count)?;
+                .sum_shards(self.stream, &mut y, &*partials, ROW_SHARDS, stride, stride)?;
             return Ok(());
         }
-        let mut y = y.slice_mut(..stride);
         let local = self.local.as_deref().expect("scratch allocated");
         if self.fault == PartialsFault::LocalSumOnly {
             // The canary: each rank adds only its own shards.

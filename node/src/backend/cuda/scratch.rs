@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use half::bf16;
 use strata_kernels::cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
-use strata_kernels::{GEMV_MAX_M, decode_workspace_elems};
+use strata_kernels::decode_workspace_elems;
 use strata_model::ModelConfig;
 use strata_model::cpu::TpLayout;
 
-use super::row_parallel::{Narrow, ROW_SHARDS};
+use super::row_parallel::ROW_SHARDS;
 use super::{CudaError, Plan};
 
 /// The activations of a step's rows (`rows` of each, this rank's widths).
@@ -37,9 +37,6 @@ pub(super) struct Activations {
     pub(super) partials: Option<CudaSlice<f32>>,
     /// This rank's own partials before the all-gather, `[8 / world][rows][hidden]` (TP > 1).
     pub(super) local_partials: Option<CudaSlice<f32>>,
-    /// The split q/k/v GEMV's slices for one launch of at most 64 rows,
-    /// `[slices][rows ≤ 64][q | k | v]` f32 (split only).
-    pub(super) qkv_partials: Option<CudaSlice<f32>>,
 }
 
 impl Activations {
@@ -47,19 +44,11 @@ impl Activations {
         stream: &Arc<CudaStream>,
         c: &ModelConfig,
         d: &TpLayout,
-        narrow: Narrow,
+        row_shards: usize,
         rows: usize,
     ) -> Result<Self, CudaError> {
         let alloc = |n: usize| stream.alloc_zeros::<bf16>(rows * n);
         let h = c.hidden_size;
-        let row_shards = narrow.shards;
-        let qkv_partials = if narrow.qkv_slices > 0 {
-            let width = d.q_rows.len() + 2 * d.kv_rows.len();
-            let launch_rows = rows.min(GEMV_MAX_M);
-            Some(stream.alloc_zeros::<f32>(narrow.qkv_slices * launch_rows * width)?)
-        } else {
-            None
-        };
         let (partials, local_partials) = if row_shards > 0 {
             let local = if d.world > 1 {
                 Some(stream.alloc_zeros::<f32>(row_shards * rows * h)?)
@@ -86,7 +75,6 @@ impl Activations {
             act: alloc(d.inter_rows.len())?,
             partials,
             local_partials,
-            qkv_partials,
         })
     }
 }
@@ -163,14 +151,14 @@ impl Scratch {
         stream: &Arc<CudaStream>,
         c: &ModelConfig,
         d: &TpLayout,
-        narrow: Narrow,
+        row_shards: usize,
         plan: &Plan,
     ) -> Result<bool, CudaError> {
         let mut moved = false;
         if self.act.as_ref().is_none_or(|a| a.rows < plan.rows) {
             // The old buffers go first: two copies of a large step's need not fit together.
             self.act = None;
-            self.act = Some(Activations::new(stream, c, d, narrow, plan.rows)?);
+            self.act = Some(Activations::new(stream, c, d, row_shards, plan.rows)?);
             moved = true;
         }
         let decode = plan.rows - plan.prompt;

@@ -296,9 +296,6 @@ pub(super) struct BlockPolicy {
     /// The row-parallel projections (o, down) are computed as K-slices of this many columns
     /// (the shard order), which must be whole blocks; `None` in the fused order.
     pub(super) row_kslice: Option<(usize, usize)>,
-    /// q, k and v's decode rows are computed as K-slices of this many columns (the split
-    /// GEMV), which must be whole blocks; `None` unsplit.
-    pub(super) qkv_kslice: Option<usize>,
 }
 
 /// Rows `rows` and columns `cols` of a `[n, width]` block tensor as stored, padded with zero rows
@@ -442,7 +439,6 @@ pub(super) fn upload_checkpoint(
     );
     // The K-slice the row-parallel projections are cut into (the whole K in the fused order).
     let (o_align, down_align) = policy.row_kslice.unwrap_or((q, inter));
-    let qkv_align = policy.qkv_kslice.unwrap_or(h);
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
         bar.inc(1);
@@ -488,9 +484,9 @@ pub(super) fn upload_checkpoint(
         };
         layers.push(Layer {
             input_norm: norm(&n.input_norm, h)?,
-            q: matrix(&n.q, [q, h], qr.clone(), 0..h, 0, qkv_align)?,
-            k: matrix(&n.k, [kv, h], kvr.clone(), 0..h, 0, qkv_align)?,
-            v: matrix(&n.v, [kv, h], kvr.clone(), 0..h, 0, qkv_align)?,
+            q: matrix(&n.q, [q, h], qr.clone(), 0..h, 0, h)?,
+            k: matrix(&n.k, [kv, h], kvr.clone(), 0..h, 0, h)?,
+            v: matrix(&n.v, [kv, h], kvr.clone(), 0..h, 0, h)?,
             o: matrix(&n.o, [h, q], 0..h, qr.clone(), 0, o_align)?,
             qkv_bias: if config.qkv_bias {
                 Some([
