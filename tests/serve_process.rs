@@ -384,3 +384,161 @@ fn startup_errors_name_the_port_before_the_model_and_each_cause_once() {
     let said = stderr.matches("mlp_bias = true is not supported").count();
     assert_eq!(said, 1, "the cause said {said} times: {stderr}");
 }
+
+/// A raw request with extra header lines (each ending in CRLF), answered whole.
+fn http_with(addr: SocketAddr, method: &str, path: &str, headers: &str, body: &str) -> String {
+    let mut conn = TcpStream::connect(addr).expect("connect");
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n{headers}\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(request.as_bytes()).unwrap();
+    let mut raw = String::new();
+    conn.read_to_string(&mut raw).unwrap();
+    raw
+}
+
+fn json_body(raw: &str) -> serde_json::Value {
+    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("not JSON ({e}): {raw}"))
+}
+
+/// vLLM's serving flags reach the server, from the config file and from the command line:
+/// served names, a smaller window, a template file, the server's own key, CORS origins.
+#[test]
+fn vllm_serving_flags_and_their_config_keys_apply() {
+    let tmp = tempfile::tempdir().unwrap();
+    synth(&tmp.path().join("m"));
+    let template = "{% for m in messages %}<{{ m.content }}>{% endfor %}";
+    std::fs::write(tmp.path().join("t.jinja"), template).unwrap();
+    let config = tmp.path().join("serve.toml");
+    std::fs::write(
+        &config,
+        "model = \"m\"\nkeys_file = \"keys.json\"\nserved_model_name = [\"served\", \"alias\"]\n\
+         api_key = \"sk-from-the-file\"\nchat_template = \"t.jinja\"\n",
+    )
+    .unwrap();
+    let server = Server::start(&[
+        "--config",
+        config.to_str().unwrap(),
+        "--port",
+        "0",
+        "--max-model-len",
+        "100",
+        "--allowed-origins",
+        "https://app.example",
+    ]);
+    let key = Some("sk-from-the-file");
+    assert_eq!(http(server.addr, "GET", "/health", None, "").0, 200);
+    assert_eq!(http(server.addr, "GET", "/v1/models", None, "").0, 401);
+    let (status, raw) = http(server.addr, "GET", "/v1/models", key, "");
+    assert_eq!(status, 200, "{raw}");
+    let models = json_body(&raw);
+    assert_eq!(models["data"][0]["id"], "served", "{raw}");
+    assert_eq!(models["data"][0]["max_model_len"], 100, "{raw}");
+
+    // The alias is accepted and the template file renders the prompt.
+    let tokenize = r#"{"model":"alias","messages":[{"role":"user","content":"hi"}]}"#;
+    let (status, raw) = http(server.addr, "POST", "/tokenize", key, tokenize);
+    assert_eq!(status, 200, "{raw}");
+    let tokens = json_body(&raw)["tokens"].clone();
+    let detokenize = serde_json::json!({ "tokens": tokens }).to_string();
+    let (_, raw) = http(server.addr, "POST", "/detokenize", key, &detokenize);
+    assert_eq!(json_body(&raw)["prompt"], "<hi>", "{raw}");
+    let chat = r#"{"model":"alias","messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
+    let (status, raw) = http(server.addr, "POST", "/v1/chat/completions", key, chat);
+    assert_eq!(status, 200, "{raw}");
+    assert_eq!(json_body(&raw)["model"], "served", "{raw}");
+    let over = r#"{"model":"served","prompt":"hello","max_tokens":200}"#;
+    let (status, raw) = http(server.addr, "POST", "/v1/completions", key, over);
+    assert_eq!(status, 400, "{raw}");
+    assert_eq!(json_body(&raw)["error"]["code"], "context_length_exceeded");
+
+    // A browser's preflight, without the key, is answered for the listed origin only.
+    let preflight = |origin: &str| {
+        let headers = format!(
+            "Origin: {origin}\r\nAccess-Control-Request-Method: POST\r\n\
+             Access-Control-Request-Headers: authorization\r\n"
+        );
+        http_with(server.addr, "OPTIONS", "/v1/chat/completions", &headers, "").to_ascii_lowercase()
+    };
+    let listed = preflight("https://app.example");
+    assert!(listed.starts_with("http/1.1 200"), "{listed}");
+    assert!(
+        listed.contains("access-control-allow-origin: https://app.example"),
+        "{listed}"
+    );
+    let other = preflight("https://elsewhere.example");
+    assert!(!other.contains("access-control-allow-origin"), "{other}");
+}
+
+/// A serving option the model cannot take stops the start with the flag named: a window of 0
+/// or above the model's (4096), a template file missing or broken, an origin that is not one,
+/// an empty key; `strata router` checks the window before it dials anything.
+#[test]
+fn bad_serving_options_stop_the_start_and_name_the_flag() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let m = model.to_str().unwrap();
+    let broken = tmp.path().join("broken.jinja");
+    std::fs::write(&broken, "{% for m in messages %}never closed").unwrap();
+    let missing = tmp.path().join("missing.jinja");
+    let keys = tmp.path().join("keys.json");
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve", "--model", m, "--port", "0"];
+        args.extend_from_slice(&["--keys-file", keys.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        strata(&args)
+    };
+    for (extra, needles) in [
+        (
+            vec!["--max-model-len", "0"],
+            vec!["--max-model-len must be at least 1"],
+        ),
+        (
+            vec!["--max-model-len", "5000"],
+            vec!["--max-model-len 5000", "4096"],
+        ),
+        (
+            vec!["--chat-template", missing.to_str().unwrap()],
+            vec!["--chat-template", "missing.jinja"],
+        ),
+        (
+            vec!["--chat-template", broken.to_str().unwrap()],
+            vec!["broken.jinja", "does not compile"],
+        ),
+        (
+            vec!["--allowed-origins", "app.example"],
+            vec!["--allowed-origins", "app.example"],
+        ),
+        (vec!["--api-key", ""], vec!["--api-key"]),
+    ] {
+        let o = serve(&extra);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{extra:?} was accepted: {stderr}");
+        for needle in needles {
+            assert!(
+                stderr.contains(needle),
+                "{extra:?}: no {needle:?} in {stderr}"
+            );
+        }
+    }
+    let o = strata(&[
+        "router",
+        "--model",
+        m,
+        "--nodes",
+        "127.0.0.1:9",
+        "--identity",
+        tmp.path().join("no-identity").to_str().unwrap(),
+        "--max-model-len",
+        "5000",
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success());
+    assert!(stderr.contains("--max-model-len 5000"), "{stderr}");
+}

@@ -11,17 +11,17 @@
 //! `tests/real_tokenizers.rs` checks the result byte for byte against Jinja2.
 
 mod python;
+mod sources;
 
 use std::fmt::Write as _;
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use minijinja::value::{Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State};
 use serde_json::Value as Json;
 
-use crate::tokenizer::TokenizerConfig;
 use python::{py_str, tojson};
+use sources::TemplateSource;
 
 /// Everything a template sees besides the special tokens.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -100,65 +100,6 @@ impl ChatTemplate {
             source,
         }];
         Self::from_sources(sources, bos_token, eos_token)
-    }
-
-    /// The checkpoint's template, found where transformers looks: `chat_template.jinja` (plus
-    /// `additional_chat_templates/*.jinja`) when present, else `tokenizer_config.json`'s
-    /// `chat_template` (a string or a `[{"name", "template"}]` list). `Ok(None)` when neither
-    /// has one. BOS/EOS come from `tokenizer_config.json`.
-    pub fn from_dir(dir: &Path) -> Result<Option<Self>, TemplateError> {
-        if crate::gguf::is_gguf_file(dir) {
-            return Self::from_gguf(dir);
-        }
-        let config_path = dir.join("tokenizer_config.json");
-        let config = match config_path.is_file() {
-            true => Some(read_json(&config_path)?),
-            false => None,
-        };
-        let special = match &config {
-            Some(json) => TokenizerConfig::from_json(json).map_err(|message| {
-                TemplateError::MalformedConfig {
-                    path: config_path.clone(),
-                    message,
-                }
-            })?,
-            None => TokenizerConfig::default(),
-        };
-        let mut sources = template_files(dir)?;
-        if sources.is_empty()
-            && let Some(json) = &config
-        {
-            sources = config_templates(&config_path, json)?;
-        }
-        if sources.is_empty() {
-            return Ok(None);
-        }
-        Self::from_sources(sources, special.bos_token, special.eos_token).map(Some)
-    }
-
-    /// The templates a GGUF file carries (`tokenizer.chat_template` and named ones), with the
-    /// BOS/EOS tokens its tokenizer metadata names. `Ok(None)` when it has none.
-    pub fn from_gguf(path: &Path) -> Result<Option<Self>, TemplateError> {
-        let malformed = |message: String| TemplateError::MalformedConfig {
-            path: path.to_owned(),
-            message,
-        };
-        let file = crate::gguf::GgufFile::open(path).map_err(|e| malformed(e.problem()))?;
-        let header = file.header();
-        let special = crate::gguf::special_tokens(header).map_err(|e| malformed(e.to_string()))?;
-        let sources: Vec<TemplateSource> = crate::gguf::chat_templates(header)
-            .map_err(|e| malformed(e.to_string()))?
-            .into_iter()
-            .map(|(name, source)| TemplateSource {
-                origin: format!("{}: {}", path.display(), template_key(&name)),
-                name,
-                source,
-            })
-            .collect();
-        if sources.is_empty() {
-            return Ok(None);
-        }
-        Self::from_sources(sources, special.bos, special.eos).map(Some)
     }
 
     fn from_sources(
@@ -280,103 +221,6 @@ impl ChatTemplate {
     }
 }
 
-struct TemplateSource {
-    name: String,
-    origin: String,
-    source: String,
-}
-
-fn read_text(path: &Path) -> Result<String, TemplateError> {
-    fs::read_to_string(path).map_err(|error| TemplateError::Read {
-        path: path.to_owned(),
-        error,
-    })
-}
-
-fn read_json(path: &Path) -> Result<Json, TemplateError> {
-    serde_json::from_str(&read_text(path)?).map_err(|e| TemplateError::MalformedJson {
-        path: path.to_owned(),
-        message: e.to_string(),
-    })
-}
-
-/// `chat_template.jinja` as `default` and `additional_chat_templates/<name>.jinja` as `<name>`:
-/// transformers gives these files priority over `tokenizer_config.json`.
-fn template_files(dir: &Path) -> Result<Vec<TemplateSource>, TemplateError> {
-    let mut sources = Vec::new();
-    let main = dir.join("chat_template.jinja");
-    if main.is_file() {
-        sources.push(TemplateSource {
-            name: DEFAULT_NAME.into(),
-            origin: main.display().to_string(),
-            source: read_text(&main)?,
-        });
-    }
-    let extra_dir = dir.join("additional_chat_templates");
-    if extra_dir.is_dir() {
-        let entries = fs::read_dir(&extra_dir).map_err(|error| TemplateError::Read {
-            path: extra_dir.clone(),
-            error,
-        })?;
-        let mut paths: Vec<PathBuf> = entries
-            .filter_map(|entry| Some(entry.ok()?.path()))
-            .filter(|path| path.extension().is_some_and(|ext| ext == "jinja"))
-            .collect();
-        paths.sort();
-        for path in paths {
-            let Some(name) = path.file_stem().and_then(|s| s.to_str()) else {
-                continue;
-            };
-            sources.push(TemplateSource {
-                name: name.into(),
-                origin: path.display().to_string(),
-                source: read_text(&path)?,
-            });
-        }
-    }
-    Ok(sources)
-}
-
-/// `tokenizer_config.json`'s `chat_template`: a string, or HF's named list.
-fn config_templates(path: &Path, json: &Json) -> Result<Vec<TemplateSource>, TemplateError> {
-    let malformed = |message: &str| TemplateError::MalformedConfig {
-        path: path.to_owned(),
-        message: format!("chat_template: {message}"),
-    };
-    let origin = |name: &str| match name {
-        DEFAULT_NAME => format!("{}#chat_template", path.display()),
-        _ => format!("{}#chat_template[{name}]", path.display()),
-    };
-    match json.get("chat_template") {
-        None | Some(Json::Null) => Ok(Vec::new()),
-        Some(Json::String(source)) => Ok(vec![TemplateSource {
-            name: DEFAULT_NAME.into(),
-            origin: origin(DEFAULT_NAME),
-            source: source.clone(),
-        }]),
-        Some(Json::Array(entries)) => entries
-            .iter()
-            .map(|entry| {
-                let name = entry.get("name").and_then(Json::as_str);
-                let source = entry.get("template").and_then(Json::as_str);
-                let (Some(name), Some(source)) = (name, source) else {
-                    return Err(malformed(
-                        "list entries need string \"name\" and \"template\"",
-                    ));
-                };
-                Ok(TemplateSource {
-                    name: name.into(),
-                    origin: origin(name),
-                    source: source.into(),
-                })
-            })
-            .collect(),
-        Some(_) => Err(malformed(
-            "expected a string or a list of {\"name\", \"template\"}",
-        )),
-    }
-}
-
 /// The minijinja counterpart of transformers' Jinja2 environment.
 fn hf_environment() -> Environment<'static> {
     let mut env = Environment::new();
@@ -480,16 +324,10 @@ fn json_to_value(json: &Json) -> Value {
     }
 }
 
-/// The GGUF metadata key a template named `name` comes from.
-fn template_key(name: &str) -> String {
-    match name {
-        DEFAULT_NAME => crate::gguf::CHAT_TEMPLATE_KEY.to_string(),
-        other => format!("{}.{other}", crate::gguf::CHAT_TEMPLATE_KEY),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
     use serde_json::json;
 

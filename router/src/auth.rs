@@ -2,7 +2,9 @@
 //! middleware that turns `Authorization: Bearer <key>` (or Anthropic's `x-api-key`) into the
 //! request's [`Tenant`]. The tenant's cache salt keeps its prefix cache apart from other tenants'.
 //!
-//! With no keys the server is open: every request runs as the anonymous tenant (salt 0).
+//! With no keys the server is open: every request runs as the anonymous tenant (salt 0). A key
+//! given to the server itself ([`ApiKey`], vLLM's `--api-key`) closes it too; requests with that
+//! key run as the anonymous tenant.
 //!
 //! A running server follows its keys file: [`KeysFileWatch`] polls it and swaps the
 //! [`LiveKeys`] ring whole, so a revoked key stops working within the poll interval.
@@ -43,6 +45,30 @@ pub enum KeysError {
     UnknownId(String),
     #[error("cannot read random bytes from /dev/urandom: {0}")]
     Random(std::io::Error),
+    #[error("the API key must be non-empty printable text without spaces")]
+    ApiKey,
+}
+
+/// A key given to the server itself (`--api-key`) rather than through the keys file: accepted
+/// beside the file's keys for as long as the server runs, whatever the file says. Requests
+/// presenting it run as the anonymous tenant (the one cache an open server shares), since the
+/// key names no tenant. Only its hash is held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKey {
+    sha256: [u8; 32],
+}
+
+impl ApiKey {
+    /// The key as a client sends it. Surrounding or inner whitespace is refused: a presented key
+    /// is trimmed, so such a key could never match.
+    pub fn new(key: &str) -> Result<Self, KeysError> {
+        if key.is_empty() || key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(KeysError::ApiKey);
+        }
+        Ok(Self {
+            sha256: Sha256::digest(key.as_bytes()).into(),
+        })
+    }
 }
 
 /// One stored key: never the key itself.
@@ -177,6 +203,8 @@ impl Tenant {
 #[derive(Debug)]
 pub struct KeyRing {
     keys: Vec<([u8; 32], Tenant)>,
+    /// The hash of the server's own key ([`ApiKey`]), kept across reloads of the file.
+    api_key: Option<[u8; 32]>,
     /// Every client is accepted. Only a server that started without keys is open, and it
     /// stays open only while it has none: revoking keys never opens a server.
     open: bool,
@@ -193,7 +221,18 @@ impl KeyRing {
     pub fn new(store: &KeyStore) -> Self {
         let keys = Self::parse(store);
         let open = keys.is_empty();
-        Self { keys, open }
+        Self {
+            keys,
+            api_key: None,
+            open,
+        }
+    }
+
+    /// The ring accepting `key` too; a server with its own key is never open.
+    pub fn with_api_key(mut self, key: Option<&ApiKey>) -> Self {
+        self.api_key = key.map(|k| k.sha256);
+        self.open &= self.api_key.is_none();
+        self
     }
 
     /// The ring after the keys file changed under a running server whose ring was `previous`:
@@ -202,7 +241,11 @@ impl KeyRing {
     pub fn reloaded(store: &KeyStore, previous: &KeyRing) -> Self {
         let keys = Self::parse(store);
         let open = previous.open && keys.is_empty();
-        Self { keys, open }
+        Self {
+            keys,
+            api_key: previous.api_key,
+            open,
+        }
     }
 
     fn parse(store: &KeyStore) -> Vec<([u8; 32], Tenant)> {
@@ -225,16 +268,27 @@ impl KeyRing {
         self.keys.is_empty()
     }
 
+    /// Closed with no key to open it: every request is refused.
+    pub fn refuses_everyone(&self) -> bool {
+        !self.open && self.keys.is_empty() && self.api_key.is_none()
+    }
+
     /// The tenant of `key`. Every stored hash is compared in constant time, with no early exit.
     pub fn tenant(&self, key: &str) -> Option<Tenant> {
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
         let mut found = None;
         for (hash, tenant) in &self.keys {
             if constant_time_eq(hash, &digest) {
-                found = Some(tenant);
+                found = Some(tenant.clone());
             }
         }
-        found.cloned()
+        let server_key = self
+            .api_key
+            .is_some_and(|hash| constant_time_eq(&hash, &digest));
+        match found {
+            None if server_key => Some(Tenant::anonymous()),
+            found => found,
+        }
     }
 }
 
@@ -339,7 +393,7 @@ impl KeysFileWatch {
             return;
         }
         let ring = KeyRing::reloaded(&store, &self.live.current());
-        if !ring.is_open() && ring.is_empty() {
+        if ring.refuses_everyone() {
             tracing::warn!(
                 "keys file {path} holds no keys: every request is refused until one is added"
             );
@@ -549,6 +603,30 @@ mod tests {
         let ring = live.current();
         assert!(!ring.is_open() && ring.is_empty());
         assert_eq!(ring.tenant(&key), None);
+    }
+
+    #[test]
+    fn the_servers_own_key_closes_it_and_outlives_reloads() {
+        let dir = tempfile::tempdir().unwrap();
+        let own = ApiKey::new("vllm-style-key").unwrap();
+        let ring = KeyRing::new(&KeyStore::default()).with_api_key(Some(&own));
+        assert!(!ring.is_open() && !ring.refuses_everyone());
+        assert_eq!(ring.tenant("vllm-style-key"), Some(Tenant::anonymous()));
+        assert_eq!(ring.tenant("vllm-style-kez"), None);
+        // A keys file written later adds its keys; the server's own key stays.
+        let path = dir.path().join("keys.json");
+        let live = Arc::new(LiveKeys::new(ring));
+        let mut watch = KeysFileWatch::new(path.clone(), KeyStore::default(), live.clone());
+        let mut store = KeyStore::default();
+        let (_, key) = store.add("acme", 1).unwrap();
+        store.save(&path).unwrap();
+        watch.poll();
+        let ring = live.current();
+        assert_eq!(ring.tenant(&key), Some(Tenant::named("acme")));
+        assert_eq!(ring.tenant("vllm-style-key"), Some(Tenant::anonymous()));
+        for bad in ["", "two words", " padded"] {
+            assert!(ApiKey::new(bad).is_err(), "{bad:?} was accepted");
+        }
     }
 
     #[test]

@@ -33,6 +33,11 @@ impl ApiError {
         }
     }
 
+    /// The prompt, with the output asked for, does not fit the context window.
+    pub fn context_length_exceeded(prompt_param: &str, message: impl Into<String>) -> Self {
+        Self::invalid(Some(prompt_param), message).with_code("context_length_exceeded")
+    }
+
     pub fn model_not_found(requested: &str, served: &str) -> Self {
         Self {
             status: StatusCode::NOT_FOUND,
@@ -87,7 +92,7 @@ impl ApiError {
         let message = e.to_string();
         match e {
             SubmitError::ContextWindow { .. } => {
-                Self::invalid(Some(prompt_param), message).with_code("context_length_exceeded")
+                Self::context_length_exceeded(prompt_param, message)
             }
             SubmitError::EmptyPrompt
             | SubmitError::ResumeSpent { .. }
@@ -109,9 +114,7 @@ impl ApiError {
                 ..Self::internal(message)
             },
             SubmitError::Remote(refusal) => match refusal.kind {
-                RefusalKind::ContextWindow => {
-                    Self::invalid(Some(prompt_param), message).with_code("context_length_exceeded")
-                }
+                RefusalKind::ContextWindow => Self::context_length_exceeded(prompt_param, message),
                 RefusalKind::Prompt => Self::invalid(Some(prompt_param), message),
                 RefusalKind::Sampling | RefusalKind::Grammar => Self::invalid(None, message),
                 RefusalKind::Internal => Self::internal(message),

@@ -6,12 +6,14 @@ pub mod anthropic;
 pub mod auth;
 pub mod cluster;
 pub mod converse;
+pub mod cors;
 pub mod error;
 pub mod metrics;
 pub mod openai;
 pub mod openapi;
 pub mod request_id;
 pub mod routing;
+pub mod serving_options;
 pub mod state;
 pub mod tools;
 pub mod watcher;
@@ -29,10 +31,13 @@ use axum::serve::{ListenerExt, TapIo};
 use tokio::net::{TcpListener, TcpStream};
 
 use crate::admission::{Admission, AdmissionLimits};
-use crate::auth::{KeyRing, KeyStore, KeysFileWatch, LiveKeys};
+use crate::auth::{ApiKey, KeyRing, KeyStore, KeysFileWatch, LiveKeys};
+use crate::cors::AllowedOrigins;
 use crate::error::ApiError;
 use crate::request_id::RequestIds;
+pub use crate::serving_options::{OptionsError, ServingOptions};
 pub use crate::state::{AppState, EngineHandle, ServedModel};
+use strata_model::ModelConfig;
 use strata_node::{EngineSpec, ModelLoadError, start_engine};
 
 /// Everything `strata serve` needs to start.
@@ -47,6 +52,8 @@ pub struct ServeConfig {
     pub addr: SocketAddr,
     /// The engine to build (the node crate's concern: the router only passes it on).
     pub engine: EngineSpec,
+    /// Aliases, a smaller context window, a chat template file.
+    pub options: ServingOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -61,32 +68,57 @@ pub enum ServeError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Options(#[from] OptionsError),
     #[error("server: {0}")]
     Io(#[from] std::io::Error),
 }
 
-/// Loads the checkpoint and starts its engine.
+/// Loads the checkpoint and starts its engine, presented as `config.options` say. The options
+/// are checked first: a wrong one is reported at once, not after the weights have loaded.
 pub fn load_state(config: &ServeConfig) -> Result<AppState, ServeError> {
     let model_err = |source| ServeError::Model {
         path: config.model_dir.clone(),
         source,
     };
-    let (engine, parts) = start_engine(&config.model_dir, &config.engine).map_err(model_err)?;
-    Ok(Arc::new(ServedModel::new(
+    let options = &config.options;
+    let template = options.chat_template(&config.model_dir)?;
+    if options.max_model_len.is_some() {
+        let model = ModelConfig::from_dir(&config.model_dir)
+            .map_err(|e| model_err(ModelLoadError::from(e)))?;
+        options.context_window(model.max_position_embeddings)?;
+    }
+    let (engine, mut parts) = start_engine(&config.model_dir, &config.engine).map_err(model_err)?;
+    if template.is_some() {
+        parts.template = template;
+    }
+    let served = ServedModel::new(
         config.model_name.clone(),
         config.owned_by.clone(),
         engine,
         parts,
-    )))
+    );
+    Ok(Arc::new(served.serving(options)?))
 }
 
-/// Who may use the server and how much of it at once. The default is open, with the default
-/// admission limits.
+/// Who may use the server, from where, and how much of it at once. The default is open to
+/// every client (no keys, no CORS headers), with the default admission limits.
 #[derive(Debug, Clone, Default)]
 pub struct Access {
-    /// Accepted API keys; none = open.
+    /// Accepted API keys; none (and no `api_key`) = open.
     pub keys: KeyStore,
+    /// A key accepted beside the keys file's (`--api-key`).
+    pub api_key: Option<ApiKey>,
     pub limits: AdmissionLimits,
+    /// Browser origins answered with CORS headers (`--allowed-origins`); none by default.
+    pub cors: AllowedOrigins,
+}
+
+impl Access {
+    /// The keys accepted when the server starts.
+    pub fn key_ring(&self) -> KeyRing {
+        KeyRing::new(&self.keys).with_api_key(self.api_key.as_ref())
+    }
 }
 
 /// Every route, over `state`, open, with the default limits.
@@ -94,17 +126,18 @@ pub fn build_app(state: AppState) -> Router {
     build_app_with(state, &Access::default())
 }
 
-/// Every route, over `state`, behind `access`: request id, body limit, request counting, API
-/// keys, then admission of generations (outermost first).
+/// Every route, over `state`, behind `access`: request id, CORS (when origins are allowed),
+/// body limit, request counting, API keys, then admission of generations (outermost first).
 pub fn build_app_with(state: AppState, access: &Access) -> Router {
-    let keys = Arc::new(LiveKeys::new(KeyRing::new(&access.keys)));
-    build_app_live(state, access.limits, keys)
+    let keys = Arc::new(LiveKeys::new(access.key_ring()));
+    build_app_live(state, access, keys)
 }
 
 /// [`build_app_with`] over keys that may change while it serves (see [`KeysFileWatch`]).
-pub fn build_app_live(state: AppState, limits: AdmissionLimits, keys: Arc<LiveKeys>) -> Router {
+pub fn build_app_live(state: AppState, access: &Access, keys: Arc<LiveKeys>) -> Router {
+    let limits = access.limits;
     let admission = (Arc::new(Admission::new(limits)), state.clone());
-    Router::new()
+    let app = Router::new()
         .route("/health", get(|| async { "ok" }))
         // vLLM's and SageMaker's liveness probe, both methods.
         .route("/ping", get(|| async { "ok" }).post(|| async { "ok" }))
@@ -121,12 +154,17 @@ pub fn build_app_live(state: AppState, limits: AdmissionLimits, keys: Arc<LiveKe
         .layer(from_fn_with_state(keys, auth::require_key))
         .layer(from_fn_with_state(state.clone(), metrics::count_requests))
         .layer(from_fn_with_state(limits, admission::shape_plain_errors))
-        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
-        .layer(from_fn_with_state(
-            Arc::new(RequestIds::new()),
-            request_id::tag_request,
-        ))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes));
+    // Outside the key check: a browser's preflight carries no key.
+    let app = match access.cors.layer() {
+        Some(cors) => app.layer(cors),
+        None => app,
+    };
+    app.layer(from_fn_with_state(
+        Arc::new(RequestIds::new()),
+        request_id::tag_request,
+    ))
+    .with_state(state)
 }
 
 /// Serves `state` on `listener`, open, until `shutdown` resolves; in-flight requests then finish.
@@ -216,13 +254,13 @@ async fn serve_listener(
         "serving `{}` on http://{addr} (OpenAI API at http://{addr}/v1)",
         state.name
     );
-    announce_access(&access.keys, addr);
-    let keys = Arc::new(LiveKeys::new(KeyRing::new(&access.keys)));
+    announce_access(&access, addr);
+    let keys = Arc::new(LiveKeys::new(access.key_ring()));
     if let Some(path) = keys_file {
         let watch = KeysFileWatch::new(path, access.keys.clone(), keys.clone());
         tokio::spawn(watch.run(KEYS_POLL_INTERVAL));
     }
-    let app = build_app_live(state, access.limits, keys);
+    let app = build_app_live(state, &access, keys);
     axum::serve(no_delay(listener), app)
         .with_graceful_shutdown(shutdown)
         .await?;
@@ -230,20 +268,32 @@ async fn serve_listener(
     Ok(())
 }
 
-fn announce_access(keys: &KeyStore, addr: SocketAddr) {
-    if keys.keys.is_empty() {
+fn announce_access(access: &Access, addr: SocketAddr) {
+    let keys = &access.keys;
+    let open = keys.keys.is_empty() && access.api_key.is_none();
+    if open {
         tracing::info!("the server is open: no API keys are configured, every client is accepted");
     } else {
         let mut tenants: Vec<&str> = keys.keys.iter().map(|k| k.tenant.as_str()).collect();
         tenants.sort_unstable();
         tenants.dedup();
+        let own = if access.api_key.is_some() {
+            "the --api-key key and "
+        } else {
+            ""
+        };
         tracing::info!(
-            "API keys required: {} keys for {} tenants",
+            "API keys required: {own}{} keys for {} tenants",
             keys.keys.len(),
             tenants.len()
         );
     }
-    if keys.keys.is_empty() && !addr.ip().is_loopback() {
+    match &access.cors {
+        AllowedOrigins::None => {}
+        AllowedOrigins::Any => tracing::info!("CORS: every origin is allowed"),
+        AllowedOrigins::List(origins) => tracing::info!("CORS: {} origins allowed", origins.len()),
+    }
+    if open && !addr.ip().is_loopback() {
         tracing::warn!(
             "listening beyond loopback ({}) without API keys: anyone who can reach this \
              address can use the model",

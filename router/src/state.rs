@@ -14,12 +14,16 @@ use strata_node::{Engine, RequestStream, ServingParts, SubmitError};
 use strata_protocol::GenerateRequest;
 
 use crate::cluster::Cluster;
+use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::serving_options::{OptionsError, ServingOptions};
 
 /// The served model as the handlers see it.
 pub struct ServedModel {
-    /// The name clients put in `model`.
+    /// The name clients put in `model`, and the one responses report.
     pub name: String,
+    /// Other names a request's `model` may give (`--served-model-name`'s later names).
+    pub aliases: Vec<String>,
     /// `owned_by` in /v1/models.
     pub owned_by: String,
     pub tokenizer: Tokenizer,
@@ -33,6 +37,9 @@ pub struct ServedModel {
     next_response: AtomicU64,
     /// The bytes of each token id, for log-probability reports.
     token_bytes: Vec<Vec<u8>>,
+    /// The window requests are held to, vLLM's way, under `--max-model-len` (at most the
+    /// model's own window).
+    max_model_len: Option<usize>,
 }
 
 impl ServedModel {
@@ -53,6 +60,7 @@ impl ServedModel {
         });
         Self {
             name,
+            aliases: Vec::new(),
             owned_by,
             tokenizer: parts.tokenizer,
             template: parts.template,
@@ -62,6 +70,28 @@ impl ServedModel {
             metrics: Metrics::default(),
             next_response: AtomicU64::new(1),
             token_bytes,
+            max_model_len: None,
+        }
+    }
+
+    /// The model presented as `options` say: its aliases and its window. The template file is
+    /// not applied here: it is read before the checkpoint loads
+    /// ([`ServingOptions::chat_template`]).
+    pub fn serving(mut self, options: &ServingOptions) -> Result<Self, OptionsError> {
+        let window = self.engine.model_config().max_position_embeddings;
+        let served = options.context_window(window)?;
+        self.max_model_len = options.max_model_len.is_some().then_some(served);
+        self.aliases = options.aliases.clone();
+        Ok(self)
+    }
+
+    /// Whether `model` names the served model (its name or an alias); a 404 naming the served
+    /// name otherwise. Every surface asks this one question.
+    pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
+        if model == self.name || self.aliases.iter().any(|a| a == model) {
+            Ok(())
+        } else {
+            Err(ApiError::model_not_found(model, &self.name))
         }
     }
 
@@ -75,8 +105,41 @@ impl ServedModel {
         self.next_response.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// The context window served: the model's own, or `--max-model-len`.
     pub fn context_window(&self) -> usize {
-        self.engine.model_config().max_position_embeddings
+        self.max_model_len
+            .unwrap_or(self.engine.model_config().max_position_embeddings)
+    }
+
+    /// Starts `request` on the engine; a refusal names `prompt_param` in the surface's error.
+    /// Under `--max-model-len` the request is first held to that window the way vLLM holds it:
+    /// the prompt must leave room for a token, and the prompt with `max_tokens` must fit (at the
+    /// model's own window the engine instead ends such a request at the window).
+    pub fn submit(
+        &self,
+        request: GenerateRequest,
+        prompt_param: &str,
+    ) -> Result<RequestStream, ApiError> {
+        if let Some(window) = self.max_model_len {
+            let prompt = request.prompt.len();
+            if prompt >= window {
+                let refusal = SubmitError::ContextWindow { prompt, window };
+                return Err(ApiError::from_submit(refusal, prompt_param));
+            }
+            let max_tokens = request.sampling.max_tokens as usize;
+            if prompt + max_tokens > window {
+                return Err(ApiError::context_length_exceeded(
+                    prompt_param,
+                    format!(
+                        "prompt of {prompt} tokens and max_tokens of {max_tokens} exceed the \
+                         context window of {window} (--max-model-len)"
+                    ),
+                ));
+            }
+        }
+        self.engine
+            .submit(request)
+            .map_err(|e| ApiError::from_submit(e, prompt_param))
     }
 }
 

@@ -30,9 +30,12 @@ def main() -> None:
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--context-window", type=int, required=True)
+    # Other names the server gives the model (--served-model-name), and its key (--api-key).
+    parser.add_argument("--alias", action="append", default=[])
+    parser.add_argument("--api-key", default="unused")
     args = parser.parse_args()
     client = anthropic.Anthropic(
-        base_url=args.base_url, api_key="unused", max_retries=0, timeout=120
+        base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=120
     )
     model = args.model
     system = [{"type": "text", "text": "Be brief."}]
@@ -116,6 +119,28 @@ def main() -> None:
     )
     assert sampled.usage.output_tokens > 0, sampled
 
+    # An alias is accepted wherever the model is named; the answer reports the served name.
+    for alias in args.alias:
+        aliased = client.messages.create(
+            model=alias, system=system, messages=messages, max_tokens=4, extra_body=GREEDY
+        )
+        assert aliased.model == model, (alias, aliased.model)
+        assert aliased.usage.input_tokens == usage.input_tokens, aliased.usage
+        aliased_count = client.messages.count_tokens(model=alias, system=system, messages=messages)
+        assert aliased_count.input_tokens == counted.input_tokens, aliased_count
+
+    # A server with its own key refuses a client with another (the SDK sends x-api-key).
+    if args.api_key != "unused":
+        stranger = anthropic.Anthropic(
+            base_url=args.base_url, api_key="sk-not-this-one", max_retries=0, timeout=60
+        )
+        try:
+            stranger.messages.create(model=model, messages=messages, max_tokens=4)
+            raise AssertionError("a wrong API key was accepted")
+        except anthropic.AuthenticationError as e:
+            assert e.body["type"] == "error", e.body
+            assert e.body["error"]["type"] == "authentication_error", e.body
+
     # Refusals map to the SDK's exception types, in Anthropic's error shape.
     try:
         client.messages.create(model="no-such-model", messages=messages, max_tokens=4)
@@ -158,7 +183,7 @@ def main() -> None:
     # The SDK will not send a request without max_tokens, so raw HTTP checks that refusal.
     raw = httpx.post(
         f"{args.base_url}/v1/messages",
-        headers={"anthropic-version": "2023-06-01"},
+        headers={"anthropic-version": "2023-06-01", "x-api-key": args.api_key},
         json={"model": model, "messages": messages},
         timeout=60,
     )
@@ -170,7 +195,7 @@ def main() -> None:
     raw = httpx.post(
         f"{args.base_url}/v1/messages",
         content=b"{not json",
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", "x-api-key": args.api_key},
         timeout=60,
     )
     assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error", raw.text

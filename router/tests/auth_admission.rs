@@ -1,12 +1,14 @@
-//! API keys, tenants' cache salts, admission limits and the operational endpoints, against a
-//! live server on 127.0.0.1 driven with raw HTTP/1.1.
+//! API keys (the keys file's and the server's own, `--api-key`), tenants' cache salts, CORS
+//! (`--allowed-origins`), admission limits and the operational endpoints, against a live server
+//! on 127.0.0.1 driven with raw HTTP/1.1.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use strata_router::admission::AdmissionLimits;
-use strata_router::auth::KeyStore;
+use strata_router::auth::{ApiKey, KeyStore};
+use strata_router::cors::AllowedOrigins;
 use strata_router::{Access, serve_on_with};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -98,7 +100,7 @@ async fn keys_gate_the_api_and_tenants_keep_their_own_prefix_cache() {
     let (store, keys) = keys(&["acme", "globex"]);
     let access = Access {
         keys: store,
-        limits: AdmissionLimits::default(),
+        ..Access::default()
     };
     let addr = start(access, Duration::ZERO).await;
     let body = completion(1, false);
@@ -174,6 +176,7 @@ async fn a_full_queue_is_a_429_with_retry_after_and_oversize_bodies_a_413() {
             max_queued: 0,
             max_body_bytes: 1024,
         },
+        ..Access::default()
     };
     let addr = start(access, Duration::from_millis(20)).await;
 
@@ -223,4 +226,157 @@ async fn a_full_queue_is_a_429_with_retry_after_and_oversize_bodies_a_413() {
         error["message"].as_str().unwrap().contains("1024"),
         "{error}"
     );
+}
+
+/// One request with `headers` on a fresh connection (the shared raw-HTTP helper).
+async fn with_headers(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> support::http::Answer {
+    let raw = support::http::request_bytes(method, path, headers, body.as_bytes());
+    support::http::send_raw(addr, &raw).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_servers_own_key_is_required_beside_the_files_keys() {
+    let (store, keys) = keys(&["acme"]);
+    let own = "sk-own-key-of-this-server";
+    let access = Access {
+        keys: store,
+        api_key: Some(ApiKey::new(own).unwrap()),
+        ..Access::default()
+    };
+    let addr = start(access, Duration::ZERO).await;
+    let body = completion(1, false);
+
+    let missing = http(addr, "POST", "/v1/completions", None, &body).await;
+    assert_eq!(missing.status, 401, "{}", missing.body);
+    let wrong = http(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some("sk-own-key-of-this-serve"),
+        &body,
+    );
+    assert_eq!(wrong.await.status, 401);
+    let with_own = http(addr, "POST", "/v1/completions", Some(own), &body).await;
+    assert_eq!(with_own.status, 200, "{}", with_own.body);
+    let with_file_key = http(addr, "POST", "/v1/completions", Some(&keys[0]), &body).await;
+    assert_eq!(with_file_key.status, 200, "{}", with_file_key.body);
+
+    // Anthropic clients send x-api-key; a refusal there is in Anthropic's shape.
+    let messages = json!({"model": "tiny", "max_tokens": 1,
+                          "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    let own_header = [("x-api-key", own)];
+    let anthropic = with_headers(addr, "POST", "/v1/messages", &own_header, &messages).await;
+    assert_eq!(anthropic.status, 200, "{}", anthropic.describe());
+    let wrong_header = [("x-api-key", "no")];
+    let refused = with_headers(addr, "POST", "/v1/messages", &wrong_header, &messages).await;
+    let refused = refused.json();
+    assert_eq!(refused["type"], "error", "{refused}");
+    assert_eq!(
+        refused["error"]["type"], "authentication_error",
+        "{refused}"
+    );
+
+    // Liveness stays public.
+    for (method, path) in [("GET", "/health"), ("GET", "/ping"), ("POST", "/ping")] {
+        let answer = http(addr, method, path, None, "").await;
+        assert_eq!(answer.status, 200, "{method} {path}: {}", answer.body);
+    }
+
+    // The server's key alone closes an otherwise open server.
+    let access = Access {
+        api_key: Some(ApiKey::new(own).unwrap()),
+        ..Access::default()
+    };
+    let addr = start(access, Duration::ZERO).await;
+    assert_eq!(http(addr, "GET", "/v1/models", None, "").await.status, 401);
+    assert_eq!(
+        http(addr, "GET", "/v1/models", Some(own), "").await.status,
+        200
+    );
+}
+
+/// A browser's preflight for a keyed POST from `origin`.
+async fn preflight(addr: SocketAddr, origin: &str) -> support::http::Answer {
+    let headers = [
+        ("Origin", origin),
+        ("Access-Control-Request-Method", "POST"),
+        (
+            "Access-Control-Request-Headers",
+            "authorization, content-type",
+        ),
+    ];
+    with_headers(addr, "OPTIONS", "/v1/chat/completions", &headers, "").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cors_answers_listed_origins_only_and_is_off_by_default() {
+    let listed = "https://app.example";
+    let own = "sk-browser-key";
+    let access = Access {
+        api_key: Some(ApiKey::new(own).unwrap()),
+        cors: AllowedOrigins::parse(&[listed]).unwrap(),
+        ..Access::default()
+    };
+    let addr = start(access, Duration::ZERO).await;
+
+    // The preflight carries no key and is answered all the same, for the listed origin.
+    let answer = preflight(addr, listed).await;
+    assert_eq!(answer.status, 200, "{}", answer.describe());
+    assert_eq!(answer.header("access-control-allow-origin"), Some(listed));
+    let allowed = answer.header("access-control-allow-headers").unwrap_or("");
+    assert!(allowed.contains("authorization"), "{}", answer.describe());
+    assert!(
+        answer
+            .header("access-control-allow-methods")
+            .unwrap_or("")
+            .contains("POST")
+    );
+    let other = preflight(addr, "https://elsewhere.example").await;
+    assert_eq!(
+        other.header("access-control-allow-origin"),
+        None,
+        "{}",
+        other.describe()
+    );
+
+    // The request itself: the origin echoed on the answer and on a refusal.
+    let bearer = format!("Bearer {own}");
+    let models = [("Origin", listed), ("Authorization", bearer.as_str())];
+    let answer = with_headers(addr, "GET", "/v1/models", &models, "").await;
+    assert_eq!(answer.status, 200, "{}", answer.describe());
+    assert_eq!(answer.header("access-control-allow-origin"), Some(listed));
+    let keyless = with_headers(addr, "GET", "/v1/models", &[("Origin", listed)], "").await;
+    assert_eq!(keyless.status, 401);
+    assert_eq!(keyless.header("access-control-allow-origin"), Some(listed));
+    let stranger = [
+        ("Origin", "https://elsewhere.example"),
+        ("Authorization", bearer.as_str()),
+    ];
+    let answer = with_headers(addr, "GET", "/v1/models", &stranger, "").await;
+    assert_eq!(answer.header("access-control-allow-origin"), None);
+
+    // `*` allows any origin.
+    let access = Access {
+        cors: AllowedOrigins::parse(&["*"]).unwrap(),
+        ..Access::default()
+    };
+    let addr = start(access, Duration::ZERO).await;
+    let answer = preflight(addr, "https://anywhere.example").await;
+    assert_eq!(answer.header("access-control-allow-origin"), Some("*"));
+
+    // The canary: by default no CORS header at all, and no preflight answer.
+    let addr = start(Access::default(), Duration::ZERO).await;
+    let answer = preflight(addr, listed).await;
+    assert_ne!(answer.status, 200, "{}", answer.describe());
+    assert_eq!(answer.header("access-control-allow-origin"), None);
+    let answer = with_headers(addr, "GET", "/v1/models", &[("Origin", listed)], "").await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.header("access-control-allow-origin"), None);
 }

@@ -14,8 +14,13 @@ def main() -> None:
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--context-window", type=int, required=True)
+    # Other names the server gives the model (--served-model-name), and its key (--api-key).
+    parser.add_argument("--alias", action="append", default=[])
+    parser.add_argument("--api-key", default="unused")
     args = parser.parse_args()
-    client = openai.OpenAI(base_url=args.base_url, api_key="unused", max_retries=0, timeout=120)
+    client = openai.OpenAI(
+        base_url=args.base_url, api_key=args.api_key, max_retries=0, timeout=120
+    )
     model = args.model
     messages = [
         {"role": "system", "content": "Be brief."},
@@ -96,6 +101,30 @@ def main() -> None:
         if c.choices
     )
     assert streamed == completion.choices[0].text, (streamed, completion.choices[0].text)
+
+    # An alias is accepted wherever the model is named; answers report the served name, and
+    # only the served name is listed.
+    for alias in args.alias:
+        assert alias not in ids, (alias, ids)
+        aliased = client.chat.completions.create(
+            model=alias, messages=messages, max_tokens=4, temperature=0
+        )
+        assert aliased.model == model, (alias, aliased.model)
+        assert aliased.usage.prompt_tokens == usage.prompt_tokens, aliased.usage
+        aliased = client.completions.create(model=alias, prompt="Hello", max_tokens=2)
+        assert aliased.model == model, (alias, aliased.model)
+        assert client.models.retrieve(alias).id == model
+
+    # A server with its own key refuses a client with another (the SDK sends it as Bearer).
+    if args.api_key != "unused":
+        stranger = openai.OpenAI(
+            base_url=args.base_url, api_key="sk-not-this-one", max_retries=0, timeout=60
+        )
+        try:
+            stranger.models.list()
+            raise AssertionError("a wrong API key was accepted")
+        except openai.AuthenticationError as e:
+            assert e.code == "invalid_api_key", e.body
 
     # Refusals map to the SDK's exception types.
     try:

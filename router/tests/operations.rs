@@ -28,6 +28,7 @@ async fn start() -> (SocketAddr, String, tempfile::TempDir) {
             max_body_bytes: 4096,
             ..AdmissionLimits::default()
         },
+        ..Access::default()
     };
     (http::serve(state, access).await, key, model_dir)
 }

@@ -13,3 +13,4 @@ pub mod model;
 pub mod node;
 pub mod router;
 pub mod serve;
+pub mod serving_args;

@@ -10,17 +10,19 @@ use clap::{Args, ValueEnum};
 use strata_node::rpc::ALPN;
 use strata_node::{ServingParts, grammar_compiler};
 use strata_quic::tls::{mutual_client_config, set_liveness};
+use strata_router::ServedModel;
 use strata_router::auth::KeyStore;
 use strata_router::cluster::{Cluster, ClusterOptions};
 use strata_router::routing::{Policy, Router, RoutingSettings};
 use strata_router::watcher;
-use strata_router::{Access, ServedModel};
 use strata_topology::state::ClusterState;
 use strata_topology::transport::{Client, OperatorIdentity, client_endpoint, operator_endpoint};
 
 /// How long one call to the topology group may take.
 const TOPOLOGY_TIMEOUT: Duration = Duration::from_secs(5);
 use strata_topology::transport::ca::SERVER_NAME;
+
+use super::serving_args::ServingSettings;
 
 #[derive(Args)]
 pub struct RouterArgs {
@@ -74,6 +76,8 @@ pub struct RouterArgs {
     /// Largest request body, in bytes; larger is a 413 [default: 4194304].
     #[arg(long)]
     max_body_bytes: Option<usize>,
+    #[command(flatten)]
+    serving: ServingSettings,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -159,10 +163,11 @@ pub fn run(args: RouterArgs) -> Result<()> {
     if args.nodes.is_empty() && args.cluster.is_empty() {
         bail!("give the nodes (--nodes) or the topology group to find them in (--cluster)");
     }
-    let (config, parts, eos) = ServingParts::from_dir(&args.model)
+    let (config, mut parts, eos) = ServingParts::from_dir(&args.model)
         .with_context(|| format!("{}: reading the model", args.model.display()))?;
     let grammar = grammar_compiler(&parts.tokenizer, config.vocab_size, &eos);
-    let client = node_client_config(&args.identity)?;
+    // The checkpoint's name finds the nodes serving it in the group; clients may know the
+    // model by others (--served-model-name).
     let name = args
         .model
         .canonicalize()
@@ -170,18 +175,19 @@ pub fn run(args: RouterArgs) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .with_context(|| format!("{}: cannot name the model", args.model.display()))?;
+    let (served_name, options) = args.serving.presentation(name.clone())?;
+    options.context_window(config.max_position_embeddings)?;
+    if let Some(template) = options.chat_template(&args.model)? {
+        parts.template = Some(template);
+    }
+    let client = node_client_config(&args.identity)?;
     let keys = match &args.keys_file {
         Some(path) => KeyStore::load(path)?,
         None => KeyStore::default(),
     };
-    let access = Access {
-        keys,
-        limits: super::serve::admission_limits(
-            args.max_inflight,
-            args.max_queued,
-            args.max_body_bytes,
-        )?,
-    };
+    let limits =
+        super::serve::admission_limits(args.max_inflight, args.max_queued, args.max_body_bytes)?;
+    let access = args.serving.access(keys, limits)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -232,7 +238,8 @@ pub fn run(args: RouterArgs) -> Result<()> {
             ));
         }
         tracing::info!("routing over {} node(s)", nodes.len());
-        let state = std::sync::Arc::new(ServedModel::new(name, "strata".into(), cluster, parts));
+        let served = ServedModel::new(served_name, "strata".into(), cluster, parts);
+        let state = std::sync::Arc::new(served.serving(&options)?);
         let addr = SocketAddr::new(args.host, args.port);
         strata_router::serve_state(state, addr, access, args.keys_file, shutdown).await?;
         Ok(())

@@ -8,13 +8,14 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Deserialize;
+use strata_router::ServeConfig;
 use strata_router::admission::AdmissionLimits;
 use strata_router::auth::KeyStore;
-use strata_router::{Access, ServeConfig};
 
 use super::engine_args::EngineSettings;
 use super::generate::{default_cache_dir, default_model};
 use super::keys::KEYS_FILE;
+use super::serving_args::ServingSettings;
 
 const DEFAULT_HOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 const DEFAULT_PORT: u16 = 8080;
@@ -68,6 +69,9 @@ struct ServeSettings {
     /// Largest request body, in bytes; larger is a 413 [default: 4194304].
     #[arg(long)]
     max_body_bytes: Option<usize>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    serving: ServingSettings,
 }
 
 impl ServeSettings {
@@ -82,6 +86,7 @@ impl ServeSettings {
             &mut settings.model,
             &mut settings.cache_dir,
             &mut settings.keys_file,
+            &mut settings.serving.chat_template,
         ]
         .into_iter()
         .flatten()
@@ -129,6 +134,7 @@ impl ServeSettings {
             max_inflight: self.max_inflight.or(fallback.max_inflight),
             max_queued: self.max_queued.or(fallback.max_queued),
             max_body_bytes: self.max_body_bytes.or(fallback.max_body_bytes),
+            serving: self.serving.or(fallback.serving),
         }
     }
 }
@@ -145,15 +151,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
     )?;
     let cache = settings.cache_dir.unwrap_or_else(default_cache_dir);
     let keys_file = settings.keys_file.unwrap_or_else(|| cache.join(KEYS_FILE));
-    let access = Access {
-        keys: KeyStore::load(&keys_file)?,
-        limits,
-    };
+    let access = settings
+        .serving
+        .access(KeyStore::load(&keys_file)?, limits)?;
     tracing::info!(
         "keys file: {} (reread when it changes)",
         keys_file.display()
     );
-    let (model_dir, model_name, owned_by) = match settings.model {
+    let (model_dir, checkpoint_name, owned_by) = match settings.model {
         Some(path) => {
             let canonical = path.canonicalize().unwrap_or_else(|_| path.clone());
             // A GGUF file is named without its extension, a directory by its name.
@@ -170,10 +175,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
             (model.path, model.name, model.owned_by)
         }
     };
+    let (model_name, options) = settings.serving.presentation(checkpoint_name)?;
     let config = ServeConfig {
         model_dir,
         model_name,
         owned_by,
+        options,
         addr: SocketAddr::new(
             settings.host.unwrap_or(DEFAULT_HOST),
             settings.port.unwrap_or(DEFAULT_PORT),

@@ -16,7 +16,6 @@ use super::schema::{CountTokensRequest, MessagesRequest};
 use super::stream;
 use super::turn::{Ending, Turn};
 use crate::auth::Tenant;
-use crate::error::ApiError;
 use crate::openai::fresh_seed;
 use crate::state::AppState;
 use crate::tools::blocks::{Block, BlockFramer};
@@ -137,11 +136,7 @@ fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, AnthropicError> {
 }
 
 fn check_model(state: &AppState, requested: &str) -> Result<(), AnthropicError> {
-    if requested == state.name {
-        Ok(())
-    } else {
-        Err(ApiError::model_not_found(requested, &state.name).into())
-    }
+    Ok(state.check_model(requested)?)
 }
 
 fn refuse_unsupported(fields: &[(&str, &Option<Value>)]) -> Result<(), AnthropicError> {

@@ -56,17 +56,17 @@ impl Turn {
         constraint: Option<Constraint>,
     ) -> Result<Self, AnthropicError> {
         let sequences = std::mem::take(&mut sampling.stop);
-        let stream: RequestStream = state
-            .engine
-            .submit(GenerateRequest {
+        let stream: RequestStream = state.submit(
+            GenerateRequest {
                 resume: None,
                 prompt: prompt.clone(),
                 sampling,
                 cache_salt,
                 deadline: None,
                 constraint,
-            })
-            .map_err(|e| ApiError::from_submit(e, "messages"))?;
+            },
+            "messages",
+        )?;
         let request_id = stream.id;
         let generation = Generation::new(state.clone(), stream, &prompt, &[]);
         Ok(Self {

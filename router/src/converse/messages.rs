@@ -16,7 +16,6 @@ use super::schema::{ConverseRequest, InferenceConfig};
 use super::stream;
 use crate::anthropic::turn::{Ending, Turn};
 use crate::auth::Tenant;
-use crate::error::ApiError;
 use crate::openai::fresh_seed;
 use crate::state::AppState;
 use crate::tools::blocks::{Block, BlockFramer};
@@ -82,12 +81,7 @@ fn start(
     tenant: Option<Extension<Tenant>>,
     body: &Bytes,
 ) -> Result<(Turn, BlockFramer), ConverseError> {
-    if model_id != state.name {
-        return Err(ConverseError::from(ApiError::model_not_found(
-            model_id,
-            &state.name,
-        )));
-    }
+    state.check_model(model_id)?;
     let request: ConverseRequest = serde_json::from_slice(body)
         .map_err(|e| ConverseError::validation(format!("invalid request body: {e}")))?;
     refuse_unsupported(&request)?;

@@ -47,11 +47,7 @@ fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
 }
 
 fn check_model(state: &AppState, requested: &str) -> Result<(), ApiError> {
-    if requested == state.name {
-        Ok(())
-    } else {
-        Err(ApiError::model_not_found(requested, &state.name))
-    }
+    state.check_model(requested)
 }
 
 /// The most choices one request may ask for (`n`).
@@ -444,17 +440,17 @@ fn start_choice(
 ) -> Result<Generation, ApiError> {
     let mut sampling = prepared.sampling.clone();
     sampling.seed = sampling.seed.wrapping_add(index as u64);
-    let stream = state
-        .engine
-        .submit(GenerateRequest {
+    let stream = state.submit(
+        GenerateRequest {
             resume: None,
             prompt: prepared.prompt.clone(),
             sampling,
             cache_salt: prepared.cache_salt,
             deadline: None,
             constraint: prepared.constraint.clone(),
-        })
-        .map_err(|e| ApiError::from_submit(e, prepared.prompt_param))?;
+        },
+        prepared.prompt_param,
+    )?;
     Ok(Generation::new(
         state,
         stream,

@@ -15,11 +15,9 @@ pub async fn retrieve(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if id == state.name {
-        Ok(Json(model_object(&state)))
-    } else {
-        Err(ApiError::model_not_found(&id, &state.name))
-    }
+    // An alias finds the model too; the object names it by its served name, as responses do.
+    state.check_model(&id)?;
+    Ok(Json(model_object(&state)))
 }
 
 fn model_object(state: &AppState) -> Value {

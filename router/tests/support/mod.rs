@@ -19,8 +19,9 @@ use strata_node::kv::{BlockId, KvBlockIo};
 use strata_node::scheduler::SchedulerLimits;
 use strata_node::{Engine, EngineConfig};
 use strata_node::{EngineSpec, KvBudget, LoadedModel, ServingParts, grammar_compiler};
+use strata_router::auth::ApiKey;
 use strata_router::state::AppState;
-use strata_router::{ServeConfig, ServedModel, load_state, serve_on};
+use strata_router::{Access, ServeConfig, ServedModel, ServingOptions, load_state, serve_on_with};
 
 /// The SDK checkout under target/test-data/py, checked to hold `marker` (a file of the package).
 fn python_packages(marker: &str) -> PathBuf {
@@ -65,6 +66,21 @@ pub fn run_framed_script(marker: &str, script: &str, write: impl FnOnce(&Path)) 
 /// the test fails with the script's output unless it exits 0.
 #[allow(dead_code)] // each test crate includes this module; not all use every helper
 pub fn run_sdk_script(marker: &str, script: &str, base_path: &str) {
+    run_sdk_script_on(marker, script, base_path, &SdkServer::default());
+}
+
+/// What the server of an SDK script adds to the defaults: other names for the model
+/// (`--served-model-name tiny-qwen3 ALIAS…`) and a key every request must carry
+/// (`--api-key KEY`). The script gets them as `--alias ALIAS` (each) and `--api-key KEY`.
+#[derive(Default)]
+pub struct SdkServer {
+    pub aliases: &'static [&'static str],
+    pub api_key: Option<&'static str>,
+}
+
+/// [`run_sdk_script`] against a server presented as `server` says.
+#[allow(dead_code)] // each test crate includes this module; not all use every helper
+pub fn run_sdk_script_on(marker: &str, script: &str, base_path: &str, server: &SdkServer) {
     let packages = python_packages(marker);
     let model_dir = tempfile::tempdir().unwrap();
     // A window that holds the synthesized template's tool instructions (~270 tokens).
@@ -83,8 +99,16 @@ pub fn run_sdk_script(marker: &str, script: &str, base_path: &str) {
             kv: KvBudget::Bytes(16 << 20),
             ..EngineSpec::default()
         },
+        options: ServingOptions {
+            aliases: server.aliases.iter().map(|a| a.to_string()).collect(),
+            ..ServingOptions::default()
+        },
     };
     let state = load_state(&config).unwrap();
+    let access = Access {
+        api_key: server.api_key.map(|k| ApiKey::new(k).unwrap()),
+        ..Access::default()
+    };
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -96,9 +120,19 @@ pub fn run_sdk_script(marker: &str, script: &str, base_path: &str) {
         .unwrap();
     let port = listener.local_addr().unwrap().port();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = runtime.spawn(serve_on(listener, state, async {
-        let _ = stopped.await;
-    }));
+    let serving = runtime.spawn(async move {
+        serve_on_with(listener, state, &access, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let mut served = Vec::new();
+    for alias in server.aliases {
+        served.extend(["--alias", alias]);
+    }
+    if let Some(key) = server.api_key {
+        served.extend(["--api-key", key]);
+    }
 
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests")
@@ -108,6 +142,7 @@ pub fn run_sdk_script(marker: &str, script: &str, base_path: &str) {
         .args(["--base-url", &format!("http://127.0.0.1:{port}{base_path}")])
         .args(["--model", &config.model_name])
         .args(["--context-window", &window.to_string()])
+        .args(&served)
         .env("PYTHONPATH", &packages)
         .output()
         .unwrap_or_else(|e| {
@@ -116,7 +151,7 @@ pub fn run_sdk_script(marker: &str, script: &str, base_path: &str) {
             )
         });
     let _ = stop.send(());
-    runtime.block_on(server).unwrap().unwrap();
+    runtime.block_on(serving).unwrap().unwrap();
     assert!(
         output.status.success(),
         "{script} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
