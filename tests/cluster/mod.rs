@@ -274,9 +274,20 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// `deploy/local/up.sh` in `dir` (members, nodes beside them, routers), stopped by `down.sh` when
-/// the returned guard drops; the base port it used.
+/// `deploy/local/up.sh` in `dir` (members, nodes beside them, one router), stopped by `down.sh`
+/// when the returned guard drops; the base port it used.
 pub fn deploy_local(dir: &Path, model: &Path, nodes: usize) -> (impl Drop, u16) {
+    deploy_local_with(dir, model, (nodes, 1), "")
+}
+
+/// [`deploy_local`] with `routers` routers (HTTP ports base + 101, base + 102, ...) started with
+/// `router_args` (up.sh's `--router-args`).
+pub fn deploy_local_with(
+    dir: &Path,
+    model: &Path,
+    (nodes, routers): (usize, usize),
+    router_args: &str,
+) -> (impl Drop, u16) {
     let base: u16 = {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         socket.local_addr().unwrap().port() % 20_000 + 30_000
@@ -284,7 +295,13 @@ pub fn deploy_local(dir: &Path, model: &Path, nodes: usize) -> (impl Drop, u16) 
     let up = std::process::Command::new(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/up.sh"),
     )
-    .args(["--nodes", &nodes.to_string(), "--routers", "1"])
+    .args([
+        "--nodes",
+        &nodes.to_string(),
+        "--routers",
+        &routers.to_string(),
+    ])
+    .args(["--router-args", router_args])
     .args(["--model", model.to_str().unwrap()])
     .args([
         "--dir",
