@@ -54,10 +54,11 @@ impl Cluster {
     }
 }
 
-/// `strata node serve` of member `id` (its identity under `root`) on `listen`.
-fn spawn_node(root: &Path, model: &Path, id: u64, listen: &str) -> Process {
+/// `strata node serve` of member `id` (its identity under `root`) on `listen`, with `extra`
+/// flags.
+fn spawn_node_with(root: &Path, model: &Path, id: u64, listen: &str, extra: &[&str]) -> Process {
     let identity = root.join(format!("member-{id}"));
-    Process::start(&[
+    let mut args = vec![
         "node",
         "serve",
         "--model",
@@ -68,7 +69,13 @@ fn spawn_node(root: &Path, model: &Path, id: u64, listen: &str) -> Process {
         identity.to_str().unwrap(),
         "--kv-cache-mib",
         "16",
-    ])
+    ];
+    args.extend_from_slice(extra);
+    Process::start(&args)
+}
+
+fn spawn_node(root: &Path, model: &Path, id: u64, listen: &str) -> Process {
+    spawn_node_with(root, model, id, listen, &[])
 }
 
 fn start_cluster(nodes: usize) -> Cluster {
@@ -77,6 +84,11 @@ fn start_cluster(nodes: usize) -> Cluster {
 
 /// `nodes` nodes and a router started with `router_args` added.
 fn start_cluster_with(nodes: usize, router_args: &[&str]) -> Cluster {
+    start_cluster_full(nodes, router_args, &[])
+}
+
+/// [`start_cluster_with`], every node started with `node_args` added.
+fn start_cluster_full(nodes: usize, router_args: &[&str], node_args: &[&str]) -> Cluster {
     let tmp = tempfile::tempdir().unwrap();
     let model = tmp.path().join("m");
     synth(&model);
@@ -86,7 +98,7 @@ fn start_cluster_with(nodes: usize, router_args: &[&str]) -> Cluster {
     for id in 1..=nodes as u64 {
         ca.issue_member(id, &tmp.path().join(format!("member-{id}")))
             .unwrap();
-        let node = spawn_node(tmp.path(), &model, id, "127.0.0.1:0");
+        let node = spawn_node_with(tmp.path(), &model, id, "127.0.0.1:0", node_args);
         node_addrs.push(node.address("on quic://"));
         procs.push(node);
     }
@@ -321,6 +333,71 @@ fn a_router_takes_admission_limits_and_refuses_beyond_them_with_429() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--max-inflight"), "{stderr}");
+}
+
+/// Nodes refuse generate calls beyond `--max-requests` as busy; the router sends them to the
+/// other node or, when both are full, tries again after a pause, so every request completes
+/// equal to the fault-free run. The canary: without the limit no call is refused busy.
+#[test]
+fn nodes_hold_their_admission_limit_and_the_router_places_the_rest() {
+    let _serial = serial();
+    let run = |node_args: &[&str]| -> (Vec<bool>, f64) {
+        let cluster = start_cluster_full(2, &[], node_args);
+        let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
+        let reference_addr = reference.address("on http://");
+        let prompts: Vec<String> = (0..6).map(|i| format!("admission {i}: tell")).collect();
+        let want: Vec<String> = prompts
+            .iter()
+            .map(|p| complete_with(reference_addr, p, 300, None))
+            .collect();
+        let router = cluster.router_addr;
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let p = p.clone();
+                std::thread::spawn(move || complete_with(router, &p, 300, None))
+            })
+            .collect();
+        let same = handles
+            .into_iter()
+            .zip(&want)
+            .map(|(h, want)| h.join().ok().is_some_and(|got| &got == want))
+            .collect();
+        let busy = metric(
+            &get(router, "/metrics"),
+            "strata_router_busy_refusals_total",
+        );
+        (same, busy)
+    };
+    let (same, busy) = run(&["--max-requests", "1"]);
+    assert!(
+        same.iter().all(|&s| s),
+        "answers equal to one process: {same:?}"
+    );
+    assert!(
+        busy >= 1.0,
+        "six requests on two nodes holding one each: no busy refusal"
+    );
+    let (same, busy) = run(&[]);
+    assert!(same.iter().all(|&s| s), "{same:?}");
+    assert_eq!(
+        busy, 0.0,
+        "a node without a limit of its own refused as busy"
+    );
+    // A zero limit is refused at startup, by name.
+    let out = strata(&[
+        "node",
+        "serve",
+        "--model",
+        "unused",
+        "--identity",
+        "unused",
+        "--max-requests",
+        "0",
+    ]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--max-requests"), "{stderr}");
 }
 
 /// Runs 32 streams (even ones greedy, odd ones sampled with a seed and penalties) through a

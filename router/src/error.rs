@@ -118,7 +118,7 @@ impl ApiError {
                 RefusalKind::Prompt => Self::invalid(Some(prompt_param), message),
                 RefusalKind::Sampling | RefusalKind::Grammar => Self::invalid(None, message),
                 RefusalKind::Internal => Self::internal(message),
-                RefusalKind::Unavailable => Self {
+                RefusalKind::Unavailable | RefusalKind::Busy => Self {
                     status: StatusCode::SERVICE_UNAVAILABLE,
                     ..Self::internal(message)
                 },

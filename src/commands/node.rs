@@ -63,6 +63,11 @@ pub struct NodeServeArgs {
     /// router asks for it) before the request computes them instead, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     kv_fetch_timeout_ms: u64,
+    /// Generate requests this node holds at once, running and waiting in its engine; more are
+    /// refused as busy, and routers send them to another node or retry later. Default: four
+    /// times the engine's running sequences (`--max-running`).
+    #[arg(long)]
+    max_requests: Option<usize>,
 }
 
 pub fn run(command: NodeCommand) -> Result<()> {
@@ -77,8 +82,14 @@ pub fn run(command: NodeCommand) -> Result<()> {
                 advertise,
                 engine,
                 kv_fetch_timeout_ms,
+                max_requests,
             } = *args;
             let spec = engine.spec()?;
+            let max_requests = match max_requests {
+                Some(0) => anyhow::bail!("--max-requests must be at least 1"),
+                Some(n) => n,
+                None => 4 * spec.limits.max_running,
+            };
             let (device, tp) = (spec.device, spec.tp);
             let identity = match (&identity, &data) {
                 (Some(dir), _) => member_identity(dir)?,
@@ -105,7 +116,9 @@ pub fn run(command: NodeCommand) -> Result<()> {
                     SERVER_NAME,
                     Duration::from_millis(kv_fetch_timeout_ms),
                 );
-                let mut service = NodeService::new(Arc::new(engine), tp).with_peers(peers);
+                let mut service = NodeService::new(Arc::new(engine), tp)
+                    .with_peers(peers)
+                    .with_max_calls(max_requests);
                 if let Some(data) = &data {
                     let revoked = Arc::new(std::sync::RwLock::new(Revoked::default()));
                     tokio::spawn(follow_revocations(

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use strata_protocol::{GenerateRequest, TokenEvent};
@@ -33,6 +33,20 @@ pub struct NodeService {
     peers: Option<Peers>,
     stats: FetchStats,
     peer_check: Option<PeerCheck>,
+    /// Generate calls this node holds at most (running and waiting in its engine); more are
+    /// refused as [`RefusalKind::Busy`]. `None`: no limit of its own.
+    max_calls: Option<usize>,
+    /// Generate calls held now.
+    calls: Arc<AtomicUsize>,
+}
+
+/// One generate call counted against the node's admission limit while it lives.
+struct CallSlot(Arc<AtomicUsize>);
+
+impl Drop for CallSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// How a node reaches its peers to fetch KV blocks: an endpoint whose client configuration
@@ -98,6 +112,25 @@ impl NodeService {
             peers: None,
             stats: FetchStats::default(),
             peer_check: None,
+            max_calls: None,
+            calls: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Holds at most `max` generate calls at once (running and waiting); the next is refused
+    /// as busy, so that a router sends it to another node or queues it itself.
+    pub fn with_max_calls(mut self, max: usize) -> Self {
+        self.max_calls = Some(max.max(1));
+        self
+    }
+
+    /// A slot for one more generate call, unless the node holds its limit already.
+    fn admit(&self) -> Option<CallSlot> {
+        let held = self.calls.fetch_add(1, Ordering::AcqRel);
+        let slot = CallSlot(Arc::clone(&self.calls));
+        match self.max_calls {
+            Some(max) if held >= max => None,
+            _ => Some(slot),
         }
     }
 
@@ -308,6 +341,18 @@ async fn serve_stream(
     let engine = &service.engine;
     match request {
         NodeRequest::Generate(call) => {
+            let Some(_slot) = service.admit() else {
+                let refusal = Refusal {
+                    kind: RefusalKind::Busy,
+                    message: format!(
+                        "the node holds its limit of {} requests; retry on another node or later",
+                        service.max_calls.unwrap_or_default()
+                    ),
+                };
+                write_frame(&mut send, &GenerateFrame::Refused(refusal)).await?;
+                send.finish()?;
+                return Ok(());
+            };
             let GenerateCall { request, fetch } = *call;
             if let Some(fetch) = fetch {
                 service.fetch(&request, fetch).await;

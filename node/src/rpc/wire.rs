@@ -125,6 +125,9 @@ pub enum RefusalKind {
     Grammar,
     /// The node is stopping, or the call itself was malformed.
     Unavailable,
+    /// The node holds as many generate calls as its admission limit allows (running and
+    /// waiting): another node, or this one a little later, may take the request.
+    Busy,
     /// A fault inside the node.
     Internal,
 }

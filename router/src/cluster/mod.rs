@@ -20,14 +20,13 @@ use std::time::Duration;
 use strata_model::ModelConfig;
 use strata_model::grammar::GrammarCompiler;
 use strata_node::kv::{KvLayout, block_hash, prompt_block_hashes};
-use strata_node::rpc::{
-    KvFetch, NodeClient, NodeError, NodeInfo, Refusal, RefusalKind, RemoteStream,
-};
+use strata_node::rpc::{KvFetch, NodeClient, NodeError, NodeInfo, Refusal, RefusalKind};
 use strata_node::{Admission, RequestStream, SubmitError};
-use strata_protocol::{GenerateRequest, Resume, TokenEvent};
-use tokio::sync::mpsc::{UnboundedSender, unbounded_channel};
+use strata_protocol::GenerateRequest;
+use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::oneshot;
 
+mod relay;
 mod supervisor;
 
 use supervisor::{Supervisor, dial};
@@ -38,6 +37,8 @@ pub const FAILOVER_ATTEMPTS: usize = 16;
 pub const FAILOVER_WAIT: Duration = Duration::from_secs(30);
 /// How often that wait looks.
 const FAILOVER_POLL: Duration = Duration::from_millis(100);
+/// How long a request every node refused as busy waits before trying them again.
+const BUSY_BACKOFF: Duration = Duration::from_millis(50);
 
 use crate::routing::{
     Candidate, KvFetchConfig, MeasuredRates, NodeLoad, PrefixIndex, Reason, Router, Slot,
@@ -154,6 +155,8 @@ pub struct ClusterStats {
     /// Prompt blocks routed, summed.
     pub prompt_blocks: AtomicU64,
     pub failovers: AtomicU64,
+    /// Generate calls nodes refused as busy (at their admission limit).
+    pub busy_refusals: AtomicU64,
     /// Requests sent with a cross-node KV fetch, and the blocks those fetches named.
     pub kv_fetches: AtomicU64,
     pub kv_fetch_blocks: AtomicU64,
@@ -425,6 +428,11 @@ impl Cluster {
                 &s.failovers,
             ),
             (
+                "strata_router_busy_refusals_total",
+                "Generate calls nodes refused at their admission limit (tried elsewhere).",
+                &s.busy_refusals,
+            ),
+            (
                 "strata_router_kv_fetches_total",
                 "Requests sent with a cross-node KV fetch.",
                 &s.kv_fetches,
@@ -577,178 +585,6 @@ impl Cluster {
             .queued_prefill_tokens += (request.prompt.len() as u64).saturating_sub(fetched_tokens);
         Some((Arc::clone(node), fetch))
     }
-
-    /// [`Cluster::route`] leaving out the incarnations in `failed`; while none can take the
-    /// request, polls for up to `wait` (a node restarting, or one reconnecting), unless the
-    /// request is cancelled or its client goes away (`tx` closes) first.
-    async fn route_within(
-        &self,
-        request: &GenerateRequest,
-        failed: &[(Slot, u64)],
-        wait: Duration,
-        cancelled: &mut oneshot::Receiver<()>,
-        tx: &UnboundedSender<TokenEvent>,
-    ) -> Option<(Arc<Node>, Option<KvFetch>)> {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            let exclude: Vec<Slot> = self
-                .nodes()
-                .iter()
-                .filter(|n| failed.contains(&(n.slot, n.incarnation())))
-                .map(|n| n.slot)
-                .collect();
-            if let Some(found) = self.route(request, &exclude) {
-                return Some(found);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return None;
-            }
-            tokio::select! {
-                () = tokio::time::sleep(FAILOVER_POLL) => {}
-                _ = &mut *cancelled => return None,
-                () = tx.closed() => return None,
-            }
-        }
-    }
-
-    /// Runs `request` on a node, moving it to another when its node fails, until it ends, the
-    /// client goes away, or it is cancelled.
-    async fn relay(
-        &self,
-        request: GenerateRequest,
-        tx: UnboundedSender<TokenEvent>,
-        mut cancelled: oneshot::Receiver<()>,
-    ) {
-        let prompt_tokens = request.prompt.len() as u32;
-        let mut emitted: Vec<u32> = Vec::new();
-        let mut rng_pos = 0;
-        // The incarnations that failed this request: each is left out of its later attempts,
-        // but the same node restarted is a new incarnation and may take it again (a rolling
-        // restart must not use up a long stream's nodes).
-        let mut failed: Vec<(Slot, u64)> = Vec::new();
-        let mut failures: Vec<String> = Vec::new();
-        // The budget is per attempt and time, not per node: FAILOVER_ATTEMPTS attempts, and
-        // while no node can take it, waiting up to FAILOVER_WAIT for one to come (back).
-        let mut attempts = 0;
-        loop {
-            let Some(attempt) = resumed(&request, &emitted, rng_pos) else {
-                // The budget was spent exactly when the node failed: the stream is complete.
-                let _ = tx.send(TokenEvent::Finished {
-                    reason: strata_protocol::FinishReason::Length,
-                    usage: strata_protocol::Usage {
-                        prompt_tokens,
-                        completion_tokens: emitted.len() as u32,
-                        cached_tokens: 0,
-                    },
-                });
-                return;
-            };
-            attempts += 1;
-            let routed = if attempts > FAILOVER_ATTEMPTS {
-                None
-            } else {
-                self.route_within(&attempt, &failed, FAILOVER_WAIT, &mut cancelled, &tx)
-                    .await
-            };
-            let Some((node, fetch)) = routed else {
-                let why = if failures.is_empty() {
-                    "no node is available".to_string()
-                } else {
-                    format!("no node could finish the request: {}", failures.join("; "))
-                };
-                let _ = tx.send(TokenEvent::Failed { message: why });
-                return;
-            };
-            let incarnation = node.incarnation();
-            if !emitted.is_empty() {
-                self.stats.failovers.fetch_add(1, Ordering::Relaxed);
-            }
-            let Some(client) = node.client() else {
-                failures.push(format!("node {} went away", node.addr));
-                failed.push((node.slot, incarnation));
-                continue;
-            };
-            let mut stream = match client.generate_with(attempt.clone(), fetch).await {
-                Ok(stream) => stream,
-                // A node shutting down refuses as unavailable: another may take the request.
-                Err(NodeError::Refused(refusal)) if refusal.kind == RefusalKind::Unavailable => {
-                    failures.push(format!("node {}: {}", node.addr, refusal.message));
-                    failed.push((node.slot, incarnation));
-                    continue;
-                }
-                Err(NodeError::Refused(refusal)) => {
-                    let _ = tx.send(TokenEvent::Failed {
-                        message: refusal.message,
-                    });
-                    return;
-                }
-                Err(e) => {
-                    node_failed(&node, &e);
-                    failures.push(e.to_string());
-                    failed.push((node.slot, incarnation));
-                    continue;
-                }
-            };
-            match self
-                .forward(&mut stream, &tx, &mut cancelled, &mut emitted, &mut rng_pos)
-                .await
-            {
-                Forwarded::Done => return,
-                Forwarded::Stopped => {
-                    stream.cancel();
-                    return;
-                }
-                Forwarded::NodeFailed(e) => {
-                    node_failed(&node, &e);
-                    if !self.options.failover {
-                        let message = format!("the node running the request failed: {e}");
-                        let _ = tx.send(TokenEvent::Failed { message });
-                        return;
-                    }
-                    failures.push(e.to_string());
-                    failed.push((node.slot, incarnation));
-                }
-            }
-        }
-    }
-
-    /// Relays one node's events until the request ends or the node fails, keeping the tokens
-    /// emitted and the sampler's position for a continuation.
-    async fn forward(
-        &self,
-        stream: &mut RemoteStream,
-        tx: &UnboundedSender<TokenEvent>,
-        cancelled: &mut oneshot::Receiver<()>,
-        emitted: &mut Vec<u32>,
-        rng_pos: &mut u64,
-    ) -> Forwarded {
-        loop {
-            let event = tokio::select! {
-                event = stream.next() => event,
-                _ = &mut *cancelled => return Forwarded::Stopped,
-                () = tx.closed() => return Forwarded::Stopped,
-            };
-            let event = match event {
-                Ok(Some(event)) => event,
-                Ok(None) => return Forwarded::Done,
-                Err(e) => return Forwarded::NodeFailed(e),
-            };
-            if let TokenEvent::Token {
-                id, rng_pos: pos, ..
-            } = &event
-            {
-                emitted.push(*id);
-                *rng_pos = *pos;
-            }
-            let last = !matches!(event, TokenEvent::Token { .. });
-            if tx.send(event).is_err() {
-                return Forwarded::Stopped;
-            }
-            if last {
-                return Forwarded::Done;
-            }
-        }
-    }
 }
 
 /// The rates to judge a fetch to `node` by: its own measurements, and for a rate it has not
@@ -775,33 +611,6 @@ fn measured_rates(node: &Node, nodes: &[Arc<Node>], layout: &KvLayout) -> Measur
             own => own,
         },
     }
-}
-
-enum Forwarded {
-    Done,
-    Stopped,
-    NodeFailed(NodeError),
-}
-
-/// `request` continued after `emitted` tokens, the last drawn with the RNG ending at `rng_pos`;
-/// `None` when nothing is left to generate.
-fn resumed(request: &GenerateRequest, emitted: &[u32], rng_pos: u64) -> Option<GenerateRequest> {
-    let mut next = request.clone();
-    if emitted.is_empty() {
-        return Some(next);
-    }
-    if emitted.len() >= next.sampling.max_tokens as usize {
-        return None;
-    }
-    next.resume = Some(Resume {
-        output: emitted.to_vec(),
-        rng_pos,
-    });
-    Some(next)
-}
-
-fn node_failed(node: &Node, e: &NodeError) {
-    tracing::warn!("node {} failed a request: {e}", node.addr);
 }
 
 /// A node on the ownership ring: the member id and virtual node count the topology group's

@@ -1,0 +1,252 @@
+//! A request's life on the nodes: routed, relayed from its node, and moved to another node from
+//! where it stood when its node fails (the module docs of `cluster`), or when a node refuses it
+//! as busy (at its admission limit: the request tries the other nodes, and when all are busy
+//! waits [`BUSY_BACKOFF`] and tries them again, for up to [`FAILOVER_WAIT`]).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use strata_node::rpc::{KvFetch, NodeError, RefusalKind, RemoteStream};
+use strata_protocol::{GenerateRequest, Resume, TokenEvent};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::oneshot;
+
+use super::{BUSY_BACKOFF, Cluster, FAILOVER_ATTEMPTS, FAILOVER_POLL, FAILOVER_WAIT, Node, Slot};
+
+impl Cluster {
+    /// [`Cluster::route`] leaving out the incarnations in `failed`; while none can take the
+    /// request, polls for up to `wait` (a node restarting, or one reconnecting), unless the
+    /// request is cancelled or its client goes away (`tx` closes) first.
+    async fn route_within(
+        &self,
+        request: &GenerateRequest,
+        failed: &[(Slot, u64)],
+        wait: Duration,
+        cancelled: &mut oneshot::Receiver<()>,
+        tx: &UnboundedSender<TokenEvent>,
+    ) -> Option<(Arc<Node>, Option<KvFetch>)> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let exclude: Vec<Slot> = self
+                .nodes()
+                .iter()
+                .filter(|n| failed.contains(&(n.slot, n.incarnation())))
+                .map(|n| n.slot)
+                .collect();
+            if let Some(found) = self.route(request, &exclude) {
+                return Some(found);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(FAILOVER_POLL) => {}
+                _ = &mut *cancelled => return None,
+                () = tx.closed() => return None,
+            }
+        }
+    }
+
+    /// Runs `request` on a node, moving it to another when its node fails, until it ends, the
+    /// client goes away, or it is cancelled.
+    pub(super) async fn relay(
+        &self,
+        request: GenerateRequest,
+        tx: UnboundedSender<TokenEvent>,
+        mut cancelled: oneshot::Receiver<()>,
+    ) {
+        let prompt_tokens = request.prompt.len() as u32;
+        let mut emitted: Vec<u32> = Vec::new();
+        let mut rng_pos = 0;
+        // The incarnations that failed this request: each is left out of its later attempts,
+        // but the same node restarted is a new incarnation and may take it again (a rolling
+        // restart must not use up a long stream's nodes).
+        let mut failed: Vec<(Slot, u64)> = Vec::new();
+        let mut failures: Vec<String> = Vec::new();
+        // Nodes that refused it as busy (at their admission limit): healthy, so not failed; the
+        // request tries the others first and, when every node is busy, waits BUSY_BACKOFF and
+        // tries them all again, for up to FAILOVER_WAIT.
+        let mut busy: Vec<(Slot, u64)> = Vec::new();
+        let mut busy_since: Option<tokio::time::Instant> = None;
+        // The budget is per attempt and time, not per node: FAILOVER_ATTEMPTS attempts, and
+        // while no node can take it, waiting up to FAILOVER_WAIT for one to come (back).
+        let mut attempts = 0;
+        loop {
+            let Some(attempt) = resumed(&request, &emitted, rng_pos) else {
+                // The budget was spent exactly when the node failed: the stream is complete.
+                let _ = tx.send(TokenEvent::Finished {
+                    reason: strata_protocol::FinishReason::Length,
+                    usage: strata_protocol::Usage {
+                        prompt_tokens,
+                        completion_tokens: emitted.len() as u32,
+                        cached_tokens: 0,
+                    },
+                });
+                return;
+            };
+            attempts += 1;
+            let routed = if attempts > FAILOVER_ATTEMPTS {
+                None
+            } else if let Some(since) = busy_since {
+                let exclude: Vec<(Slot, u64)> = failed.iter().chain(&busy).copied().collect();
+                let found = self
+                    .route_within(&attempt, &exclude, Duration::ZERO, &mut cancelled, &tx)
+                    .await;
+                if found.is_none() && since.elapsed() < FAILOVER_WAIT {
+                    // Every node that could take it is busy: a pause, then all of them again.
+                    busy.clear();
+                    attempts -= 1;
+                    tokio::select! {
+                        () = tokio::time::sleep(BUSY_BACKOFF) => {}
+                        _ = &mut cancelled => return,
+                        () = tx.closed() => return,
+                    }
+                    continue;
+                }
+                found
+            } else {
+                self.route_within(&attempt, &failed, FAILOVER_WAIT, &mut cancelled, &tx)
+                    .await
+            };
+            let Some((node, fetch)) = routed else {
+                let why = if failures.is_empty() && busy_since.is_some() {
+                    "every node is at its admission limit; retry later".to_string()
+                } else if failures.is_empty() {
+                    "no node is available".to_string()
+                } else {
+                    format!("no node could finish the request: {}", failures.join("; "))
+                };
+                let _ = tx.send(TokenEvent::Failed { message: why });
+                return;
+            };
+            let incarnation = node.incarnation();
+            if !emitted.is_empty() {
+                self.stats.failovers.fetch_add(1, Ordering::Relaxed);
+            }
+            let Some(client) = node.client() else {
+                failures.push(format!("node {} went away", node.addr));
+                failed.push((node.slot, incarnation));
+                continue;
+            };
+            let mut stream = match client.generate_with(attempt.clone(), fetch).await {
+                Ok(stream) => stream,
+                // A node at its admission limit: another may take the request, or this one a
+                // little later (not a failure: the node stays healthy).
+                Err(NodeError::Refused(refusal)) if refusal.kind == RefusalKind::Busy => {
+                    self.stats.busy_refusals.fetch_add(1, Ordering::Relaxed);
+                    busy.push((node.slot, incarnation));
+                    busy_since.get_or_insert_with(tokio::time::Instant::now);
+                    attempts -= 1;
+                    continue;
+                }
+                // A node shutting down refuses as unavailable: another may take the request.
+                Err(NodeError::Refused(refusal)) if refusal.kind == RefusalKind::Unavailable => {
+                    failures.push(format!("node {}: {}", node.addr, refusal.message));
+                    failed.push((node.slot, incarnation));
+                    continue;
+                }
+                Err(NodeError::Refused(refusal)) => {
+                    let _ = tx.send(TokenEvent::Failed {
+                        message: refusal.message,
+                    });
+                    return;
+                }
+                Err(e) => {
+                    node_failed(&node, &e);
+                    failures.push(e.to_string());
+                    failed.push((node.slot, incarnation));
+                    continue;
+                }
+            };
+            // Accepted: busy refusals before it no longer hold the request back.
+            busy.clear();
+            busy_since = None;
+            match self
+                .forward(&mut stream, &tx, &mut cancelled, &mut emitted, &mut rng_pos)
+                .await
+            {
+                Forwarded::Done => return,
+                Forwarded::Stopped => {
+                    stream.cancel();
+                    return;
+                }
+                Forwarded::NodeFailed(e) => {
+                    node_failed(&node, &e);
+                    if !self.options.failover {
+                        let message = format!("the node running the request failed: {e}");
+                        let _ = tx.send(TokenEvent::Failed { message });
+                        return;
+                    }
+                    failures.push(e.to_string());
+                    failed.push((node.slot, incarnation));
+                }
+            }
+        }
+    }
+
+    /// Relays one node's events until the request ends or the node fails, keeping the tokens
+    /// emitted and the sampler's position for a continuation.
+    async fn forward(
+        &self,
+        stream: &mut RemoteStream,
+        tx: &UnboundedSender<TokenEvent>,
+        cancelled: &mut oneshot::Receiver<()>,
+        emitted: &mut Vec<u32>,
+        rng_pos: &mut u64,
+    ) -> Forwarded {
+        loop {
+            let event = tokio::select! {
+                event = stream.next() => event,
+                _ = &mut *cancelled => return Forwarded::Stopped,
+                () = tx.closed() => return Forwarded::Stopped,
+            };
+            let event = match event {
+                Ok(Some(event)) => event,
+                Ok(None) => return Forwarded::Done,
+                Err(e) => return Forwarded::NodeFailed(e),
+            };
+            if let TokenEvent::Token {
+                id, rng_pos: pos, ..
+            } = &event
+            {
+                emitted.push(*id);
+                *rng_pos = *pos;
+            }
+            let last = !matches!(event, TokenEvent::Token { .. });
+            if tx.send(event).is_err() {
+                return Forwarded::Stopped;
+            }
+            if last {
+                return Forwarded::Done;
+            }
+        }
+    }
+}
+
+enum Forwarded {
+    Done,
+    Stopped,
+    NodeFailed(NodeError),
+}
+
+/// `request` continued after `emitted` tokens, the last drawn with the RNG ending at `rng_pos`;
+/// `None` when nothing is left to generate.
+fn resumed(request: &GenerateRequest, emitted: &[u32], rng_pos: u64) -> Option<GenerateRequest> {
+    let mut next = request.clone();
+    if emitted.is_empty() {
+        return Some(next);
+    }
+    if emitted.len() >= next.sampling.max_tokens as usize {
+        return None;
+    }
+    next.resume = Some(Resume {
+        output: emitted.to_vec(),
+        rng_pos,
+    });
+    Some(next)
+}
+
+fn node_failed(node: &Node, e: &NodeError) {
+    tracing::warn!("node {} failed a request: {e}", node.addr);
+}
