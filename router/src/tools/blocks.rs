@@ -333,8 +333,16 @@ mod tests {
             "",
             " plain <tool text",
             "<tool_call>{bad}</tool_call>",
+            "[TOOL_CALLS]bad name[ARGS]{}",
+            "[f(1)]",
         ] {
-            for format in [ToolFormat::Hermes, ToolFormat::LlamaJson] {
+            for format in [
+                ToolFormat::Hermes,
+                ToolFormat::LlamaJson,
+                ToolFormat::Mistral,
+                ToolFormat::QwenXml,
+                ToolFormat::Pythonic,
+            ] {
                 let mut framer = BlockFramer::new(Some(format), "t".into());
                 let blocks = BlockFramer::new(Some(format), "t".into()).whole(text, false);
                 assert_eq!(blocks, [Block::Text(text.into())], "{format:?} {text:?}");

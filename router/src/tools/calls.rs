@@ -1,12 +1,18 @@
-//! Tool calls in generated text: the family's format (Hermes `<tool_call>` blocks or Llama 3.1's
-//! bare JSON object) → plain content plus calls, whole or incrementally while streaming.
-//! A block whose JSON is malformed (or lacks a string `name`) stays plain text: the client sees
-//! what the model wrote rather than a call the server invented.
+//! Tool calls in generated text: the family's format → plain content plus calls, whole or
+//! incrementally while streaming. Formats are of two shapes: marked calls inside free text
+//! (Hermes and Qwen3-Coder `<tool_call>` blocks, Mistral's `[TOOL_CALLS]`), where text around
+//! the calls streams and each call is held only until it is complete; and whole-output calls
+//! (Llama 3.1 JSON, pythonic lists), where an output that begins like a call is held to its end.
+//! A call that is malformed stays plain text: the client sees what the model wrote rather than
+//! a call the server invented. A call the token limit cut off is dropped, neither a call nor
+//! text.
 
 use serde_json::{Map, Value};
 
-const OPEN: &str = "<tool_call>";
-const CLOSE: &str = "</tool_call>";
+use super::{mistral, pythonic, qwen_xml};
+
+pub(super) const OPEN: &str = "<tool_call>";
+pub(super) const CLOSE: &str = "</tool_call>";
 
 /// How the served model writes a tool call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,22 +21,73 @@ pub enum ToolFormat {
     Hermes,
     /// Llama 3.1: the whole output is `{"name": ..., "parameters": {...}}`.
     LlamaJson,
+    /// Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (older templates) or
+    /// `[TOOL_CALLS]name[ARGS]{...}`, once per call (newer ones).
+    Mistral,
+    /// Qwen3-Coder: `<tool_call><function=NAME><parameter=ARG>VALUE</parameter>...</function>
+    /// </tool_call>`, one or several (a Hermes JSON body is read too).
+    QwenXml,
+    /// Llama 3.2 / 4: the whole output is `[f(a=1, b="x"), g()]`, Python literal arguments (a
+    /// Llama 3.1 JSON output is read too).
+    Pythonic,
 }
 
 impl ToolFormat {
-    /// The format a rendered prompt (with tools) teaches: `<tool_call>` → Hermes; `ipython` or
-    /// Llama's "respond with a JSON for a function call" → Llama JSON; otherwise Hermes.
+    /// The format a rendered prompt (with tools) teaches. Checked most specific first:
+    /// `[AVAILABLE_TOOLS]` → Mistral; `<function=` with `<parameter=` → Qwen3-Coder XML (its
+    /// template also names `<tool_call>`, so this precedes Hermes); `<tool_call>` → Hermes;
+    /// the pythonic example `[func_name1(` → pythonic (Llama templates that teach it may also
+    /// say `ipython`, so this precedes Llama JSON); `ipython` or Llama's "respond with a JSON
+    /// for a function call" → Llama JSON; otherwise Hermes.
     pub fn detect(rendered_prompt: &str) -> Self {
-        if rendered_prompt.contains(OPEN) {
+        let has = |marker: &str| rendered_prompt.contains(marker);
+        if has(mistral::AVAILABLE_TOOLS) {
+            ToolFormat::Mistral
+        } else if has(qwen_xml::FUNCTION) && has(qwen_xml::PARAMETER) {
+            ToolFormat::QwenXml
+        } else if has(OPEN) {
             ToolFormat::Hermes
-        } else if rendered_prompt.contains("ipython")
-            || rendered_prompt.contains("JSON for a function call")
-        {
+        } else if has(pythonic::TEMPLATE_EXAMPLE) {
+            ToolFormat::Pythonic
+        } else if has("ipython") || has("JSON for a function call") {
             ToolFormat::LlamaJson
         } else {
             ToolFormat::Hermes
         }
     }
+
+    fn shape(self) -> Shape {
+        match self {
+            ToolFormat::Hermes => Shape::Marked(|held| scan_block(held, hermes_body)),
+            ToolFormat::QwenXml => Shape::Marked(|held| scan_block(held, qwen_xml::call_from_body)),
+            ToolFormat::Mistral => Shape::Marked(mistral::scan),
+            ToolFormat::LlamaJson => Shape::WholeOutput("{", llama_json_output),
+            ToolFormat::Pythonic => Shape::WholeOutput("[{", pythonic::calls_from_output),
+        }
+    }
+}
+
+/// How a format sits in the output (see the module comment).
+enum Shape {
+    /// Calls inside free text, found by this scanner.
+    Marked(fn(&str) -> Scan),
+    /// An output whose first non-blank character is one of these may be calls: it is read
+    /// whole by this parser.
+    WholeOutput(&'static str, fn(&str) -> Option<Vec<ToolCall>>),
+}
+
+/// What a marked format finds at the start of the held text.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Scan {
+    /// This many bytes (at least one) are plain text: released now.
+    Text(usize),
+    /// Complete calls spanning this many bytes.
+    Calls(Vec<ToolCall>, usize),
+    /// A complete stretch of this many bytes (at least one) that was no valid call: released as
+    /// text, as written.
+    NotACall(usize),
+    /// What is held could still become a call: more output decides.
+    Incomplete,
 }
 
 /// One parsed call; `arguments` is a JSON string, as OpenAI sends it.
@@ -47,7 +104,6 @@ pub struct Parsed {
     pub calls: Vec<ToolCall>,
 }
 
-/// Splits a whole output.
 /// The calls and the text of a whole output; `cut` when the token limit ended it (a call it cut
 /// off is dropped, never returned as text).
 pub fn parse(format: ToolFormat, text: &str, cut: bool) -> Parsed {
@@ -75,8 +131,9 @@ pub enum Piece {
 pub struct ToolCallSplitter {
     format: ToolFormat,
     held: String,
-    /// Llama JSON: whether the output has begun with `{` (then all of it is held to the end).
-    json_output: Option<bool>,
+    /// Whole-output formats: whether the output has begun like a call (then all of it is held
+    /// to the end).
+    call_output: Option<bool>,
 }
 
 impl ToolCallSplitter {
@@ -84,90 +141,127 @@ impl ToolCallSplitter {
         Self {
             format,
             held: String::new(),
-            json_output: None,
+            call_output: None,
         }
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         self.held.push_str(text);
-        match self.format {
-            ToolFormat::Hermes => self.drain_hermes(false, false),
-            ToolFormat::LlamaJson => self.drain_llama(false, false),
-        }
+        self.drain(false, false)
     }
 
-    /// Releases everything still held: an unfinished call is plain text.
-    /// Releases what is held at the end of the output. `cut`: the token limit ended it, so a call
-    /// still open (or the start of its marker) was cut off: it is dropped, neither a call nor
-    /// text (its markup must not leak into the answer).
+    /// Releases what is held at the end of the output: an unfinished call is plain text — unless
+    /// `cut`: the token limit ended the output, so a call still open (or the start of its
+    /// marker) was cut off and is dropped, neither a call nor text (its markup must not leak
+    /// into the answer).
     pub fn finish(&mut self, cut: bool) -> Vec<Piece> {
-        match self.format {
-            ToolFormat::Hermes => self.drain_hermes(true, cut),
-            ToolFormat::LlamaJson => self.drain_llama(true, cut),
+        self.drain(true, cut)
+    }
+
+    fn drain(&mut self, end: bool, cut: bool) -> Vec<Piece> {
+        match self.format.shape() {
+            Shape::Marked(scan) => self.drain_marked(scan, end, cut),
+            Shape::WholeOutput(openers, parse) => self.drain_whole(openers, parse, end, cut),
         }
     }
 
-    fn drain_hermes(&mut self, end: bool, cut: bool) -> Vec<Piece> {
+    fn drain_marked(&mut self, scan: fn(&str) -> Scan, end: bool, cut: bool) -> Vec<Piece> {
         let mut out = Vec::new();
-        loop {
-            let Some(start) = self.held.find(OPEN) else {
-                // Keep the longest suffix that is a prefix of `<tool_call>`.
-                let keep = if end && !cut {
-                    0
-                } else {
-                    partial_prefix(&self.held, OPEN)
-                };
-                let release = self.held.len() - keep;
-                push_text(&mut out, self.held[..release].to_string());
-                self.held.drain(..release);
-                if end {
-                    // Cut inside the opening marker: dropped.
-                    self.held.clear();
+        while !self.held.is_empty() {
+            let consumed = match scan(&self.held) {
+                Scan::Text(n) | Scan::NotACall(n) if n > 0 => {
+                    push_text(&mut out, self.held[..n].to_string());
+                    n
                 }
-                return out;
-            };
-            push_text(&mut out, self.held[..start].to_string());
-            self.held.drain(..start);
-            let Some(close) = self.held.find(CLOSE) else {
-                if end {
-                    let open = std::mem::take(&mut self.held);
-                    if !cut {
-                        push_text(&mut out, open);
+                Scan::Calls(calls, n) if n > 0 => {
+                    out.extend(calls.into_iter().map(Piece::Call));
+                    n
+                }
+                // An empty stretch would never progress: wait like an unfinished call.
+                _ => {
+                    if end {
+                        let rest = std::mem::take(&mut self.held);
+                        if !cut {
+                            push_text(&mut out, rest);
+                        }
                     }
+                    break;
                 }
-                return out;
             };
-            let block_end = close + CLOSE.len();
-            let body = &self.held[OPEN.len()..close];
-            match call_from_json(body, &["arguments", "parameters"]) {
-                Some(call) => out.push(Piece::Call(call)),
-                None => push_text(&mut out, self.held[..block_end].to_string()),
-            }
-            self.held.drain(..block_end);
+            self.held.drain(..consumed);
         }
+        out
     }
 
-    fn drain_llama(&mut self, end: bool, cut: bool) -> Vec<Piece> {
+    fn drain_whole(
+        &mut self,
+        openers: &str,
+        parse: fn(&str) -> Option<Vec<ToolCall>>,
+        end: bool,
+        cut: bool,
+    ) -> Vec<Piece> {
         let mut out = Vec::new();
-        if self.json_output.is_none() {
+        if self.call_output.is_none() {
             match self.held.trim_start().chars().next() {
-                Some(c) => self.json_output = Some(c == '{'),
+                Some(c) => self.call_output = Some(openers.contains(c)),
                 None if !end => return out,
                 None => {}
             }
         }
-        if self.json_output == Some(true) && !end {
+        let call_output = self.call_output == Some(true);
+        if call_output && !end {
             return out;
         }
         let text = std::mem::take(&mut self.held);
-        match call_from_json(&text, &["parameters", "arguments"]) {
-            Some(call) if self.json_output == Some(true) => out.push(Piece::Call(call)),
-            // A call the limit cut off before its JSON closed.
-            _ if cut && self.json_output == Some(true) => {}
+        match parse(&text) {
+            Some(calls) if call_output && !calls.is_empty() => {
+                out.extend(calls.into_iter().map(Piece::Call))
+            }
+            // A call the limit cut off before it closed.
+            _ if cut && call_output => {}
             _ => push_text(&mut out, text),
         }
         out
     }
+}
+
+/// A `<tool_call>` … `</tool_call>` block whose body `body` reads, after any text before it.
+fn scan_block(held: &str, body: fn(&str) -> Option<ToolCall>) -> Scan {
+    if let Some(text) = text_before(held, OPEN) {
+        return text;
+    }
+    let inside = &held[OPEN.len()..];
+    let Some(close) = inside.find(CLOSE) else {
+        return Scan::Incomplete;
+    };
+    let len = OPEN.len() + close + CLOSE.len();
+    match body(&inside[..close]) {
+        Some(call) => Scan::Calls(vec![call], len),
+        None => Scan::NotACall(len),
+    }
+}
+
+/// The text before `marker` in `held`: `None` when `held` starts with it. A tail that could be
+/// the marker's beginning is held back.
+pub(super) fn text_before(held: &str, marker: &str) -> Option<Scan> {
+    let text = match held.find(marker) {
+        Some(0) => return None,
+        Some(at) => at,
+        None => held.len() - partial_prefix(held, marker),
+    };
+    Some(if text == 0 {
+        Scan::Incomplete
+    } else {
+        Scan::Text(text)
+    })
+}
+
+fn hermes_body(body: &str) -> Option<ToolCall> {
+    call_from_json(body, &["arguments", "parameters"])
+}
+
+fn llama_json_output(text: &str) -> Option<Vec<ToolCall>> {
+    call_from_json(text, &["parameters", "arguments"]).map(|call| vec![call])
 }
 
 fn push_text(out: &mut Vec<Piece>, text: String) {
@@ -182,7 +276,7 @@ fn push_text(out: &mut Vec<Piece>, text: String) {
 }
 
 /// Length of the longest proper suffix of `text` that starts `marker`.
-fn partial_prefix(text: &str, marker: &str) -> usize {
+pub(super) fn partial_prefix(text: &str, marker: &str) -> usize {
     (1..marker.len())
         .rev()
         .find(|&n| {
@@ -192,8 +286,13 @@ fn partial_prefix(text: &str, marker: &str) -> usize {
 }
 
 /// `{"name": "...", "<args key>": {...}}` → a call; anything else → `None`.
-fn call_from_json(body: &str, argument_keys: &[&str]) -> Option<ToolCall> {
-    let Value::Object(object) = serde_json::from_str::<Value>(body.trim()).ok()? else {
+pub(super) fn call_from_json(body: &str, argument_keys: &[&str]) -> Option<ToolCall> {
+    call_from_value(serde_json::from_str(body.trim()).ok()?, argument_keys)
+}
+
+/// [`call_from_json`] on a parsed value.
+pub(super) fn call_from_value(value: Value, argument_keys: &[&str]) -> Option<ToolCall> {
+    let Value::Object(object) = value else {
         return None;
     };
     let name = object.get("name")?.as_str()?.to_string();
@@ -209,6 +308,64 @@ fn call_from_json(body: &str, argument_keys: &[&str]) -> Option<ToolCall> {
         _ => return None,
     };
     Some(ToolCall { name, arguments })
+}
+
+/// A JSON value at the start of a text that may still be growing.
+#[derive(Debug)]
+pub(super) enum LeadingJson {
+    /// The value and the bytes it spans (leading whitespace included).
+    Complete(Value, usize),
+    /// The text ends inside the value.
+    Incomplete,
+    /// No JSON value, however the text goes on.
+    Invalid,
+}
+
+/// The JSON value `text` begins with. Meant for objects and arrays, whose end is unambiguous
+/// (a number at the very end could still grow).
+pub(super) fn leading_json(text: &str) -> LeadingJson {
+    let mut values = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+    match values.next() {
+        Some(Ok(value)) => LeadingJson::Complete(value, values.byte_offset()),
+        Some(Err(e)) if e.is_eof() => LeadingJson::Incomplete,
+        None => LeadingJson::Incomplete,
+        Some(Err(_)) => LeadingJson::Invalid,
+    }
+}
+
+/// `text` pushed `chunk` characters at a time, then finished: what a stream would release.
+#[cfg(test)]
+pub(super) fn streamed(format: ToolFormat, text: &str, chunk: usize, cut: bool) -> Parsed {
+    let mut splitter = ToolCallSplitter::new(format);
+    let chars: Vec<char> = text.chars().collect();
+    let mut pieces = Vec::new();
+    for piece in chars.chunks(chunk.max(1)) {
+        pieces.extend(splitter.push(&piece.iter().collect::<String>()));
+    }
+    let mut parsed = Parsed::default();
+    for piece in pieces.into_iter().chain(splitter.finish(cut)) {
+        match piece {
+            Piece::Text(t) => parsed.content.push_str(&t),
+            Piece::Call(c) => parsed.calls.push(c),
+        }
+    }
+    parsed
+}
+
+/// Asserts that `text` streamed in chunks of every size up to 7 characters reads as parsed
+/// whole, with and without `cut`.
+#[cfg(test)]
+pub(super) fn assert_streaming_matches_whole(format: ToolFormat, text: &str) {
+    for cut in [false, true] {
+        let whole = parse(format, text, cut);
+        for chunk in 1..=7 {
+            assert_eq!(
+                streamed(format, text, chunk, cut),
+                whole,
+                "{format:?}, chunks of {chunk}, cut {cut}: {text}"
+            );
+        }
+    }
 }
 
 #[cfg(test)]

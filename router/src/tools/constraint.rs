@@ -3,6 +3,12 @@
 //! object whose `name` is one of the allowed tools and whose arguments follow that tool's
 //! parameter schema. The engine enforces it token by token (llguidance), so the call the parser
 //! reads back is always well formed.
+//!
+//! Each format has the grammar of a call form its parser reads. Mistral's is its JSON list
+//! (`[TOOL_CALLS][{...}]`). Qwen3-Coder's XML arguments and pythonic arguments would need a
+//! grammar per parameter type, so those formats force the JSON form of their family instead
+//! (Hermes `<tool_call>` JSON for Qwen3-Coder, Llama 3.1 JSON for pythonic), which their parsers
+//! also read.
 
 use serde_json::{Value, json};
 use strata_protocol::Constraint;
@@ -21,9 +27,10 @@ pub enum ForcedCall {
 /// The grammar for `forced` calls of `tools` (template-shaped function tools:
 /// `{"type": "function", "function": {"name", "parameters"}}`) written in `format`.
 pub fn forced_call(format: ToolFormat, tools: &[Value], forced: &ForcedCall) -> Constraint {
-    let arguments_key = match format {
-        ToolFormat::Hermes => "arguments",
-        ToolFormat::LlamaJson => "parameters",
+    let family = Family::of(format);
+    let arguments_key = match family {
+        Family::Hermes | Family::Mistral => "arguments",
+        Family::LlamaJson => "parameters",
     };
     let variants: Vec<Value> = tools
         .iter()
@@ -52,18 +59,42 @@ pub fn forced_call(format: ToolFormat, tools: &[Value], forced: &ForcedCall) -> 
         "anyOf": variants,
         "x-guidance": {"whitespace_flexible": false},
     });
-    let lark = match (format, forced) {
-        (ToolFormat::Hermes, ForcedCall::Any) => {
+    let lark = match (family, forced) {
+        (Family::Hermes, ForcedCall::Any) => {
             format!(
                 "start: call (\"\\n\" call)*\ncall: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"\n"
             )
         }
-        (ToolFormat::Hermes, ForcedCall::Named(_)) => {
+        (Family::Hermes, ForcedCall::Named(_)) => {
             format!("start: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"\n")
         }
-        (ToolFormat::LlamaJson, _) => format!("start: %json {schema}\n"),
+        (Family::Mistral, ForcedCall::Any) => {
+            format!("start: \"[TOOL_CALLS][\" call (\", \" call)* \"]\"\ncall: %json {schema}\n")
+        }
+        (Family::Mistral, ForcedCall::Named(_)) => {
+            format!("start: \"[TOOL_CALLS][\" %json {schema} \"]\"\n")
+        }
+        (Family::LlamaJson, _) => format!("start: %json {schema}\n"),
     };
     Constraint::Lark(lark)
+}
+
+/// The call syntax a format's forced calls are written in (see the module comment).
+#[derive(Clone, Copy)]
+enum Family {
+    Hermes,
+    LlamaJson,
+    Mistral,
+}
+
+impl Family {
+    fn of(format: ToolFormat) -> Self {
+        match format {
+            ToolFormat::Hermes | ToolFormat::QwenXml => Family::Hermes,
+            ToolFormat::LlamaJson | ToolFormat::Pythonic => Family::LlamaJson,
+            ToolFormat::Mistral => Family::Mistral,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -103,5 +134,57 @@ mod tests {
         };
         assert!(lark.contains("\"parameters\"") && !lark.contains("\"arguments\""));
         assert!(lark.contains("get_time") && lark.contains("get_weather"));
+        let Constraint::Lark(pythonic) =
+            forced_call(ToolFormat::Pythonic, &tools(), &ForcedCall::Any)
+        else {
+            panic!("a Lark grammar");
+        };
+        assert_eq!(pythonic, lark, "pythonic forces Llama's JSON form");
+    }
+
+    #[test]
+    fn mistral_calls_are_a_marked_json_list() {
+        let Constraint::Lark(any) = forced_call(ToolFormat::Mistral, &tools(), &ForcedCall::Any)
+        else {
+            panic!("a Lark grammar");
+        };
+        assert!(
+            any.starts_with("start: \"[TOOL_CALLS][\" call (\", \" call)* \"]\""),
+            "{any}"
+        );
+        assert!(any.contains("\"arguments\""));
+        let Constraint::Lark(named) = forced_call(
+            ToolFormat::Mistral,
+            &tools(),
+            &ForcedCall::Named("get_weather".into()),
+        ) else {
+            panic!("a Lark grammar");
+        };
+        assert!(
+            named.starts_with("start: \"[TOOL_CALLS][\" %json"),
+            "{named}"
+        );
+        assert!(!named.contains("get_time"), "{named}");
+    }
+
+    /// What each forced grammar writes is read back as calls by the format's own parser: a
+    /// sample output in each grammar's shape.
+    #[test]
+    fn forced_outputs_parse_as_calls_in_every_format() {
+        let hermes = "<tool_call>\n{\"name\":\"get_time\",\"arguments\":{}}\n</tool_call>";
+        let llama = "{\"name\":\"get_time\",\"parameters\":{}}";
+        let mistral = "[TOOL_CALLS][{\"name\":\"get_time\",\"arguments\":{}}, \
+                       {\"name\":\"get_time\",\"arguments\":{}}]";
+        for (format, output, calls) in [
+            (ToolFormat::Hermes, hermes, 1),
+            (ToolFormat::QwenXml, hermes, 1),
+            (ToolFormat::LlamaJson, llama, 1),
+            (ToolFormat::Pythonic, llama, 1),
+            (ToolFormat::Mistral, mistral, 2),
+        ] {
+            let parsed = super::super::parse(format, output, false);
+            assert_eq!(parsed.calls.len(), calls, "{format:?}: {parsed:?}");
+            assert_eq!(parsed.content, "", "{format:?}");
+        }
     }
 }

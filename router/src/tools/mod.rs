@@ -1,14 +1,18 @@
 //! Tool calling shared by every surface. Each surface reads its own JSON (OpenAI's function
 //! tools, Anthropic's `tools` and `tool_use` / `tool_result` blocks, Converse's `toolConfig` and
 //! `toolUse` / `toolResult` blocks) into the one shape the chat template takes; the model's
-//! output is split back into text and calls by one parser (`calls.rs`) and, for the block-based
-//! surfaces, framed into content blocks by one framer ([`blocks`]); their tool conversations are
-//! translated by [`transcript`].
+//! output is split back into text and calls by one splitter (`calls.rs`; the formats that need
+//! more than a few lines live in `mistral.rs`, `qwen_xml.rs` and `pythonic.rs`) and, for the
+//! block-based surfaces, framed into content blocks by one framer ([`blocks`]); their tool
+//! conversations are translated by [`transcript`].
 
 pub mod blocks;
 mod calls;
 pub mod constraint;
 pub mod definitions;
+mod mistral;
+mod pythonic;
+mod qwen_xml;
 pub mod transcript;
 
 pub use calls::{Parsed, Piece, ToolCall, ToolCallSplitter, ToolFormat, parse};
