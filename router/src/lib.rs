@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod anthropic;
 pub mod auth;
+pub mod body;
 pub mod cluster;
 pub mod converse;
 pub mod cors;

@@ -131,7 +131,7 @@ fn content_block(block: Block) -> Value {
 }
 
 fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, AnthropicError> {
-    serde_json::from_slice(body)
+    crate::body::from_json(body)
         .map_err(|e| AnthropicError::invalid(format!("invalid request body: {e}")))
 }
 

@@ -82,7 +82,7 @@ fn start(
     body: &Bytes,
 ) -> Result<(Turn, BlockFramer), ConverseError> {
     state.check_model(model_id)?;
-    let request: ConverseRequest = serde_json::from_slice(body)
+    let request: ConverseRequest = crate::body::from_json(body)
         .map_err(|e| ConverseError::validation(format!("invalid request body: {e}")))?;
     refuse_unsupported(&request)?;
     let (prompt, format, constraint) = render(&state, &request)?;

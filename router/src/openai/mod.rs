@@ -42,7 +42,7 @@ pub fn routes() -> Router<AppState> {
 
 /// Parses a request body; a malformed or mistyped body is a 400 naming what serde found.
 fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
+    crate::body::from_json(body)
         .map_err(|e| ApiError::invalid(None, format!("invalid request body: {e}")))
 }
 
