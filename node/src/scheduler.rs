@@ -177,6 +177,10 @@ pub struct EngineLoad {
     /// the node service; 0 until a fetch ran).
     #[serde(default)]
     pub fetch_bytes_per_s: u64,
+    /// Sequences preempted so far (their blocks released when the cache ran out; they resume
+    /// later).
+    #[serde(default)]
+    pub preemptions: u64,
 }
 
 /// Where the engine thread's steps spent their time, summed over every step that computed
@@ -258,6 +262,7 @@ impl Scheduler {
             capacity_blocks: self.blocks.device_blocks() as u64,
             tokens_per_s: 0,
             fetch_bytes_per_s: 0,
+            preemptions: self.preemptions,
         }
     }
 

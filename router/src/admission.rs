@@ -60,6 +60,7 @@ impl Admission {
     /// A slot now, or after waiting in line; `None` when the line is full.
     async fn slot(&self, state: &AppState) -> Option<OwnedSemaphorePermit> {
         if let Ok(permit) = self.slots.clone().try_acquire_owned() {
+            state.metrics.observe_queue_time(std::time::Duration::ZERO);
             return Some(permit);
         }
         if self.queued.fetch_add(1, Ordering::SeqCst) >= self.limits.max_queued {
@@ -69,7 +70,12 @@ impl Admission {
         // Leaves the line even when the client hangs up while waiting (the future is dropped).
         let _in_line = InLine(self, state.clone());
         state.metrics.queued.fetch_add(1, Ordering::Relaxed);
-        self.slots.clone().acquire_owned().await.ok()
+        let waiting = std::time::Instant::now();
+        let permit = self.slots.clone().acquire_owned().await.ok();
+        if permit.is_some() {
+            state.metrics.observe_queue_time(waiting.elapsed());
+        }
+        permit
     }
 }
 

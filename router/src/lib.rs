@@ -12,6 +12,7 @@ pub mod error;
 pub mod metrics;
 pub mod openai;
 pub mod openapi;
+pub mod process_metrics;
 pub mod request_id;
 pub mod routing;
 pub mod serving_options;

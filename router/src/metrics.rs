@@ -30,6 +30,22 @@ const ITL_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
+/// Upper bounds of the end-to-end request latency buckets, in seconds.
+const E2E_BUCKETS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+];
+
+/// Upper bounds of the admission queue time buckets, in seconds.
+const QUEUE_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Upper bounds of the prompt and generation length buckets, in tokens.
+const LENGTH_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0,
+    50000.0, 100000.0, 200000.0,
+];
+
 /// Seconds the tokens-per-second gauge averages over.
 const RATE_WINDOW_SECS: usize = 10;
 
@@ -86,6 +102,10 @@ pub struct Metrics {
     generated_tokens: AtomicU64,
     ttft: Histogram,
     inter_token: Histogram,
+    e2e: Histogram,
+    queue_time: Histogram,
+    prompt_lengths: Histogram,
+    generation_lengths: Histogram,
     token_rate: TokenRate,
 }
 
@@ -100,6 +120,10 @@ impl Default for Metrics {
             generated_tokens: AtomicU64::new(0),
             ttft: Histogram::new(TTFT_BUCKETS),
             inter_token: Histogram::new(ITL_BUCKETS),
+            e2e: Histogram::new(E2E_BUCKETS),
+            queue_time: Histogram::new(QUEUE_BUCKETS),
+            prompt_lengths: Histogram::new(LENGTH_BUCKETS),
+            generation_lengths: Histogram::new(LENGTH_BUCKETS),
             token_rate: TokenRate::new(),
         }
     }
@@ -125,15 +149,19 @@ impl Histogram {
     }
 
     fn observe(&self, elapsed: Duration) {
-        let secs = elapsed.as_secs_f64();
+        self.observe_value(elapsed.as_secs_f64());
+    }
+
+    /// One observation of `value` (seconds, or tokens); the sum is kept in millionths.
+    fn observe_value(&self, value: f64) {
         let bucket = self
             .bounds
             .iter()
-            .position(|&bound| secs <= bound)
+            .position(|&bound| value <= bound)
             .unwrap_or(self.bounds.len());
         self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
         self.sum_micros
-            .fetch_add(elapsed.as_micros() as u64, Ordering::Relaxed);
+            .fetch_add((value * 1e6) as u64, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -248,6 +276,8 @@ impl Metrics {
             .fetch_add(u64::from(cached), Ordering::Relaxed);
         self.generated_tokens
             .fetch_add(u64::from(generated), Ordering::Relaxed);
+        self.prompt_lengths.observe_value(f64::from(prompt));
+        self.generation_lengths.observe_value(f64::from(generated));
     }
 
     /// A request's first token arrived `elapsed` after submission; it counts in the token rate.
@@ -258,6 +288,16 @@ impl Metrics {
 
     /// A token after the first arrived `gap` after the one before it, in the same request; it
     /// counts in the token rate.
+    /// A finished generation's time from submission to its last event.
+    pub fn observe_e2e(&self, elapsed: Duration) {
+        self.e2e.observe(elapsed);
+    }
+
+    /// An admitted request's wait for its slot (zero when one was free).
+    pub fn observe_queue_time(&self, waited: Duration) {
+        self.queue_time.observe(waited);
+    }
+
     pub fn observe_inter_token(&self, gap: Duration) {
         self.inter_token.observe(gap);
         self.token_rate.add_at(self.token_rate.now(), 1);
@@ -353,6 +393,26 @@ impl Metrics {
             "strata_inter_token_latency_seconds",
             "Time between consecutive generated tokens of one request.",
         );
+        self.e2e.render(
+            &mut out,
+            "strata_e2e_request_latency_seconds",
+            "Time from submission to the end of a finished generation.",
+        );
+        self.queue_time.render(
+            &mut out,
+            "strata_request_queue_time_seconds",
+            "Time an admitted generation request waited for a slot.",
+        );
+        self.prompt_lengths.render(
+            &mut out,
+            "strata_request_prompt_tokens",
+            "Prompt tokens per finished generation.",
+        );
+        self.generation_lengths.render(
+            &mut out,
+            "strata_request_generation_tokens",
+            "Generated tokens per finished generation.",
+        );
         out
     }
 
@@ -421,10 +481,60 @@ async fn metrics(State(state): State<AppState>) -> Response {
     if let Some(times) = state.engine.step_times() {
         render_step_times(&mut text, &times);
     }
+    if let Some(load) = state.engine.load() {
+        render_engine_load(&mut text, &load);
+    }
+    let _ = writeln!(
+        text,
+        "# HELP strata_model_info The model served (its name as requests give it).\n\
+         # TYPE strata_model_info gauge\nstrata_model_info{{model_name=\"{}\"}} 1",
+        state.name.replace('\\', "\\\\").replace('"', "\\\"")
+    );
+    crate::process_metrics::render(&mut text);
     if let crate::state::EngineHandle::Cluster(cluster) = &state.engine {
         text.push_str(&cluster.render_metrics());
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// The local engine's sequences, KV use and preemptions (a router's nodes report their own).
+fn render_engine_load(out: &mut String, load: &strata_node::scheduler::EngineLoad) {
+    let usage = if load.capacity_blocks == 0 {
+        0.0
+    } else {
+        load.active_blocks as f64 / load.capacity_blocks as f64
+    };
+    for (name, kind, help, value) in [
+        (
+            "strata_engine_requests_running",
+            "gauge",
+            "Sequences the engine is running.",
+            load.running.to_string(),
+        ),
+        (
+            "strata_engine_requests_waiting",
+            "gauge",
+            "Sequences waiting in the engine for KV blocks or a running slot.",
+            load.waiting.to_string(),
+        ),
+        (
+            "strata_kv_usage_ratio",
+            "gauge",
+            "Device KV blocks held by running sequences / device KV blocks (0..1).",
+            usage.to_string(),
+        ),
+        (
+            "strata_preemptions_total",
+            "counter",
+            "Sequences preempted when the KV cache ran out (they resume later).",
+            load.preemptions.to_string(),
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+        );
+    }
 }
 
 /// The engine thread's steps: how many, the tokens they computed, and their time by phase

@@ -199,6 +199,15 @@ impl EngineHandle {
         }
     }
 
+    /// The local engine's load (running and waiting sequences, KV blocks, preemptions); `None`
+    /// for a cluster (each node reports its own).
+    pub fn load(&self) -> Option<strata_node::scheduler::EngineLoad> {
+        match self {
+            Self::Local(engine) => Some(engine.load()),
+            Self::Cluster(_) => None,
+        }
+    }
+
     /// The local engine's cache contents; `None` for a cluster (each node reports its own).
     pub fn kv_dump(&self) -> Option<Result<KvDump, SubmitError>> {
         match self {

@@ -302,6 +302,46 @@ async fn metrics_export_the_serving_families() {
         ));
         assert!(seconds > 0.0, "{phase}: {text}");
     }
+    // Per-request histograms: two finished generations of 40 prompt tokens and 4 generated.
+    assert_eq!(
+        value("strata_e2e_request_latency_seconds_count"),
+        2.0,
+        "{text}"
+    );
+    assert!(
+        value("strata_e2e_request_latency_seconds_sum") > 0.0,
+        "{text}"
+    );
+    // Admitted generations (the two above and the refused one's 401 never reach admission).
+    assert!(
+        value("strata_request_queue_time_seconds_count") >= 2.0,
+        "{text}"
+    );
+    assert_eq!(value("strata_request_prompt_tokens_count"), 2.0, "{text}");
+    assert_eq!(value("strata_request_prompt_tokens_sum"), 80.0, "{text}");
+    assert_eq!(
+        value("strata_request_prompt_tokens_bucket{le=\"20\"}"),
+        0.0,
+        "{text}"
+    );
+    assert_eq!(
+        value("strata_request_prompt_tokens_bucket{le=\"50\"}"),
+        2.0,
+        "{text}"
+    );
+    assert_eq!(value("strata_request_generation_tokens_sum"), 8.0, "{text}");
+    // The engine's own gauges, the model's name and the process.
+    let usage = value("strata_kv_usage_ratio");
+    assert!((0.0..=1.0).contains(&usage), "{text}");
+    assert_eq!(value("strata_engine_requests_running"), 0.0, "{text}");
+    assert_eq!(value("strata_preemptions_total"), 0.0, "{text}");
+    assert_eq!(
+        value("strata_model_info{model_name=\"tiny\"}"),
+        1.0,
+        "{text}"
+    );
+    assert!(value("process_resident_memory_bytes") > 0.0, "{text}");
+    assert!(value("process_open_fds") > 0.0, "{text}");
 }
 
 #[test]

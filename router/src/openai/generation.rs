@@ -31,6 +31,8 @@ pub struct Generation {
     cached_tokens: u32,
     /// When the request was submitted; taken (for the TTFT histogram) at the first token.
     submitted: Option<std::time::Instant>,
+    /// When the request was submitted, for the end-to-end latency of a finished generation.
+    started: std::time::Instant,
     /// When the last token arrived (for the inter-token latency histogram).
     last_token: Option<std::time::Instant>,
     /// Log-probabilities of the tokens behind the text released since the last
@@ -51,6 +53,7 @@ impl Generation {
             completion_tokens: 0,
             cached_tokens: 0,
             submitted: Some(std::time::Instant::now()),
+            started: std::time::Instant::now(),
             last_token: None,
             logprobs: Vec::new(),
             pending_finish: None,
@@ -160,6 +163,7 @@ impl Generation {
 
     fn finish(&mut self, reason: &'static str) -> Step {
         self.done = true;
+        self.state.metrics.observe_e2e(self.started.elapsed());
         self.state.metrics.record_usage(
             self.prompt_tokens,
             self.cached_tokens,
