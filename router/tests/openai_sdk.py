@@ -102,6 +102,51 @@ def main() -> None:
     )
     assert streamed == completion.choices[0].text, (streamed, completion.choices[0].text)
 
+    # A batch of prompts: one choice per prompt, in order, each what the prompt gives alone;
+    # every prompt counts in the usage. Token-id prompts batch too.
+    prompts = ["Hello, strata", "A second prompt", "Hello, strata"]
+    batch = client.completions.create(model=model, prompt=prompts, max_tokens=16, temperature=0)
+    assert [c.index for c in batch.choices] == [0, 1, 2], batch
+    alone = [
+        client.completions.create(model=model, prompt=p, max_tokens=16, temperature=0)
+        for p in prompts
+    ]
+    assert [c.text for c in batch.choices] == [a.choices[0].text for a in alone], batch
+    assert batch.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone), batch.usage
+    assert batch.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+    streamed = {}
+    for c in client.completions.create(
+        model=model, prompt=prompts, max_tokens=16, temperature=0, stream=True
+    ):
+        for choice in c.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert [streamed[i] for i in range(3)] == [c.text for c in batch.choices], streamed
+    ids = client.completions.create(
+        model=model, prompt=[[11, 12, 13], [14, 15]], max_tokens=4, temperature=0
+    )
+    assert len(ids.choices) == 2 and ids.usage.prompt_tokens == 5, ids
+
+    # echo: the prompt's text, then the completion, whole and streamed.
+    echoed = client.completions.create(
+        model=model, prompt="Hello, strata", max_tokens=16, temperature=0, echo=True
+    )
+    assert echoed.choices[0].text == "Hello, strata" + completion.choices[0].text, echoed
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model=model, prompt="Hello, strata", max_tokens=16, temperature=0, stream=True, echo=True
+        )
+        if c.choices
+    )
+    assert streamed == echoed.choices[0].text, streamed
+    try:
+        client.completions.create(
+            model=model, prompt="Hello", max_tokens=4, echo=True, logprobs=2
+        )
+        raise AssertionError("echo with logprobs was accepted")
+    except openai.BadRequestError as e:
+        assert "echo" in str(e), e
+
     # An alias is accepted wherever the model is named; answers report the served name, and
     # only the served name is listed.
     for alias in args.alias:

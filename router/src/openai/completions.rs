@@ -8,64 +8,150 @@ use serde_json::{Value, json};
 
 use super::schema::{CompletionRequest, UsageBody};
 use super::{
-    Framer, Prepared, ResponseMeta, TokenLogprob, check_model, finite_logprob, parse_body, respond,
+    Framer, Prepared, ResponseMeta, TokenLogprob, check_model, finite_logprob, parse_body,
+    respond_batch,
 };
 use crate::auth::Tenant;
 use crate::error::ApiError;
 use crate::state::AppState;
+
+/// Prompts one request may carry (a batch).
+pub const MAX_PROMPTS: usize = 128;
 
 pub async fn create(
     State(state): State<AppState>,
     tenant: Option<Extension<Tenant>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let request: CompletionRequest = parse_body(&body)?;
+    let mut request: CompletionRequest = parse_body(&body)?;
+    // Taken out of the shared fields, which still refuse it on chat.
+    let echo = echo(request.sampling.echo.take())?;
     check_model(&state, &request.model)?;
-    let prompt = encode_prompt(&state, &request.prompt)?;
-    let prepared =
-        Prepared::new(&state, &request.sampling, prompt, "prompt")?.for_tenant(tenant.as_deref());
+    let prompts = encode_prompts(&state, &request.prompt)?;
+    if echo
+        && request
+            .sampling
+            .logprobs
+            .as_ref()
+            .is_some_and(|v| !v.is_null())
+    {
+        return Err(ApiError::invalid(
+            Some("echo"),
+            "`echo` with `logprobs` needs the prompt's log-probabilities, which this server does \
+             not compute",
+        ));
+    }
+    let mut batch = Vec::with_capacity(prompts.len());
+    let mut echoed = Vec::with_capacity(prompts.len());
+    for (ids, text) in prompts {
+        echoed.push(match (echo, text) {
+            (false, _) => None,
+            (true, Some(text)) => Some(text),
+            // Token ids echo as their text, special tokens included (as /detokenize).
+            (true, None) => Some(state.tokenizer.decode(&ids, false)?),
+        });
+        let prepared =
+            Prepared::new(&state, &request.sampling, ids, "prompt")?.for_tenant(tenant.as_deref());
+        batch.push(prepared);
+    }
     let meta = ResponseMeta::new(&state, "cmpl");
-    respond(state, prepared, || CompletionFramer(meta.clone())).await
+    respond_batch(state, batch, |p| CompletionFramer {
+        meta: meta.clone(),
+        echo: echoed[p].clone(),
+    })
+    .await
 }
 
-/// A string (tokenized with the tokenizer's special tokens, e.g. BOS), a one-element array of
-/// strings, or an array of token ids taken as they are. Batches of prompts are not supported yet.
-fn encode_prompt(state: &AppState, prompt: &Value) -> Result<Vec<u32>, ApiError> {
+/// `echo`: a boolean (null is false).
+fn echo(value: Option<Value>) -> Result<bool, ApiError> {
+    match value {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(b),
+        Some(other) => Err(ApiError::invalid(
+            Some("echo"),
+            format!("`echo` must be a boolean; got {other}"),
+        )),
+    }
+}
+
+/// The prompts of a request, each as token ids with its text when it was given as text: a string
+/// (tokenized with the tokenizer's special tokens, e.g. BOS), an array of token ids taken as they
+/// are, or a batch of up to [`MAX_PROMPTS`] — an array of strings or of token-id arrays.
+fn encode_prompts(
+    state: &AppState,
+    prompt: &Value,
+) -> Result<Vec<(Vec<u32>, Option<String>)>, ApiError> {
     let refuse = || {
         ApiError::invalid(
             Some("prompt"),
-            "`prompt` must be a string, a one-element array of strings or an array of token ids",
+            "`prompt` must be a string, an array of token ids, or an array of strings or of \
+             token-id arrays",
         )
     };
+    let text = |text: &str| -> Result<(Vec<u32>, Option<String>), ApiError> {
+        Ok((state.tokenizer.encode(text, true)?, Some(text.to_string())))
+    };
+    let ids = |items: &[Value]| -> Option<Vec<u32>> {
+        items
+            .iter()
+            .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
+            .collect()
+    };
     match prompt {
-        Value::String(text) => Ok(state.tokenizer.encode(text, true)?),
-        Value::Array(items) => match items.as_slice() {
-            [Value::String(text)] => Ok(state.tokenizer.encode(text, true)?),
-            _ => items
+        Value::String(s) => Ok(vec![text(s)?]),
+        Value::Array(items) if items.iter().all(Value::is_number) => {
+            Ok(vec![(ids(items).ok_or_else(refuse)?, None)])
+        }
+        Value::Array(items) => {
+            if items.is_empty() || items.len() > MAX_PROMPTS {
+                return Err(ApiError::invalid(
+                    Some("prompt"),
+                    format!(
+                        "a batch of prompts holds 1 to {MAX_PROMPTS}; got {}",
+                        items.len()
+                    ),
+                ));
+            }
+            items
                 .iter()
-                .map(|v| v.as_u64().and_then(|id| u32::try_from(id).ok()))
-                .collect::<Option<Vec<u32>>>()
-                .ok_or_else(refuse),
-        },
+                .map(|item| match item {
+                    Value::String(s) => text(s),
+                    Value::Array(tokens) if !tokens.is_empty() => {
+                        Ok((ids(tokens).ok_or_else(refuse)?, None))
+                    }
+                    _ => Err(refuse()),
+                })
+                .collect()
+        }
         _ => Err(refuse()),
     }
 }
 
-struct CompletionFramer(ResponseMeta);
+struct CompletionFramer {
+    meta: ResponseMeta,
+    /// The prompt's text, when `echo` asks for it before the completion.
+    echo: Option<String>,
+}
 
 impl CompletionFramer {
     fn chunk(&self, choices: Value) -> Value {
         json!({
-            "id": self.0.id,
+            "id": self.meta.id,
             "object": "text_completion",
-            "created": self.0.created,
-            "model": self.0.model,
+            "created": self.meta.created,
+            "model": self.meta.model,
             "choices": choices,
         })
     }
 }
 
 impl Framer for CompletionFramer {
+    /// With `echo`, the prompt's text is the stream's first chunk.
+    fn opening(&self) -> Option<Value> {
+        let echo = self.echo.as_deref()?;
+        Some(self.delta(echo))
+    }
+
     fn delta(&self, text: &str) -> Value {
         self.chunk(json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": null}]))
     }
@@ -110,6 +196,10 @@ impl Framer for CompletionFramer {
     }
 
     fn whole(&self, text: String, reason: &str, usage: UsageBody) -> Value {
+        let text = match &self.echo {
+            Some(prompt) => format!("{prompt}{text}"),
+            None => text,
+        };
         let mut body = self
             .chunk(json!([{"index": 0, "text": text, "logprobs": null, "finish_reason": reason}]));
         body["usage"] = json!(usage);

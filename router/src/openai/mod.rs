@@ -459,7 +459,7 @@ fn start_choice(
     ))
 }
 
-/// Submits the request's `n` choices (framed by `framer(i)`) and answers with one JSON object
+/// Submits the request's `n` choices (framed by `framer()`) and answers with one JSON object
 /// or an SSE stream. Choices run concurrently; a stream interleaves their chunks, each naming
 /// its choice `index`.
 pub(crate) async fn respond<F: Framer>(
@@ -467,14 +467,32 @@ pub(crate) async fn respond<F: Framer>(
     prepared: Prepared,
     framer: impl Fn() -> F,
 ) -> Result<Response, ApiError> {
-    let mut generations = Vec::with_capacity(prepared.n);
-    for index in 0..prepared.n {
-        // An error drops the choices already submitted, which cancels them.
-        generations.push(start_choice(state.clone(), &prepared, index)?);
+    respond_batch(state, vec![prepared], |_| framer()).await
+}
+
+/// [`respond`] for several prompts (a batched `/v1/completions`), each with the same `n`: prompt
+/// `p`'s choice `i` is choice `p * n + i` of the answer, framed by `framer(p)`. Every prompt
+/// counts once in the usage.
+pub(crate) async fn respond_batch<F: Framer>(
+    state: AppState,
+    batch: Vec<Prepared>,
+    framer: impl Fn(usize) -> F,
+) -> Result<Response, ApiError> {
+    let Some(first) = batch.first() else {
+        return Err(ApiError::invalid(Some("prompt"), "no prompt to complete"));
+    };
+    let (n, stream, include_usage) = (first.n, first.stream, first.include_usage);
+    let with_logprobs = first.sampling.logprobs.is_some();
+    let mut generations = Vec::with_capacity(batch.len() * n);
+    for prepared in &batch {
+        for index in 0..n {
+            // An error drops the choices already submitted, which cancels them.
+            generations.push(start_choice(state.clone(), prepared, index)?);
+        }
     }
-    let with_logprobs = prepared.sampling.logprobs.is_some();
-    if !prepared.stream {
-        let framers: Vec<F> = (0..prepared.n).map(|_| framer()).collect();
+    let choices = generations.len();
+    if !stream {
+        let framers: Vec<F> = (0..choices).map(|c| framer(c / n)).collect();
         let collected =
             futures_util::future::join_all(generations.into_iter().map(Generation::collect_all))
                 .await;
@@ -487,7 +505,7 @@ pub(crate) async fn respond<F: Framer>(
                 whole["choices"][0]["logprobs"] = framer.logprobs(&state, &logprobs);
             }
             renumber(&mut whole, index);
-            total = total.merge_choice(usage, index);
+            total = total.merge_choice(usage, index % n == 0);
             if index == 0 {
                 body = whole;
             } else if let (Some(all), Some(more)) = (
@@ -500,16 +518,17 @@ pub(crate) async fn respond<F: Framer>(
         body["usage"] = json!(total);
         return Ok(Json(body).into_response());
     }
-    let usage_framer = framer();
-    let choices = generations
+    let usage_framer = framer(0);
+    let streams = generations
         .into_iter()
         .enumerate()
         .map(|(index, generation)| {
             let choice = ChoiceStream {
                 state: state.clone(),
                 generation,
-                framer: framer(),
+                framer: framer(index / n),
                 index,
+                counts_prompt: index % n == 0,
                 with_logprobs,
                 phase: Phase::Opening,
                 queued: std::collections::VecDeque::new(),
@@ -521,12 +540,12 @@ pub(crate) async fn respond<F: Framer>(
             .boxed()
         });
     let merged = MergedStream {
-        choices: stream::select_all(choices),
+        choices: stream::select_all(streams),
         usage_framer,
-        include_usage: prepared.include_usage,
+        include_usage,
         usage: None,
         finished: 0,
-        n: prepared.n,
+        n: choices,
         done: false,
     };
     let events = stream::unfold(merged, |mut merged| async move {
@@ -554,7 +573,9 @@ enum Phase {
 /// What one choice's stream yields.
 enum ChoiceEvent {
     Chunk(Value),
-    Finished(UsageBody),
+    /// The choice's usage, and whether its prompt's tokens count (the first choice of each
+    /// prompt).
+    Finished(UsageBody, bool),
     /// A failure after the stream began: the error body, sent as a chunk; the stream then ends.
     Failed(Value),
 }
@@ -566,6 +587,8 @@ struct ChoiceStream<F> {
     generation: Generation,
     framer: F,
     index: usize,
+    /// The first choice of its prompt: its prompt tokens count in the usage.
+    counts_prompt: bool,
     with_logprobs: bool,
     phase: Phase,
     /// Chunks released together, sent one per event before the next step is read.
@@ -598,7 +621,8 @@ impl<F: Framer> ChoiceStream<F> {
                         self.attach_logprobs(&mut chunks);
                         let chunks: Vec<_> = chunks.into_iter().map(|c| self.chunk(c)).collect();
                         self.queued.extend(chunks);
-                        self.queued.push_back(ChoiceEvent::Finished(usage));
+                        self.queued
+                            .push_back(ChoiceEvent::Finished(usage, self.counts_prompt));
                     }
                     Some(Err(e)) => return Some(ChoiceEvent::Failed(e.body())),
                     None => {}
@@ -649,9 +673,9 @@ impl<F: Framer, S: futures_util::Stream<Item = ChoiceEvent> + Unpin> MergedStrea
         loop {
             match self.choices.next().await {
                 Some(ChoiceEvent::Chunk(chunk)) => return Some(data(&chunk)),
-                Some(ChoiceEvent::Finished(usage)) => {
+                Some(ChoiceEvent::Finished(usage, counts_prompt)) => {
                     let total = self.usage.unwrap_or(UsageBody::new(0, 0));
-                    self.usage = Some(total.merge_choice(usage, self.finished));
+                    self.usage = Some(total.merge_choice(usage, counts_prompt));
                     self.finished += 1;
                 }
                 Some(ChoiceEvent::Failed(body)) => {

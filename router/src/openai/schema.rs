@@ -169,7 +169,7 @@ pub struct ChatCompletionRequest {
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
     pub model: String,
-    /// A string, a one-element array of strings, or an array of token ids.
+    /// A string, an array of token ids, or a batch: an array of strings or of token-id arrays.
     pub prompt: Value,
     #[serde(flatten)]
     pub sampling: SamplingFields,
@@ -199,11 +199,12 @@ impl UsageBody {
         }
     }
 
-    /// Adds the usage of the choice that finished `index`-th (from 0): the prompt counts once,
-    /// completion tokens add up.
-    pub fn merge_choice(mut self, choice: UsageBody, index: usize) -> Self {
-        if index == 0 {
-            return choice;
+    /// Adds one choice's usage: its completion tokens, and its prompt's tokens (cached ones
+    /// included) when `counts_prompt` — once per prompt, for the first choice of each.
+    pub fn merge_choice(mut self, choice: UsageBody, counts_prompt: bool) -> Self {
+        if counts_prompt {
+            self.prompt_tokens += choice.prompt_tokens;
+            self.prompt_tokens_details.cached_tokens += choice.prompt_tokens_details.cached_tokens;
         }
         self.completion_tokens += choice.completion_tokens;
         self.total_tokens = self.prompt_tokens + self.completion_tokens;

@@ -276,8 +276,15 @@ pub fn openai() -> Vec<Case> {
         .param("prompt"),
         bad(
             COMPLETIONS,
-            "a batch of prompts",
-            json!({"prompt": ["a", "b"]}),
+            "a batch of 129 prompts",
+            json!({"prompt": vec!["a"; 129]}),
+        )
+        .param("prompt")
+        .mentions(&["128"]),
+        bad(
+            COMPLETIONS,
+            "a batch mixing a string and a token id",
+            json!({"prompt": ["a", 5]}),
         )
         .param("prompt"),
         bad(COMPLETIONS, "missing prompt", json!({"prompt": "-"})).mentions(&["prompt"]),
@@ -301,7 +308,13 @@ pub fn openai() -> Vec<Case> {
         bad(COMPLETIONS, "n = 0", json!({"n": 0})).param("n"),
         bad(COMPLETIONS, "top_p 2", json!({"top_p": 2})).param("top_p"),
         bad(COMPLETIONS, "tools", tool(json!({"name": "f"}))).param("tools"),
-        bad(COMPLETIONS, "echo", json!({"echo": true})).param("echo"),
+        bad(COMPLETIONS, "echo not a boolean", json!({"echo": "yes"})).param("echo"),
+        bad(
+            COMPLETIONS,
+            "echo with logprobs",
+            json!({"echo": true, "logprobs": 2}),
+        )
+        .param("echo"),
         bad(COMPLETIONS, "best_of 2", json!({"best_of": 2})).param("best_of"),
         bad(
             COMPLETIONS,
