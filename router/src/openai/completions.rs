@@ -18,6 +18,9 @@ use crate::state::AppState;
 /// Prompts one request may carry (a batch).
 pub const MAX_PROMPTS: usize = 128;
 
+/// One prompt of a request: its token ids, and its text when it was given as text.
+type Prompt = (Vec<u32>, Option<String>);
+
 pub async fn create(
     State(state): State<AppState>,
     tenant: Option<Extension<Tenant>>,
@@ -77,10 +80,7 @@ fn echo(value: Option<Value>) -> Result<bool, ApiError> {
 /// The prompts of a request, each as token ids with its text when it was given as text: a string
 /// (tokenized with the tokenizer's special tokens, e.g. BOS), an array of token ids taken as they
 /// are, or a batch of up to [`MAX_PROMPTS`] — an array of strings or of token-id arrays.
-fn encode_prompts(
-    state: &AppState,
-    prompt: &Value,
-) -> Result<Vec<(Vec<u32>, Option<String>)>, ApiError> {
+fn encode_prompts(state: &AppState, prompt: &Value) -> Result<Vec<Prompt>, ApiError> {
     let refuse = || {
         ApiError::invalid(
             Some("prompt"),
@@ -88,7 +88,7 @@ fn encode_prompts(
              token-id arrays",
         )
     };
-    let text = |text: &str| -> Result<(Vec<u32>, Option<String>), ApiError> {
+    let text = |text: &str| -> Result<Prompt, ApiError> {
         Ok((state.tokenizer.encode(text, true)?, Some(text.to_string())))
     };
     let ids = |items: &[Value]| -> Option<Vec<u32>> {
