@@ -12,6 +12,8 @@
 #     `cargo test -p strata-router --test anthropic_sdk`;
 #   - the pinned `boto3` (AWS SDK for Python), whose bedrock-runtime client
 #     `cargo test -p strata-router --test converse_boto3` drives the same way;
+#   - the pinned `schemathesis`, which `cargo test -p strata-router --test openapi_fuzz` runs
+#     against /openapi.json (in its own folder: its dependencies would clash with the SDKs' pins);
 #   - NVRTC, the CUDA headers and ptxas as CUDA 13.0 pip wheels, with which
 #     `cargo test -p strata-kernels --test compile` compiles every kernel without a GPU.
 # Idempotent and quiet when everything is already in place; the expected renders are
@@ -26,6 +28,7 @@ tokenizers_version="3.7.2"
 openai_version="3.60.0"
 anthropic_version="2.17.0"
 boto3_version="1.40.0"
+schemathesis_version="4.32.5"
 cuda_version="13.0"
 
 fetch_tokenizer() {
@@ -133,6 +136,15 @@ if ! grep -qs "__version__ = '$boto3_version'" "$py/boto3/__init__.py"; then
     echo "installing boto3==$boto3_version -> $py" >&2
     python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
         --upgrade --target "$py" "boto3==$boto3_version"
+fi
+
+# Its own folder, emptied first when it holds another version (checked by its dist-info).
+st="$data/schemathesis"
+if [[ ! -d "$st/schemathesis-$schemathesis_version.dist-info" || ! -x "$st/bin/st" ]]; then
+    echo "installing schemathesis==$schemathesis_version -> $st" >&2
+    rm -rf "$st"
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
+        --target "$st" "schemathesis==$schemathesis_version"
 fi
 
 # The CUDA wheels: every CUDA component pinned to one minor version (the nvcc wheel would

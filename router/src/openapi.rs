@@ -1,7 +1,8 @@
 //! `GET /openapi.json`: the OpenAPI 3.1 description of every route, kept by hand in
-//! `router/api/openapi.json` and embedded in the binary. It lists the main fields of each
-//! request and answer; docs/SERVING.md stays the full reference. `router/tests/operations.rs`
-//! fails when a served route is missing from it.
+//! `router/api/openapi.json` and embedded in the binary. It lists every field each request may
+//! carry and each answer, as strict as the server: `router/tests/openapi_fuzz.rs` runs
+//! schemathesis against it; docs/SERVING.md stays the full reference.
+//! `router/tests/operations.rs` fails when a served route is missing from it.
 
 use axum::Router;
 use axum::http::header;

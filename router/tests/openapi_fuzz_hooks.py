@@ -1,0 +1,57 @@
+"""Schemathesis hooks for `cargo test -p strata-router --test openapi_fuzz`.
+
+`positive_data_acceptance` (ST202, a schema-valid request refused) is replaced by
+`statable_positive_data_acceptance`: the same check, except that it lets through the 400s no
+static document can state, because they depend on the served model or on another field:
+  - the context window: the prompt plus the requested output (or `min_tokens`) exceed it;
+  - a token id outside the served vocabulary;
+  - the model's chat template refusing a conversation it cannot render;
+  - a regular expression or Lark grammar (structured outputs) that does not compile: the
+    document can say "a string", not "a grammar";
+  - rules across fields: a tool choice naming a tool not among the tools (or asking for a call
+    with no tools), tool names repeated, `top_logprobs` without `logprobs: true`, two output
+    constraints at once.
+Every other refusal of a schema-valid request still fails the run.
+"""
+
+import json
+
+import schemathesis
+from schemathesis.openapi.checks import RejectedPositiveData
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+# Words of the server's refusal messages (router/src), one refusal each.
+UNSTATABLE_REFUSALS = (
+    "context window",
+    "context_length_exceeded",
+    "<= max_tokens",
+    "is outside the vocabulary",
+    "the chat template refused",
+    "cannot be compiled",
+    "needs a non-empty `tools`",
+    "which is not in `",
+    "asks for a tool call, but",
+    "tool names must be unique",
+    "`top_logprobs` needs `logprobs: true`",
+    "both constrain the output",
+)
+
+
+def _unstatable(response):
+    if response.status_code != 400:
+        return False
+    try:
+        text = json.dumps(response.json())
+    except ValueError:
+        return False
+    return any(words in text for words in UNSTATABLE_REFUSALS)
+
+
+@schemathesis.check
+def statable_positive_data_acceptance(ctx, response, case):
+    try:
+        return positive_data_acceptance(ctx, response, case)
+    except RejectedPositiveData:
+        if _unstatable(response):
+            return None
+        raise
