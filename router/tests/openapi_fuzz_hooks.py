@@ -10,7 +10,7 @@ static document can state, because they depend on the served model or on another
     document can say "a string", not "a grammar";
   - rules across fields: a tool choice naming a tool not among the tools (or asking for a call
     with no tools), tool names repeated, `top_logprobs` without `logprobs: true`, two output
-    constraints at once.
+    constraints at once, `echo` with `logprobs` on completions.
 Every other refusal of a schema-valid request still fails the run.
 """
 
@@ -34,6 +34,7 @@ UNSTATABLE_REFUSALS = (
     "tool names must be unique",
     "`top_logprobs` needs `logprobs: true`",
     "both constrain the output",
+    "needs the prompt's log-probabilities",
 )
 
 
