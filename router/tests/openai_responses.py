@@ -133,7 +133,120 @@ def main() -> None:
     except openai.NotFoundError as e:
         assert "no-such-model" in str(e), e
 
+    function_tools(client, model)
     print("openai SDK", openai.__version__, "responses ok")
+
+
+# A function whose only argument is an enum: a forced call of it is short and fully determined
+# but for the value, so a random-weight model always completes it within the limit.
+UNIT = {
+    "type": "function",
+    "name": "get_unit",
+    "description": "The temperature unit to answer in.",
+    "parameters": {
+        "type": "object",
+        "properties": {"unit": {"enum": ["c", "f"]}},
+        "required": ["unit"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    "strict": False,
+}
+
+
+def function_calls(response) -> list:
+    return [item for item in response.output if item.type == "function_call"]
+
+
+def function_tools(client: openai.OpenAI, model: str) -> None:
+    """Function tools: rendered, a forced call parsed into `function_call` items (whole and
+    streamed), the call's result sent back, and refusals naming the field."""
+    question = "Which unit?"
+    plain = client.responses.create(model=model, input=question, max_output_tokens=4, temperature=0)
+
+    for tools, choice in (([UNIT], "required"), ([WEATHER, UNIT], {"type": "function", "name": "get_unit"})):
+        forced = dict(
+            model=model, input=question, tools=tools, tool_choice=choice,
+            max_output_tokens=128, temperature=0,
+        )
+        called = client.responses.create(**forced)
+        # The canary: without calls parsed from the output this list is empty.
+        calls = function_calls(called)
+        assert len(calls) == 1, called.output
+        call = calls[0]
+        assert call.name == "get_unit" and call.status == "completed", call
+        assert json.loads(call.arguments)["unit"] in ("c", "f"), call
+        assert call.call_id.startswith("call_") and call.id.startswith("fc_"), call
+        assert called.status == "completed", called
+        assert [t.name for t in called.tools] == [t["name"] for t in tools], called.tools
+        assert called.usage.input_tokens > plain.usage.input_tokens + 20, (called.usage, plain.usage)
+        if isinstance(choice, str):
+            assert called.tool_choice == choice, called.tool_choice
+        else:
+            assert called.tool_choice.name == "get_unit", called.tool_choice
+
+        # Streamed: the raw events, and the SDK's own accumulation of them.
+        kinds, final = [], None
+        for event in client.responses.create(stream=True, **forced):
+            kinds.append(event.type)
+            if event.type == "response.function_call_arguments.done":
+                assert json.loads(event.arguments) == json.loads(call.arguments), event
+            final = event.response if event.type == "response.completed" else final
+        assert final is not None, kinds
+        for kind in (
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+        ):
+            assert kind in kinds, (kind, kinds)
+        same = [(c.name, c.arguments) for c in function_calls(final)]
+        assert same == [(call.name, call.arguments)], (final.output, called.output)
+        with client.responses.stream(**forced) as stream:
+            accumulated = stream.get_final_response()
+        assert [(c.name, c.arguments) for c in function_calls(accumulated)] == same, accumulated
+
+    # The call's result sent back after previous_response_id: the stored conversation holds the
+    # call, so the prompt equals the one built from the same items sent afresh.
+    answer = {"type": "function_call_output", "call_id": call.call_id, "output": "c"}
+    follow = client.responses.create(
+        model=model, previous_response_id=called.id, input=[answer], tools=tools,
+        max_output_tokens=8, temperature=0,
+    )
+    assert follow.status in ("completed", "incomplete"), follow
+    assert follow.usage.input_tokens > called.usage.input_tokens, (follow.usage, called.usage)
+    echoed = [item.model_dump(exclude_none=True) for item in called.output]
+    fresh = client.responses.create(
+        model=model, input=[{"role": "user", "content": question}, *echoed, answer],
+        tools=tools, max_output_tokens=8, temperature=0,
+    )
+    assert fresh.usage.input_tokens == follow.usage.input_tokens, (fresh.usage, follow.usage)
+    assert fresh.output_text == follow.output_text, (fresh.output, follow.output)
+
+    # "none" renders no tools: the plain prompt, and only a message.
+    none = client.responses.create(
+        model=model, input=question, tools=[UNIT], tool_choice="none", max_output_tokens=4,
+        temperature=0,
+    )
+    assert none.usage.input_tokens == plain.usage.input_tokens, (none.usage, plain.usage)
+    assert [item.type for item in none.output] == ["message"], none.output
+
+    for kwargs, param in (
+        (dict(tools=[UNIT, {"type": "web_search"}]), "tools[1].type"),
+        (dict(tools=[UNIT], tool_choice={"type": "function", "name": "nope"}), "tool_choice"),
+        (dict(tool_choice="required"), "tool_choice"),
+    ):
+        try:
+            client.responses.create(model=model, input=question, max_output_tokens=4, **kwargs)
+            raise AssertionError(f"{kwargs} was accepted")
+        except openai.BadRequestError as e:
+            assert e.body["param"] == param, (kwargs, e.body)
+            assert param in e.body["message"], e.body
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ pub mod completions;
 pub(crate) mod generation;
 pub mod models;
 pub mod responses;
+mod responses_output;
+mod responses_tools;
 pub mod schema;
 pub mod tokenize;
 pub use crate::tools;

@@ -17,11 +17,14 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::generation::{Generation, Step};
+use super::responses_output::{ItemEvent, OutputItems};
+use super::responses_tools::{self, push_tool_item};
 use super::schema::{SamplingFields, UsageBody};
 use super::{Prepared, check_model, parse_body};
 use crate::auth::Tenant;
 use crate::error::ApiError;
 use crate::state::{AppState, unix_now};
+use crate::tools::{ToolFormat, forced_constraint, render_conversation};
 
 /// How many responses the store keeps; the oldest is forgotten first (FIFO).
 pub const STORE_CAPACITY: usize = 10_000;
@@ -50,8 +53,11 @@ struct ResponsesRequest {
     #[allow(dead_code)]
     user: Option<String>,
     metadata: Option<Value>,
-    /// Not implemented: refused when non-empty.
+    /// Function tools, flat (`{"type": "function", "name", "parameters", ...}`); see
+    /// [`responses_tools`].
     tools: Option<Value>,
+    /// `auto`, `none`, `required` or `{"type": "function", "name"}`, as on chat.
+    tool_choice: Option<Value>,
     /// `text.format`: `text`, `json_object` or `json_schema` (with `schema`), enforced while
     /// decoding (what the SDK's `responses.parse` sends).
     text: Option<Value>,
@@ -67,7 +73,6 @@ const IGNORED: &[&str] = &[
     "service_tier",
     "prompt_cache_key",
     "safety_identifier",
-    "tool_choice",
 ];
 
 #[derive(Debug, Deserialize)]
@@ -171,16 +176,6 @@ async fn create(
 ) -> Result<Response, ApiError> {
     let request: ResponsesRequest = parse_body(&body)?;
     check_model(&state, &request.model)?;
-    if request
-        .tools
-        .as_ref()
-        .is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()))
-    {
-        return Err(ApiError::invalid(
-            Some("tools"),
-            "`tools` is not supported by /v1/responses yet",
-        ));
-    }
     if let Some((name, _)) = request
         .extra
         .iter()
@@ -198,8 +193,14 @@ async fn create(
             .ok_or_else(|| unknown_response(id, Some("previous_response_id")))?,
         None => Vec::new(),
     };
-    conversation.extend(input_messages(&request.input)?);
-    let prompt = render(&state, request.instructions.as_deref(), &conversation)?;
+    let tools = responses_tools::read(request.tools.as_ref(), request.tool_choice.as_ref())?;
+    input_messages(&request.input, &mut conversation)?;
+    let (prompt, format) = render(
+        &state,
+        request.instructions.as_deref(),
+        &conversation,
+        tools.template.clone(),
+    )?;
     let fields = SamplingFields {
         max_completion_tokens: request.max_output_tokens,
         temperature: request.temperature,
@@ -208,13 +209,23 @@ async fn create(
         response_format: text_format(request.text.as_ref())?,
         ..SamplingFields::default()
     };
-    let prepared = Prepared::new(&state, &fields, prompt, "input")
+    let mut prepared = Prepared::new(&state, &fields, prompt, "input")
         .map_err(rename_max_tokens)?
         .for_tenant(tenant.as_deref());
+    if let Some(forced) = forced_constraint(format, tools.template.as_deref(), tools.forced) {
+        if prepared.constraint.is_some() {
+            return Err(ApiError::invalid(
+                Some("text.format"),
+                "`text.format` cannot apply when `tool_choice` forces a tool call",
+            ));
+        }
+        prepared.constraint = Some(forced);
+    }
     let number = store.next_number();
     let shell = ResponseShell {
         id: format!("resp_{number}"),
-        message_id: format!("msg_{number}"),
+        number,
+        format,
         created_at: unix_now(),
         model: state.name.clone(),
         request: json!({
@@ -228,6 +239,10 @@ async fn create(
             "metadata": request.metadata.clone().unwrap_or_else(|| json!({})),
             "text": request.text.clone().filter(|t| t.get("format").is_some_and(|f| !f.is_null()))
                 .unwrap_or_else(|| json!({"format": {"type": "text"}})),
+            "tools": tools.echo_tools,
+            "tool_choice": tools.echo_choice,
+            "parallel_tool_calls": request.extra.get("parallel_tool_calls")
+                .and_then(Value::as_bool).unwrap_or(true),
         }),
     };
     let keep = request.store.unwrap_or(true).then(|| Keep {
@@ -238,17 +253,18 @@ async fn create(
     let generation = super::start(state, &prepared)?;
     if !prepared.stream {
         let (text, reason, usage) = generation.collect().await?;
-        let response = shell.finished(&text, reason, &usage);
+        let items = shell.items().whole(&text, reason == "length");
+        let response = shell.finished(&items, reason, &usage);
         if let Some(keep) = keep {
-            keep.save(&shell.id, text, response.clone());
+            keep.save(&shell.id, &items, response.clone());
         }
         return Ok(Json(response).into_response());
     }
     let events = ResponseEvents {
         generation,
+        items: shell.items(),
         shell,
         keep,
-        text: String::new(),
         sequence: 0,
         queued: VecDeque::new(),
         phase: Phase::Opening,
@@ -292,17 +308,27 @@ fn rename_max_tokens(mut e: ApiError) -> ApiError {
     e
 }
 
-/// `input` as chat messages with string content: a bare string is one user message; an item
-/// list holds messages whose content is a string or `input_text` / `output_text` parts.
-fn input_messages(input: &Input) -> Result<Vec<Value>, ApiError> {
+/// `input` appended to `messages` as chat messages with string content: a bare string is one
+/// user message; an item list holds messages whose content is a string or `input_text` /
+/// `output_text` parts, and the tool items ([`push_tool_item`]).
+fn input_messages(input: &Input, messages: &mut Vec<Value>) -> Result<(), ApiError> {
     match input {
-        Input::Text(text) => Ok(vec![json!({"role": "user", "content": text})]),
-        Input::Items(items) if items.is_empty() => Err(ApiError::invalid(
-            Some("input"),
-            "`input` must hold at least one message",
-        )),
-        Input::Items(items) => items.iter().enumerate().map(input_message).collect(),
+        Input::Text(text) => messages.push(json!({"role": "user", "content": text})),
+        Input::Items(items) if items.is_empty() => {
+            return Err(ApiError::invalid(
+                Some("input"),
+                "`input` must hold at least one message",
+            ));
+        }
+        Input::Items(items) => {
+            for (index, item) in items.iter().enumerate() {
+                if !push_tool_item(messages, index, item)? {
+                    messages.push(input_message((index, item))?);
+                }
+            }
+        }
     }
+    Ok(())
 }
 
 fn input_message((index, item): (usize, &Value)) -> Result<Value, ApiError> {
@@ -317,7 +343,8 @@ fn input_message((index, item): (usize, &Value)) -> Result<Value, ApiError> {
     {
         return Err(invalid(
             ".type",
-            "must be \"message\" (other items are not supported)",
+            "must be \"message\", \"function_call\" or \"function_call_output\" \
+             (other items are not supported)",
         ));
     }
     let role = match item.get("role").and_then(Value::as_str) {
@@ -361,19 +388,20 @@ fn input_message((index, item): (usize, &Value)) -> Result<Value, ApiError> {
 }
 
 /// The prompt: `instructions` as a system message, then the conversation, through the model's
-/// chat template. Instructions are per request and never stored, as OpenAI does: a follow-up
-/// states its own.
+/// chat template with the tools, and the call format to parse when tools were rendered.
+/// Instructions are per request and never stored, as OpenAI does: a follow-up states its own.
 fn render(
     state: &AppState,
     instructions: Option<&str>,
     conversation: &[Value],
-) -> Result<Vec<u32>, ApiError> {
+    tools: Option<Vec<Value>>,
+) -> Result<(Vec<u32>, Option<ToolFormat>), ApiError> {
     let messages = instructions
         .map(|text| json!({"role": "system", "content": text}))
         .into_iter()
         .chain(conversation.iter().cloned())
         .collect();
-    super::chat::render_messages(state, messages, "input")
+    render_conversation(state, messages, tools, "input")
 }
 
 /// What a stored response keeps once its output is known.
@@ -384,9 +412,8 @@ struct Keep {
 }
 
 impl Keep {
-    fn save(mut self, id: &str, output: String, response: Value) {
-        self.conversation
-            .push(json!({"role": "assistant", "content": output}));
+    fn save(mut self, id: &str, output: &OutputItems, response: Value) {
+        self.conversation.push(output.assistant_message());
         self.store.insert(
             id.to_owned(),
             Stored {
@@ -401,10 +428,13 @@ impl Keep {
 /// The parts of the response object known before generation.
 struct ResponseShell {
     id: String,
-    message_id: String,
+    /// The response's number, which its items' ids carry.
+    number: u64,
+    /// The call format to parse, when tools were rendered.
+    format: Option<ToolFormat>,
     created_at: u64,
     model: String,
-    /// Request fields echoed back (instructions, temperature, ...).
+    /// Request fields echoed back (instructions, temperature, tools, ...).
     request: Value,
 }
 
@@ -420,9 +450,6 @@ impl ResponseShell {
             "incomplete_details": incomplete,
             "model": self.model,
             "output": output,
-            "parallel_tool_calls": false,
-            "tool_choice": "none",
-            "tools": [],
             "text": {"format": {"type": "text"}},
             "truncation": "disabled",
             "usage": usage,
@@ -433,41 +460,21 @@ impl ResponseShell {
         object
     }
 
+    fn items(&self) -> OutputItems {
+        OutputItems::new(self.format, format!("msg_{}", self.number), self.number)
+    }
+
     fn in_progress(&self) -> Value {
         self.object("in_progress", json!([]), Value::Null, Value::Null)
     }
 
-    fn finished(&self, text: &str, reason: &str, usage: &UsageBody) -> Value {
+    fn finished(&self, items: &OutputItems, reason: &str, usage: &UsageBody) -> Value {
         let (status, incomplete) = match reason {
             "length" => ("incomplete", json!({"reason": "max_output_tokens"})),
             _ => ("completed", Value::Null),
         };
-        self.object(
-            status,
-            json!([self.message(text, "completed")]),
-            responses_usage(usage),
-            incomplete,
-        )
+        self.object(status, items.output(), responses_usage(usage), incomplete)
     }
-
-    fn message(&self, text: &str, status: &str) -> Value {
-        let content = if status == "completed" {
-            json!([output_text(text)])
-        } else {
-            json!([])
-        };
-        json!({
-            "type": "message",
-            "id": self.message_id,
-            "status": status,
-            "role": "assistant",
-            "content": content,
-        })
-    }
-}
-
-fn output_text(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": []})
 }
 
 fn responses_usage(usage: &UsageBody) -> Value {
@@ -491,8 +498,8 @@ enum Phase {
 struct ResponseEvents {
     generation: Generation,
     shell: ResponseShell,
+    items: OutputItems,
     keep: Option<Keep>,
-    text: String,
     sequence: u64,
     queued: VecDeque<Event>,
     phase: Phase,
@@ -507,13 +514,17 @@ impl ResponseEvents {
             match std::mem::replace(&mut self.phase, Phase::Closed) {
                 Phase::Opening => {
                     self.phase = Phase::Text;
-                    self.open();
+                    let response = self.shell.in_progress();
+                    self.push("response.created", json!({"response": response}));
+                    self.push("response.in_progress", json!({"response": response}));
+                    let events = self.items.opening();
+                    self.push_all(events);
                 }
                 Phase::Text => match self.generation.next().await {
                     Some(Ok(Step::Text(piece))) => {
                         self.phase = Phase::Text;
-                        self.push("response.output_text.delta", self.text_event(&piece));
-                        self.text.push_str(&piece);
+                        let events = self.items.push(&piece);
+                        self.push_all(events);
                     }
                     Some(Ok(Step::Finished { reason, usage })) => self.close(reason, &usage),
                     Some(Err(e)) => {
@@ -529,57 +540,10 @@ impl ResponseEvents {
         }
     }
 
-    fn text_event(&self, delta: &str) -> Value {
-        json!({
-            "item_id": self.shell.message_id,
-            "output_index": 0,
-            "content_index": 0,
-            "delta": delta,
-            "logprobs": [],
-        })
-    }
-
-    fn open(&mut self) {
-        let response = self.shell.in_progress();
-        self.push("response.created", json!({"response": response}));
-        self.push("response.in_progress", json!({"response": response}));
-        let item = self.shell.message("", "in_progress");
-        self.push(
-            "response.output_item.added",
-            json!({"output_index": 0, "item": item}),
-        );
-        self.push(
-            "response.content_part.added",
-            json!({
-                "item_id": self.shell.message_id,
-                "output_index": 0,
-                "content_index": 0,
-                "part": output_text(""),
-            }),
-        );
-    }
-
     fn close(&mut self, reason: &str, usage: &UsageBody) {
-        let text = std::mem::take(&mut self.text);
-        let part = output_text(&text);
-        let id = self.shell.message_id.clone();
-        self.push(
-            "response.output_text.done",
-            json!({
-                "item_id": id, "output_index": 0, "content_index": 0,
-                "text": text, "logprobs": [],
-            }),
-        );
-        self.push(
-            "response.content_part.done",
-            json!({"item_id": id, "output_index": 0, "content_index": 0, "part": part}),
-        );
-        let item = self.shell.message(&text, "completed");
-        self.push(
-            "response.output_item.done",
-            json!({"output_index": 0, "item": item}),
-        );
-        let response = self.shell.finished(&text, reason, usage);
+        let events = self.items.finish(reason == "length");
+        self.push_all(events);
+        let response = self.shell.finished(&self.items, reason, usage);
         let kind = if response["status"] == "incomplete" {
             "response.incomplete"
         } else {
@@ -587,7 +551,13 @@ impl ResponseEvents {
         };
         self.push(kind, json!({"response": response}));
         if let Some(keep) = self.keep.take() {
-            keep.save(&self.shell.id, text, response);
+            keep.save(&self.shell.id, &self.items, response);
+        }
+    }
+
+    fn push_all(&mut self, events: Vec<ItemEvent>) {
+        for (kind, body) in events {
+            self.push(kind, body);
         }
     }
 
@@ -605,9 +575,14 @@ impl ResponseEvents {
 mod tests {
     use super::*;
 
+    fn messages(input: Input) -> Result<Vec<Value>, ApiError> {
+        let mut messages = Vec::new();
+        input_messages(&input, &mut messages).map(|()| messages)
+    }
+
     #[test]
     fn a_string_input_is_one_user_message() {
-        let m = input_messages(&Input::Text("hi".into())).unwrap();
+        let m = messages(Input::Text("hi".into())).unwrap();
         assert_eq!(m, vec![json!({"role": "user", "content": "hi"})]);
     }
 
@@ -616,7 +591,7 @@ mod tests {
         let items = vec![json!({"role": "developer", "content": [
             {"type": "input_text", "text": "Be "}, {"type": "output_text", "text": "brief."}
         ]})];
-        let m = input_messages(&Input::Items(items)).unwrap();
+        let m = messages(Input::Items(items)).unwrap();
         assert_eq!(m, vec![json!({"role": "system", "content": "Be brief."})]);
     }
 
@@ -626,11 +601,29 @@ mod tests {
             json!({"role": "user", "content": "ok"}),
             json!({"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}),
         ];
-        let e = input_messages(&Input::Items(items)).unwrap_err();
+        let e = messages(Input::Items(items)).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input[1].content[0]"));
-        let e = input_messages(&Input::Items(vec![json!({"role": "tool", "content": "x"})]))
-            .unwrap_err();
+        let e = messages(Input::Items(vec![json!({"role": "tool", "content": "x"})])).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input[0].role"));
+    }
+
+    #[test]
+    fn tool_items_mix_with_messages_in_order() {
+        let items = vec![
+            json!({"role": "user", "content": "Weather?"}),
+            json!({"type": "message", "role": "assistant",
+                   "content": [{"type": "output_text", "text": "Checking."}]}),
+            json!({"type": "function_call", "call_id": "call_1", "name": "w", "arguments": "{}"}),
+            json!({"type": "function_call_output", "call_id": "call_1", "output": "18"}),
+        ];
+        let m = messages(Input::Items(items)).unwrap();
+        let roles: Vec<_> = m.iter().map(|m| m["role"].as_str().unwrap()).collect();
+        assert_eq!(roles, ["user", "assistant", "tool"]);
+        assert_eq!(m[1]["content"], "Checking.");
+        assert_eq!(m[1]["tool_calls"][0]["function"]["name"], "w");
+        assert_eq!(m[2]["tool_call_id"], "call_1");
+        let e = messages(Input::Items(vec![json!({"type": "reasoning"})])).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input[0].type"));
     }
 
     fn stored(tenant: &str) -> Stored {

@@ -365,10 +365,48 @@ pub fn openai() -> Vec<Case> {
         .param("input[0].content[0]"),
         bad(
             RESPONSES,
-            "a function call item",
-            json!({"input": [{"type": "function_call"}]}),
+            "a reasoning item",
+            json!({"input": [{"type": "reasoning", "summary": []}]}),
         )
         .param("input[0].type"),
+        bad(
+            RESPONSES,
+            "a function call item without call_id",
+            json!({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}),
+        )
+        .param("input[0].call_id"),
+        bad(
+            RESPONSES,
+            "a function call output of a number",
+            json!({"input": [{"type": "function_call_output", "call_id": "c", "output": 3}]}),
+        )
+        .param("input[0].output"),
+        bad(
+            RESPONSES,
+            "a web_search tool",
+            json!({"tools": [{"type": "web_search"}]}),
+        )
+        .param("tools[0].type")
+        .mentions(&["web_search"]),
+        bad(
+            RESPONSES,
+            "a function tool without a name",
+            json!({"tools": [{"type": "function", "parameters": {}}]}),
+        )
+        .param("tools[0].name"),
+        bad(
+            RESPONSES,
+            "tool_choice naming an unknown function",
+            json!({"tools": [{"type": "function", "name": "f", "parameters": {}}],
+                   "tool_choice": {"type": "function", "name": "g"}}),
+        )
+        .param("tool_choice"),
+        bad(
+            RESPONSES,
+            "tool_choice required without tools",
+            json!({"tool_choice": "required"}),
+        )
+        .param("tool_choice"),
         bad(
             RESPONSES,
             "an unknown previous_response_id",
