@@ -103,6 +103,19 @@ def main() -> None:
     )
     assert sampled["usage"]["outputTokens"] > 0, sampled
 
+    # additionalModelRequestFields: top_k = 1 keeps only the likeliest token, so sampling at
+    # temperature 1 gives the greedy text; requestMetadata and standard latency are accepted.
+    top1 = client.converse(
+        modelId=model,
+        system=system,
+        messages=messages,
+        inferenceConfig={"maxTokens": 24, "temperature": 1.0},
+        additionalModelRequestFields={"top_k": 1},
+        requestMetadata={"team": "tests"},
+        performanceConfig={"latency": "standard"},
+    )
+    assert top1["output"]["message"]["content"][0]["text"] == text, (top1, text)
+
     # Refusals reach botocore as ClientError with Converse's error codes.
     def refused(code: str, **kwargs) -> str:
         try:

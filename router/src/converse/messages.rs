@@ -86,7 +86,10 @@ fn start(
         .map_err(|e| ConverseError::validation(format!("invalid request body: {e}")))?;
     refuse_unsupported(&request)?;
     let (prompt, format, constraint) = render(&state, &request)?;
-    let sampling = sampling_params(&state, &request.inference_config, prompt.len())?;
+    let mut sampling = sampling_params(&state, &request.inference_config, prompt.len())?;
+    if let Some(top_k) = additional_top_k(request.additional_model_request_fields.as_ref())? {
+        sampling.top_k = top_k;
+    }
     let framer = BlockFramer::new(
         format,
         format!("tooluse_{:024}", state.next_response_number()),
@@ -111,18 +114,71 @@ pub(crate) fn latency_ms(started: Instant) -> u64 {
 }
 
 fn refuse_unsupported(request: &ConverseRequest) -> Result<(), ConverseError> {
-    let fields = [
-        ("guardrailConfig", &request.guardrail_config),
-        ("promptVariables", &request.prompt_variables),
+    let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+    let refused = [
+        ("guardrailConfig", set(&request.guardrail_config)),
+        ("promptVariables", set(&request.prompt_variables)),
+        (
+            "additionalModelResponseFieldPaths",
+            request
+                .additional_model_response_field_paths
+                .as_ref()
+                .is_some_and(|v| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty())),
+        ),
     ];
-    match fields
-        .iter()
-        .find(|(_, v)| v.as_ref().is_some_and(|v| !v.is_null()))
-    {
-        Some((name, _)) => Err(ConverseError::validation(format!(
+    if let Some((name, _)) = refused.iter().find(|(_, refused)| *refused) {
+        return Err(ConverseError::validation(format!(
             "{name}: not supported by this server yet"
+        )));
+    }
+    if let Some(latency) = request
+        .performance_config
+        .as_ref()
+        .filter(|v| !v.is_null())
+        .map(|v| v.get("latency").cloned().unwrap_or(Value::Null))
+        && latency != "standard"
+        && !latency.is_null()
+    {
+        return Err(ConverseError::validation(format!(
+            "performanceConfig.latency: only \"standard\" is served; got {latency}"
+        )));
+    }
+    // Bedrock's own words for a member it does not know.
+    match request.extra.iter().find(|(_, v)| !v.is_null()) {
+        Some((name, _)) => Err(ConverseError::validation(format!(
+            "extraneous key [{name}] is not permitted"
         ))),
         None => Ok(()),
+    }
+}
+
+/// `top_k` from `additionalModelRequestFields` (the one model parameter Converse has no member
+/// for that this server samples with); any other key is refused by name.
+fn additional_top_k(fields: Option<&Value>) -> Result<Option<u32>, ConverseError> {
+    let Some(fields) = fields.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let Some(map) = fields.as_object() else {
+        return Err(ConverseError::validation(
+            "additionalModelRequestFields: must be an object",
+        ));
+    };
+    if let Some(key) = map.keys().find(|k| *k != "top_k") {
+        return Err(ConverseError::validation(format!(
+            "additionalModelRequestFields.{key}: not supported (only top_k is)"
+        )));
+    }
+    match map.get("top_k") {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|k| u32::try_from(k).ok())
+            .map(Some)
+            .ok_or_else(|| {
+                ConverseError::validation(format!(
+                    "additionalModelRequestFields.top_k: must be a non-negative integer; got {v}"
+                ))
+            }),
     }
 }
 

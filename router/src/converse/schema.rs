@@ -16,6 +16,17 @@ pub struct ConverseRequest {
     pub tool_config: Option<Value>,
     pub guardrail_config: Option<Value>,
     pub prompt_variables: Option<Value>,
+    /// Model parameters Converse has no member for: `top_k` is taken, any other is refused.
+    pub additional_model_request_fields: Option<Value>,
+    /// Refused unless empty: no model-specific response fields are returned.
+    pub additional_model_response_field_paths: Option<Value>,
+    /// Accepted and ignored: tags for the caller's own logs.
+    pub request_metadata: Option<Value>,
+    /// `{"latency": "standard"}`, how this server always runs; `optimized` is refused.
+    pub performance_config: Option<Value>,
+    /// Any other member: refused by name unless `null`.
+    #[serde(flatten)]
+    pub extra: std::collections::BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -41,7 +52,7 @@ impl Role {
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InferenceConfig {
     pub max_tokens: Option<i64>,
     pub temperature: Option<f32>,

@@ -514,6 +514,37 @@ pub fn converse() -> Vec<Case> {
                 json!({"guardrailConfig": {"guardrailIdentifier": "g"}}),
             )
             .mentions(&["guardrailConfig"]),
+            bad(path, "an unknown member", json!({"topK": 5})).mentions(&["topK"]),
+            bad(
+                path,
+                "an unknown inferenceConfig member",
+                config(json!({"topK": 5})),
+            )
+            .mentions(&["topK"]),
+            bad(
+                path,
+                "an additional field other than top_k",
+                json!({"additionalModelRequestFields": {"min_p": 0.1}}),
+            )
+            .mentions(&["additionalModelRequestFields.min_p"]),
+            bad(
+                path,
+                "top_k not an integer",
+                json!({"additionalModelRequestFields": {"top_k": "five"}}),
+            )
+            .mentions(&["top_k"]),
+            bad(
+                path,
+                "additional response field paths",
+                json!({"additionalModelResponseFieldPaths": ["/stop_sequence"]}),
+            )
+            .mentions(&["additionalModelResponseFieldPaths"]),
+            bad(
+                path,
+                "optimized latency",
+                json!({"performanceConfig": {"latency": "optimized"}}),
+            )
+            .mentions(&["performanceConfig.latency"]),
             bad(
                 path,
                 "a prompt beyond the window",
