@@ -20,8 +20,14 @@ pub struct TextStream {
 impl TextStream {
     /// `prompt` gives the detokenizer its left context (so a leading space decodes right).
     pub fn new(prompt: &[u32], stops: &[String]) -> Self {
+        Self::with_special_tokens(prompt, stops, false)
+    }
+
+    /// [`TextStream::new`], keeping the tokenizer's special tokens in the text when
+    /// `keep_special` (a tool-call format whose markers are special tokens needs them).
+    pub fn with_special_tokens(prompt: &[u32], stops: &[String], keep_special: bool) -> Self {
         Self {
-            decoder: IncrementalDecoder::with_context(true, prompt),
+            decoder: IncrementalDecoder::with_context(!keep_special, prompt),
             stops: StopStrings::new(stops),
         }
     }
@@ -89,6 +95,25 @@ mod tests {
         // Every byte is one token here, so "END" spans three tokens; "é" is two.
         let (text, stopped) = run(&tok, "café au lait END more", &["END".into()]);
         assert_eq!((text.as_str(), stopped), ("café au lait ", true));
+    }
+
+    #[test]
+    fn special_tokens_are_kept_only_when_asked() {
+        let (_d, tok) = tokenizer();
+        // "<|im_start|>" is a special token of the synthesized tokenizer, "<tool_call>" is not.
+        let ids = tok.encode("a<|im_start|>b<tool_call>", false).unwrap();
+        let decode = |keep: bool| {
+            let mut stream = TextStream::with_special_tokens(&[], &[], keep);
+            let mut out = String::new();
+            for &id in &ids {
+                out.push_str(&stream.push(&tok, id).unwrap().text);
+            }
+            out.push_str(&stream.finish(&tok).unwrap().text);
+            out
+        };
+        assert_eq!(decode(true), "a<|im_start|>b<tool_call>");
+        // The canary: the default decoder drops the special token.
+        assert_eq!(decode(false), "ab<tool_call>");
     }
 
     #[test]

@@ -64,7 +64,15 @@ pub async fn create(
     };
     let framer = BlockFramer::new(format, format!("toolu_{number:024}"));
     let cache_salt = tenant.map_or(0, |t| t.cache_salt);
-    let turn = Turn::start(state, prompt, sampling, cache_salt, constraint)?;
+    let keep_special = format.is_some_and(crate::tools::ToolFormat::keeps_special_tokens);
+    let turn = Turn::start(
+        state,
+        prompt,
+        sampling,
+        cache_salt,
+        constraint,
+        keep_special,
+    )?;
     if request.stream {
         return Ok(stream::respond(turn, header, framer));
     }

@@ -54,6 +54,7 @@ impl Turn {
         mut sampling: SamplingParams,
         cache_salt: u64,
         constraint: Option<Constraint>,
+        keep_special: bool,
     ) -> Result<Self, AnthropicError> {
         let sequences = std::mem::take(&mut sampling.stop);
         let stream: RequestStream = state.submit(
@@ -68,7 +69,7 @@ impl Turn {
             "messages",
         )?;
         let request_id = stream.id;
-        let generation = Generation::new(state.clone(), stream, &prompt, &[]);
+        let generation = Generation::new(state.clone(), stream, &prompt, &[], keep_special);
         Ok(Self {
             state,
             request_id,

@@ -95,7 +95,15 @@ fn start(
         format!("tooluse_{:024}", state.next_response_number()),
     );
     let cache_salt = tenant.map_or(0, |t| t.cache_salt);
-    let turn = Turn::start(state, prompt, sampling, cache_salt, constraint)?;
+    let keep_special = format.is_some_and(crate::tools::ToolFormat::keeps_special_tokens);
+    let turn = Turn::start(
+        state,
+        prompt,
+        sampling,
+        cache_salt,
+        constraint,
+        keep_special,
+    )?;
     Ok((turn, framer))
 }
 

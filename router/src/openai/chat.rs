@@ -28,6 +28,7 @@ pub async fn create(
     let (prompt, format) = render(&state, &request.messages, tools.clone())?;
     let mut prepared =
         Prepared::new(&state, &request.sampling, prompt, "messages")?.for_tenant(tenant.as_deref());
+    prepared.keep_special_tokens = format.is_some_and(ToolFormat::keeps_special_tokens);
     if let (Some(forced), Some(format), Some(tools)) = (forced, format, &tools) {
         if prepared.constraint.is_some() {
             return Err(ApiError::invalid(

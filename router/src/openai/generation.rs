@@ -44,11 +44,19 @@ pub struct Generation {
 }
 
 impl Generation {
-    pub fn new(state: AppState, stream: RequestStream, prompt: &[u32], stops: &[String]) -> Self {
+    /// `keep_special`: decode with the tokenizer's special tokens kept (a tool-call format whose
+    /// markers are special tokens, [`crate::tools::ToolFormat::keeps_special_tokens`]).
+    pub fn new(
+        state: AppState,
+        stream: RequestStream,
+        prompt: &[u32],
+        stops: &[String],
+        keep_special: bool,
+    ) -> Self {
         Self {
             state,
             stream,
-            text: TextStream::new(prompt, stops),
+            text: TextStream::with_special_tokens(prompt, stops, keep_special),
             prompt_tokens: prompt.len() as u32,
             completion_tokens: 0,
             cached_tokens: 0,

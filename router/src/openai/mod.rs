@@ -69,6 +69,8 @@ pub(crate) struct Prepared {
     pub prompt_param: &'static str,
     /// The tenant's salt: its cached prefixes are never shared with other tenants.
     pub cache_salt: u64,
+    /// Decode with the tokenizer's special tokens kept (the rendered tool format needs them).
+    pub keep_special_tokens: bool,
 }
 
 impl Prepared {
@@ -98,6 +100,7 @@ impl Prepared {
             include_usage: fields.include_usage(),
             prompt_param,
             cache_salt: 0,
+            keep_special_tokens: false,
         })
     }
 
@@ -458,6 +461,7 @@ fn start_choice(
         stream,
         &prepared.prompt,
         &prepared.sampling.stop,
+        prepared.keep_special_tokens,
     ))
 }
 

@@ -212,6 +212,8 @@ async fn create(
     let mut prepared = Prepared::new(&state, &fields, prompt, "input")
         .map_err(rename_max_tokens)?
         .for_tenant(tenant.as_deref());
+    prepared.keep_special_tokens =
+        format.is_some_and(crate::tools::ToolFormat::keeps_special_tokens);
     if let Some(forced) = forced_constraint(format, tools.template.as_deref(), tools.forced) {
         if prepared.constraint.is_some() {
             return Err(ApiError::invalid(

@@ -33,6 +33,13 @@ pub enum ToolFormat {
 }
 
 impl ToolFormat {
+    /// Whether the output must be decoded with the tokenizer's special tokens kept: Mistral's
+    /// own tokenizers make `[TOOL_CALLS]` and `[ARGS]` control tokens, which a decoder skipping
+    /// special tokens would drop before the parser sees them (vLLM keeps them for Mistral too).
+    pub fn keeps_special_tokens(self) -> bool {
+        matches!(self, ToolFormat::Mistral)
+    }
+
     /// The format a rendered prompt (with tools) teaches. Checked most specific first:
     /// `[AVAILABLE_TOOLS]` → Mistral; `<function=` with `<parameter=` → Qwen3-Coder XML (its
     /// template also names `<tool_call>`, so this precedes Hermes); `<tool_call>` → Hermes;
@@ -370,6 +377,17 @@ pub(super) fn assert_streaming_matches_whole(format: ToolFormat, text: &str) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn only_mistral_decodes_with_special_tokens_kept() {
+        use ToolFormat::*;
+        let kept: Vec<ToolFormat> = [Hermes, LlamaJson, Mistral, QwenXml, Pythonic]
+            .into_iter()
+            .filter(|f| f.keeps_special_tokens())
+            .collect();
+        assert_eq!(kept, [Mistral]);
+    }
+
     use super::*;
 
     fn call(name: &str, arguments: &str) -> ToolCall {
