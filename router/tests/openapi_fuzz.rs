@@ -8,6 +8,8 @@
 //! A canary serves the run a copy of the document loosened by one keyword (chat's `messages`
 //! without `minItems`) and requires the run to fail: the gate can catch a looser document.
 
+mod support;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -17,7 +19,7 @@ use strata_model::synth::{SynthSpec, synthesize};
 use strata_node::{EngineSpec, KvBudget};
 use strata_router::auth::ApiKey;
 use strata_router::openapi::DOCUMENT;
-use strata_router::{Access, ServeConfig, ServingOptions, load_state, serve_on_with};
+use strata_router::{Access, ServeConfig, ServingOptions};
 
 const API_KEY: &str = "sk-openapi-fuzz-test-key";
 
@@ -58,59 +60,41 @@ fn run_schemathesis(args: &[&str]) -> Output {
             ..ServingOptions::default()
         },
     };
-    let state = load_state(&config).unwrap();
     let access = Access {
         api_key: Some(ApiKey::new(API_KEY).unwrap()),
         ..Access::default()
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind(config.addr))
-        .unwrap();
-    let base = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = runtime.spawn(async move {
-        serve_on_with(listener, state, &access, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
-
     // Schemathesis keeps its example database in the working directory: a fresh one each run.
     let work = tempfile::tempdir().unwrap();
     let hooks = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests");
     let python_path = std::env::join_paths([&st, &hooks]).unwrap();
-    let output = Command::new(st.join("bin/st"))
-        .arg("run")
-        .args(args.iter().map(|a| a.replace("{base}", &base)))
-        .args(["-H", &format!("Authorization: Bearer {API_KEY}")])
-        // ST202 through the hooks' version of it (see router/tests/openapi_fuzz_hooks.py).
-        .args([
-            "--checks",
-            "all",
-            "--exclude-checks",
-            "positive_data_acceptance",
-        ])
-        .args([
-            "--generation-deterministic",
-            "--request-timeout",
-            "60",
-            "-w",
-            "2",
-        ])
-        .current_dir(work.path())
-        .env("PYTHONPATH", python_path)
-        .env("SCHEMATHESIS_HOOKS", "openapi_fuzz_hooks")
-        .env("NO_COLOR", "1")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {} ({e})", st.join("bin/st").display()));
-    let _ = stop.send(());
-    runtime.block_on(serving).unwrap().unwrap();
-    output
+    support::serve_while(&config, access, |port| {
+        let base = format!("http://127.0.0.1:{port}");
+        Command::new(st.join("bin/st"))
+            .arg("run")
+            .args(args.iter().map(|a| a.replace("{base}", &base)))
+            .args(["-H", &format!("Authorization: Bearer {API_KEY}")])
+            // ST202 through the hooks' version of it (see router/tests/openapi_fuzz_hooks.py).
+            .args([
+                "--checks",
+                "all",
+                "--exclude-checks",
+                "positive_data_acceptance",
+            ])
+            .args([
+                "--generation-deterministic",
+                "--request-timeout",
+                "60",
+                "-w",
+                "2",
+            ])
+            .current_dir(work.path())
+            .env("PYTHONPATH", python_path)
+            .env("SCHEMATHESIS_HOOKS", "openapi_fuzz_hooks")
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {} ({e})", st.join("bin/st").display()))
+    })
 }
 
 fn printed(output: &Output) -> String {

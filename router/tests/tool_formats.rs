@@ -60,6 +60,18 @@ fn forced(stop: &str) -> Value {
     })
 }
 
+/// The answer ended at its stop string with no call reported.
+fn assert_stopped_without_a_call(body: &Value) {
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{body}");
+    assert!(
+        choice["message"]
+            .get("tool_calls")
+            .is_none_or(Value::is_null),
+        "{body}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mistral_template_makes_calls_in_mistral_format() {
     let dir = tempfile::tempdir().unwrap();
@@ -81,15 +93,7 @@ async fn a_mistral_template_makes_calls_in_mistral_format() {
 
     // The canary: stopping at Mistral's marker leaves no call, so the output began with it.
     let answer = http::post(addr, "/v1/chat/completions", &forced("[TOOL_CALLS]")).await;
-    let body = answer.json();
-    let choice = &body["choices"][0];
-    assert_eq!(choice["finish_reason"], "stop", "{body}");
-    assert!(
-        choice["message"]
-            .get("tool_calls")
-            .is_none_or(Value::is_null),
-        "{body}"
-    );
+    assert_stopped_without_a_call(&answer.json());
 }
 
 /// The canary: the same template showing `<tool_call>` instead is Hermes, and the first
@@ -100,13 +104,5 @@ async fn the_same_request_under_a_hermes_template_is_told_apart() {
     let hermes = MISTRAL_TEMPLATE.replace("[AVAILABLE_TOOLS]", "<tool_call>");
     let addr = serve_with_template(dir.path(), &hermes).await;
     let answer = http::post(addr, "/v1/chat/completions", &forced("<tool_call>")).await;
-    let body = answer.json();
-    let choice = &body["choices"][0];
-    assert_eq!(choice["finish_reason"], "stop", "{body}");
-    assert!(
-        choice["message"]
-            .get("tool_calls")
-            .is_none_or(Value::is_null),
-        "{body}"
-    );
+    assert_stopped_without_a_call(&answer.json());
 }

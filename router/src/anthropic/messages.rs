@@ -64,15 +64,7 @@ pub async fn create(
     };
     let framer = BlockFramer::new(format, format!("toolu_{number:024}"));
     let cache_salt = tenant.map_or(0, |t| t.cache_salt);
-    let keep_special = format.is_some_and(crate::tools::ToolFormat::keeps_special_tokens);
-    let turn = Turn::start(
-        state,
-        prompt,
-        sampling,
-        cache_salt,
-        constraint,
-        keep_special,
-    )?;
+    let turn = Turn::start(state, prompt, sampling, cache_salt, constraint, format)?;
     if request.stream {
         return Ok(stream::respond(turn, header, framer));
     }

@@ -17,6 +17,7 @@ use super::error::AnthropicError;
 use crate::error::ApiError;
 use crate::openai::generation::{Generation, Step};
 use crate::state::AppState;
+use crate::tools::ToolFormat;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum TurnStep {
@@ -47,14 +48,15 @@ pub struct Turn {
 
 impl Turn {
     /// Submits `prompt` under the tenant's `cache_salt`; `sampling.stop` is taken over by the
-    /// turn (see the module docs).
+    /// turn (see the module docs). `format`, the rendered tool format, decides whether the
+    /// answer is decoded with special tokens kept.
     pub fn start(
         state: AppState,
         prompt: Vec<u32>,
         mut sampling: SamplingParams,
         cache_salt: u64,
         constraint: Option<Constraint>,
-        keep_special: bool,
+        format: Option<ToolFormat>,
     ) -> Result<Self, AnthropicError> {
         let sequences = std::mem::take(&mut sampling.stop);
         let stream: RequestStream = state.submit(
@@ -69,6 +71,7 @@ impl Turn {
             "messages",
         )?;
         let request_id = stream.id;
+        let keep_special = format.is_some_and(ToolFormat::keeps_special_tokens);
         let generation = Generation::new(state.clone(), stream, &prompt, &[], keep_special);
         Ok(Self {
             state,

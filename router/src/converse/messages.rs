@@ -95,15 +95,7 @@ fn start(
         format!("tooluse_{:024}", state.next_response_number()),
     );
     let cache_salt = tenant.map_or(0, |t| t.cache_salt);
-    let keep_special = format.is_some_and(crate::tools::ToolFormat::keeps_special_tokens);
-    let turn = Turn::start(
-        state,
-        prompt,
-        sampling,
-        cache_salt,
-        constraint,
-        keep_special,
-    )?;
+    let turn = Turn::start(state, prompt, sampling, cache_salt, constraint, format)?;
     Ok((turn, framer))
 }
 

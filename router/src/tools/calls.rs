@@ -359,6 +359,15 @@ pub(super) fn streamed(format: ToolFormat, text: &str, chunk: usize, cut: bool) 
     parsed
 }
 
+/// A call as the parsers report it, for the formats' tests.
+#[cfg(test)]
+pub(super) fn call(name: &str, arguments: &str) -> ToolCall {
+    ToolCall {
+        name: name.into(),
+        arguments: arguments.into(),
+    }
+}
+
 /// Asserts that `text` streamed in chunks of every size up to 7 characters reads as parsed
 /// whole, with and without `cut`.
 #[cfg(test)]
@@ -377,6 +386,7 @@ pub(super) fn assert_streaming_matches_whole(format: ToolFormat, text: &str) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
 
     #[test]
     fn only_mistral_decodes_with_special_tokens_kept() {
@@ -386,15 +396,6 @@ mod tests {
             .filter(|f| f.keeps_special_tokens())
             .collect();
         assert_eq!(kept, [Mistral]);
-    }
-
-    use super::*;
-
-    fn call(name: &str, arguments: &str) -> ToolCall {
-        ToolCall {
-            name: name.into(),
-            arguments: arguments.into(),
-        }
     }
 
     #[test]

@@ -103,15 +103,8 @@ fn header_may_continue(body: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::calls::{Parsed, ToolFormat, assert_streaming_matches_whole, parse};
+    use super::super::calls::{Parsed, ToolFormat, assert_streaming_matches_whole, call, parse};
     use super::*;
-
-    fn call(name: &str, arguments: &str) -> ToolCall {
-        ToolCall {
-            name: name.into(),
-            arguments: arguments.into(),
-        }
-    }
 
     fn mistral(text: &str, cut: bool) -> Parsed {
         parse(ToolFormat::Mistral, text, cut)

@@ -209,15 +209,7 @@ fn number(word: &str) -> Option<Value> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::calls::{Parsed, ToolFormat, assert_streaming_matches_whole, parse};
-    use super::*;
-
-    fn call(name: &str, arguments: &str) -> ToolCall {
-        ToolCall {
-            name: name.into(),
-            arguments: arguments.into(),
-        }
-    }
+    use super::super::calls::{Parsed, ToolFormat, assert_streaming_matches_whole, call, parse};
 
     fn pythonic(text: &str, cut: bool) -> Parsed {
         parse(ToolFormat::Pythonic, text, cut)

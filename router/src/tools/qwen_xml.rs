@@ -61,15 +61,8 @@ fn typed_value(value: &str) -> Value {
 
 #[cfg(test)]
 mod tests {
-    use super::super::calls::{Parsed, ToolFormat, assert_streaming_matches_whole, parse};
+    use super::super::calls::{Parsed, ToolFormat, assert_streaming_matches_whole, call, parse};
     use super::*;
-
-    fn call(name: &str, arguments: &str) -> ToolCall {
-        ToolCall {
-            name: name.into(),
-            arguments: arguments.into(),
-        }
-    }
 
     fn qwen(text: &str, cut: bool) -> Parsed {
         parse(ToolFormat::QwenXml, text, cut)

@@ -78,6 +78,33 @@ pub struct SdkServer {
     pub api_key: Option<&'static str>,
 }
 
+/// Serves `config` (its model loaded now) with `access` on a runtime of its own while `run`
+/// gets the port; stops the server once `run` returns, and returns what it did.
+#[allow(dead_code)] // each test crate includes this module; not all use every helper
+pub fn serve_while<T>(config: &ServeConfig, access: Access, run: impl FnOnce(u16) -> T) -> T {
+    let state = load_state(config).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind(config.addr))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = runtime.spawn(async move {
+        serve_on_with(listener, state, &access, async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    let out = run(port);
+    let _ = stop.send(());
+    runtime.block_on(serving).unwrap().unwrap();
+    out
+}
+
 /// [`run_sdk_script`] against a server presented as `server` says.
 #[allow(dead_code)] // each test crate includes this module; not all use every helper
 pub fn run_sdk_script_on(marker: &str, script: &str, base_path: &str, server: &SdkServer) {
@@ -104,28 +131,10 @@ pub fn run_sdk_script_on(marker: &str, script: &str, base_path: &str, server: &S
             ..ServingOptions::default()
         },
     };
-    let state = load_state(&config).unwrap();
     let access = Access {
         api_key: server.api_key.map(|k| ApiKey::new(k).unwrap()),
         ..Access::default()
     };
-
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = runtime
-        .block_on(tokio::net::TcpListener::bind(config.addr))
-        .unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = runtime.spawn(async move {
-        serve_on_with(listener, state, &access, async {
-            let _ = stopped.await;
-        })
-        .await
-    });
     let mut served = Vec::new();
     for alias in server.aliases {
         served.extend(["--alias", alias]);
@@ -137,21 +146,22 @@ pub fn run_sdk_script_on(marker: &str, script: &str, base_path: &str, server: &S
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests")
         .join(script);
-    let output = Command::new("python3")
-        .arg(&path)
-        .args(["--base-url", &format!("http://127.0.0.1:{port}{base_path}")])
-        .args(["--model", &config.model_name])
-        .args(["--context-window", &window.to_string()])
-        .args(&served)
-        .env("PYTHONPATH", &packages)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot run python3 ({e}): install Python 3, then run scripts/fetch-test-data.sh"
-            )
-        });
-    let _ = stop.send(());
-    runtime.block_on(serving).unwrap().unwrap();
+    let output = serve_while(&config, access, |port| {
+        Command::new("python3")
+            .arg(&path)
+            .args(["--base-url", &format!("http://127.0.0.1:{port}{base_path}")])
+            .args(["--model", &config.model_name])
+            .args(["--context-window", &window.to_string()])
+            .args(&served)
+            .env("PYTHONPATH", &packages)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run python3 ({e}): install Python 3, then run \
+                     scripts/fetch-test-data.sh"
+                )
+            })
+    });
     assert!(
         output.status.success(),
         "{script} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
