@@ -218,24 +218,47 @@ fn join_retriable(e: &JoinError) -> bool {
 }
 
 /// Commits `change` through the leader this new member knows of. Right after admission a
-/// learner may not yet know where the leader is (or ask one that just lost its term): a
-/// "not the leader" answer is retried until [`CATCH_UP_TIMEOUT`]; anything else fails at once.
+/// learner may not yet know where the leader is, and the leader may die or lose its term
+/// mid-call (the answer lost): any refusal that is not the state machine's is retried until
+/// [`CATCH_UP_TIMEOUT`]. A retried `AddMember` that finds itself already recorded committed the
+/// first time.
 async fn commit_joining(server: &Server, change: Change) -> Result<()> {
     let deadline = std::time::Instant::now() + CATCH_UP_TIMEOUT;
     loop {
         let record = Command::new(SystemClock.now_ms(), change.clone());
         match commit_via_leader(&server.raft, &server.client, record).await {
+            Ok(Err(Rejection::MemberExists(id))) if matches!(&change, Change::AddMember(spec) if spec.id == id) =>
+            {
+                return Ok(());
+            }
             Ok(outcome) => return outcome.map(drop).map_err(anyhow::Error::msg),
-            Err(Refusal::NotLeader { .. }) if std::time::Instant::now() < deadline => {
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            Err(refused) if std::time::Instant::now() < deadline => {
+                tracing::warn!(error = %refused, "not committed yet; asking the leader again");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
             }
             Err(refused) => return Err(anyhow::Error::msg(refused)),
         }
     }
 }
 
-/// Waits until this learner has caught up with the leader, then asks to become a voter.
+/// Waits until this learner has caught up with the leader, then asks to become a voter; a
+/// leader that dies or changes on the way is asked again (adding a voter twice changes
+/// nothing) until [`CATCH_UP_TIMEOUT`].
 async fn promote(server: &Server) -> Result<()> {
+    let deadline = std::time::Instant::now() + CATCH_UP_TIMEOUT;
+    loop {
+        match try_promote(server).await {
+            Ok(()) => return Ok(()),
+            Err(e) if std::time::Instant::now() < deadline => {
+                tracing::warn!(error = %format!("{e:#}"), "not promoted yet; asking again");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn try_promote(server: &Server) -> Result<()> {
     let leader_addr = leader_address(server)?;
     let view = server.client.read(&leader_addr).await?;
     let target = view.last_applied.map(|l| l.index);

@@ -30,7 +30,7 @@ use strata_topology::server::{
 };
 use strata_topology::state::{
     Applied, Capacity, Change, Command, DEFAULT_JOIN_TOKEN_TTL_MS, MemberAddresses, MemberSpec,
-    PlacementRequest, RaftRole, UnixMillis,
+    PlacementRequest, RaftRole, Rejection, UnixMillis,
 };
 use strata_topology::store::StoreError;
 use strata_topology::transport::ca::{CA_KEY_FILE, check_operator_name, sha256_hex};
