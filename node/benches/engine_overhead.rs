@@ -12,8 +12,8 @@ use strata_model::ModelConfig;
 use strata_model::sampler::Sampler;
 use strata_node::backend::{Backend, BackendError, StepSeq};
 use strata_node::kv::{
-    BlockHash, BlockId, BlockManager, BlockManagerConfig, KvBlockIo, KvEventKind, KvEventLog, Tier,
-    prompt_block_hashes,
+    BlockHash, BlockId, BlockManager, BlockManagerConfig, KvBlockIo, KvError, KvEventKind,
+    KvEventLog, Tier, prompt_block_hashes,
 };
 use strata_node::scheduler::{Scheduler, SchedulerLimits, Sequence};
 use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
@@ -84,14 +84,16 @@ impl KvBlockIo for NullBackend {
         BLOCK_BYTES
     }
 
-    fn export_block(&self, id: BlockId, out: &mut [u8]) {
+    fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
         let at = id as usize * BLOCK_BYTES;
         out.copy_from_slice(&self.pool[at..at + BLOCK_BYTES]);
+        Ok(())
     }
 
-    fn import_block(&mut self, id: BlockId, data: &[u8]) {
+    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
         let at = id as usize * BLOCK_BYTES;
         self.pool[at..at + BLOCK_BYTES].copy_from_slice(data);
+        Ok(())
     }
 }
 

@@ -15,6 +15,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use crate::backend::Backend;
 use crate::kv::{BlockHash, BlockManager, BlockManagerConfig, KvDump, KvError, KvEvent, KvLayout};
 use crate::scheduler::{EngineLoad, Scheduler, SchedulerLimits, Sequence, StepTimes};
+use crate::spec::KvTiers;
 
 /// Steps computing at least this many tokens are timed for [`EngineLoad::tokens_per_s`]:
 /// smaller ones (decode) say little about the prefill rate.
@@ -34,10 +35,8 @@ pub fn average_rate(avg: u64, sample: f64) -> u64 {
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub limits: SchedulerLimits,
-    /// Host tier capacity in blocks (0 = none).
-    pub host_blocks: usize,
-    /// Disk tier directory and capacity in blocks.
-    pub disk: Option<(std::path::PathBuf, usize)>,
+    /// Host and disk tiers under the device's KV cache, sized in bytes.
+    pub tiers: KvTiers,
     /// End-of-sequence ids of the model.
     pub eos_token_ids: Vec<u32>,
     /// Compiles requests' output constraints; `None` refuses constrained requests.
@@ -198,12 +197,16 @@ impl Engine {
             block_size,
             block_bytes: backend.block_bytes(),
         };
+        let (host_blocks, disk) = config
+            .tiers
+            .blocks(backend.block_bytes())
+            .map_err(KvError::Config)?;
         let manager = BlockManager::new(
             BlockManagerConfig {
                 block_size,
                 device_blocks,
-                host_blocks: config.host_blocks,
-                disk: config.disk.clone(),
+                host_blocks,
+                disk,
             },
             backend.block_bytes(),
         )?;

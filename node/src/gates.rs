@@ -11,7 +11,7 @@ use strata_protocol::{FinishReason, GenerateRequest, SamplingParams, TokenEvent}
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::backend::{Backend, BackendError, CpuBackend, StepSeq};
-use crate::kv::{BlockId, BlockManager, BlockManagerConfig, KvBlockIo, KvEventKind, Tier};
+use crate::kv::{BlockId, BlockManager, BlockManagerConfig, KvBlockIo, KvError, KvEventKind, Tier};
 use crate::scheduler::{Faults, Scheduler, SchedulerLimits, Sequence};
 use strata_model::ModelConfig;
 use strata_model::sampler::Sampler;
@@ -27,6 +27,8 @@ enum BackendFault {
     BatchVariant,
     /// The KV of a prefill chunk that does not end the prompt is lost.
     DropChunkWrite,
+    /// Copying a block back from a lower tier fails (as a CUDA copy error would).
+    FailImport,
     /// A block restored from a lower tier is not written.
     DropImport,
 }
@@ -40,12 +42,17 @@ impl KvBlockIo for TestBackend {
     fn block_bytes(&self) -> usize {
         self.inner.block_bytes()
     }
-    fn export_block(&self, id: BlockId, out: &mut [u8]) {
+    fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
         self.inner.export_block(id, out)
     }
-    fn import_block(&mut self, id: BlockId, data: &[u8]) {
-        if self.fault != BackendFault::DropImport {
-            self.inner.import_block(id, data)
+    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
+        match self.fault {
+            BackendFault::DropImport => Ok(()),
+            BackendFault::FailImport => Err(KvError::Copy {
+                id,
+                detail: "injected copy failure".into(),
+            }),
+            _ => self.inner.import_block(id, data),
         }
     }
 }
@@ -75,7 +82,9 @@ impl Backend for TestBackend {
                 let zeros = vec![0; self.inner.block_bytes()];
                 for s in seqs.iter().filter(|s| !s.want_logits) {
                     let last = s.first_position + s.tokens.len() - 1;
-                    self.inner.import_block(s.block_table[last / BLOCK], &zeros);
+                    self.inner
+                        .import_block(s.block_table[last / BLOCK], &zeros)
+                        .unwrap();
                 }
             }
             _ => {}
@@ -163,6 +172,14 @@ impl Harness {
 
     /// Submits each request at its step and steps until all have finished; returns the tokens.
     fn run(&mut self, arrivals: &[(u64, GenerateRequest)]) -> Vec<Vec<u32>> {
+        self.outcomes(arrivals)
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|message| panic!("request failed: {message}")))
+            .collect()
+    }
+
+    /// [`Harness::run`], each request's tokens or its failure.
+    fn outcomes(&mut self, arrivals: &[(u64, GenerateRequest)]) -> Vec<Result<Vec<u32>, String>> {
         let mut streams: Vec<Option<UnboundedReceiver<TokenEvent>>> = vec![];
         streams.resize_with(arrivals.len(), || None);
         let mut step = 0u64;
@@ -184,16 +201,16 @@ impl Harness {
     }
 }
 
-fn tokens(mut rx: UnboundedReceiver<TokenEvent>) -> Vec<u32> {
+fn tokens(mut rx: UnboundedReceiver<TokenEvent>) -> Result<Vec<u32>, String> {
     let mut out = Vec::new();
     while let Ok(event) = rx.try_recv() {
         match event {
             TokenEvent::Token { id, .. } => out.push(id),
             TokenEvent::Finished { reason, .. } => assert_eq!(reason, FinishReason::Length),
-            TokenEvent::Failed { message } => panic!("request failed: {message}"),
+            TokenEvent::Failed { message } => return Err(message),
         }
     }
-    out
+    Ok(out)
 }
 
 fn request(prompt: Vec<u32>) -> GenerateRequest {
@@ -370,6 +387,40 @@ fn gate_restore_from_host_and_disk_tiers() {
         !tier_gate(Tier::Disk, BackendFault::DropImport),
         "canary: a dropped restore must fail"
     );
+}
+
+/// A restore whose copy to the device fails fails that one request, by name, holding nothing;
+/// the engine goes on: the same prompt asked again runs cold (the failed block left the cache)
+/// and generates what it does alone, and no block stays referenced.
+#[test]
+fn a_failing_restore_fails_one_request_and_the_next_succeeds() {
+    let mut h = Harness::new(Setup {
+        device_blocks: 12,
+        host_blocks: 64,
+        backend_fault: BackendFault::FailImport,
+        ..Setup::default()
+    });
+    let shared = prompt(11, 64);
+    let target = request([shared.clone(), vec![4, 5]].concat());
+    h.run(&[(0, request([shared, vec![7]].concat()))]);
+    for i in 0..4 {
+        h.run(&[(0, request(prompt(100 + i, 120)))]);
+    }
+    let before = h.scheduler.block_manager().lower_tier_failures();
+    let failed = h.outcomes(&[(0, target.clone())]).remove(0);
+    let message = failed.expect_err("the restore's copy failed");
+    assert!(
+        message.contains("restoring the cached prompt prefix failed")
+            && message.contains("injected copy failure"),
+        "{message}"
+    );
+    assert_eq!(
+        h.scheduler.block_manager().lower_tier_failures(),
+        before + 1
+    );
+    assert_eq!(h.scheduler.block_manager().referenced_blocks(), 0);
+    let again = h.outcomes(&[(0, target.clone())]).remove(0);
+    assert_eq!(again, Ok(alone(Setup::default(), &target)));
 }
 
 /// Gate 5: sequences preempted for lack of blocks and resumed generate what they do alone.

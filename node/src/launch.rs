@@ -18,7 +18,6 @@ use crate::backend::{
     WeightSource,
 };
 use crate::kv::KvError;
-use crate::scheduler::SchedulerLimits;
 use crate::spec::{Device, EngineSpec, KvBudget};
 use crate::{Engine, EngineConfig};
 
@@ -48,7 +47,7 @@ pub fn start_engine(
     spec: &EngineSpec,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
     let built = build_backend(dir, spec)?;
-    start_parts(built.backend, built.parts, built.eos_token_ids, spec.limits)
+    start_parts(built, spec)
 }
 
 /// A backend with what the front door keeps of its checkpoint.
@@ -147,7 +146,7 @@ pub fn start_cuda_engine(
     spec: &EngineSpec,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
     let built = build_cuda_backend(dir, placement, spec)?;
-    start_parts(built.backend, built.parts, built.eos_token_ids, spec.limits)
+    start_parts(built, spec)
 }
 
 /// The CUDA backend of [`start_cuda_engine`], without the engine.
@@ -240,19 +239,21 @@ fn serving_parts(
 
 /// The engine over `backend`, with a grammar compiler from the parts' tokenizer.
 fn start_parts(
-    backend: Box<dyn Backend>,
-    parts: ServingParts,
-    eos_token_ids: Vec<u32>,
-    limits: SchedulerLimits,
+    built: BuiltBackend,
+    spec: &EngineSpec,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
+    let BuiltBackend {
+        backend,
+        parts,
+        eos_token_ids,
+    } = built;
     let vocab = backend.model_config().vocab_size;
     let grammar = grammar_compiler(&parts.tokenizer, vocab, &eos_token_ids);
     let engine = Engine::start(
         backend,
         EngineConfig {
-            limits,
-            host_blocks: 0,
-            disk: None,
+            limits: spec.limits,
+            tiers: spec.tiers.clone(),
             eos_token_ids,
             grammar,
         },
@@ -284,40 +285,6 @@ impl LoadedModel {
             generation_config,
             eos_token_ids,
         })
-    }
-
-    /// Starts the CPU engine over the weights; the rest is kept for the front door.
-    pub fn start_engine(
-        self,
-        block_size: usize,
-        kv_cache_bytes: usize,
-        limits: SchedulerLimits,
-    ) -> Result<(Engine, ServingParts), ModelLoadError> {
-        if block_size == 0 {
-            return Err(ModelLoadError::BlockSize);
-        }
-        let grammar = grammar_compiler(
-            &self.tokenizer,
-            self.model.config().vocab_size,
-            &self.eos_token_ids,
-        );
-        let backend = CpuBackend::new(self.model, block_size, kv_cache_bytes);
-        let engine = Engine::start(
-            Box::new(backend),
-            EngineConfig {
-                limits,
-                host_blocks: 0,
-                disk: None,
-                eos_token_ids: self.eos_token_ids,
-                grammar,
-            },
-        )?;
-        let parts = ServingParts {
-            tokenizer: self.tokenizer,
-            template: self.template,
-            generation_config: self.generation_config,
-        };
-        Ok((engine, parts))
     }
 }
 

@@ -20,4 +20,4 @@ pub use launch::{
     BuiltBackend, CudaPlacement, LoadedModel, ModelLoadError, ServingParts, build_backend, eos_ids,
     grammar_compiler, start_cuda_engine, start_engine,
 };
-pub use spec::{Device, EngineSpec, KvBudget};
+pub use spec::{Device, DiskTierSpec, EngineSpec, KvBudget, KvTiers};

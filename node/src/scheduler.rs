@@ -456,7 +456,18 @@ impl Scheduler {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
-            self.acquire_cached_prefix(&mut seq, backend)?;
+            match self.acquire_cached_prefix(&mut seq, backend) {
+                Ok(()) => {}
+                // Its cached prefix could not be copied back to the device: this request fails
+                // (holding nothing), the others go on.
+                Err(e @ KvError::Copy { .. }) => {
+                    let _ = seq.events.send(TokenEvent::Failed {
+                        message: format!("restoring the cached prompt prefix failed: {e}"),
+                    });
+                    continue;
+                }
+                Err(e) => return Err(e),
+            }
             self.running.push(seq);
             let index = self.running.len() - 1;
             let chunk = self.running[index].pending().min(budget);

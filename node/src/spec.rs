@@ -55,6 +55,49 @@ pub const CPU_KV_CACHE_BYTES: usize = 256 << 20;
 /// Default share of a GPU's memory the engine takes.
 pub const GPU_MEMORY_FRACTION: f64 = 0.9;
 
+/// The KV tiers below the device: cached blocks evicted from the device are demoted to host
+/// memory, and from there to disk, and restored by copy when a prompt needs them again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KvTiers {
+    /// Bytes of host memory for evicted blocks (0 = no host tier).
+    pub host_bytes: usize,
+    /// A directory for blocks evicted from the host tier, with its budget in bytes.
+    pub disk: Option<DiskTierSpec>,
+}
+
+/// Where the disk tier keeps its blocks and how many bytes it may take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskTierSpec {
+    pub dir: std::path::PathBuf,
+    pub bytes: usize,
+}
+
+impl KvTiers {
+    /// The tiers' capacities in blocks of `block_bytes`: host blocks, and the disk directory
+    /// with its blocks. A tier given memory that holds no whole block is refused by name.
+    pub fn blocks(
+        &self,
+        block_bytes: usize,
+    ) -> Result<(usize, Option<(std::path::PathBuf, usize)>), String> {
+        let whole = |what: &str, bytes: usize| {
+            let blocks = bytes / block_bytes.max(1);
+            if bytes > 0 && blocks == 0 {
+                Err(format!(
+                    "the KV {what} tier's {bytes} bytes hold no KV block of {block_bytes} bytes"
+                ))
+            } else {
+                Ok(blocks)
+            }
+        };
+        let host = whole("host", self.host_bytes)?;
+        let disk = match &self.disk {
+            Some(d) => Some((d.dir.clone(), whole("disk", d.bytes)?)),
+            None => None,
+        };
+        Ok((host, disk))
+    }
+}
+
 /// Everything an engine is built from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EngineSpec {
@@ -71,6 +114,8 @@ pub struct EngineSpec {
     /// memory, faster decode where the block kernels are slower than bf16:
     /// docs/receipts/gguf-blocks-h200.json).
     pub widen_gguf: bool,
+    /// Host and disk tiers under the device's KV cache.
+    pub tiers: KvTiers,
 }
 
 impl EngineSpec {
@@ -99,6 +144,7 @@ impl EngineSpec {
             kv,
             limits,
             widen_gguf: false,
+            tiers: KvTiers::default(),
         }
     }
 
@@ -115,6 +161,14 @@ impl EngineSpec {
         }
         if self.limits.max_running == 0 {
             return Err("max_running must be at least 1".into());
+        }
+        if let Some(disk) = &self.tiers.disk
+            && disk.bytes == 0
+        {
+            return Err(format!(
+                "the KV disk tier in {} needs a size",
+                disk.dir.display()
+            ));
         }
         match self.kv {
             KvBudget::Bytes(0) => Err("the KV cache needs some memory".into()),

@@ -21,8 +21,7 @@ fn engine(device_blocks: usize) -> (tempfile::TempDir, Engine) {
     let backend = CpuBackend::with_blocks(CpuModel::load(dir.path()).unwrap(), 16, device_blocks);
     let config = EngineConfig {
         limits: SchedulerLimits::default(),
-        host_blocks: 0,
-        disk: None,
+        tiers: Default::default(),
         eos_token_ids: vec![],
         grammar: None,
     };
@@ -194,8 +193,7 @@ fn constrained_engine() -> (tempfile::TempDir, Engine, Tokenizer) {
     let grammar = GrammarCompiler::new(&tokenizer, model.config().vocab_size, &[eos]).unwrap();
     let config = EngineConfig {
         limits: SchedulerLimits::default(),
-        host_blocks: 0,
-        disk: None,
+        tiers: Default::default(),
         eos_token_ids: vec![],
         grammar: Some(Arc::new(grammar)),
     };
@@ -357,8 +355,7 @@ fn engine_with_eos(eos: Vec<u32>) -> (tempfile::TempDir, Engine) {
     let backend = CpuBackend::with_blocks(CpuModel::load(dir.path()).unwrap(), 16, 64);
     let config = EngineConfig {
         limits: SchedulerLimits::default(),
-        host_blocks: 0,
-        disk: None,
+        tiers: Default::default(),
         eos_token_ids: eos,
         grammar: None,
     };

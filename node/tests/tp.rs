@@ -38,8 +38,7 @@ fn open(dir: &std::path::Path) -> (ModelConfig, Checkpoint) {
 fn engine(backend: Box<dyn Backend>) -> Engine {
     let config = EngineConfig {
         limits: SchedulerLimits::default(),
-        host_blocks: 0,
-        disk: None,
+        tiers: Default::default(),
         eos_token_ids: vec![],
         grammar: None,
     };
@@ -167,8 +166,8 @@ fn exported_blocks_resume_on_another_tp_backend() {
     let first = prefill_logits(&mut a, &prompt);
     let mut bytes = vec![0; a.block_bytes()];
     for id in 0..2 {
-        a.export_block(id, &mut bytes);
-        b.import_block(id, &bytes);
+        a.export_block(id, &mut bytes).unwrap();
+        b.import_block(id, &bytes).unwrap();
     }
     let next = [argmax(&first)];
     let decode = |backend: &mut CpuTpBackend| {

@@ -5,7 +5,7 @@
 use anyhow::Result;
 use clap::Args;
 use serde::Deserialize;
-use strata_node::{Device, EngineSpec, KvBudget};
+use strata_node::{Device, DiskTierSpec, EngineSpec, KvBudget};
 
 /// Every engine setting, each optional so a flag, a config file and the device's default can be
 /// told apart (`EngineSpec::for_device` holds the defaults).
@@ -43,6 +43,17 @@ pub struct EngineSettings {
     /// k-quants today (docs/MODELS.md) [default: false].
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub widen_gguf: Option<bool>,
+    /// Host memory, in MiB, for KV blocks evicted from the device: a later prompt with the
+    /// same prefix restores them by copy instead of recomputing [default: 0, no host tier].
+    #[arg(long)]
+    pub kv_host_mib: Option<usize>,
+    /// A directory for KV blocks evicted from the host tier (needs --kv-disk-mib); what it
+    /// holds outlives the process: a restarted engine serves it again.
+    #[arg(long, requires = "kv_disk_mib")]
+    pub kv_disk_dir: Option<std::path::PathBuf>,
+    /// Disk space, in MiB, the disk tier may take (needs --kv-disk-dir).
+    #[arg(long, requires = "kv_disk_dir")]
+    pub kv_disk_mib: Option<usize>,
 }
 
 impl EngineSettings {
@@ -59,6 +70,9 @@ impl EngineSettings {
             max_batch_tokens: self.max_batch_tokens.or(fallback.max_batch_tokens),
             max_running: self.max_running.or(fallback.max_running),
             widen_gguf: self.widen_gguf.or(fallback.widen_gguf),
+            kv_host_mib: self.kv_host_mib.or(fallback.kv_host_mib),
+            kv_disk_dir: self.kv_disk_dir.or(fallback.kv_disk_dir),
+            kv_disk_mib: self.kv_disk_mib.or(fallback.kv_disk_mib),
         }
     }
 
@@ -80,9 +94,7 @@ impl EngineSettings {
                 anyhow::bail!("give kv_cache_mib or gpu_memory_utilization, not both")
             }
             (Some(mib), None) => {
-                spec.kv = KvBudget::Bytes(mib.checked_mul(1 << 20).ok_or_else(|| {
-                    anyhow::anyhow!("kv_cache_mib {mib} is more memory than can be addressed")
-                })?);
+                spec.kv = KvBudget::Bytes(mib_bytes("kv_cache_mib", mib)?);
             }
             (None, Some(fraction)) => spec.kv = KvBudget::GpuFraction(fraction),
             (None, None) => {}
@@ -96,9 +108,27 @@ impl EngineSettings {
         if let Some(widen) = self.widen_gguf {
             spec.widen_gguf = widen;
         }
+        if let Some(mib) = self.kv_host_mib {
+            spec.tiers.host_bytes = mib_bytes("kv_host_mib", mib)?;
+        }
+        spec.tiers.disk = match (&self.kv_disk_dir, self.kv_disk_mib) {
+            (Some(dir), Some(mib)) => Some(DiskTierSpec {
+                dir: dir.clone(),
+                bytes: mib_bytes("kv_disk_mib", mib)?,
+            }),
+            (None, None) => None,
+            (Some(_), None) => anyhow::bail!("kv_disk_dir needs kv_disk_mib, the tier's size"),
+            (None, Some(_)) => anyhow::bail!("kv_disk_mib needs kv_disk_dir, where the tier lives"),
+        };
         spec.validate().map_err(anyhow::Error::msg)?;
         Ok(spec)
     }
+}
+
+/// `mib` MiB in bytes, or why not.
+fn mib_bytes(setting: &str, mib: usize) -> Result<usize> {
+    mib.checked_mul(1 << 20)
+        .ok_or_else(|| anyhow::anyhow!("{setting} {mib} is more memory than can be addressed"))
 }
 
 #[cfg(test)]
@@ -184,6 +214,59 @@ mod tests {
                 ..Default::default()
             })
             .contains("not both")
+        );
+    }
+
+    #[test]
+    fn kv_tiers_are_flags_and_toml_keys_and_a_half_given_disk_tier_is_refused() {
+        #[derive(clap::Parser, Debug)]
+        struct Cli {
+            #[command(flatten)]
+            engine: EngineSettings,
+        }
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("strata").chain(args.iter().copied()))
+                .map(|cli| cli.engine)
+        };
+        let flags = parse(&[
+            "--kv-host-mib",
+            "64",
+            "--kv-disk-dir",
+            "kv",
+            "--kv-disk-mib",
+            "8",
+        ])
+        .unwrap();
+        let spec = flags.spec().unwrap();
+        assert_eq!(spec.tiers.host_bytes, 64 << 20);
+        let disk = spec.tiers.disk.unwrap();
+        assert_eq!((disk.dir.to_str(), disk.bytes), (Some("kv"), 8 << 20));
+        assert!(
+            parse(&["--kv-disk-dir", "kv"]).is_err(),
+            "a directory without a size"
+        );
+        assert!(
+            parse(&["--kv-disk-mib", "8"]).is_err(),
+            "a size without a directory"
+        );
+        let toml: EngineSettings =
+            toml::from_str("kv_host_mib = 16\nkv_disk_dir = \"kv\"\nkv_disk_mib = 4").unwrap();
+        assert_eq!(toml.spec().unwrap().tiers.host_bytes, 16 << 20);
+        let half: EngineSettings = toml::from_str("kv_disk_dir = \"kv\"").unwrap();
+        assert!(half.spec().unwrap_err().to_string().contains("kv_disk_mib"));
+        let empty: EngineSettings =
+            toml::from_str("kv_disk_dir = \"kv\"\nkv_disk_mib = 0").unwrap();
+        assert!(
+            empty
+                .spec()
+                .unwrap_err()
+                .to_string()
+                .contains("needs a size")
+        );
+        assert_eq!(
+            EngineSettings::default().spec().unwrap().tiers,
+            Default::default()
         );
     }
 

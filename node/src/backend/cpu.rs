@@ -4,7 +4,7 @@ use strata_model::ModelConfig;
 use strata_model::cpu::{CpuModel, KvAccess, LogitRows, SeqChunk};
 
 use super::{Backend, BackendError, StepSeq};
-use crate::kv::{BlockId, KvBlockIo};
+use crate::kv::{BlockId, KvBlockIo, KvError};
 
 /// Device memory of the CPU backend: `num_blocks` blocks, each holding every layer's K and V for
 /// `block_size` positions, laid out `[block][layer][k|v][slot][kv_dim]` so one block is one
@@ -85,14 +85,16 @@ impl KvBlockIo for CpuBackend {
         Self::floats_per_block(self.model.config(), self.block_size) * 4
     }
 
-    fn export_block(&self, id: BlockId, out: &mut [u8]) {
+    fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
         let n = Self::floats_per_block(self.model.config(), self.block_size);
         super::to_le_bytes(&self.pool[id as usize * n..(id as usize + 1) * n], out);
+        Ok(())
     }
 
-    fn import_block(&mut self, id: BlockId, data: &[u8]) {
+    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
         let n = Self::floats_per_block(self.model.config(), self.block_size);
         super::from_le_bytes(data, &mut self.pool[id as usize * n..(id as usize + 1) * n]);
+        Ok(())
     }
 }
 

@@ -15,7 +15,7 @@ use strata_model::weights::Checkpoint;
 
 use super::cpu::PagedView;
 use super::{Backend, BackendError, OwnedSeq, RankResult, StepSeq, join_ranks};
-use crate::kv::{BlockId, KvBlockIo};
+use crate::kv::{BlockId, KvBlockIo, KvError};
 
 /// A rank's KV pool, laid out like [`CpuBackend`](super::CpuBackend)'s with the rank's kv heads
 /// only: `[block][layer][k|v][slot][rank kv_dim]`.
@@ -214,7 +214,7 @@ impl KvBlockIo for CpuTpBackend {
         self.ranks.iter().map(|r| r.block_floats * 4).sum()
     }
 
-    fn export_block(&self, id: BlockId, out: &mut [u8]) {
+    fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
         let mut at = 0;
         for rank in &self.ranks {
             let n = rank.block_floats;
@@ -225,9 +225,10 @@ impl KvBlockIo for CpuTpBackend {
             );
             at += n * 4;
         }
+        Ok(())
     }
 
-    fn import_block(&mut self, id: BlockId, data: &[u8]) {
+    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
         let mut at = 0;
         for rank in &self.ranks {
             let n = rank.block_floats;
@@ -238,6 +239,7 @@ impl KvBlockIo for CpuTpBackend {
             );
             at += n * 4;
         }
+        Ok(())
     }
 }
 

@@ -159,7 +159,8 @@ impl BlockManager {
         self.index.get(&hash).map(|e| e.location.tier())
     }
 
-    /// Disk writes or reads that failed; each one cost a cached block, never correctness.
+    /// Copies between tiers that failed (disk I/O, or a backend's block copy); each one cost a
+    /// cached block, or failed the one request that needed it, never correctness.
     pub fn lower_tier_failures(&self) -> u64 {
         self.lower_tier_failures
     }
@@ -179,7 +180,9 @@ impl BlockManager {
 
     /// References the longest cached prefix of `hashes`, promoting host/disk hits to device.
     /// Stops at the first miss, or where no device block can be obtained for a promotion; the
-    /// caller owns one reference on each returned block.
+    /// caller owns one reference on each returned block. A promotion whose copy to the device
+    /// fails is an error ([`KvError::Copy`]) with nothing left referenced: the block is dropped
+    /// from the cache and the request that needed it fails.
     pub fn acquire_prefix(
         &mut self,
         hashes: &[BlockHash],
@@ -193,7 +196,15 @@ impl BlockManager {
                     self.reference(id);
                     Some(id)
                 }
-                Some(lower) => self.promote(hash, lower.tier(), io),
+                Some(lower) => match self.promote(hash, lower.tier(), io) {
+                    Ok(id) => id,
+                    Err(e) => {
+                        for id in acquired {
+                            self.release(id)?;
+                        }
+                        return Err(e);
+                    }
+                },
             };
             match id {
                 Some(id) => acquired.push(id),
@@ -306,7 +317,9 @@ impl BlockManager {
                 None => break,
                 Some(Location::Device(id)) => {
                     let mut bytes = vec![0; self.block_bytes];
-                    io.export_block(id, &mut bytes);
+                    if io.export_block(id, &mut bytes).is_err() {
+                        break;
+                    }
                     bytes
                 }
                 Some(Location::Host) => match self.host.peek(hash) {
@@ -352,7 +365,11 @@ impl BlockManager {
                     break;
                 };
                 room -= 1;
-                io.import_block(id, bytes);
+                if io.import_block(id, bytes).is_err() {
+                    self.lower_tier_failures += 1;
+                    self.free.push(id);
+                    break;
+                }
                 self.blocks[id as usize] = DeviceBlock {
                     refcount: 0,
                     hash: Some(hash),
@@ -504,8 +521,13 @@ impl BlockManager {
         // Cached blocks are indexed (audit: free iff unindexed).
         if let Some(hash) = self.blocks[id as usize].hash.take() {
             let mut bytes = vec![0; self.block_bytes];
-            io.export_block(id, &mut bytes);
-            self.demote(hash, Tier::Device, bytes);
+            match io.export_block(id, &mut bytes) {
+                Ok(()) => self.demote(hash, Tier::Device, bytes),
+                Err(_) => {
+                    self.lower_tier_failures += 1;
+                    self.forget(hash, Tier::Device);
+                }
+            }
         }
         Some(id)
     }
@@ -536,10 +558,16 @@ impl BlockManager {
     }
 
     /// Copies a host/disk block into a fresh device block. `None` when no device block is
-    /// obtainable or the disk copy is unreadable (then it is dropped from the cache).
-    fn promote(&mut self, hash: BlockHash, from: Tier, io: &mut dyn KvBlockIo) -> Option<BlockId> {
+    /// obtainable or the disk copy is unreadable (then it is dropped from the cache); an error
+    /// when the copy to the device failed (the block is dropped from the cache too).
+    fn promote(
+        &mut self,
+        hash: BlockHash,
+        from: Tier,
+        io: &mut dyn KvBlockIo,
+    ) -> Result<Option<BlockId>, KvError> {
         if self.available() == 0 {
-            return None;
+            return Ok(None);
         }
         // Take the bytes out before obtaining a block: the eviction that may follow cascades
         // through the same tiers and could otherwise push this very block further down.
@@ -556,20 +584,25 @@ impl BlockManager {
         let Some(bytes) = bytes else {
             self.lower_tier_failures += 1;
             self.forget(hash, from);
-            return None;
+            return Ok(None);
         };
         // Cannot fail (`available() > 0` was checked), but never leave the index dangling.
         let Some(id) = self.obtain_block(io) else {
             self.forget(hash, from);
-            return None;
+            return Ok(None);
         };
-        io.import_block(id, &bytes);
+        if let Err(e) = io.import_block(id, &bytes) {
+            self.lower_tier_failures += 1;
+            self.free.push(id);
+            self.forget(hash, from);
+            return Err(e);
+        }
         self.blocks[id as usize] = DeviceBlock {
             refcount: 1,
             hash: Some(hash),
         };
         self.relocate(hash, from, Location::Device(id));
-        Some(id)
+        Ok(Some(id))
     }
 
     fn relocate(&mut self, hash: BlockHash, from: Tier, to: Location) {

@@ -43,6 +43,8 @@ pub enum KvError {
     NotReferenced { id: BlockId },
     #[error("KV block {id} cannot be committed: {reason}")]
     BadCommit { id: BlockId, reason: &'static str },
+    #[error("copying KV block {id} failed: {detail}")]
+    Copy { id: BlockId, detail: String },
     #[error("invalid KV configuration: {0}")]
     Config(String),
 }

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::KvError;
+
 /// Index of a block in the backend's device KV pool.
 pub type BlockId = u32;
 
@@ -36,14 +38,16 @@ pub struct KvLayout {
 }
 
 /// Moves one block's KV bytes between the backend's device pool and the lower tiers. Implemented
-/// by each backend (the CPU backend copies memory; the CUDA backend will use pinned host buffers).
+/// by each backend (the CPU backend copies memory, the CUDA backend copies over PCIe). A copy
+/// can fail ([`KvError::Copy`]): the block manager then loses that cached block or fails the one
+/// request that needed it, and the engine goes on serving.
 pub trait KvBlockIo {
     /// Bytes of one block (all layers, K and V).
     fn block_bytes(&self) -> usize;
     /// Copies block `id` out into `out` (`block_bytes()` long).
-    fn export_block(&self, id: BlockId, out: &mut [u8]);
+    fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError>;
     /// Overwrites block `id` with `data` (`block_bytes()` long).
-    fn import_block(&mut self, id: BlockId, data: &[u8]);
+    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError>;
 }
 
 /// Hashes a [`BlockHash`] by folding its halves: the key is already the output of xxh3-128, so

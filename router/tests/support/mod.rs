@@ -231,8 +231,7 @@ pub fn paced_tiny_state(model_dir: &Path, delay: Duration, steps: Arc<AtomicUsiz
         Box::new(backend),
         EngineConfig {
             limits: SchedulerLimits::default(),
-            host_blocks: 0,
-            disk: None,
+            tiers: Default::default(),
             eos_token_ids: Vec::new(),
             grammar,
         },

@@ -49,7 +49,7 @@ use row_parallel::gemm_shapes;
 pub use tp::{CudaTpBackend, TpTransport};
 
 use super::{Backend, BackendError, RowSampling, StepOutput, StepSeq};
-use crate::kv::{BlockId, KvBlockIo};
+use crate::kv::{BlockId, KvBlockIo, KvError};
 use forward::mark;
 use scratch::Scratch;
 use strata_model::sampler::RowPlan;
@@ -887,9 +887,13 @@ impl KvBlockIo for CudaBackend {
 
     /// Layout: `[layer][k|v][slot][kv_dim]` bf16, little-endian. Every layer's copy is queued
     /// before one synchronization.
-    fn export_block(&self, id: BlockId, out: &mut [u8]) {
+    fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
         let n = self.block_size * self.shard.kv_rows.len();
         let start = id as usize * n;
+        let failed = |e: &dyn std::fmt::Display| KvError::Copy {
+            id,
+            detail: format!("device to host: {e}"),
+        };
         let mut host = vec![bf16::ZERO; n * 2 * self.config.num_layers];
         let parts = self
             .k_cache
@@ -899,15 +903,20 @@ impl KvBlockIo for CudaBackend {
         for (cache, part) in parts.zip(host.chunks_exact_mut(n)) {
             self.stream
                 .memcpy_dtoh(&cache.slice(start..start + n), part)
-                .expect("device-to-host copy of a KV block");
+                .map_err(|e| failed(&e))?;
         }
-        self.stream.synchronize().expect("stream synchronize");
+        self.stream.synchronize().map_err(|e| failed(&e))?;
         super::to_le_bytes(&host, out);
+        Ok(())
     }
 
-    fn import_block(&mut self, id: BlockId, data: &[u8]) {
+    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
         let n = self.block_size * self.shard.kv_rows.len();
         let start = id as usize * n;
+        let failed = |e: &dyn std::fmt::Display| KvError::Copy {
+            id,
+            detail: format!("host to device: {e}"),
+        };
         let mut host = vec![bf16::ZERO; n * 2 * self.config.num_layers];
         super::from_le_bytes(data, &mut host);
         let parts = self
@@ -915,13 +924,19 @@ impl KvBlockIo for CudaBackend {
             .iter_mut()
             .zip(self.v_cache.iter_mut())
             .flat_map(|(k, v)| [k, v]);
+        let mut queued = Ok(());
         for (cache, part) in parts.zip(host.chunks_exact(n)) {
-            self.stream
-                .memcpy_htod(part, &mut cache.slice_mut(start..start + n))
-                .expect("host-to-device copy of a KV block");
+            queued = self
+                .stream
+                .memcpy_htod(part, &mut cache.slice_mut(start..start + n));
+            if queued.is_err() {
+                break;
+            }
         }
-        // `host` must outlive the queued copies.
-        self.stream.synchronize().expect("stream synchronize");
+        // `host` must outlive the queued copies, even when one failed to queue.
+        let synced = self.stream.synchronize();
+        queued.map_err(|e| failed(&e))?;
+        synced.map_err(|e| failed(&e))
     }
 }
 

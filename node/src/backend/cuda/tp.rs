@@ -18,7 +18,7 @@ use strata_model::cpu::PartialsFault;
 
 use super::{CudaBackend, CudaError, CudaOptions, WeightSource};
 use crate::backend::{Backend, BackendError, OwnedSeq, RankResult, StepSeq, join_ranks};
-use crate::kv::{BlockId, KvBlockIo};
+use crate::kv::{BlockId, KvBlockIo, KvError};
 
 /// How the ranks of a [`CudaTpBackend`] communicate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,24 +187,26 @@ impl KvBlockIo for CudaTpBackend {
             .sum()
     }
 
-    fn export_block(&self, id: BlockId, out: &mut [u8]) {
+    fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
         let mut at = 0;
         for rank in &self.ranks {
             let backend = lock(&rank.backend);
             let n = backend.block_bytes();
-            backend.export_block(id, &mut out[at..at + n]);
+            backend.export_block(id, &mut out[at..at + n])?;
             at += n;
         }
+        Ok(())
     }
 
-    fn import_block(&mut self, id: BlockId, data: &[u8]) {
+    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
         let mut at = 0;
         for rank in &self.ranks {
             let mut backend = lock(&rank.backend);
             let n = backend.block_bytes();
-            backend.import_block(id, &data[at..at + n]);
+            backend.import_block(id, &data[at..at + n])?;
             at += n;
         }
+        Ok(())
     }
 }
 

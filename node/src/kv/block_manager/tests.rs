@@ -26,11 +26,13 @@ impl KvBlockIo for FakeIo {
     fn block_bytes(&self) -> usize {
         BYTES
     }
-    fn export_block(&self, id: BlockId, out: &mut [u8]) {
+    fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
         out.copy_from_slice(&self.blocks[id as usize]);
+        Ok(())
     }
-    fn import_block(&mut self, id: BlockId, data: &[u8]) {
+    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
         self.blocks[id as usize].copy_from_slice(data);
+        Ok(())
     }
 }
 
