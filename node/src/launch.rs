@@ -47,7 +47,7 @@ pub fn start_engine(
     spec: &EngineSpec,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
     let built = build_backend(dir, spec)?;
-    start_parts(built, spec)
+    start_parts(built, spec, dir)
 }
 
 /// A backend with what the front door keeps of its checkpoint.
@@ -146,7 +146,7 @@ pub fn start_cuda_engine(
     spec: &EngineSpec,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
     let built = build_cuda_backend(dir, placement, spec)?;
-    start_parts(built, spec)
+    start_parts(built, spec, dir)
 }
 
 /// The CUDA backend of [`start_cuda_engine`], without the engine.
@@ -241,6 +241,7 @@ fn serving_parts(
 fn start_parts(
     built: BuiltBackend,
     spec: &EngineSpec,
+    model: &Path,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
     let BuiltBackend {
         backend,
@@ -249,16 +250,55 @@ fn start_parts(
     } = built;
     let vocab = backend.model_config().vocab_size;
     let grammar = grammar_compiler(&parts.tokenizer, vocab, &eos_token_ids);
+    let mut tiers = spec.tiers.clone();
+    if let Some(disk) = &mut tiers.disk {
+        disk.dir = disk.dir.join(kv_disk_namespace(model, backend.as_ref()));
+    }
     let engine = Engine::start(
         backend,
         EngineConfig {
             limits: spec.limits,
-            tiers: spec.tiers.clone(),
+            tiers,
             eos_token_ids,
             grammar,
         },
     )?;
     Ok((engine, parts))
+}
+
+/// The disk tier's subdirectory for this model and KV layout. A block's hash names its tokens,
+/// not the weights that computed its bytes, so blocks a restarted engine takes back must come
+/// from the same checkpoint (its files' names, sizes and modification times) in the same byte
+/// layout (backend, shape, block size, TP ranks): anything else finds another directory.
+pub fn kv_disk_namespace(model: &Path, backend: &dyn Backend) -> String {
+    let mut identity = format!(
+        "{}|{}|{}|{}",
+        backend.kv_layout(),
+        backend.block_size(),
+        backend.block_bytes(),
+        backend.model_config().architecture.model_type()
+    );
+    let mut files: Vec<(String, u64, u128)> = Vec::new();
+    let mut note = |path: &Path| {
+        if let Ok(meta) = std::fs::metadata(path) {
+            let modified = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_nanos());
+            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+            files.push((name.unwrap_or_default(), meta.len(), modified));
+        }
+    };
+    match std::fs::read_dir(model) {
+        Ok(entries) => entries.flatten().for_each(|e| note(&e.path())),
+        Err(_) => note(model),
+    }
+    files.sort();
+    for (name, len, modified) in files {
+        identity.push_str(&format!("|{name}:{len}:{modified}"));
+    }
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(identity.as_bytes()))
 }
 
 /// A checkpoint directory read into memory: weights, tokenizer, chat template, decoding defaults.

@@ -421,3 +421,61 @@ fn step_times_account_for_every_step() {
     assert_eq!(times.tokens - before.tokens, 40 + 7, "{times:?}");
     assert!(times.forward_ns > 0 && times.plan_ns > 0 && times.sample_ns > 0);
 }
+
+/// Blocks evicted to the disk tier outlive the engine: a new engine over the same directory
+/// and checkpoint restores them (reported as cached) and generates what a cold engine does; an
+/// engine over another checkpoint of the same shape finds none of them (they name their tokens,
+/// not the weights that computed them).
+#[test]
+fn a_context_parked_on_disk_survives_an_engine_restart() {
+    use strata_node::{DiskTierSpec, EngineSpec, KvBudget, KvTiers, start_engine};
+    let model = tempfile::tempdir().unwrap();
+    synthesize(&SynthSpec::tiny(Architecture::Llama, 3), model.path(), None).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    synthesize(&SynthSpec::tiny(Architecture::Llama, 4), other.path(), None).unwrap();
+    let disk = tempfile::tempdir().unwrap();
+    let target = request(80, 8);
+    let (cold, _) = start_engine(model.path(), &EngineSpec::default()).unwrap();
+    let block_bytes = cold.kv_layout().block_bytes;
+    let (expected, _, _) = drain(cold.submit(target.clone()).unwrap());
+    drop(cold);
+    let spec = EngineSpec {
+        kv: KvBudget::Bytes(8 * block_bytes),
+        tiers: KvTiers {
+            host_bytes: 0,
+            disk: Some(DiskTierSpec {
+                dir: disk.path().to_path_buf(),
+                bytes: 64 * block_bytes,
+            }),
+        },
+        ..EngineSpec::default()
+    };
+    let (first, _) = start_engine(model.path(), &spec).unwrap();
+    let (tokens, _, usage) = drain(first.submit(target.clone()).unwrap());
+    assert_eq!((tokens, usage.cached_tokens), (expected.clone(), 0));
+    // Other prompts take the 8 device blocks; the target's prefix goes to disk.
+    for seed in 0..3u32 {
+        let mut r = request(100, 1);
+        r.prompt
+            .iter_mut()
+            .for_each(|t| *t = (*t + 7 * (seed + 1)) % 250);
+        drain(first.submit(r).unwrap());
+    }
+    drop(first);
+
+    let (restarted, _) = start_engine(model.path(), &spec).unwrap();
+    let (tokens, _, usage) = drain(restarted.submit(target.clone()).unwrap());
+    assert_eq!(
+        usage.cached_tokens, 64,
+        "the 4 full prompt blocks restored from disk"
+    );
+    assert_eq!(tokens, expected, "restored from disk equals cold");
+    drop(restarted);
+
+    let (stranger, _) = start_engine(other.path(), &spec).unwrap();
+    let (_, _, usage) = drain(stranger.submit(target).unwrap());
+    assert_eq!(
+        usage.cached_tokens, 0,
+        "another checkpoint's engine takes nothing back"
+    );
+}

@@ -97,8 +97,9 @@ pub struct BlockManager {
 }
 
 impl BlockManager {
-    /// `block_bytes` is the backend's [`KvBlockIo::block_bytes`]. Opening the disk tier removes
-    /// block files a previous process left in its directory.
+    /// `block_bytes` is the backend's [`KvBlockIo::block_bytes`]. Opening the disk tier takes
+    /// back the blocks a previous process left in its directory: they are indexed on disk and
+    /// published as `Stored`, so routers learn of them like of new ones.
     pub fn new(config: BlockManagerConfig, block_bytes: usize) -> Result<Self, KvError> {
         if config.block_size == 0 {
             return Err(KvError::Config(
@@ -112,11 +113,14 @@ impl BlockManager {
                 config.device_blocks
             )));
         }
-        let disk = match &config.disk {
-            Some((dir, blocks)) => Some(DiskTier::open(dir, *blocks, block_bytes)?),
-            None => None,
+        let (disk, restored) = match &config.disk {
+            Some((dir, blocks)) => {
+                let (disk, restored) = DiskTier::open(dir, *blocks, block_bytes)?;
+                (Some(disk), restored)
+            }
+            None => (None, Vec::new()),
         };
-        Ok(Self {
+        let mut manager = Self {
             block_size: config.block_size,
             block_bytes,
             blocks: vec![DeviceBlock::default(); config.device_blocks],
@@ -128,7 +132,23 @@ impl BlockManager {
             disk,
             events: KvEventLog::new(EVENT_CHANNEL_CAPACITY),
             lower_tier_failures: 0,
-        })
+        };
+        // What the disk kept from an earlier process is cached again, announced like new.
+        for (hash, parent) in restored {
+            manager.index.insert(
+                hash,
+                IndexEntry {
+                    parent,
+                    location: Location::Disk,
+                },
+            );
+            manager.events.publish(KvEventKind::Stored {
+                hash,
+                parent,
+                tier: Tier::Disk,
+            });
+        }
+        Ok(manager)
     }
 
     pub fn block_size(&self) -> usize {
@@ -542,8 +562,9 @@ impl BlockManager {
             }
             return;
         }
+        let parent = self.index.get(&hash).and_then(|e| e.parent);
         if let Some(disk) = self.disk.as_mut().filter(|d| d.capacity() > 0) {
-            match disk.insert(hash, &bytes) {
+            match disk.insert(hash, parent, &bytes) {
                 Ok(overflow) => {
                     self.relocate(hash, from, Location::Disk);
                     if let Some(victim) = overflow {

@@ -37,6 +37,8 @@ pub enum KvError {
         expected: usize,
         actual: u64,
     },
+    #[error("KV disk block {} does not match its checksum", path.display())]
+    Corrupt { path: PathBuf },
     #[error("KV block {id} does not exist (the device pool has {blocks} blocks)")]
     NoSuchBlock { id: BlockId, blocks: usize },
     #[error("KV block {id} released while not referenced (refcount 0)")]

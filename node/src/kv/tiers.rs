@@ -1,12 +1,14 @@
 //! The lower KV tiers, both backend-neutral: [`HostTier`] keeps block bytes in memory,
-//! [`DiskTier`] keeps one file per block. Each is an LRU of bounded capacity; inserting into a
-//! full tier evicts (and returns) its least-recently-used block so the caller can demote it.
+//! [`DiskTier`] keeps one self-describing file per block, found again after a restart. Each is
+//! an LRU of bounded capacity; inserting into a full tier evicts (and returns) its
+//! least-recently-used block so the caller can demote it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::hash::{BuildHasherDefault, Hash};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use super::KvError;
 use super::types::BlockHash;
@@ -160,8 +162,16 @@ impl HostTier {
     }
 }
 
-/// One file per block in a directory the tier owns, named by the hash in hex. The index lives in
-/// memory only, so block files found at open are stale and removed.
+/// One file per block in a directory the tier owns, named by the hash in hex. Each file starts
+/// with a header naming the block's parent in its hash chain and a checksum of its bytes, so the
+/// tier outlives the process: [`DiskTier::open`] finds the blocks a previous process left and
+/// hands them back to be indexed again (least recently written first). A file that is not a
+/// whole block (a torn write, another format) is removed at open; one whose bytes no longer
+/// match their checksum is refused when read.
+///
+/// One file per block rather than per context: a block of a real model is megabytes (2 MiB for
+/// Llama-3.1-8B at 16 tokens), a large sequential write and read, and a file per block keeps
+/// eviction exact with no compaction (docs/DECISIONS.md).
 #[derive(Debug)]
 pub struct DiskTier {
     dir: PathBuf,
@@ -171,34 +181,109 @@ pub struct DiskTier {
 }
 
 const TEMP_SUFFIX: &str = ".tmp";
+/// Block file header: magic, a has-parent flag, the parent hash, the xxh3-64 of the bytes.
+const MAGIC: &[u8; 8] = b"STKVBLK1";
+const HEADER_BYTES: usize = 8 + 8 + 16 + 8;
 
 fn is_block_file_name(name: &str) -> bool {
     let stem = name.strip_suffix(TEMP_SUFFIX).unwrap_or(name);
     stem.len() == 32 && stem.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+fn header(parent: Option<BlockHash>, bytes: &[u8]) -> [u8; HEADER_BYTES] {
+    let mut h = [0u8; HEADER_BYTES];
+    h[..8].copy_from_slice(MAGIC);
+    h[8] = u8::from(parent.is_some());
+    h[16..32].copy_from_slice(&parent.map_or(0, |p| p.0).to_le_bytes());
+    h[32..40].copy_from_slice(&xxhash_rust::xxh3::xxh3_64(bytes).to_le_bytes());
+    h
+}
+
+/// The parent a header names and the checksum it records; `None` if it is not a header.
+fn parse_header(h: &[u8]) -> Option<(Option<BlockHash>, u64)> {
+    if h.len() < HEADER_BYTES || &h[..8] != MAGIC || h[8] > 1 {
+        return None;
+    }
+    let parent = u128::from_le_bytes(h[16..32].try_into().ok()?);
+    let checksum = u64::from_le_bytes(h[32..40].try_into().ok()?);
+    Some(((h[8] == 1).then_some(BlockHash(parent)), checksum))
+}
+
+/// A block the disk tier found at open: its hash and its parent in the chain.
+pub type RestoredBlock = (BlockHash, Option<BlockHash>);
+
 impl DiskTier {
-    /// Opens (creating it if needed) `dir` for blocks of `block_bytes` bytes, removing the block
-    /// files a previous process left behind. Other files in `dir` are left alone.
-    pub fn open(dir: &Path, capacity: usize, block_bytes: usize) -> Result<Self, KvError> {
+    /// Opens (creating it if needed) `dir` for blocks of `block_bytes` bytes and takes back the
+    /// whole blocks a previous process left there, returned least recently written first;
+    /// temporary files and block files that are not whole blocks of this size are removed, and
+    /// the oldest beyond `capacity`. Files that are not block files are left alone.
+    pub fn open(
+        dir: &Path,
+        capacity: usize,
+        block_bytes: usize,
+    ) -> Result<(Self, Vec<RestoredBlock>), KvError> {
         let io_err = |path: &Path| {
             let path = path.to_path_buf();
             move |source| KvError::Io { path, source }
         };
         fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let mut found = Vec::new();
         for entry in fs::read_dir(dir).map_err(io_err(dir))? {
             let entry = entry.map_err(io_err(dir))?;
-            let stale = entry.file_name().to_str().is_some_and(is_block_file_name);
-            if stale && entry.file_type().map_err(io_err(&entry.path()))?.is_file() {
-                fs::remove_file(entry.path()).map_err(io_err(&entry.path()))?;
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            let path = entry.path();
+            if !is_block_file_name(&name) || !entry.file_type().map_err(io_err(&path))?.is_file() {
+                continue;
+            }
+            let whole = if name.ends_with(TEMP_SUFFIX) {
+                None
+            } else {
+                Self::whole_block(&path, block_bytes)
+            };
+            match whole {
+                Some((parent, written)) => {
+                    let hash = BlockHash(u128::from_str_radix(&name, 16).unwrap_or_default());
+                    found.push((written, hash, parent));
+                }
+                None => fs::remove_file(&path).map_err(io_err(&path))?,
             }
         }
-        Ok(Self {
+        found.sort();
+        let mut tier = Self {
             dir: dir.to_path_buf(),
             capacity,
             block_bytes,
             lru: LruOrder::new(),
-        })
+        };
+        let excess = found.len().saturating_sub(capacity);
+        for (_, hash, _) in &found[..excess] {
+            let path = tier.block_path(*hash);
+            fs::remove_file(&path).map_err(io_err(&path))?;
+        }
+        let restored: Vec<RestoredBlock> = found[excess..]
+            .iter()
+            .map(|(_, hash, parent)| (*hash, *parent))
+            .collect();
+        for (hash, _) in &restored {
+            tier.lru.touch(*hash);
+        }
+        Ok((tier, restored))
+    }
+
+    /// The parent and modification time of a block file holding a whole block of
+    /// `block_bytes`; `None` for anything else.
+    fn whole_block(path: &Path, block_bytes: usize) -> Option<(Option<BlockHash>, SystemTime)> {
+        let mut file = fs::File::open(path).ok()?;
+        let meta = file.metadata().ok()?;
+        if meta.len() != (HEADER_BYTES + block_bytes) as u64 {
+            return None;
+        }
+        let mut h = [0u8; HEADER_BYTES];
+        file.read_exact(&mut h).ok()?;
+        let (parent, _) = parse_header(&h)?;
+        Some((parent, meta.modified().unwrap_or(SystemTime::UNIX_EPOCH)))
     }
 
     pub fn capacity(&self) -> usize {
@@ -222,10 +307,16 @@ impl DiskTier {
         self.dir.join(format!("{:032x}", hash.0))
     }
 
-    /// Writes the block atomically (temp file + rename) as the most recently used and returns the
-    /// block evicted to make room (with a capacity of 0, the block just offered, unwritten). On an
-    /// error the tier is unchanged apart from a possibly leftover temp file.
-    pub fn insert(&mut self, hash: BlockHash, bytes: &[u8]) -> Result<Option<BlockHash>, KvError> {
+    /// Writes the block (header and bytes, one sequential write) atomically, temp file then
+    /// rename, as the most recently used, and returns the block evicted to make room (with a
+    /// capacity of 0, the block just offered, unwritten). On an error the tier is unchanged
+    /// apart from a possibly leftover temp file.
+    pub fn insert(
+        &mut self,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        bytes: &[u8],
+    ) -> Result<Option<BlockHash>, KvError> {
         if self.capacity == 0 {
             return Ok(Some(hash));
         }
@@ -234,7 +325,10 @@ impl DiskTier {
         let temp = self.dir.join(format!("{:032x}{TEMP_SUFFIX}", hash.0));
         let write = || -> std::io::Result<()> {
             let mut file = fs::File::create(&temp)?;
-            file.write_all(bytes)?;
+            let mut whole = Vec::with_capacity(HEADER_BYTES + bytes.len());
+            whole.extend_from_slice(&header(parent, bytes));
+            whole.extend_from_slice(bytes);
+            file.write_all(&whole)?;
             drop(file);
             fs::rename(&temp, &path)
         };
@@ -249,14 +343,15 @@ impl DiskTier {
         let victim = self.lru.pop_oldest();
         if let Some(victim) = victim {
             // A file that cannot be deleted is only wasted space: nothing indexes it any more,
-            // and the next open removes it.
+            // and it is the oldest when the next open trims to capacity.
             let _ = fs::remove_file(self.block_path(victim));
         }
         Ok(victim)
     }
 
     /// Reads the block into `out` (`block_bytes` long), marking it most recently used. A missing
-    /// file is an `Io` error (NotFound); a file of the wrong length is `ShortBlock`.
+    /// file is an `Io` error (NotFound); a file of the wrong length is `ShortBlock`; bytes that
+    /// do not match their checksum are `Corrupt`.
     pub fn read(&mut self, hash: BlockHash, out: &mut Vec<u8>) -> Result<(), KvError> {
         self.read_only(hash, out)?;
         if self.lru.contains(&hash) {
@@ -268,17 +363,22 @@ impl DiskTier {
     /// Reads the block into `out` like [`DiskTier::read`], leaving its recency as it is.
     pub fn read_only(&self, hash: BlockHash, out: &mut Vec<u8>) -> Result<(), KvError> {
         let path = self.block_path(hash);
-        let bytes = fs::read(&path).map_err(|source| KvError::Io {
+        let mut bytes = fs::read(&path).map_err(|source| KvError::Io {
             path: path.clone(),
             source,
         })?;
-        if bytes.len() != self.block_bytes {
+        if bytes.len() != HEADER_BYTES + self.block_bytes {
             return Err(KvError::ShortBlock {
                 path,
-                expected: self.block_bytes,
+                expected: HEADER_BYTES + self.block_bytes,
                 actual: bytes.len() as u64,
             });
         }
+        let checksum = parse_header(&bytes).map(|(_, c)| c);
+        if checksum != Some(xxhash_rust::xxh3::xxh3_64(&bytes[HEADER_BYTES..])) {
+            return Err(KvError::Corrupt { path });
+        }
+        bytes.drain(..HEADER_BYTES);
         *out = bytes;
         Ok(())
     }
@@ -344,13 +444,14 @@ mod tests {
     #[test]
     fn disk_tier_round_trips_and_evicts() {
         let dir = tempfile::tempdir().unwrap();
-        let mut disk = DiskTier::open(dir.path(), 2, 4).unwrap();
-        assert_eq!(disk.insert(h(1), &[1; 4]).unwrap(), None);
-        assert_eq!(disk.insert(h(2), &[2; 4]).unwrap(), None);
+        let (mut disk, restored) = DiskTier::open(dir.path(), 2, 4).unwrap();
+        assert!(restored.is_empty());
+        assert_eq!(disk.insert(h(1), None, &[1; 4]).unwrap(), None);
+        assert_eq!(disk.insert(h(2), Some(h(1)), &[2; 4]).unwrap(), None);
         let mut out = Vec::new();
         disk.read(h(1), &mut out).unwrap();
         assert_eq!(out, [1; 4]);
-        assert_eq!(disk.insert(h(3), &[3; 4]).unwrap(), Some(h(2)));
+        assert_eq!(disk.insert(h(3), Some(h(1)), &[3; 4]).unwrap(), Some(h(2)));
         assert!(!disk.block_path(h(2)).exists(), "evicted file is deleted");
         assert!(disk.block_path(h(3)).exists());
         assert!(disk.remove(h(3)));
@@ -359,44 +460,89 @@ mod tests {
     }
 
     #[test]
-    fn disk_tier_reports_missing_and_short_files() {
+    fn disk_tier_reports_missing_short_and_corrupt_files() {
         let dir = tempfile::tempdir().unwrap();
-        let mut disk = DiskTier::open(dir.path(), 4, 8).unwrap();
-        disk.insert(h(1), &[7; 8]).unwrap();
-        disk.insert(h(2), &[7; 8]).unwrap();
+        let (mut disk, _) = DiskTier::open(dir.path(), 4, 8).unwrap();
+        for x in 1..=3 {
+            disk.insert(h(x), None, &[7; 8]).unwrap();
+        }
         fs::write(disk.block_path(h(1)), [7; 3]).unwrap();
         fs::remove_file(disk.block_path(h(2))).unwrap();
+        let mut flipped = fs::read(disk.block_path(h(3))).unwrap();
+        *flipped.last_mut().unwrap() ^= 1;
+        fs::write(disk.block_path(h(3)), flipped).unwrap();
         let mut out = Vec::new();
         let short = disk.read(h(1), &mut out).unwrap_err();
         assert!(
-            matches!(
-                short,
-                KvError::ShortBlock {
-                    expected: 8,
-                    actual: 3,
-                    ..
-                }
-            ),
+            matches!(short, KvError::ShortBlock { actual: 3, .. }),
             "{short}"
         );
         match disk.read(h(2), &mut out).unwrap_err() {
             KvError::Io { source, .. } => assert_eq!(source.kind(), std::io::ErrorKind::NotFound),
             other => panic!("expected NotFound, got {other}"),
         }
+        let corrupt = disk.read(h(3), &mut out).unwrap_err();
+        assert!(matches!(corrupt, KvError::Corrupt { .. }), "{corrupt}");
     }
 
     #[test]
-    fn disk_tier_open_removes_stale_block_files_only() {
+    fn disk_tier_takes_back_what_an_earlier_process_wrote() {
         let dir = tempfile::tempdir().unwrap();
-        let stale = dir.path().join(format!("{:032x}", 5u128));
-        let stale_temp = dir.path().join(format!("{:032x}.tmp", 6u128));
-        let other = dir.path().join("README");
-        for p in [&stale, &stale_temp, &other] {
-            fs::write(p, b"x").unwrap();
+        {
+            let (mut disk, _) = DiskTier::open(dir.path(), 8, 4).unwrap();
+            disk.insert(h(1), None, &[1; 4]).unwrap();
+            disk.insert(h(2), Some(h(1)), &[2; 4]).unwrap();
+            disk.insert(h(3), Some(h(2)), &[3; 4]).unwrap();
         }
-        let disk = DiskTier::open(dir.path(), 1, 1).unwrap();
-        assert!(disk.is_empty());
-        assert!(!stale.exists() && !stale_temp.exists());
+        let (mut disk, restored) = DiskTier::open(dir.path(), 8, 4).unwrap();
+        let mut found: Vec<RestoredBlock> = restored.clone();
+        found.sort();
+        assert_eq!(
+            found,
+            vec![(h(1), None), (h(2), Some(h(1))), (h(3), Some(h(2)))]
+        );
+        assert_eq!(disk.len(), 3);
+        let mut out = Vec::new();
+        disk.read(h(2), &mut out).unwrap();
+        assert_eq!(out, [2; 4]);
+        assert!(disk.is_consistent());
+    }
+
+    #[test]
+    fn disk_tier_open_keeps_the_newest_within_capacity_and_removes_what_is_not_a_block() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut disk, _) = DiskTier::open(dir.path(), 8, 4).unwrap();
+            for x in 1..=3 {
+                disk.insert(h(x), None, &[x as u8; 4]).unwrap();
+            }
+            // Block 2 was written last, then 3, then 1.
+            for (x, age) in [(1, 10), (3, 20), (2, 30)] {
+                let file = fs::File::options()
+                    .write(true)
+                    .open(disk.block_path(h(x)))
+                    .unwrap();
+                let at = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000 + age);
+                file.set_modified(at).unwrap();
+            }
+        }
+        let torn = dir.path().join(format!("{:032x}", 5u128));
+        let temp = dir.path().join(format!("{:032x}.tmp", 6u128));
+        let other_format = dir.path().join(format!("{:032x}", 7u128));
+        let other = dir.path().join("README");
+        fs::write(&torn, [0; HEADER_BYTES + 3]).unwrap();
+        fs::write(&temp, b"x").unwrap();
+        fs::write(&other_format, [0; HEADER_BYTES + 4]).unwrap();
+        fs::write(&other, b"x").unwrap();
+        let (disk, restored) = DiskTier::open(dir.path(), 2, 4).unwrap();
+        assert_eq!(
+            restored,
+            vec![(h(3), None), (h(2), None)],
+            "newest two, oldest first"
+        );
+        assert_eq!(disk.lru_order().collect::<Vec<_>>(), vec![h(3), h(2)]);
+        assert!(!disk.block_path(h(1)).exists(), "trimmed to capacity");
+        assert!(!torn.exists() && !temp.exists() && !other_format.exists());
         assert!(
             other.exists(),
             "files that are not block files are not ours to delete"
