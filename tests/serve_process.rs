@@ -542,3 +542,77 @@ fn bad_serving_options_stop_the_start_and_name_the_flag() {
     assert!(!o.status.success());
     assert!(stderr.contains("--max-model-len 5000"), "{stderr}");
 }
+
+/// The KV tiers from the command line: with a 1 MiB device cache, a 1 MiB host tier and a disk
+/// tier, other traffic pushes a long prompt's KV down to disk; the server is SIGKILLed and
+/// started again with the same flags, and the same prompt is answered from the blocks the disk
+/// kept (reported as cached tokens) with the text it got cold.
+#[test]
+fn a_prompt_parked_on_disk_survives_a_sigkilled_server() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let disk = tmp.path().join("kv");
+    let args = [
+        "--model",
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "--kv-cache-mib",
+        "1",
+        "--kv-host-mib",
+        "1",
+        "--kv-disk-dir",
+        disk.to_str().unwrap(),
+        "--kv-disk-mib",
+        "64",
+    ];
+    let ask = |addr: SocketAddr, prompt: &str| {
+        let body = serde_json::json!({
+            "model": "m", "prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true,
+        });
+        let (status, raw) = http(addr, "POST", "/v1/completions", None, &body.to_string());
+        assert_eq!(status, 200, "{raw}");
+        let v = json_body(&raw);
+        let usage = &v["usage"];
+        (
+            v["choices"][0]["text"].as_str().unwrap().to_string(),
+            usage["prompt_tokens"].as_u64().unwrap(),
+            usage["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0),
+        )
+    };
+    let document = |topic: usize| {
+        (0..40)
+            .map(|i| format!("note {topic} {i} holds {}", (i * 7 + topic) % 13))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let mut first = Server::start(&args);
+    let (text, prompt_tokens, cached) = ask(first.addr, &document(0));
+    assert_eq!(cached, 0);
+    assert!(prompt_tokens > 600, "a long prompt: {prompt_tokens} tokens");
+    // 1 MiB holds 128 blocks of this model on each of device and host: other documents push
+    // the first one's blocks through host to disk.
+    for topic in 1..=8 {
+        ask(first.addr, &document(topic));
+    }
+    first.signal("KILL");
+    first.wait(Duration::from_secs(10));
+    let parked = std::fs::read_dir(&disk)
+        .unwrap()
+        .flatten()
+        .flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten())
+        .count();
+    assert!(parked > 0, "blocks were written to the disk tier");
+
+    let second = Server::start(&args);
+    let (again, tokens, cached) = ask(second.addr, &document(0));
+    assert_eq!(tokens, prompt_tokens);
+    assert!(
+        cached >= prompt_tokens / 2,
+        "restored from disk: {cached} of {prompt_tokens} prompt tokens"
+    );
+    assert_eq!(again, text, "restored from disk equals cold");
+}
