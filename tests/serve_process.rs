@@ -598,6 +598,21 @@ fn a_prompt_parked_on_disk_survives_a_sigkilled_server() {
     for topic in 1..=8 {
         ask(first.addr, &document(topic));
     }
+    let metrics = |addr: SocketAddr| {
+        let (status, raw) = http(addr, "GET", "/metrics", None, "");
+        assert_eq!(status, 200, "{raw}");
+        raw
+    };
+    let series = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+    };
+    let scraped = metrics(first.addr);
+    let host_capacity = "strata_kv_tier_capacity_blocks{tier=\"host\"}";
+    assert_eq!(series(&scraped, host_capacity), 128.0);
+    assert!(series(&scraped, "strata_kv_demoted_bytes_total{tier=\"host\"}") > 0.0);
+    assert!(series(&scraped, "strata_kv_demoted_bytes_total{tier=\"disk\"}") > 0.0);
     first.signal("KILL");
     first.wait(Duration::from_secs(10));
     let parked = std::fs::read_dir(&disk)
@@ -615,4 +630,7 @@ fn a_prompt_parked_on_disk_survives_a_sigkilled_server() {
         "restored from disk: {cached} of {prompt_tokens} prompt tokens"
     );
     assert_eq!(again, text, "restored from disk equals cold");
+    let scraped = metrics(second.addr);
+    assert!(series(&scraped, "strata_kv_restored_bytes_total{tier=\"disk\"}") > 0.0);
+    assert_eq!(series(&scraped, "strata_kv_tier_copy_failures_total"), 0.0);
 }

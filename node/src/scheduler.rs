@@ -181,6 +181,25 @@ pub struct EngineLoad {
     /// later).
     #[serde(default)]
     pub preemptions: u64,
+    /// Capacity of the host and disk KV tiers in blocks (0 where there is none).
+    #[serde(default)]
+    pub host_capacity_blocks: u64,
+    #[serde(default)]
+    pub disk_capacity_blocks: u64,
+    /// Bytes of one KV block (what the tiers' block counts are in).
+    #[serde(default)]
+    pub block_bytes: u64,
+    /// Blocks restored to the device from host and disk, the time that took, and blocks
+    /// demoted into host and disk, so far.
+    #[serde(default)]
+    pub restored_blocks: [u64; 2],
+    #[serde(default)]
+    pub restore_ns: [u64; 2],
+    #[serde(default)]
+    pub demoted_blocks: [u64; 2],
+    /// Copies between tiers that failed (each cost a cached block or one request).
+    #[serde(default)]
+    pub tier_copy_failures: u64,
 }
 
 /// Where the engine thread's steps spent their time, summed over every step that computed
@@ -249,6 +268,7 @@ impl Scheduler {
     /// What this node is carrying now, as its load reports say it to routers.
     pub fn load(&self) -> EngineLoad {
         let unprefilled = |s: &Sequence| s.tokens.len().saturating_sub(s.computed) as u64;
+        let traffic = self.blocks.tier_traffic();
         EngineLoad {
             waiting: self.waiting.len() as u64,
             running: self.running.len() as u64,
@@ -263,6 +283,13 @@ impl Scheduler {
             tokens_per_s: 0,
             fetch_bytes_per_s: 0,
             preemptions: self.preemptions,
+            host_capacity_blocks: self.blocks.lower_capacity().0 as u64,
+            disk_capacity_blocks: self.blocks.lower_capacity().1 as u64,
+            block_bytes: self.blocks.block_bytes() as u64,
+            restored_blocks: traffic.restored,
+            restore_ns: traffic.restore_ns,
+            demoted_blocks: traffic.demoted,
+            tier_copy_failures: self.blocks.lower_tier_failures(),
         }
     }
 

@@ -535,6 +535,53 @@ fn render_engine_load(out: &mut String, load: &strata_node::scheduler::EngineLoa
             "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
         );
     }
+    render_tier_traffic(out, load);
+}
+
+/// The KV tiers: capacity by tier, and bytes and time moved between the device and host / disk.
+fn render_tier_traffic(out: &mut String, load: &strata_node::scheduler::EngineLoad) {
+    let bytes = |blocks: u64| blocks.saturating_mul(load.block_bytes);
+    let name = "strata_kv_tier_capacity_blocks";
+    let _ = writeln!(
+        out,
+        "# HELP {name} KV blocks each tier holds at most.\n# TYPE {name} gauge\n\
+         {name}{{tier=\"device\"}} {}\n{name}{{tier=\"host\"}} {}\n{name}{{tier=\"disk\"}} {}",
+        load.capacity_blocks, load.host_capacity_blocks, load.disk_capacity_blocks
+    );
+    for (name, kind, help, values) in [
+        (
+            "strata_kv_restored_bytes_total",
+            "counter",
+            "KV bytes copied back to the device from a lower tier.",
+            load.restored_blocks.map(|b| bytes(b).to_string()),
+        ),
+        (
+            "strata_kv_restore_seconds_total",
+            "counter",
+            "Time spent restoring KV blocks from a lower tier (read and copy to the device).",
+            load.restore_ns.map(|ns| (ns as f64 / 1e9).to_string()),
+        ),
+        (
+            "strata_kv_demoted_bytes_total",
+            "counter",
+            "KV bytes written into a lower tier (evicted from the tier above).",
+            load.demoted_blocks.map(|b| bytes(b).to_string()),
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} {kind}\n\
+             {name}{{tier=\"host\"}} {}\n{name}{{tier=\"disk\"}} {}",
+            values[0], values[1]
+        );
+    }
+    let name = "strata_kv_tier_copy_failures_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Copies between KV tiers that failed (each cost a cached block or one \
+         request).\n# TYPE {name} counter\n{name} {}",
+        load.tier_copy_failures
+    );
 }
 
 /// The engine thread's steps: how many, the tokens they computed, and their time by phase

@@ -31,6 +31,26 @@ pub struct BlockManagerConfig {
     pub disk: Option<(PathBuf, usize)>,
 }
 
+/// Block movements between the device and the lower tiers so far, per lower tier
+/// (`[host, disk]`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierTraffic {
+    /// Blocks copied back to the device from each tier.
+    pub restored: [u64; 2],
+    /// Time spent restoring from each tier (reading, copying to the device), in nanoseconds.
+    pub restore_ns: [u64; 2],
+    /// Blocks written into each tier (evicted from the one above).
+    pub demoted: [u64; 2],
+}
+
+fn lower_index(tier: Tier) -> Option<usize> {
+    match tier {
+        Tier::Device => None,
+        Tier::Host => Some(0),
+        Tier::Disk => Some(1),
+    }
+}
+
 /// How much of a hash chain is cached. `device` is the leading run already on device; `lower`
 /// counts the blocks after it that are cached too, at least the first of them in host or disk
 /// (so `device + lower` blocks can be acquired if enough device blocks are obtainable).
@@ -94,6 +114,7 @@ pub struct BlockManager {
     disk: Option<DiskTier>,
     events: KvEventLog,
     lower_tier_failures: u64,
+    traffic: TierTraffic,
 }
 
 impl BlockManager {
@@ -132,6 +153,7 @@ impl BlockManager {
             disk,
             events: KvEventLog::new(EVENT_CHANNEL_CAPACITY),
             lower_tier_failures: 0,
+            traffic: TierTraffic::default(),
         };
         // What the disk kept from an earlier process is cached again, announced like new.
         for (hash, parent) in restored {
@@ -153,6 +175,11 @@ impl BlockManager {
 
     pub fn block_size(&self) -> usize {
         self.block_size
+    }
+
+    /// Bytes of one block, all layers.
+    pub fn block_bytes(&self) -> usize {
+        self.block_bytes
     }
 
     pub fn device_blocks(&self) -> usize {
@@ -183,6 +210,19 @@ impl BlockManager {
     /// cached block, or failed the one request that needed it, never correctness.
     pub fn lower_tier_failures(&self) -> u64 {
         self.lower_tier_failures
+    }
+
+    /// Blocks moved between the device and the lower tiers so far.
+    pub fn tier_traffic(&self) -> TierTraffic {
+        self.traffic
+    }
+
+    /// Capacity of the host and disk tiers in blocks (0 where there is none).
+    pub fn lower_capacity(&self) -> (usize, usize) {
+        (
+            self.host.capacity(),
+            self.disk.as_ref().map_or(0, DiskTier::capacity),
+        )
     }
 
     /// Longest cached prefix of `hashes`; no side effects (recency is not touched).
@@ -556,6 +596,7 @@ impl BlockManager {
     fn demote(&mut self, hash: BlockHash, from: Tier, bytes: Vec<u8>) {
         if from == Tier::Device && self.host.capacity() > 0 {
             let overflow = self.host.insert(hash, bytes);
+            self.traffic.demoted[0] += 1;
             self.relocate(hash, from, Location::Host);
             if let Some((victim, victim_bytes)) = overflow {
                 self.demote(victim, Tier::Host, victim_bytes);
@@ -566,6 +607,7 @@ impl BlockManager {
         if let Some(disk) = self.disk.as_mut().filter(|d| d.capacity() > 0) {
             match disk.insert(hash, parent, &bytes) {
                 Ok(overflow) => {
+                    self.traffic.demoted[1] += 1;
                     self.relocate(hash, from, Location::Disk);
                     if let Some(victim) = overflow {
                         self.forget(victim, Tier::Disk);
@@ -590,6 +632,7 @@ impl BlockManager {
         if self.available() == 0 {
             return Ok(None);
         }
+        let started = std::time::Instant::now();
         // Take the bytes out before obtaining a block: the eviction that may follow cascades
         // through the same tiers and could otherwise push this very block further down.
         let bytes = match from {
@@ -623,6 +666,10 @@ impl BlockManager {
             hash: Some(hash),
         };
         self.relocate(hash, from, Location::Device(id));
+        if let Some(i) = lower_index(from) {
+            self.traffic.restored[i] += 1;
+            self.traffic.restore_ns[i] += u64::try_from(started.elapsed().as_nanos()).unwrap_or(0);
+        }
         Ok(Some(id))
     }
 

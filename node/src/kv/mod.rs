@@ -12,7 +12,9 @@ pub mod types;
 
 use std::path::PathBuf;
 
-pub use block_manager::{BlockManager, BlockManagerConfig, CommitOutcome, PrefixLookup};
+pub use block_manager::{
+    BlockManager, BlockManagerConfig, CommitOutcome, PrefixLookup, TierTraffic,
+};
 pub use events::{KvDump, KvEvent, KvEventKind, KvEventLog, KvReplica, ReplicaError};
 pub use hash::{block_hash, prompt_block_hashes};
 pub use tiers::{DiskTier, HostTier};
