@@ -634,3 +634,126 @@ fn a_prompt_parked_on_disk_survives_a_sigkilled_server() {
     assert!(series(&scraped, "strata_kv_restored_bytes_total{tier=\"disk\"}") > 0.0);
     assert_eq!(series(&scraped, "strata_kv_tier_copy_failures_total"), 0.0);
 }
+
+/// `/v1/cache`: a primed context is pinned, so traffic that evicts an unprimed prompt of the
+/// same length (the canary) leaves it cached: a later request starting with it reports its
+/// tokens as cached and answers as a cold server does. It is listed and read with where its
+/// blocks are, deleted (then 404), and bad requests are refused by name.
+#[test]
+fn a_primed_context_is_pinned_listed_restored_and_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let model = model.to_str().unwrap();
+    let document = |topic: usize| {
+        (0..40)
+            .map(|i| format!("note {topic} {i} holds {}", (i * 7 + topic) % 13))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let call = |addr: SocketAddr, method: &str, path: &str, body: serde_json::Value| {
+        let body = if body.is_null() {
+            String::new()
+        } else {
+            body.to_string()
+        };
+        let (status, raw) = http(addr, method, path, None, &body);
+        let value = json_body(&raw);
+        (status, value)
+    };
+    let ask = |addr: SocketAddr, prompt: &str| {
+        let body = serde_json::json!({
+            "model": "m", "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": true,
+        });
+        let (status, v) = call(addr, "POST", "/v1/completions", body);
+        assert_eq!(status, 200, "{v}");
+        (
+            v["choices"][0]["text"].as_str().unwrap().to_string(),
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0),
+        )
+    };
+    // 1 MiB: 128 device blocks of this model, no lower tier (pins may hold half of them).
+    let server = Server::start(&["--model", model, "--port", "0", "--kv-cache-mib", "1"]);
+    let (status, primed) = call(
+        server.addr,
+        "POST",
+        "/v1/cache",
+        serde_json::json!({"prompt": document(0), "ttl_seconds": 600}),
+    );
+    assert_eq!(status, 200, "{primed}");
+    let id = primed["id"].as_str().unwrap().to_string();
+    let pinned = primed["cached_tokens"].as_u64().unwrap();
+    assert!(pinned >= 600, "{primed}");
+    assert_eq!(primed["blocks"]["device"].as_u64(), Some(pinned / 16));
+    assert_eq!(primed["object"], "kv_cache");
+    // The canary: the same kind of prompt, only computed (not primed).
+    ask(server.addr, &document(9));
+    for topic in 1..=8 {
+        ask(server.addr, &document(topic));
+    }
+    let question = |topic: usize| format!("{}; and what does note {topic} 3 hold", document(topic));
+    let (answer, cached) = ask(server.addr, &question(0));
+    assert!(
+        cached >= pinned,
+        "the primed context restored: {cached} < {pinned}"
+    );
+    let (_, cached) = ask(server.addr, &question(9));
+    assert_eq!(
+        cached, 0,
+        "the canary: an unprimed prompt was evicted by the same traffic"
+    );
+    let cold = Server::start(&["--model", model, "--port", "0"]);
+    assert_eq!(
+        ask(cold.addr, &question(0)).0,
+        answer,
+        "restored equals cold"
+    );
+
+    let (status, list) = call(server.addr, "GET", "/v1/cache", serde_json::Value::Null);
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["data"].as_array().map(Vec::len), Some(1), "{list}");
+    assert_eq!(list["data"][0]["id"], id.as_str());
+    let path = format!("/v1/cache/{id}");
+    let (status, one) = call(server.addr, "GET", &path, serde_json::Value::Null);
+    assert_eq!(
+        (status, one["cached_tokens"].as_u64()),
+        (200, Some(pinned)),
+        "{one}"
+    );
+    let (status, deleted) = call(server.addr, "DELETE", &path, serde_json::Value::Null);
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(deleted["deleted"], true);
+    for method in ["GET", "DELETE"] {
+        let (status, gone) = call(server.addr, method, &path, serde_json::Value::Null);
+        assert_eq!(status, 404, "{method}: {gone}");
+        assert!(gone["error"]["message"].as_str().unwrap().contains(&id));
+    }
+    let refusals = [
+        (serde_json::json!({"prompt": "too short"}), "whole KV block"),
+        (
+            serde_json::json!({"prompt": document(0), "ttl_seconds": 0}),
+            "ttl_seconds",
+        ),
+        (
+            serde_json::json!({"prompt": "a", "messages": []}),
+            "not several",
+        ),
+        (serde_json::json!({}), "is required"),
+        (
+            serde_json::json!({"prompt": document(0), "model": "other"}),
+            "other",
+        ),
+        (
+            serde_json::json!({"prompt": document(0), "seed": 1}),
+            "seed",
+        ),
+    ];
+    for (body, words) in refusals {
+        let (status, refused) = call(server.addr, "POST", "/v1/cache", body.clone());
+        assert!((400..500).contains(&status), "{body}: {refused}");
+        let message = refused["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(words), "{body}: {message}");
+    }
+}

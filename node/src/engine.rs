@@ -13,7 +13,9 @@ use strata_protocol::{FinishReason, GenerateRequest, TokenEvent};
 use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 
 use crate::backend::Backend;
-use crate::kv::{BlockHash, BlockManager, BlockManagerConfig, KvDump, KvError, KvEvent, KvLayout};
+use crate::kv::{
+    BlockHash, BlockManager, BlockManagerConfig, KvDump, KvError, KvEvent, KvLayout, PinStatus,
+};
 use crate::scheduler::{EngineLoad, Scheduler, SchedulerLimits, Sequence, StepTimes};
 use crate::spec::KvTiers;
 
@@ -166,6 +168,17 @@ enum Command {
         blocks: Vec<(BlockHash, Vec<u8>)>,
         reply: mpsc::Sender<usize>,
     },
+    Pin {
+        name: String,
+        hashes: Vec<BlockHash>,
+        expires: Option<std::time::Instant>,
+        reply: mpsc::Sender<Result<PinStatus, KvError>>,
+    },
+    Unpin {
+        name: String,
+        reply: mpsc::Sender<bool>,
+    },
+    Pins(mpsc::Sender<(Vec<PinStatus>, usize)>),
 }
 
 pub struct Engine {
@@ -323,6 +336,39 @@ impl Engine {
         rx.recv().map_err(|_| SubmitError::Stopped)
     }
 
+    /// Pins the leading cached run of `hashes` (a primed prompt's blocks) under `name` until
+    /// `expires`, replacing a pin of that name: its blocks are evicted from each tier after
+    /// every unpinned block, and never dropped ([`BlockManager::pin`]).
+    pub fn pin(
+        &self,
+        name: String,
+        hashes: Vec<BlockHash>,
+        expires: Option<std::time::Instant>,
+    ) -> Result<Result<PinStatus, KvError>, SubmitError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Command::Pin {
+            name,
+            hashes,
+            expires,
+            reply,
+        })?;
+        rx.recv().map_err(|_| SubmitError::Stopped)
+    }
+
+    /// Drops the pin `name` (its blocks stay cached, unpinned); whether there was one.
+    pub fn unpin(&self, name: String) -> Result<bool, SubmitError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Command::Unpin { name, reply })?;
+        rx.recv().map_err(|_| SubmitError::Stopped)
+    }
+
+    /// Every pin and where its blocks are, with the blocks all pins may hold together.
+    pub fn pins(&self) -> Result<(Vec<PinStatus>, usize), SubmitError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Command::Pins(reply))?;
+        rx.recv().map_err(|_| SubmitError::Stopped)
+    }
+
     fn send(&self, command: Command) -> Result<(), SubmitError> {
         let tx = self.commands.as_ref().ok_or(SubmitError::Stopped)?;
         tx.send(command).map_err(|_| SubmitError::Stopped)
@@ -371,6 +417,24 @@ fn run(
                     .block_manager_mut()
                     .import_prefix(parent, &blocks, backend);
                 let _ = reply.send(imported);
+            }
+            Command::Pin {
+                name,
+                hashes,
+                expires,
+                reply,
+            } => {
+                let blocks = scheduler.block_manager_mut();
+                blocks.expire_pins(std::time::Instant::now());
+                let _ = reply.send(blocks.pin(&name, &hashes, expires));
+            }
+            Command::Unpin { name, reply } => {
+                let _ = reply.send(scheduler.block_manager_mut().unpin(&name));
+            }
+            Command::Pins(reply) => {
+                let blocks = scheduler.block_manager_mut();
+                blocks.expire_pins(std::time::Instant::now());
+                let _ = reply.send((blocks.pin_statuses(), blocks.pin_room()));
             }
             Command::Cancel(id) => {
                 if let Err(e) = scheduler.cancel(id, FinishReason::Cancelled) {

@@ -438,6 +438,7 @@ impl Scheduler {
 
     fn expire(&mut self) -> Result<(), KvError> {
         let now = Instant::now();
+        self.blocks.expire_pins(now);
         let expired: Vec<u64> = self
             .running
             .iter()

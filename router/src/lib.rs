@@ -145,6 +145,7 @@ pub fn build_app_live(state: AppState, access: &Access, keys: Arc<LiveKeys>) -> 
         .route("/ping", get(|| async { "ok" }).post(|| async { "ok" }))
         .merge(openai::routes())
         .merge(openai::responses::routes())
+        .merge(openai::cache::routes())
         .merge(anthropic::routes())
         .merge(converse::routes())
         .fallback(|uri: axum::http::Uri| async move {

@@ -40,6 +40,8 @@ pub struct ServedModel {
     /// The window requests are held to, vLLM's way, under `--max-model-len` (at most the
     /// model's own window).
     max_model_len: Option<usize>,
+    /// Contexts primed through `/v1/cache` and still pinned.
+    pub primed: crate::openai::cache::PrimedContexts,
 }
 
 impl ServedModel {
@@ -71,6 +73,7 @@ impl ServedModel {
             next_response: AtomicU64::new(1),
             token_bytes,
             max_model_len: None,
+            primed: Default::default(),
         }
     }
 

@@ -10,7 +10,9 @@ static document can state, because they depend on the served model or on another
     document can say "a string", not "a grammar";
   - rules across fields: a tool choice naming a tool not among the tools (or asking for a call
     with no tools), tool names repeated, `top_logprobs` without `logprobs: true`, two output
-    constraints at once, `echo` with `logprobs` on completions.
+    constraints at once, `echo` with `logprobs` on completions;
+  - a primed context (`/v1/cache`) shorter than one KV block, or beyond what the KV tiers
+    may hold pinned.
 Every other refusal of a schema-valid request still fails the run.
 """
 
@@ -35,6 +37,8 @@ UNSTATABLE_REFUSALS = (
     "`top_logprobs` needs `logprobs: true`",
     "both constrain the output",
     "needs the prompt's log-probabilities",
+    "whole KV block of",
+    "the lowest KV tier holds",
 )
 
 

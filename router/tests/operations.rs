@@ -64,6 +64,10 @@ const ROUTES: &[(&str, &str, &str)] = &[
     ("POST", "/v1/completions", "/v1/completions"),
     ("POST", "/v1/responses", "/v1/responses"),
     ("GET", "/v1/responses/{id}", "/v1/responses/resp_0"),
+    ("POST", "/v1/cache", "/v1/cache"),
+    ("GET", "/v1/cache", "/v1/cache"),
+    ("GET", "/v1/cache/{id}", "/v1/cache/kvcache-0"),
+    ("DELETE", "/v1/cache/{id}", "/v1/cache/kvcache-0"),
     ("POST", "/v1/messages", "/v1/messages"),
     (
         "POST",

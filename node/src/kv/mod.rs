@@ -13,7 +13,7 @@ pub mod types;
 use std::path::PathBuf;
 
 pub use block_manager::{
-    BlockManager, BlockManagerConfig, CommitOutcome, PrefixLookup, TierTraffic,
+    BlockManager, BlockManagerConfig, CommitOutcome, PinStatus, PrefixLookup, TierTraffic,
 };
 pub use events::{KvDump, KvEvent, KvEventKind, KvEventLog, KvReplica, ReplicaError};
 pub use hash::{block_hash, prompt_block_hashes};
@@ -49,6 +49,11 @@ pub enum KvError {
     BadCommit { id: BlockId, reason: &'static str },
     #[error("copying KV block {id} failed: {detail}")]
     Copy { id: BlockId, detail: String },
+    #[error(
+        "pinning needs {needed} KV blocks pinned in all, but the lowest KV tier holds {room}: \
+         unpin a cached context, or give the node a larger host or disk tier"
+    )]
+    PinCapacity { needed: usize, room: usize },
     #[error("invalid KV configuration: {0}")]
     Config(String),
 }

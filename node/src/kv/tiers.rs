@@ -57,6 +57,24 @@ impl<K: Copy + Eq + Hash> LruOrder<K> {
         Some(key)
     }
 
+    /// The least recently used key `evictable` accepts, removed; else the least recently used
+    /// key of all when `fall_back`.
+    pub(crate) fn pop_oldest_preferring(
+        &mut self,
+        evictable: impl Fn(&K) -> bool,
+        fall_back: bool,
+    ) -> Option<K> {
+        let found = self.by_tick.iter().find(|(_, k)| evictable(k));
+        let tick = match found {
+            Some((tick, _)) => *tick,
+            None if fall_back => *self.by_tick.first_key_value()?.0,
+            None => return None,
+        };
+        let key = self.by_tick.remove(&tick)?;
+        self.tick_of.remove(&key);
+        Some(key)
+    }
+
     pub(crate) fn contains(&self, key: &K) -> bool {
         self.tick_of.contains_key(key)
     }
@@ -120,6 +138,17 @@ impl HostTier {
     /// Stores `bytes` as the most recently used block and returns the block evicted to make room
     /// (with a capacity of 0 that is the block just offered). Re-inserting a hash replaces it.
     pub fn insert(&mut self, hash: BlockHash, bytes: Vec<u8>) -> Option<(BlockHash, Vec<u8>)> {
+        self.insert_preferring(hash, bytes, |_| true)
+    }
+
+    /// [`HostTier::insert`], evicting the least recently used block `evictable` accepts first
+    /// (pinned blocks go last).
+    pub fn insert_preferring(
+        &mut self,
+        hash: BlockHash,
+        bytes: Vec<u8>,
+        evictable: impl Fn(&BlockHash) -> bool,
+    ) -> Option<(BlockHash, Vec<u8>)> {
         if self.capacity == 0 {
             return Some((hash, bytes));
         }
@@ -128,7 +157,7 @@ impl HostTier {
         if self.bytes.len() <= self.capacity {
             return None;
         }
-        let victim = self.lru.pop_oldest()?;
+        let victim = self.lru.pop_oldest_preferring(evictable, true)?;
         self.bytes.remove(&victim).map(|b| (victim, b))
     }
 
@@ -317,6 +346,18 @@ impl DiskTier {
         parent: Option<BlockHash>,
         bytes: &[u8],
     ) -> Result<Option<BlockHash>, KvError> {
+        self.insert_preferring(hash, parent, bytes, |_| true)
+    }
+
+    /// [`DiskTier::insert`], evicting the least recently used block `evictable` accepts first
+    /// (pinned blocks go last).
+    pub fn insert_preferring(
+        &mut self,
+        hash: BlockHash,
+        parent: Option<BlockHash>,
+        bytes: &[u8],
+        evictable: impl Fn(&BlockHash) -> bool,
+    ) -> Result<Option<BlockHash>, KvError> {
         if self.capacity == 0 {
             return Ok(Some(hash));
         }
@@ -340,7 +381,7 @@ impl DiskTier {
         if self.lru.len() <= self.capacity {
             return Ok(None);
         }
-        let victim = self.lru.pop_oldest();
+        let victim = self.lru.pop_oldest_preferring(evictable, true);
         if let Some(victim) = victim {
             // A file that cannot be deleted is only wasted space: nothing indexes it any more,
             // and it is the oldest when the next open trims to capacity.

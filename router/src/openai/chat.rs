@@ -133,7 +133,7 @@ fn render(
         .map(|(i, m)| normalize_message(i, m))
         .collect::<Result<_, _>>()?;
     let has_tools = tools.is_some();
-    let text = render_text(state, messages, tools, "messages")?;
+    let text = render_text(state, messages, tools, "messages", true)?;
     let format = has_tools.then(|| ToolFormat::detect(&text));
     Ok((state.tokenizer.encode(&text, false)?, format))
 }
@@ -145,7 +145,18 @@ pub(crate) fn render_messages(
     messages: Vec<Value>,
     param: &'static str,
 ) -> Result<Vec<u32>, ApiError> {
-    let text = render_text(state, messages, None, param)?;
+    render_conversation(state, messages, param, true)
+}
+
+/// The token ids of `messages` rendered by the chat template, with the generation prompt or
+/// without it (a conversation's prefix, as a later turn renders it).
+pub(crate) fn render_conversation(
+    state: &AppState,
+    messages: Vec<Value>,
+    param: &'static str,
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>, ApiError> {
+    let text = render_text(state, messages, None, param, add_generation_prompt)?;
     Ok(state.tokenizer.encode(&text, false)?)
 }
 
@@ -154,6 +165,7 @@ fn render_text(
     messages: Vec<Value>,
     tools: Option<Vec<Value>>,
     param: &'static str,
+    add_generation_prompt: bool,
 ) -> Result<String, ApiError> {
     let template = state.template.as_ref().ok_or_else(|| {
         ApiError::invalid(
@@ -164,7 +176,7 @@ fn render_text(
     Ok(template.render(&ChatRequest {
         messages,
         tools,
-        add_generation_prompt: true,
+        add_generation_prompt,
         extra: Default::default(),
     })?)
 }

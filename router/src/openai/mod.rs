@@ -1,6 +1,7 @@
 //! The OpenAI surface: request JSON → one canonical `GenerateRequest`, and the engine's token
 //! stream → OpenAI's response objects or SSE chunks.
 
+pub mod cache;
 pub mod chat;
 pub mod completions;
 pub(crate) mod generation;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use strata_model::Architecture;
 use strata_model::synth::{SynthSpec, synthesize};
 use strata_node::backend::{Backend, BackendError, CpuBackend, StepSeq};
-use strata_node::kv::{BlockId, KvBlockIo};
+use strata_node::kv::{BlockId, KvBlockIo, KvError};
 use strata_node::scheduler::SchedulerLimits;
 use strata_node::{Engine, EngineConfig};
 use strata_node::{EngineSpec, KvBudget, LoadedModel, ServingParts, grammar_compiler};
@@ -182,10 +182,10 @@ impl KvBlockIo for PacedBackend {
     fn block_bytes(&self) -> usize {
         self.inner.block_bytes()
     }
-    fn export_block(&self, id: BlockId, out: &mut [u8]) {
+    fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
         self.inner.export_block(id, out)
     }
-    fn import_block(&mut self, id: BlockId, data: &[u8]) {
+    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
         self.inner.import_block(id, data)
     }
 }

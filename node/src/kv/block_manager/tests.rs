@@ -179,7 +179,12 @@ fn demotion_to_host_then_disk_and_promotion_restores_bytes() {
     assert_eq!(bm.tier_of(chain[0]), Some(Tier::Disk));
     assert_eq!(bm.tier_of(chain[1]), Some(Tier::Host));
     let file = dir.path().join("kv").join(format!("{:032x}", chain[0].0));
-    assert_eq!(std::fs::read(&file).unwrap(), content(chain[0]));
+    let written = std::fs::read(&file).unwrap();
+    assert_eq!(
+        &written[written.len() - BYTES..],
+        content(chain[0]),
+        "header, then the bytes"
+    );
     assert_eq!(
         bm.lookup(&chain),
         PrefixLookup {
@@ -539,4 +544,68 @@ fn import_is_bounded_and_checked() {
     assert_eq!(bm.import_prefix(None, &bad, &mut io), 2);
     assert_eq!(bm.lookup(&chain).device, 2);
     bm.audit().unwrap();
+}
+
+/// A pinned prefix outlives traffic that evicts everything else: on a device alone it is never
+/// evicted (and pins are refused beyond half the device); with a host tier it is demoted after
+/// every unpinned block and never dropped; unpinned or expired, it is evicted like any other.
+#[test]
+fn pinned_prefixes_are_evicted_last_and_never_dropped() {
+    let (mut bm, mut io) = (manager(6, 0, None), FakeIo::new(6));
+    let context = hashes(&(0..12).collect::<Vec<_>>(), 0);
+    let ids = prefill(&mut bm, &mut io, &context);
+    release_all(&mut bm, &ids);
+    let status = bm.pin("doc", &context, None).unwrap();
+    assert_eq!((status.blocks, status.device), (3, 3));
+    // A longer pin than half the device is refused by name; the first pin stays.
+    let other = hashes(&(100..112).collect::<Vec<_>>(), 0);
+    let ids = prefill(&mut bm, &mut io, &other);
+    release_all(&mut bm, &ids);
+    let refused = bm.pin("other", &other, None).unwrap_err();
+    assert!(
+        matches!(refused, KvError::PinCapacity { needed: 6, room: 3 }),
+        "{refused}"
+    );
+    // Traffic twice the device's size: the pinned blocks stay on the device.
+    for t in 0..4u32 {
+        let chain = hashes(&(200 + 12 * t..212 + 12 * t).collect::<Vec<_>>(), 0);
+        let ids = prefill(&mut bm, &mut io, &chain);
+        release_all(&mut bm, &ids);
+    }
+    assert_eq!(bm.pin_status("doc").unwrap().device, 3);
+    assert_eq!(bm.lookup(&context).device, 3);
+    // The canary: unpinned, the same traffic evicts it.
+    assert!(bm.unpin("doc"));
+    for t in 0..4u32 {
+        let chain = hashes(&(300 + 12 * t..312 + 12 * t).collect::<Vec<_>>(), 0);
+        let ids = prefill(&mut bm, &mut io, &chain);
+        release_all(&mut bm, &ids);
+    }
+    assert_eq!(bm.lookup(&context), PrefixLookup::default());
+
+    // With a host tier of 4: pinned blocks leave the device after the unpinned ones and stay
+    // in host memory while unpinned traffic passes through it.
+    let (mut bm, mut io) = (manager(4, 4, None), FakeIo::new(4));
+    let ids = prefill(&mut bm, &mut io, &context);
+    release_all(&mut bm, &ids);
+    let expires = Instant::now() + std::time::Duration::from_secs(3600);
+    bm.pin("doc", &context, Some(expires)).unwrap();
+    assert_eq!(bm.pin_room(), 4);
+    for t in 0..6u32 {
+        let chain = hashes(&(400 + 12 * t..412 + 12 * t).collect::<Vec<_>>(), 0);
+        let ids = prefill(&mut bm, &mut io, &chain);
+        release_all(&mut bm, &ids);
+    }
+    let status = bm.pin_status("doc").unwrap();
+    assert_eq!(status.device + status.host, 3, "{status:?}");
+    let again = bm.acquire_prefix(&context, &mut io).unwrap();
+    assert_eq!(again.len(), 3, "restored from host");
+    for (id, hash) in again.iter().zip(&context) {
+        assert_eq!(io.blocks[*id as usize], content(*hash));
+    }
+    release_all(&mut bm, &again);
+    // Expired, the pin is gone.
+    bm.expire_pins(expires);
+    assert!(bm.pin_status("doc").is_none());
+    assert!(bm.pin_statuses().is_empty());
 }
