@@ -355,6 +355,23 @@ impl Engine {
         rx.recv().map_err(|_| SubmitError::Stopped)
     }
 
+    /// [`Engine::pin`] without waiting for the engine thread (a refusal is dropped): for
+    /// request handlers that park a prefix once their request has run.
+    pub fn pin_detached(
+        &self,
+        name: String,
+        hashes: Vec<BlockHash>,
+        expires: Option<std::time::Instant>,
+    ) {
+        let (reply, _) = mpsc::channel();
+        let _ = self.send(Command::Pin {
+            name,
+            hashes,
+            expires,
+            reply,
+        });
+    }
+
     /// Drops the pin `name` (its blocks stay cached, unpinned); whether there was one.
     pub fn unpin(&self, name: String) -> Result<bool, SubmitError> {
         let (reply, rx) = mpsc::channel();

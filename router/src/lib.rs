@@ -12,6 +12,7 @@ pub mod error;
 pub mod metrics;
 pub mod openai;
 pub mod openapi;
+pub mod parking;
 pub mod process_metrics;
 pub mod request_id;
 pub mod routing;

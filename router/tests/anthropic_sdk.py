@@ -9,6 +9,7 @@ from typing import Literal
 
 import anthropic
 import pydantic
+from usage_totals import anthropic_prompt
 
 try:  # the current SDK majors (openai 3.x, anthropic 2.x) bring httpx2, older ones httpx
     import httpx2 as httpx
@@ -23,6 +24,45 @@ GREEDY = {"temperature": 0}
 class Weather(pydantic.BaseModel):
     raining: bool
     sky: Literal["clear", "cloudy", "stormy"]
+
+
+def check_prompt_caching(client, model: str) -> None:
+    """A `cache_control` mark parks the prefix it ends; the usage splits the prompt."""
+    document = " ".join(f"Clause {i} says {i * 7 % 13}." for i in range(12))
+    marked = [
+        {"type": "text", "text": document, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
+    ]
+    first_question = [{"role": "user", "content": "Which clause says 5?"}]
+    first = client.messages.create(
+        model=model, system=marked, messages=first_question, max_tokens=4, extra_body=GREEDY
+    )
+    total = client.messages.count_tokens(
+        model=model, system=marked, messages=first_question
+    ).input_tokens
+    assert anthropic_prompt(first.usage) == total, (first.usage, total)
+    assert first.usage.cache_creation_input_tokens > 0, first.usage
+    # Another question after the same marked document reads the document from the cache.
+    question = [{"role": "user", "content": "Which clause says 9?"}]
+    second = client.messages.create(
+        model=model, system=marked, messages=question, max_tokens=4, extra_body=GREEDY
+    )
+    written = first.usage.cache_creation_input_tokens
+    assert second.usage.cache_read_input_tokens >= written, (second.usage, first.usage)
+    assert second.usage.cache_creation_input_tokens == 0, second.usage
+    # The stream's final usage (its last message_delta) carries the split too.
+    with client.messages.stream(
+        model=model, system=marked, messages=question, max_tokens=4, extra_body=GREEDY
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert anthropic_prompt(streamed.usage) == anthropic_prompt(second.usage), (streamed.usage, second)
+    assert streamed.usage.cache_read_input_tokens >= written, streamed.usage
+    # A mark of another kind is refused by name.
+    odd = [{"type": "text", "text": document, "cache_control": {"type": "persistent"}}]
+    try:
+        client.messages.create(model=model, system=odd, messages=question, max_tokens=4)
+        raise AssertionError("an unknown cache_control type was accepted")
+    except anthropic.BadRequestError as e:
+        assert "system.0.cache_control" in str(e), e
 
 
 def main() -> None:
@@ -66,9 +106,11 @@ def main() -> None:
     if greedy.stop_reason == "max_tokens":
         assert usage.output_tokens == 24, usage
 
-    # count_tokens agrees with the prompt the generation saw.
+    # count_tokens agrees with the prompt the generation saw: its uncached part plus what was
+    # read from and written to the prefix cache.
     counted = client.messages.count_tokens(model=model, system=system, messages=messages)
-    assert counted.input_tokens == usage.input_tokens, (counted, usage)
+    assert counted.input_tokens == anthropic_prompt(usage), (counted, usage)
+    assert usage.cache_creation_input_tokens == 0, usage
 
     # Streaming: the text deltas concatenate to the greedy text; the final message agrees.
     with client.messages.stream(
@@ -80,7 +122,9 @@ def main() -> None:
     assert streamed == text, (streamed, text)
     assert final.stop_reason == greedy.stop_reason, (final.stop_reason, greedy.stop_reason)
     assert final.usage.output_tokens == usage.output_tokens, (final.usage, usage)
-    assert final.usage.input_tokens == usage.input_tokens, (final.usage, usage)
+    assert anthropic_prompt(final.usage) == anthropic_prompt(usage), (final.usage, usage)
+    # Asked again, the prompt's whole blocks come from the prefix cache.
+    assert final.usage.cache_read_input_tokens > 0, final.usage
     for expected in ("message_start", "content_block_start", "content_block_stop",
                      "message_delta", "message_stop"):
         assert expected in event_types, (expected, event_types)
@@ -113,6 +157,8 @@ def main() -> None:
         assert final_cut.stop_reason == "stop_sequence", final_cut
         assert final_cut.stop_sequence == stop, final_cut
 
+    check_prompt_caching(client, model)
+
     # Sampled (non-greedy) requests with top_p / top_k work too.
     sampled = client.messages.create(
         model=model, messages=messages, max_tokens=8, extra_body={"top_p": 0.9, "top_k": 20}
@@ -125,7 +171,7 @@ def main() -> None:
             model=alias, system=system, messages=messages, max_tokens=4, extra_body=GREEDY
         )
         assert aliased.model == model, (alias, aliased.model)
-        assert aliased.usage.input_tokens == usage.input_tokens, aliased.usage
+        assert anthropic_prompt(aliased.usage) == anthropic_prompt(usage), aliased.usage
         aliased_count = client.messages.count_tokens(model=alias, system=system, messages=messages)
         assert aliased_count.input_tokens == counted.input_tokens, aliased_count
 

@@ -11,6 +11,7 @@ import json
 import pathlib
 
 import anthropic
+from usage_totals import anthropic_prompt
 
 try:  # the current SDK majors (openai 3.x, anthropic 2.x) bring httpx2 and take only its
     # clients; older ones httpx
@@ -71,11 +72,11 @@ def request_path(client: anthropic.Anthropic, model: str) -> None:
         served = client.messages.create(
             model=model, messages=QUESTION, tools=[WEATHER], max_tokens=4, extra_body=GREEDY, **extra
         )
-        assert served.usage.input_tokens > plain + 50, (choice, served.usage, plain)
+        assert anthropic_prompt(served.usage) > plain + 50, (choice, served.usage, plain)
         counted = client.messages.count_tokens(
             model=model, messages=QUESTION, tools=[WEATHER], **extra
         )
-        assert counted.input_tokens == served.usage.input_tokens, (choice, counted, served.usage)
+        assert counted.input_tokens == anthropic_prompt(served.usage), (choice, counted, served.usage)
         assert served.stop_reason in ("end_turn", "max_tokens", "tool_use"), served
         assert served.content and served.content[0].type in ("text", "tool_use"), served
         with client.messages.stream(
@@ -119,7 +120,7 @@ def request_path(client: anthropic.Anthropic, model: str) -> None:
         model=model, messages=QUESTION, tools=[WEATHER], tool_choice={"type": "none"},
         max_tokens=4, extra_body=GREEDY,
     )
-    assert none.usage.input_tokens == plain, (none.usage, plain)
+    assert anthropic_prompt(none.usage) == plain, (none.usage, plain)
     assert [b.type for b in none.content] == ["text"], none
 
     # A tool round reaches the template: the synthesized tokenizer is byte-level, so the prompt
@@ -135,7 +136,7 @@ def request_path(client: anthropic.Anthropic, model: str) -> None:
     done = client.messages.create(
         model=model, messages=conversation("18"), tools=[WEATHER], max_tokens=8, extra_body=GREEDY
     )
-    assert done.usage.input_tokens == short, (done.usage, short)
+    assert anthropic_prompt(done.usage) == short, (done.usage, short)
     assert done.stop_reason in ("end_turn", "max_tokens", "tool_use"), done
     errored = conversation("timed out")
     errored[-1]["content"][0]["is_error"] = True

@@ -276,7 +276,15 @@ async fn a_huge_max_tokens_ends_at_the_context_window() {
     let body = ask(MESSAGES, json!({"max_tokens": huge})).await;
     assert_eq!(body["stop_reason"], "max_tokens", "{body}");
     let usage = &body["usage"];
-    let used = usage["input_tokens"].as_u64().unwrap() + usage["output_tokens"].as_u64().unwrap();
+    let used: u64 = [
+        "input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation_input_tokens",
+        "output_tokens",
+    ]
+    .iter()
+    .map(|k| usage[k].as_u64().unwrap())
+    .sum();
     assert_eq!(used, WINDOW, "{body}");
 
     let body = ask(CONVERSE, json!({"inferenceConfig": {"maxTokens": huge}})).await;

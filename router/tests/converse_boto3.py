@@ -15,6 +15,38 @@ import boto3
 import botocore
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from usage_totals import converse_prompt
+
+
+def check_cache_points(client, model: str) -> None:
+    """A cachePoint parks the prefix it ends; the usage splits the prompt over the cache."""
+    document = " ".join(f"Clause {i} says {i * 7 % 13}." for i in range(12))
+    system = [{"text": document}, {"cachePoint": {"type": "default"}}]
+    config = {"maxTokens": 4, "temperature": 0}
+
+    def ask(question: str) -> dict:
+        messages = [{"role": "user", "content": [{"text": question}]}]
+        return client.converse(
+            modelId=model, system=system, messages=messages, inferenceConfig=config
+        )["usage"]
+
+    first = ask("Which clause says 5?")
+    assert first["cacheWriteInputTokens"] > 0, first
+    assert first["totalTokens"] == converse_prompt(first) + first["outputTokens"], first
+    second = ask("Which clause says 9?")
+    assert second["cacheReadInputTokens"] >= first["cacheWriteInputTokens"], (second, first)
+    assert second["cacheWriteInputTokens"] == 0, second
+    try:
+        client.converse(
+            modelId=model,
+            system=[{"text": document}, {"cachePoint": {"type": "forever"}}],
+            messages=[{"role": "user", "content": [{"text": "Hi."}]}],
+            inferenceConfig=config,
+        )
+        raise AssertionError("a cachePoint of an unknown type was accepted")
+    except ClientError as e:
+        assert e.response["Error"]["Code"] == "ValidationException", e.response
+        assert "system.1.cachePoint" in e.response["Error"]["Message"], e.response
 
 
 def main() -> None:
@@ -51,7 +83,7 @@ def main() -> None:
     assert greedy["stopReason"] in ("end_turn", "max_tokens"), greedy["stopReason"]
     usage = greedy["usage"]
     assert usage["inputTokens"] > 0 and usage["outputTokens"] > 0, usage
-    assert usage["totalTokens"] == usage["inputTokens"] + usage["outputTokens"], usage
+    assert usage["totalTokens"] == converse_prompt(usage) + usage["outputTokens"], usage
     if greedy["stopReason"] == "max_tokens":
         assert usage["outputTokens"] == 24, usage
     assert greedy["metrics"]["latencyMs"] >= 0, greedy["metrics"]
@@ -73,7 +105,10 @@ def main() -> None:
     assert streamed == text, (streamed, text)
     assert events[-2]["messageStop"]["stopReason"] == greedy["stopReason"], events[-2]
     streamed_usage = events[-1]["metadata"]["usage"]
-    assert streamed_usage == usage, (streamed_usage, usage)
+    # The same prompt again: its whole blocks now come from the prefix cache.
+    assert converse_prompt(streamed_usage) == converse_prompt(usage), (streamed_usage, usage)
+    assert streamed_usage["outputTokens"] == usage["outputTokens"], (streamed_usage, usage)
+    assert streamed_usage["cacheReadInputTokens"] > 0, streamed_usage
     assert events[-1]["metadata"]["metrics"]["latencyMs"] >= 0, events[-1]
 
     # A stop sequence taken from the greedy text cuts it there.
@@ -96,6 +131,8 @@ def main() -> None:
         assert streamed_cut == cut["output"]["message"]["content"][0]["text"], events
         stops = [e["messageStop"]["stopReason"] for e in events if "messageStop" in e]
         assert stops == ["stop_sequence"], events
+
+    check_cache_points(client, model)
 
     # Sampled requests with topP work too.
     sampled = client.converse(

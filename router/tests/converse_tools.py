@@ -19,6 +19,7 @@ import boto3
 import botocore
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from usage_totals import converse_prompt
 
 WEATHER = {
     "toolSpec": {
@@ -98,7 +99,7 @@ def streamed(response: dict) -> tuple[list, list, list]:
 
 def request_path(client, model: str) -> None:
     plain = client.converse(modelId=model, messages=QUESTION, inferenceConfig=GREEDY)
-    plain_tokens = plain["usage"]["inputTokens"]
+    plain_tokens = converse_prompt(plain["usage"])
 
     # toolConfig reaches the template for every toolChoice; the answer's blocks are well formed,
     # streamed and not.
@@ -107,7 +108,7 @@ def request_path(client, model: str) -> None:
         request = {"modelId": model, "messages": QUESTION, "toolConfig": config,
                    "inferenceConfig": GREEDY}
         served = client.converse(**request)
-        assert served["usage"]["inputTokens"] > plain_tokens + 50, (choice, served["usage"])
+        assert converse_prompt(served["usage"]) > plain_tokens + 50, (choice, served["usage"])
         assert served["stopReason"] in ("end_turn", "max_tokens", "tool_use"), served
         content = served["output"]["message"]["content"]
         kinds, streamed_content, events = streamed(client.converse_stream(**request))
@@ -141,7 +142,7 @@ def request_path(client, model: str) -> None:
             modelId=model, messages=messages, toolConfig=TOOLS, inferenceConfig=GREEDY
         )
         assert answer["stopReason"] in ("end_turn", "max_tokens", "tool_use"), answer
-        return answer["usage"]["inputTokens"]
+        return converse_prompt(answer["usage"])
 
     short = count(conversation("18"))
     assert count(conversation("18 and sunny")) == short + len(" and sunny"), short

@@ -184,7 +184,7 @@ async fn anthropic(addr: SocketAddr, c: &Conversation) -> Outcome {
     assert_eq!(body["stop_reason"], "max_tokens", "{body}");
     Outcome {
         text: body["content"][0]["text"].as_str().unwrap().to_string(),
-        prompt_tokens: u(&body["usage"]["input_tokens"]),
+        prompt_tokens: anthropic_prompt(&body["usage"]),
         output_tokens: u(&body["usage"]["output_tokens"]),
     }
 }
@@ -214,6 +214,7 @@ async fn anthropic_stream(addr: SocketAddr, c: &Conversation) -> Outcome {
     assert_eq!(events.last().unwrap()["type"], "message_stop");
     Outcome {
         text,
+        // message_start has the whole prompt uncached; the final delta splits it.
         prompt_tokens: u(&start["message"]["usage"]["input_tokens"]),
         output_tokens: u(&delta["usage"]["output_tokens"]),
     }
@@ -229,7 +230,7 @@ async fn converse(addr: SocketAddr, c: &Conversation) -> Outcome {
             .as_str()
             .unwrap()
             .to_string(),
-        prompt_tokens: u(&body["usage"]["inputTokens"]),
+        prompt_tokens: converse_prompt(&body["usage"]),
         output_tokens: u(&body["usage"]["outputTokens"]),
     }
 }
@@ -260,9 +261,23 @@ async fn converse_stream(addr: SocketAddr, c: &Conversation) -> Outcome {
     let usage = usage.unwrap();
     Outcome {
         text,
-        prompt_tokens: u(&usage["inputTokens"]),
+        prompt_tokens: converse_prompt(&usage),
         output_tokens: u(&usage["outputTokens"]),
     }
+}
+
+/// Anthropic's prompt: its uncached tokens and those read from and written to the cache.
+fn anthropic_prompt(usage: &Value) -> u64 {
+    u(&usage["input_tokens"])
+        + u(&usage["cache_read_input_tokens"])
+        + u(&usage["cache_creation_input_tokens"])
+}
+
+/// Converse's prompt, split the same way.
+fn converse_prompt(usage: &Value) -> u64 {
+    u(&usage["inputTokens"])
+        + u(&usage["cacheReadInputTokens"])
+        + u(&usage["cacheWriteInputTokens"])
 }
 
 /// `(:event-type, JSON payload)` of every frame, both CRCs checked; the body must be whole frames.

@@ -11,12 +11,13 @@ use strata_model::GenerationConfig;
 use strata_protocol::{Constraint, SamplingParams};
 
 use super::error::AnthropicError;
-use super::prompt::render;
+use super::prompt::{cache_mark, render};
 use super::schema::{CountTokensRequest, MessagesRequest};
 use super::stream;
 use super::turn::{Ending, Turn};
 use crate::auth::Tenant;
 use crate::openai::fresh_seed;
+use crate::parking::Park;
 use crate::state::AppState;
 use crate::tools::blocks::{Block, BlockFramer};
 
@@ -47,6 +48,7 @@ pub async fn create(
         Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
     };
     let (prompt, format, forced) = render(&state, &request.conversation)?;
+    let mark = cache_mark(&state, &request.conversation, &prompt)?;
     let constraint = match (output_format(request.output_config.as_ref())?, forced) {
         (Some(_), Some(_)) => {
             return Err(AnthropicError::invalid(
@@ -64,7 +66,8 @@ pub async fn create(
     };
     let framer = BlockFramer::new(format, format!("toolu_{number:024}"));
     let cache_salt = tenant.map_or(0, |t| t.cache_salt);
-    let turn = Turn::start(state, prompt, sampling, cache_salt, constraint, format)?;
+    let park = mark.and_then(|(prefix, ttl)| Park::new(&state, &prompt, prefix, cache_salt, ttl));
+    let turn = Turn::start(state, prompt, sampling, cache_salt, constraint, format)?.parking(park);
     if request.stream {
         return Ok(stream::respond(turn, header, framer));
     }
@@ -81,6 +84,17 @@ pub async fn count_tokens(
     check_model(&state, &request.model)?;
     let (prompt, _, _) = render(&state, &request.conversation)?;
     Ok(Json(json!({"input_tokens": prompt.len()})))
+}
+
+/// Anthropic's usage object: `input_tokens` are the prompt tokens neither read from the cache
+/// nor written to it; the prompt is their sum with the two cache counts.
+pub(crate) fn usage(ending: &Ending) -> Value {
+    json!({
+        "input_tokens": ending.uncached_input_tokens(),
+        "cache_creation_input_tokens": ending.cache_write_tokens,
+        "cache_read_input_tokens": ending.cache_read_tokens,
+        "output_tokens": ending.output_tokens,
+    })
 }
 
 /// What every message object of one response shares.
@@ -101,9 +115,16 @@ impl MessageHeader {
             "content": content,
             "stop_reason": ending.map(|e| e.stop_reason),
             "stop_sequence": ending.and_then(|e| e.stop_sequence.as_deref()),
-            "usage": {
-                "input_tokens": ending.map_or(self.input_tokens, |e| e.input_tokens),
-                "output_tokens": ending.map_or(0, |e| e.output_tokens),
+            "usage": match ending {
+                Some(ending) => usage(ending),
+                // `message_start`: the split over the cache is not known yet (the final
+                // `message_delta` carries it).
+                None => json!({
+                    "input_tokens": self.input_tokens,
+                    "cache_creation_input_tokens": 0,
+                    "cache_read_input_tokens": 0,
+                    "output_tokens": 0,
+                }),
             },
         })
     }

@@ -2,10 +2,13 @@
 //! text, `tool_use` and `tool_result` blocks, and `tools` under `tool_choice`, through the shared
 //! tool translation (`crate::tools`) and the model's chat template.
 
+use std::time::Duration;
+
 use serde_json::Value;
 
 use super::error::AnthropicError;
-use super::schema::{Content, Conversation, Role};
+use super::schema::{Content, Conversation, Message, Role};
+use crate::parking::{DEFAULT_MARK_TTL, common_prefix, mark_ttl};
 use crate::state::AppState;
 use crate::tools::definitions::{DefinitionError, ToolChoice, ToolDefinition, template_tools};
 use crate::tools::transcript::{PendingMessage, Transcript};
@@ -26,6 +29,85 @@ pub(crate) fn render(
     let (prompt, format) = render_conversation(state, messages, tools.clone(), "messages")?;
     let constraint = forced_constraint(format, tools.as_deref(), forced);
     Ok((prompt, format, constraint))
+}
+
+/// Where the request's last `cache_control` mark ends, in tokens of `prompt` (the rendered
+/// request), with the longest lifetime its marks ask for; `None` without marks. A mark is
+/// `{"type": "ephemeral"}` with an optional `ttl` of `5m` or `1h`, on a system block, a tool or
+/// a message's content block; the prefix it ends is the part of `prompt` the conversation cut
+/// after the marked message renders the same (cut before the first message for a mark on the
+/// system prompt or the tools).
+pub(crate) fn cache_mark(
+    state: &AppState,
+    conversation: &Conversation,
+    prompt: &[u32],
+) -> Result<Option<(usize, Duration)>, AnthropicError> {
+    let mut longest: Option<Duration> = None;
+    let mut note = |value: &Value, field: &str| -> Result<bool, AnthropicError> {
+        let life = cache_control_ttl(value, field)?;
+        if let Some(life) = life {
+            longest = Some(longest.map_or(life, |l| l.max(life)));
+        }
+        Ok(life.is_some())
+    };
+    if let Some(Content::Blocks(blocks)) = &conversation.system {
+        for (j, block) in blocks.iter().enumerate() {
+            note(block, &format!("system.{j}"))?;
+        }
+    }
+    if let Some(Value::Array(tools)) = &conversation.tools {
+        for (j, tool) in tools.iter().enumerate() {
+            note(tool, &format!("tools.{j}"))?;
+        }
+    }
+    let mut last_message = None;
+    for (i, message) in conversation.messages.iter().enumerate() {
+        if let Content::Blocks(blocks) = &message.content {
+            for (j, block) in blocks.iter().enumerate() {
+                if note(block, &format!("messages.{i}.content.{j}"))? {
+                    last_message = Some(i);
+                }
+            }
+        }
+    }
+    let Some(ttl) = longest else {
+        return Ok(None);
+    };
+    let mut cut = conversation.clone();
+    cut.messages = match last_message {
+        Some(i) => conversation.messages[..=i].to_vec(),
+        None => vec![Message {
+            role: Role::User,
+            content: Content::Text(String::new()),
+        }],
+    };
+    // A conversation the template will not render cut there parks nothing.
+    let prefix = render(state, &cut).map_or(0, |(tokens, _, _)| common_prefix(prompt, &tokens));
+    Ok(Some((prefix, ttl)))
+}
+
+/// The lifetime a block's `cache_control` asks for; `None` when it has none.
+fn cache_control_ttl(value: &Value, field: &str) -> Result<Option<Duration>, AnthropicError> {
+    let Some(control) = value.get("cache_control").filter(|c| !c.is_null()) else {
+        return Ok(None);
+    };
+    let bad = || {
+        AnthropicError::invalid(format!(
+            "{field}.cache_control: must be {{\"type\": \"ephemeral\"}} with an optional \
+             \"ttl\" of \"5m\" or \"1h\"; got {control}"
+        ))
+    };
+    let object = control.as_object().ok_or_else(bad)?;
+    if object.get("type").and_then(Value::as_str) != Some("ephemeral")
+        || object.keys().any(|k| k != "type" && k != "ttl")
+    {
+        return Err(bad());
+    }
+    match object.get("ttl") {
+        None | Some(Value::Null) => Ok(mark_ttl(DEFAULT_MARK_TTL)),
+        Some(Value::String(ttl)) => mark_ttl(ttl).map(Some).ok_or_else(bad),
+        Some(_) => Err(bad()),
+    }
 }
 
 /// `system` as a leading system message, then each message's blocks in order.

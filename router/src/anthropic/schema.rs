@@ -34,7 +34,7 @@ pub struct MessagesRequest {
 }
 
 /// What is rendered into the prompt: shared by `/v1/messages` and `/v1/messages/count_tokens`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct Conversation {
     pub system: Option<Content>,
     pub messages: Vec<Message>,
@@ -49,7 +49,7 @@ pub struct CountTokensRequest {
     pub conversation: Conversation,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 pub struct Message {
     pub role: Role,
     pub content: Content,
@@ -73,7 +73,7 @@ impl Role {
 
 /// A string, or an array of content blocks (kept as JSON so a non-text block is refused by
 /// position rather than as an opaque parse error).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum Content {
     Text(String),

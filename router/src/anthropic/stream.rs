@@ -80,7 +80,8 @@ impl MessageEncoder {
             json!({
                 "type": "message_delta",
                 "delta": {"stop_reason": stop_reason, "stop_sequence": ending.stop_sequence},
-                "usage": {"output_tokens": ending.output_tokens},
+                // The whole usage: the prompt's split over the cache is known only now.
+                "usage": super::messages::usage(ending),
             }),
         ));
         out.push(("message_stop", json!({"type": "message_stop"})));
@@ -165,6 +166,8 @@ pub fn frame_offline(
         stop_sequence: None,
         input_tokens: 1,
         output_tokens: pieces.len() as u32,
+        cache_read_tokens: 0,
+        cache_write_tokens: 0,
     };
     let framer = || BlockFramer::new(format, "toolu_offline".into());
     let cut = ending.stop_reason == "max_tokens";

@@ -16,6 +16,7 @@ use strata_protocol::{Constraint, GenerateRequest, SamplingParams};
 use super::error::AnthropicError;
 use crate::error::ApiError;
 use crate::openai::generation::{Generation, Step};
+use crate::parking::Park;
 use crate::state::AppState;
 use crate::tools::ToolFormat;
 
@@ -29,8 +30,23 @@ pub enum TurnStep {
 pub struct Ending {
     pub stop_reason: &'static str,
     pub stop_sequence: Option<String>,
+    /// Every prompt token, whether computed, read from the cache or written to it.
     pub input_tokens: u32,
     pub output_tokens: u32,
+    /// Prompt tokens read from the prefix cache.
+    pub cache_read_tokens: u32,
+    /// Prompt tokens this request parked in the cache (its marked prefix, less what it read).
+    pub cache_write_tokens: u32,
+}
+
+impl Ending {
+    /// Prompt tokens neither read from the cache nor written to it: what Anthropic reports as
+    /// `input_tokens` and Converse as `inputTokens`, beside the two cache counts.
+    pub fn uncached_input_tokens(&self) -> u32 {
+        self.input_tokens
+            .saturating_sub(self.cache_read_tokens)
+            .saturating_sub(self.cache_write_tokens)
+    }
 }
 
 pub struct Turn {
@@ -44,6 +60,8 @@ pub struct Turn {
     matched: Option<String>,
     pending: Option<Ending>,
     done: bool,
+    /// The marked prefix to park once the request has run.
+    park: Option<Park>,
 }
 
 impl Turn {
@@ -83,7 +101,14 @@ impl Turn {
             matched: None,
             pending: None,
             done: false,
+            park: None,
         })
+    }
+
+    /// Parks `park` (the request's marked prefix) when the request finishes.
+    pub fn parking(mut self, park: Option<Park>) -> Self {
+        self.park = park;
+        self
     }
 
     /// The next non-empty piece of text, then `Finished` once, then `None`.
@@ -128,11 +153,15 @@ impl Turn {
                         (None, "length") => "max_tokens",
                         (None, _) => "end_turn",
                     };
+                    let read = usage.prompt_tokens_details.cached_tokens;
+                    let written = self.park.take().map_or(0, |p| p.apply(&self.state, read));
                     let ending = Ending {
                         stop_reason,
                         stop_sequence: self.matched.clone(),
                         input_tokens: usage.prompt_tokens,
                         output_tokens: usage.completion_tokens,
+                        cache_read_tokens: read,
+                        cache_write_tokens: written,
                     };
                     let held = self.matcher.finish();
                     if held.is_empty() {

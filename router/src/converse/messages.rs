@@ -11,12 +11,13 @@ use serde_json::{Value, json};
 use strata_protocol::SamplingParams;
 
 use super::error::ConverseError;
-use super::prompt::render;
+use super::prompt::{cache_mark, render};
 use super::schema::{ConverseRequest, InferenceConfig};
 use super::stream;
 use crate::anthropic::turn::{Ending, Turn};
 use crate::auth::Tenant;
 use crate::openai::fresh_seed;
+use crate::parking::Park;
 use crate::state::AppState;
 use crate::tools::blocks::{Block, BlockFramer};
 
@@ -86,6 +87,7 @@ fn start(
         .map_err(|e| ConverseError::validation(format!("invalid request body: {e}")))?;
     refuse_unsupported(&request)?;
     let (prompt, format, constraint) = render(&state, &request)?;
+    let mark = cache_mark(&state, &request, &prompt)?;
     let mut sampling = sampling_params(&state, &request.inference_config, prompt.len())?;
     if let Some(top_k) = additional_top_k(request.additional_model_request_fields.as_ref())? {
         sampling.top_k = top_k;
@@ -95,16 +97,21 @@ fn start(
         format!("tooluse_{:024}", state.next_response_number()),
     );
     let cache_salt = tenant.map_or(0, |t| t.cache_salt);
-    let turn = Turn::start(state, prompt, sampling, cache_salt, constraint, format)?;
+    let park = mark.and_then(|(prefix, ttl)| Park::new(&state, &prompt, prefix, cache_salt, ttl));
+    let turn = Turn::start(state, prompt, sampling, cache_salt, constraint, format)?.parking(park);
     Ok((turn, framer))
 }
 
-/// Converse's usage object. Its stop reasons are the [`Turn`]'s words unchanged (`end_turn`,
-/// `max_tokens`, `stop_sequence`), and `tool_use` when the answer holds a call.
+/// Converse's usage object: `inputTokens` are the prompt tokens neither read from the cache nor
+/// written to it, `totalTokens` counts every token. Its stop reasons are the [`Turn`]'s words
+/// unchanged (`end_turn`, `max_tokens`, `stop_sequence`), and `tool_use` when the answer holds
+/// a call.
 pub(crate) fn usage(ending: &Ending) -> Value {
     json!({
-        "inputTokens": ending.input_tokens,
+        "inputTokens": ending.uncached_input_tokens(),
         "outputTokens": ending.output_tokens,
+        "cacheReadInputTokens": ending.cache_read_tokens,
+        "cacheWriteInputTokens": ending.cache_write_tokens,
         "totalTokens": ending.input_tokens + ending.output_tokens,
     })
 }

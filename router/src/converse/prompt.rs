@@ -2,10 +2,13 @@
 //! `toolUse` and `toolResult` blocks, and `toolConfig`, through the shared tool translation
 //! (`crate::tools`) and the model's chat template.
 
+use std::time::Duration;
+
 use serde_json::{Map, Value};
 
 use super::error::ConverseError;
-use super::schema::{ConverseRequest, Role};
+use super::schema::{ConverseRequest, Message, Role};
+use crate::parking::{DEFAULT_MARK_TTL, common_prefix, mark_ttl};
 use crate::state::AppState;
 use crate::tools::definitions::{DefinitionError, ToolChoice, ToolDefinition, template_tools};
 use crate::tools::transcript::{PendingMessage, Transcript};
@@ -26,6 +29,81 @@ pub(crate) fn render(
     let (prompt, format) = render_conversation(state, messages, tools.clone(), "messages")?;
     let constraint = forced_constraint(format, tools.as_deref(), forced);
     Ok((prompt, format, constraint))
+}
+
+/// Where the request's last `cachePoint` block sits, in tokens of `prompt` (the rendered
+/// request), with the longest lifetime its points ask for; `None` without points. A point is
+/// `{"cachePoint": {"type": "default"}}` (an optional `ttl` of `5m` or `1h`) in `system`, in a
+/// message's content or among the tools; the prefix it ends is the part of `prompt` the
+/// conversation cut after the message holding it renders the same (cut before the first
+/// message for a point in `system` or the tools).
+pub(crate) fn cache_mark(
+    state: &AppState,
+    request: &ConverseRequest,
+    prompt: &[u32],
+) -> Result<Option<(usize, Duration)>, ConverseError> {
+    let mut longest: Option<Duration> = None;
+    let mut note = |block: &Value, field: &str| -> Result<bool, ConverseError> {
+        let life = cache_point(block, field)?;
+        if let Some(life) = life {
+            longest = Some(longest.map_or(life, |l| l.max(life)));
+        }
+        Ok(life.is_some())
+    };
+    for (j, block) in request.system.iter().enumerate() {
+        note(block, &format!("system.{j}"))?;
+    }
+    if let Some(Value::Array(tools)) = request.tool_config.as_ref().and_then(|c| c.get("tools")) {
+        for (j, tool) in tools.iter().enumerate() {
+            note(tool, &format!("toolConfig.tools.{j}"))?;
+        }
+    }
+    let mut last_message = None;
+    for (i, message) in request.messages.iter().enumerate() {
+        for (j, block) in message.content.iter().enumerate() {
+            if note(block, &format!("messages.{i}.content.{j}"))? {
+                last_message = Some(i);
+            }
+        }
+    }
+    let Some(ttl) = longest else {
+        return Ok(None);
+    };
+    let mut cut = request.clone();
+    cut.messages = match last_message {
+        Some(i) => request.messages[..=i].to_vec(),
+        None => vec![Message {
+            role: Role::User,
+            content: vec![serde_json::json!({"text": ""})],
+        }],
+    };
+    // A conversation the template will not render cut there parks nothing.
+    let prefix = render(state, &cut).map_or(0, |(tokens, _, _)| common_prefix(prompt, &tokens));
+    Ok(Some((prefix, ttl)))
+}
+
+/// The lifetime a `cachePoint` block asks for; `None` for any other block.
+fn cache_point(block: &Value, field: &str) -> Result<Option<Duration>, ConverseError> {
+    let Some(("cachePoint", point)) = only_member(block) else {
+        return Ok(None);
+    };
+    let bad = || {
+        ConverseError::validation(format!(
+            "{field}.cachePoint: must be {{\"type\": \"default\"}} with an optional \"ttl\" \
+             of \"5m\" or \"1h\"; got {point}"
+        ))
+    };
+    let object = point.as_object().ok_or_else(bad)?;
+    if object.get("type").and_then(Value::as_str) != Some("default")
+        || object.keys().any(|k| k != "type" && k != "ttl")
+    {
+        return Err(bad());
+    }
+    match object.get("ttl") {
+        None | Some(Value::Null) => Ok(mark_ttl(DEFAULT_MARK_TTL)),
+        Some(Value::String(ttl)) => mark_ttl(ttl).map(Some).ok_or_else(bad),
+        Some(_) => Err(bad()),
+    }
 }
 
 /// `system` as a leading system message, then each message's blocks in order.
@@ -71,6 +149,8 @@ fn add_block(
 ) -> Result<(), ConverseError> {
     match (only_member(block), role) {
         (Some(("text", Value::String(text))), _) => pending.text(text),
+        // A cache point marks a place; it renders nothing (`cache_mark` reads it).
+        (Some(("cachePoint", _)), _) => {}
         (Some(("toolUse", tool_use)), Role::Assistant) => {
             let field = format!("{field}.toolUse");
             let Some(input @ Value::Object(_)) = tool_use.get("input") else {
@@ -109,7 +189,7 @@ fn add_block(
         }
         _ => {
             return Err(ConverseError::validation(format!(
-                "{field}: only text, toolUse and toolResult blocks are supported"
+                "{field}: only text, toolUse, toolResult and cachePoint blocks are supported"
             )));
         }
     }
@@ -147,9 +227,10 @@ fn text_of(blocks: &[Value], field: &str) -> Result<String, ConverseError> {
     for (j, block) in blocks.iter().enumerate() {
         match only_member(block) {
             Some(("text", Value::String(t))) => text.push_str(t),
+            Some(("cachePoint", _)) => {}
             _ => {
                 return Err(ConverseError::validation(format!(
-                    "{field}.{j}: only text blocks ({{\"text\": ...}}) are supported"
+                    "{field}.{j}: only text and cachePoint blocks are supported"
                 )));
             }
         }
@@ -167,9 +248,10 @@ fn tool_config(config: Option<&Value>) -> Result<Option<Vec<Value>>, ConverseErr
         Some(_) => return Err(ConverseError::validation("toolConfig: must be an object")),
     };
     let definitions = match config.get("tools") {
-        Some(Value::Array(tools)) if !tools.is_empty() => tools
+        Some(Value::Array(tools)) if tools.iter().any(|t| !is_cache_point(t)) => tools
             .iter()
             .enumerate()
+            .filter(|(_, tool)| !is_cache_point(tool))
             .map(|(i, tool)| definition(i, tool))
             .collect::<Result<Vec<_>, _>>()?,
         _ => {
@@ -185,6 +267,10 @@ fn tool_config(config: Option<&Value>) -> Result<Option<Vec<Value>>, ConverseErr
         "toolConfig.tools",
         "toolConfig.toolChoice",
     )?)
+}
+
+fn is_cache_point(block: &Value) -> bool {
+    matches!(only_member(block), Some(("cachePoint", _)))
 }
 
 fn definition(i: usize, tool: &Value) -> Result<ToolDefinition, ConverseError> {
@@ -356,9 +442,10 @@ mod tests {
                 "toolConfig.tools: tool names must be unique",
             ),
             (
-                json!({"tools": [{"cachePoint": {}}]}),
-                "toolConfig.tools.0:",
+                json!({"tools": [{"cachePoint": {"type": "default"}}]}),
+                "toolConfig.tools: must be an array of at least one tool",
             ),
+            (json!({"tools": [{"image": {}}]}), "toolConfig.tools.0:"),
             (
                 config(json!({"tool": {"name": "nope"}})),
                 "toolConfig.toolChoice:",
@@ -369,6 +456,39 @@ mod tests {
             let e = tool_config(Some(&config)).unwrap_err();
             assert_eq!(e.kind, "ValidationException");
             assert!(e.message.starts_with(prefix), "{}", e.message);
+        }
+        // A cache point among the tools is skipped by the rendering (`cache_mark` reads it).
+        let pointed = json!({"tools": [spec("f"), {"cachePoint": {"type": "default"}}]});
+        assert_eq!(
+            tool_config(Some(&pointed)).unwrap().map(|t| t.len()),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn cache_points_are_read_with_their_lifetime_and_bad_ones_refused_by_position() {
+        let ttl = |block: Value| cache_point(&block, "system.1");
+        assert_eq!(ttl(json!({"text": "x"})).unwrap(), None);
+        assert_eq!(
+            ttl(json!({"cachePoint": {"type": "default"}})).unwrap(),
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(
+            ttl(json!({"cachePoint": {"type": "default", "ttl": "1h"}})).unwrap(),
+            Some(Duration::from_secs(3600))
+        );
+        for bad in [
+            json!({"cachePoint": {}}),
+            json!({"cachePoint": {"type": "default", "ttl": "2d"}}),
+            json!({"cachePoint": {"type": "default", "size": 1}}),
+            json!({"cachePoint": "default"}),
+        ] {
+            let e = ttl(bad.clone()).unwrap_err();
+            assert!(
+                e.message.starts_with("system.1.cachePoint:"),
+                "{bad}: {}",
+                e.message
+            );
         }
     }
 }

@@ -169,6 +169,8 @@ pub fn frame_offline(
         stop_sequence: None,
         input_tokens: 1,
         output_tokens: pieces.len() as u32,
+        cache_read_tokens: 0,
+        cache_write_tokens: 0,
     };
     let framer = || BlockFramer::new(format, "tooluse_offline".into());
     let cut = ending.stop_reason == "max_tokens";

@@ -1,0 +1,91 @@
+//! Prefixes a request asks to keep (Anthropic's `cache_control`, Converse's `cachePoint`):
+//! once the request has run, the whole KV blocks of its prompt up to the last mark are pinned
+//! for the mark's lifetime, so they are parked in the host and disk tiers rather than dropped,
+//! and a later request with the same prefix restores them. The usage reports what was read from
+//! the cache and what this request wrote into it.
+//!
+//! Parking needs this process's engine (`strata serve`); through a cluster router the marks are
+//! accepted and the usage reported, and the nodes' own prefix caches keep what they can.
+
+use std::time::{Duration, Instant};
+
+use strata_node::kv::{BlockHash, prompt_block_hashes};
+
+use crate::state::{AppState, EngineHandle};
+
+/// A prefix to pin once its request has run.
+#[derive(Debug, Clone)]
+pub struct Park {
+    name: String,
+    hashes: Vec<BlockHash>,
+    /// Tokens of the whole blocks pinned.
+    tokens: u32,
+    ttl: Duration,
+}
+
+impl Park {
+    /// The whole blocks of `prompt[..prefix]` under the tenant's `salt`, pinned for `ttl`;
+    /// `None` when the engine is not in this process or the prefix holds no whole block. The
+    /// pin is named by the prefix, so repeating a request renews it instead of adding one.
+    pub fn new(
+        state: &AppState,
+        prompt: &[u32],
+        prefix: usize,
+        salt: u64,
+        ttl: Duration,
+    ) -> Option<Self> {
+        let EngineHandle::Local(engine) = &state.engine else {
+            return None;
+        };
+        let block_size = engine.block_size();
+        let whole = prefix.min(prompt.len()) / block_size * block_size;
+        let hashes = prompt_block_hashes(&prompt[..whole], block_size, salt);
+        let last = hashes.last()?;
+        Some(Self {
+            name: format!("parked-{salt:016x}-{:032x}", last.0),
+            tokens: u32::try_from(whole).unwrap_or(u32::MAX),
+            hashes,
+            ttl,
+        })
+    }
+
+    /// Pins the prefix (without waiting for the engine) and returns the tokens this request
+    /// wrote into the cache: those of the parked prefix it did not read from it.
+    pub fn apply(self, state: &AppState, cached_tokens: u32) -> u32 {
+        let written = self.tokens.saturating_sub(cached_tokens);
+        if let EngineHandle::Local(engine) = &state.engine {
+            engine.pin_detached(self.name, self.hashes, Some(Instant::now() + self.ttl));
+        }
+        written
+    }
+}
+
+/// The lifetimes a mark may ask for: `5m` (the default) and `1h`, as Anthropic and Bedrock
+/// name them.
+pub fn mark_ttl(name: &str) -> Option<Duration> {
+    match name {
+        "5m" => Some(Duration::from_secs(300)),
+        "1h" => Some(Duration::from_secs(3600)),
+        _ => None,
+    }
+}
+
+/// The default lifetime of a mark.
+pub const DEFAULT_MARK_TTL: &str = "5m";
+
+/// How many leading tokens `a` and `b` share.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_prefixes() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
+        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+    }
+}
