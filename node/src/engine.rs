@@ -197,7 +197,7 @@ pub struct Engine {
 
 impl Engine {
     /// Starts the engine thread over `backend`.
-    pub fn start(backend: Box<dyn Backend>, config: EngineConfig) -> Result<Self, KvError> {
+    pub fn start(mut backend: Box<dyn Backend>, config: EngineConfig) -> Result<Self, KvError> {
         let model = backend.model_config().clone();
         let block_size = backend.block_size();
         let device_blocks = backend.num_blocks();
@@ -214,7 +214,8 @@ impl Engine {
             .tiers
             .blocks(backend.block_bytes())
             .map_err(KvError::Config)?;
-        let manager = BlockManager::new(
+        let memory = backend.host_memory(host_blocks * backend.block_bytes())?;
+        let manager = BlockManager::with_host_memory(
             BlockManagerConfig {
                 block_size,
                 device_blocks,
@@ -222,6 +223,7 @@ impl Engine {
                 disk,
             },
             backend.block_bytes(),
+            memory,
         )?;
         let kv_events = manager.event_sender();
         let scheduler = Scheduler::new(

@@ -15,7 +15,7 @@ use tokio::sync::broadcast;
 
 use super::KvError;
 use super::events::{KvDump, KvEvent, KvEventKind, KvEventLog};
-use super::tiers::{DiskTier, HostTier, LruOrder};
+use super::tiers::{DiskTier, HostMemory, HostTier, LruOrder};
 use super::types::{BlockHash, BlockHashMap, BlockId, KvBlockIo, Tier};
 
 /// How many events a subscriber may fall behind before it must resynchronise from a dump.
@@ -111,6 +111,12 @@ impl Location {
     }
 }
 
+/// Where a promoted block's bytes come from.
+enum Source {
+    Slot(u32),
+    Bytes(Vec<u8>),
+}
+
 #[derive(Debug, Clone, Copy)]
 struct IndexEntry {
     parent: Option<BlockHash>,
@@ -149,6 +155,17 @@ impl BlockManager {
     /// back the blocks a previous process left in its directory: they are indexed on disk and
     /// published as `Stored`, so routers learn of them like of new ones.
     pub fn new(config: BlockManagerConfig, block_bytes: usize) -> Result<Self, KvError> {
+        let memory = Box::new(vec![0u8; config.host_blocks * block_bytes]);
+        Self::with_host_memory(config, block_bytes, memory)
+    }
+
+    /// [`BlockManager::new`] with the host tier in `memory` (at least `host_blocks ×
+    /// block_bytes`; the backend's [`KvBlockIo::host_memory`], page-locked on CUDA).
+    pub fn with_host_memory(
+        config: BlockManagerConfig,
+        block_bytes: usize,
+        memory: Box<dyn HostMemory>,
+    ) -> Result<Self, KvError> {
         if config.block_size == 0 {
             return Err(KvError::Config(
                 "block_size must be at least 1 token".into(),
@@ -176,7 +193,7 @@ impl BlockManager {
             free: (0..config.device_blocks as BlockId).rev().collect(),
             cached: LruOrder::new(),
             index: BlockHashMap::default(),
-            host: HostTier::new(config.host_blocks),
+            host: HostTier::with_memory(config.host_blocks, block_bytes, memory),
             disk,
             events: KvEventLog::new(EVENT_CHANNEL_CAPACITY),
             lower_tier_failures: 0,
@@ -739,32 +756,50 @@ impl BlockManager {
         };
         // Cached blocks are indexed (audit: free iff unindexed).
         if let Some(hash) = self.blocks[id as usize].hash.take() {
-            let mut bytes = vec![0; self.block_bytes];
-            match io.export_block(id, &mut bytes) {
-                Ok(()) => self.demote(hash, Tier::Device, bytes),
-                Err(_) => {
-                    self.lower_tier_failures += 1;
-                    self.forget(hash, Tier::Device);
+            if self.host.capacity() > 0 {
+                self.demote_to_host(hash, id, io);
+            } else {
+                let mut bytes = vec![0; self.block_bytes];
+                match io.export_block(id, &mut bytes) {
+                    Ok(()) => self.demote(hash, Tier::Device, bytes),
+                    Err(_) => {
+                        self.lower_tier_failures += 1;
+                        self.forget(hash, Tier::Device);
+                    }
                 }
             }
         }
         Some(id)
     }
 
-    /// Moves `hash`'s bytes (leaving tier `from`) one tier down, cascading overflow further down.
-    fn demote(&mut self, hash: BlockHash, from: Tier, bytes: Vec<u8>) {
-        if from == Tier::Device && self.host.capacity() > 0 {
-            let pinned = &self.pinned;
-            let overflow = self
-                .host
-                .insert_preferring(hash, bytes, |h| !pinned.contains_key(h));
-            self.traffic.demoted[0] += 1;
-            self.relocate(hash, from, Location::Host);
-            if let Some((victim, victim_bytes)) = overflow {
-                self.demote(victim, Tier::Host, victim_bytes);
-            }
+    /// Copies device block `id` (cached as `hash`) straight into a host slot; the block the
+    /// slot held before, if any, goes on down.
+    fn demote_to_host(&mut self, hash: BlockHash, id: BlockId, io: &mut dyn KvBlockIo) {
+        let pinned = &self.pinned;
+        let Some((slot, victim)) = self.host.reserve(|h| !pinned.contains_key(h)) else {
+            self.forget(hash, Tier::Device);
             return;
+        };
+        match io.export_block(id, self.host.slot_mut(slot)) {
+            Ok(()) => {
+                self.host.commit(hash, slot);
+                self.traffic.demoted[0] += 1;
+                self.relocate(hash, Tier::Device, Location::Host);
+            }
+            Err(_) => {
+                self.host.release(slot);
+                self.lower_tier_failures += 1;
+                self.forget(hash, Tier::Device);
+            }
         }
+        if let Some((victim, bytes)) = victim {
+            self.demote(victim, Tier::Host, bytes);
+        }
+    }
+
+    /// Moves `hash`'s bytes (leaving tier `from`, device only when there is no host tier) to
+    /// disk, or drops them.
+    fn demote(&mut self, hash: BlockHash, from: Tier, bytes: Vec<u8>) {
         let parent = self.index.get(&hash).and_then(|e| e.parent);
         let pinned = &self.pinned;
         if let Some(disk) = self.disk.as_mut().filter(|d| d.capacity() > 0) {
@@ -797,28 +832,41 @@ impl BlockManager {
         }
         let started = std::time::Instant::now();
         // Take the bytes out before obtaining a block: the eviction that may follow cascades
-        // through the same tiers and could otherwise push this very block further down.
-        let bytes = match from {
-            Tier::Host => self.host.remove(hash),
+        // through the same tiers and could otherwise push this very block further down. A host
+        // block keeps its slot (detached) until the copy from it is queued.
+        let source = match from {
+            Tier::Host => self.host.detach(hash).map(Source::Slot),
             Tier::Disk => self.disk.as_mut().and_then(|disk| {
                 let mut bytes = Vec::new();
                 let read = disk.read(hash, &mut bytes);
                 disk.remove(hash);
-                read.ok().map(|()| bytes)
+                read.ok().map(|()| Source::Bytes(bytes))
             }),
             Tier::Device => None,
         };
-        let Some(bytes) = bytes else {
+        let Some(source) = source else {
             self.lower_tier_failures += 1;
             self.forget(hash, from);
             return Ok(None);
         };
         // Cannot fail (`available() > 0` was checked), but never leave the index dangling.
         let Some(id) = self.obtain_block(io) else {
+            if let Source::Slot(slot) = source {
+                self.host.release(slot);
+            }
             self.forget(hash, from);
             return Ok(None);
         };
-        if let Err(e) = io.import_block(id, &bytes) {
+        // On CUDA a copy from a (page-locked) slot is queued on the device's stream; the slot
+        // is written again only by a later copy on the same stream, so releasing it now is safe.
+        let imported = match &source {
+            Source::Slot(slot) => io.import_block(id, self.host.slot(*slot)),
+            Source::Bytes(bytes) => io.import_block(id, bytes),
+        };
+        if let Source::Slot(slot) = source {
+            self.host.release(slot);
+        }
+        if let Err(e) = imported {
             self.lower_tier_failures += 1;
             self.free.push(id);
             self.forget(hash, from);

@@ -17,7 +17,7 @@ pub use block_manager::{
 };
 pub use events::{KvDump, KvEvent, KvEventKind, KvEventLog, KvReplica, ReplicaError};
 pub use hash::{block_hash, prompt_block_hashes};
-pub use tiers::{DiskTier, HostTier};
+pub use tiers::{DiskTier, HostMemory, HostTier};
 pub use types::{
     BlockHash, BlockHashHasher, BlockHashMap, BlockId, CacheSalt, KvBlockIo, KvLayout, Tier,
 };

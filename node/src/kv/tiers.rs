@@ -102,19 +102,73 @@ impl<K: Copy + Eq + Hash> LruOrder<K> {
     }
 }
 
-/// Block bytes in host memory (pinned on CUDA; plain memory here, the backend copies).
-#[derive(Debug)]
+/// The host tier's memory: one arena of `capacity × block_bytes`, allocated up front. Plain
+/// memory on the CPU; page-locked on CUDA, so copies between it and the device are DMA and run
+/// asynchronously on the device's stream ([`super::KvBlockIo::host_memory`]).
+pub trait HostMemory: Send {
+    fn as_slice(&self) -> &[u8];
+    fn as_mut_slice(&mut self) -> &mut [u8];
+}
+
+impl HostMemory for Vec<u8> {
+    fn as_slice(&self) -> &[u8] {
+        self
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        self
+    }
+}
+
+/// A block evicted from the host tier: its hash and bytes, for the tier below.
+pub type Evicted = (BlockHash, Vec<u8>);
+
+/// Blocks in host memory: fixed slots of one arena, an index from hash to slot, and an LRU.
+/// A demotion reserves a slot (evicting the least recently used block when full, its bytes
+/// handed back for the tier below), has the backend copy the block into it, then commits it;
+/// a promotion detaches a slot, has the backend copy from it, then releases it. Slot bytes are
+/// only ever written by the backend's copies, which on CUDA run in stream order.
 pub struct HostTier {
     capacity: usize,
-    bytes: BlockHashMap<Vec<u8>>,
+    block_bytes: usize,
+    memory: Box<dyn HostMemory>,
+    slot_of: BlockHashMap<u32>,
+    free: Vec<u32>,
     lru: LruOrder<BlockHash>,
 }
 
+impl std::fmt::Debug for HostTier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostTier")
+            .field("capacity", &self.capacity)
+            .field("block_bytes", &self.block_bytes)
+            .field("len", &self.slot_of.len())
+            .finish()
+    }
+}
+
 impl HostTier {
-    pub fn new(capacity: usize) -> Self {
+    /// A tier of `capacity` blocks in plain memory.
+    pub fn new(capacity: usize, block_bytes: usize) -> Self {
+        Self::with_memory(
+            capacity,
+            block_bytes,
+            Box::new(vec![0u8; capacity * block_bytes]),
+        )
+    }
+
+    /// A tier of `capacity` blocks in `memory` (at least `capacity × block_bytes` long).
+    pub fn with_memory(capacity: usize, block_bytes: usize, memory: Box<dyn HostMemory>) -> Self {
+        assert!(
+            memory.as_slice().len() >= capacity * block_bytes,
+            "host tier memory smaller than its capacity"
+        );
         Self {
             capacity,
-            bytes: BlockHashMap::default(),
+            block_bytes,
+            memory,
+            slot_of: BlockHashMap::default(),
+            free: (0..capacity as u32).rev().collect(),
             lru: LruOrder::new(),
         }
     }
@@ -124,58 +178,105 @@ impl HostTier {
     }
 
     pub fn len(&self) -> usize {
-        self.bytes.len()
+        self.slot_of.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+        self.slot_of.is_empty()
     }
 
     pub fn contains(&self, hash: BlockHash) -> bool {
-        self.bytes.contains_key(&hash)
+        self.slot_of.contains_key(&hash)
+    }
+
+    fn range(&self, slot: u32) -> std::ops::Range<usize> {
+        let at = slot as usize * self.block_bytes;
+        at..at + self.block_bytes
+    }
+
+    /// The bytes of `slot`.
+    pub fn slot(&self, slot: u32) -> &[u8] {
+        &self.memory.as_slice()[self.range(slot)]
+    }
+
+    /// The bytes of `slot`, to copy a block into.
+    pub fn slot_mut(&mut self, slot: u32) -> &mut [u8] {
+        let range = self.range(slot);
+        &mut self.memory.as_mut_slice()[range]
+    }
+
+    /// A slot for a block about to be copied in: a free one, else that of the least recently
+    /// used block `evictable` accepts (pinned blocks go last), whose hash and bytes come back
+    /// for the tier below. `None` with a capacity of 0.
+    pub fn reserve(
+        &mut self,
+        evictable: impl Fn(&BlockHash) -> bool,
+    ) -> Option<(u32, Option<Evicted>)> {
+        if let Some(slot) = self.free.pop() {
+            return Some((slot, None));
+        }
+        let victim = self.lru.pop_oldest_preferring(evictable, true)?;
+        let slot = self.slot_of.remove(&victim)?;
+        Some((slot, Some((victim, self.slot(slot).to_vec()))))
+    }
+
+    /// Makes the block copied into `slot` the cached copy of `hash`, most recently used.
+    pub fn commit(&mut self, hash: BlockHash, slot: u32) {
+        if let Some(old) = self.slot_of.insert(hash, slot) {
+            self.free.push(old);
+        }
+        self.lru.touch(hash);
+    }
+
+    /// Returns a reserved or detached slot to the free list.
+    pub fn release(&mut self, slot: u32) {
+        self.free.push(slot);
+    }
+
+    /// Takes `hash` out of the tier, keeping its slot (and bytes) until [`HostTier::release`].
+    pub fn detach(&mut self, hash: BlockHash) -> Option<u32> {
+        self.lru.remove(&hash);
+        self.slot_of.remove(&hash)
     }
 
     /// Stores `bytes` as the most recently used block and returns the block evicted to make room
-    /// (with a capacity of 0 that is the block just offered). Re-inserting a hash replaces it.
-    pub fn insert(&mut self, hash: BlockHash, bytes: Vec<u8>) -> Option<(BlockHash, Vec<u8>)> {
+    /// (with a capacity of 0 that is the block just offered).
+    pub fn insert(&mut self, hash: BlockHash, bytes: Vec<u8>) -> Option<Evicted> {
         self.insert_preferring(hash, bytes, |_| true)
     }
 
-    /// [`HostTier::insert`], evicting the least recently used block `evictable` accepts first
-    /// (pinned blocks go last).
+    /// [`HostTier::insert`], evicting the least recently used block `evictable` accepts first.
     pub fn insert_preferring(
         &mut self,
         hash: BlockHash,
         bytes: Vec<u8>,
         evictable: impl Fn(&BlockHash) -> bool,
-    ) -> Option<(BlockHash, Vec<u8>)> {
-        if self.capacity == 0 {
+    ) -> Option<Evicted> {
+        if let Some(slot) = self.detach(hash) {
+            self.release(slot);
+        }
+        let Some((slot, victim)) = self.reserve(evictable) else {
             return Some((hash, bytes));
-        }
-        self.bytes.insert(hash, bytes);
-        self.lru.touch(hash);
-        if self.bytes.len() <= self.capacity {
-            return None;
-        }
-        let victim = self.lru.pop_oldest_preferring(evictable, true)?;
-        self.bytes.remove(&victim).map(|b| (victim, b))
+        };
+        self.slot_mut(slot).copy_from_slice(&bytes);
+        self.commit(hash, slot);
+        victim
     }
 
     /// The block's bytes, leaving its recency as it is.
     pub fn peek(&self, hash: BlockHash) -> Option<&[u8]> {
-        self.bytes.get(&hash).map(Vec::as_slice)
+        self.slot_of.get(&hash).map(|&slot| self.slot(slot))
     }
 
-    /// The block's bytes, marking it most recently used.
-    pub fn get(&mut self, hash: BlockHash) -> Option<&[u8]> {
-        let bytes = self.bytes.get(&hash)?;
-        self.lru.touch(hash);
-        Some(bytes)
-    }
-
-    pub fn remove(&mut self, hash: BlockHash) -> Option<Vec<u8>> {
-        self.lru.remove(&hash);
-        self.bytes.remove(&hash)
+    /// Drops the block; returns whether it was held.
+    pub fn remove(&mut self, hash: BlockHash) -> bool {
+        match self.detach(hash) {
+            Some(slot) => {
+                self.release(slot);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Hashes from least to most recently used.
@@ -185,9 +286,9 @@ impl HostTier {
 
     pub(crate) fn is_consistent(&self) -> bool {
         self.lru.is_consistent()
-            && self.lru.len() == self.bytes.len()
-            && self.bytes.keys().all(|h| self.lru.contains(h))
-            && self.bytes.len() <= self.capacity
+            && self.lru.len() == self.slot_of.len()
+            && self.slot_of.keys().all(|h| self.lru.contains(h))
+            && self.slot_of.len() + self.free.len() <= self.capacity
     }
 }
 
@@ -468,16 +569,29 @@ mod tests {
     }
 
     #[test]
-    fn host_tier_evicts_least_recently_used() {
-        let mut host = HostTier::new(2);
+    fn host_tier_evicts_least_recently_used_from_its_arena() {
+        let mut host = HostTier::new(2, 1);
         assert_eq!(host.insert(h(1), vec![1]), None);
         assert_eq!(host.insert(h(2), vec![2]), None);
-        assert_eq!(host.get(h(1)), Some(&[1u8][..])); // 2 is now the oldest
+        assert_eq!(host.insert(h(1), vec![1]), None); // 2 is now the oldest
         assert_eq!(host.insert(h(3), vec![3]), Some((h(2), vec![2])));
         assert_eq!(host.lru_order().collect::<Vec<_>>(), vec![h(1), h(3)]);
-        assert_eq!(host.remove(h(1)), Some(vec![1]));
+        assert_eq!(host.peek(h(3)), Some(&[3u8][..]));
+        // A detached slot keeps its bytes and stays taken until released.
+        let slot = host.detach(h(1)).unwrap();
+        assert_eq!(host.slot(slot), [1]);
+        let made_room = host.insert(h(4), vec![4]);
+        assert_eq!(
+            made_room,
+            Some((h(3), vec![3])),
+            "the held slot is not free"
+        );
+        assert_eq!(host.slot(slot), [1], "a held slot is not reused");
+        host.release(slot);
+        assert!(host.remove(h(4)));
+        assert!(!host.remove(h(4)));
         assert!(host.is_consistent());
-        let mut none = HostTier::new(0);
+        let mut none = HostTier::new(0, 1);
         assert_eq!(none.insert(h(9), vec![9]), Some((h(9), vec![9])));
         assert!(none.is_empty());
     }

@@ -48,6 +48,12 @@ pub trait KvBlockIo {
     fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError>;
     /// Overwrites block `id` with `data` (`block_bytes()` long).
     fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError>;
+    /// The host tier's memory, `bytes` long, allocated once: plain memory by default; the CUDA
+    /// backend's is page-locked, so copies between it and the device are DMA, queued on the
+    /// device's stream without waiting.
+    fn host_memory(&mut self, bytes: usize) -> Result<Box<dyn super::HostMemory>, KvError> {
+        Ok(Box::new(vec![0u8; bytes]))
+    }
 }
 
 /// Hashes a [`BlockHash`] by folding its halves: the key is already the output of xxh3-128, so

@@ -25,7 +25,9 @@ use std::sync::Arc;
 
 use half::bf16;
 use strata_collective::{CollectiveError, DeviceCommunicator};
-use strata_kernels::cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use strata_kernels::cudarc::driver::sys::{
+    CU_MEMHOSTALLOC_PORTABLE, CUgraphInstantiate_flags, CUstreamCaptureMode,
+};
 use strata_kernels::cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream};
 use strata_kernels::{
     ATTENTION_HEAD_DIMS, DECODE_SPLIT_TOKENS, KernelError, Kernels, LtGemm, NO_TOKEN,
@@ -49,7 +51,7 @@ use row_parallel::gemm_shapes;
 pub use tp::{CudaTpBackend, TpTransport};
 
 use super::{Backend, BackendError, RowSampling, StepOutput, StepSeq};
-use crate::kv::{BlockId, KvBlockIo, KvError};
+use crate::kv::{BlockId, HostMemory, KvBlockIo, KvError};
 use forward::mark;
 use scratch::Scratch;
 use strata_model::sampler::RowPlan;
@@ -880,13 +882,70 @@ fn cos_sin_table(rope: &Rope, head_dim: usize, max_positions: usize) -> Vec<f32>
     table
 }
 
+/// Page-locked host memory for the host tier (see [`CudaBackend::host_memory`]).
+struct PinnedHostMemory {
+    /// Owns the allocation (freed through its context on drop).
+    _slice: strata_kernels::cudarc::driver::PinnedHostSlice<u8>,
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the allocation is plain host memory owned by this value; `PinnedHostSlice` is Send.
+unsafe impl Send for PinnedHostMemory {}
+
+impl HostMemory for PinnedHostMemory {
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is `len` bytes this value owns, zeroed at allocation.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, borrowed mutably through `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// `bytes` of page-locked host memory in `ctx` (plain memory, with a warning, when refused).
+pub(crate) fn pinned_host_memory(
+    ctx: &Arc<CudaContext>,
+    bytes: usize,
+) -> Result<Box<dyn HostMemory>, KvError> {
+    if bytes == 0 {
+        return Ok(Box::new(Vec::new()));
+    }
+    // SAFETY: the memory is zeroed below before anything reads it.
+    let allocated = unsafe { ctx.alloc_pinned_with_flags::<u8>(bytes, CU_MEMHOSTALLOC_PORTABLE) };
+    let mut slice = match allocated {
+        Ok(slice) => slice,
+        Err(e) => {
+            eprintln!(
+                "warning: cannot page-lock {} MiB for the KV host tier ({e}); using pageable \
+                 memory (its copies are staged, slower)",
+                bytes >> 20
+            );
+            return Ok(Box::new(vec![0u8; bytes]));
+        }
+    };
+    let ptr = slice
+        .as_mut_ptr()
+        .map_err(|e| KvError::Config(format!("pinned memory: {e}")))?;
+    // SAFETY: `ptr` is `bytes` long, just allocated.
+    unsafe { std::ptr::write_bytes(ptr, 0, bytes) };
+    Ok(Box::new(PinnedHostMemory {
+        _slice: slice,
+        ptr,
+        len: bytes,
+    }))
+}
+
 impl KvBlockIo for CudaBackend {
     fn block_bytes(&self) -> usize {
         self.config.num_layers * 2 * self.block_size * self.shard.kv_rows.len() * 2
     }
 
     /// Layout: `[layer][k|v][slot][kv_dim]` bf16, little-endian. Every layer's copy is queued
-    /// before one synchronization.
+    /// before one synchronization. On a little-endian host with `out` aligned the values are
+    /// copied straight into it (a page-locked host tier slot: DMA, no staging).
     fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
         let n = self.block_size * self.shard.kv_rows.len();
         let start = id as usize * n;
@@ -894,12 +953,22 @@ impl KvBlockIo for CudaBackend {
             id,
             detail: format!("device to host: {e}"),
         };
-        let mut host = vec![bf16::ZERO; n * 2 * self.config.num_layers];
         let parts = self
             .k_cache
             .iter()
             .zip(&self.v_cache)
             .flat_map(|(k, v)| [k, v]);
+        if cfg!(target_endian = "little")
+            && let Ok(values) = bytemuck::try_cast_slice_mut::<u8, bf16>(out)
+        {
+            for (cache, part) in parts.zip(values.chunks_exact_mut(n)) {
+                self.stream
+                    .memcpy_dtoh(&cache.slice(start..start + n), part)
+                    .map_err(|e| failed(&e))?;
+            }
+            return self.stream.synchronize().map_err(|e| failed(&e));
+        }
+        let mut host = vec![bf16::ZERO; n * 2 * self.config.num_layers];
         for (cache, part) in parts.zip(host.chunks_exact_mut(n)) {
             self.stream
                 .memcpy_dtoh(&cache.slice(start..start + n), part)
@@ -910,6 +979,12 @@ impl KvBlockIo for CudaBackend {
         Ok(())
     }
 
+    /// The copies are queued on the device's stream, ahead of the next step, without waiting:
+    /// from page-locked memory (the host tier's slots) they are DMA and `data` must stay as it
+    /// is until they ran, which the host tier guarantees (a slot is written again only by a
+    /// later copy on this stream); from pageable memory the driver stages the bytes before each
+    /// call returns. On a little-endian host with `data` aligned the values are copied from
+    /// where they lie, else from a converted copy.
     fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
         let n = self.block_size * self.shard.kv_rows.len();
         let start = id as usize * n;
@@ -917,26 +992,34 @@ impl KvBlockIo for CudaBackend {
             id,
             detail: format!("host to device: {e}"),
         };
-        let mut host = vec![bf16::ZERO; n * 2 * self.config.num_layers];
-        super::from_le_bytes(data, &mut host);
+        let converted: Vec<bf16>;
+        let values: &[bf16] = match bytemuck::try_cast_slice::<u8, bf16>(data) {
+            Ok(values) if cfg!(target_endian = "little") => values,
+            _ => {
+                let mut host = vec![bf16::ZERO; n * 2 * self.config.num_layers];
+                super::from_le_bytes(data, &mut host);
+                converted = host;
+                &converted
+            }
+        };
         let parts = self
             .k_cache
             .iter_mut()
             .zip(self.v_cache.iter_mut())
             .flat_map(|(k, v)| [k, v]);
-        let mut queued = Ok(());
-        for (cache, part) in parts.zip(host.chunks_exact(n)) {
-            queued = self
-                .stream
-                .memcpy_htod(part, &mut cache.slice_mut(start..start + n));
-            if queued.is_err() {
-                break;
-            }
+        for (cache, part) in parts.zip(values.chunks_exact(n)) {
+            self.stream
+                .memcpy_htod(part, &mut cache.slice_mut(start..start + n))
+                .map_err(|e| failed(&e))?;
         }
-        // `host` must outlive the queued copies, even when one failed to queue.
-        let synced = self.stream.synchronize();
-        queued.map_err(|e| failed(&e))?;
-        synced.map_err(|e| failed(&e))
+        Ok(())
+    }
+
+    /// Page-locked (portable: every device's context may copy from it), zeroed once, so the
+    /// host tier's copies are DMA. When the driver refuses, plain memory, with a warning: the
+    /// tier works, its copies staged.
+    fn host_memory(&mut self, bytes: usize) -> Result<Box<dyn HostMemory>, KvError> {
+        pinned_host_memory(self.stream.context(), bytes)
     }
 }
 

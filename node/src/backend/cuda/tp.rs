@@ -18,7 +18,7 @@ use strata_model::cpu::PartialsFault;
 
 use super::{CudaBackend, CudaError, CudaOptions, WeightSource};
 use crate::backend::{Backend, BackendError, OwnedSeq, RankResult, StepSeq, join_ranks};
-use crate::kv::{BlockId, KvBlockIo, KvError};
+use crate::kv::{BlockId, HostMemory, KvBlockIo, KvError};
 
 /// How the ranks of a [`CudaTpBackend`] communicate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,6 +196,12 @@ impl KvBlockIo for CudaTpBackend {
             at += n;
         }
         Ok(())
+    }
+
+    /// Page-locked on rank 0's context, portable: every rank copies its part of a block from it.
+    fn host_memory(&mut self, bytes: usize) -> Result<Box<dyn HostMemory>, KvError> {
+        let context = lock(&self.ranks[0].backend).stream().context().clone();
+        super::pinned_host_memory(&context, bytes)
     }
 
     fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
