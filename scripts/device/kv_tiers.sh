@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The KV tiers on the GPU machine (issue 21's battery), with the carried release binary:
+#   scripts/device/kv_tiers.sh OUT_DIR
+# It builds nothing. An 8B-shaped Llama (bf16, synthesized weights, the Llama 3.1 tokenizer
+# carried in .device/llama3_1, a 40k window) is served by `strata serve --device cuda:0` twice:
+#   1. host tier: an 8 GiB device cache (two 32k contexts) and a 16 GiB page-locked host tier. A
+#      32k-token context is computed cold (its TTFT: the recompute cost), continued greedily,
+#      pushed to host by three other 32k contexts, then asked again (its TTFT: the restore) and
+#      continued greedily after a second push (byte-identical to the never-evicted continuation);
+#      the restore bandwidth comes from /metrics (bytes restored / restore time), as a fraction
+#      of the 55.3 GB/s the machine's pinned PCIe copies reach (H200.md);
+#   2. disk tier: no host tier, a disk tier under $TMPDIR; the same context pushed to disk and
+#      restored (the disk read rate: bytes / restore time, read and copy together), then the
+#      server SIGKILLed and restarted on the same directory, and the context restored again.
+# Everything lands in OUT_DIR with receipt.json; exits non-zero if a check failed.
+set -uo pipefail
+
+OUT=${1:?usage: kv_tiers.sh OUT_DIR}
+BIN=${STRATA_BIN:-.device/strata}
+BENCH_CONFIG=${BENCH_CONFIG:-configs/llama-3.1-8b.json}
+TOKENIZER=${TOKENIZER:-.device/llama3_1/tokenizer.json}
+CONTEXT=${CONTEXT:-32000}
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+MODEL=${TMPDIR:-/tmp}/strata-kv-8b
+DISK=${TMPDIR:-/tmp}/strata-kv-disk
+PORT=18281
+MAX_POSITION=40960
+mkdir -p "$OUT/logs"
+
+# shellcheck source=scripts/device/common.sh
+. "$(dirname "$0")/common.sh"
+record_machine
+start=$SECONDS
+synth_bench_model
+echo "synthesized $(du -sh "$MODEL" | cut -f1) in $((SECONDS - start)) s"
+
+serve() { # name serve-args...
+    local name=$1
+    shift
+    "$BIN" serve --model "$MODEL" --device cuda:0 --port $PORT "$@" >>"$OUT/logs/serve-$name.log" 2>&1 &
+    SERVER=$!
+    for _ in $(seq 600); do
+        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0
+        kill -0 $SERVER 2>/dev/null || break
+        sleep 0.5
+    done
+    echo "serve ($name) did not come up"
+    tail -20 "$OUT/logs/serve-$name.log"
+    return 1
+}
+
+drive() { # phase
+    python3 "$(dirname "$0")/kv_tiers.py" --url "http://127.0.0.1:$PORT" --context "$CONTEXT" \
+        --phase "$1" --out "$OUT/$1.json" 2>&1 | tee "$OUT/logs/$1.log"
+    return "${PIPESTATUS[0]}"
+}
+
+failed=0
+serve host --kv-cache-mib 8192 --kv-host-mib 16384 || exit 1
+drive host || failed=1
+kill $SERVER
+wait $SERVER 2>/dev/null
+
+rm -rf "$DISK"
+serve disk --kv-cache-mib 8192 --kv-disk-dir "$DISK" --kv-disk-mib 32768 || exit 1
+drive disk || failed=1
+kill -9 $SERVER
+wait $SERVER 2>/dev/null
+serve disk-restarted --kv-cache-mib 8192 --kv-disk-dir "$DISK" --kv-disk-mib 32768 || exit 1
+drive disk-restarted || failed=1
+kill $SERVER
+wait $SERVER 2>/dev/null
+
+python3 - "$OUT" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+phases = {p: json.loads((out / f"{p}.json").read_text())
+          for p in ("host", "disk", "disk-restarted") if (out / f"{p}.json").exists()}
+receipt = {"machine": (out / "machine.txt").read_text().splitlines(), "phases": phases}
+(out / "receipt.json").write_text(json.dumps(receipt, indent=2))
+for name, p in phases.items():
+    print(f"{name:16} " + "  ".join(f"{k}={v}" for k, v in p.items() if not isinstance(v, (list, dict))))
+EOF
+exit $failed
