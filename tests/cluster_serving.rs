@@ -67,9 +67,10 @@ fn spawn_node_with(root: &Path, model: &Path, id: u64, listen: &str, extra: &[&s
         listen,
         "--identity",
         identity.to_str().unwrap(),
-        "--kv-cache-mib",
-        "16",
     ];
+    if !extra.contains(&"--kv-cache-mib") {
+        args.extend(["--kv-cache-mib", "16"]);
+    }
     args.extend_from_slice(extra);
     Process::start(&args)
 }
@@ -742,4 +743,64 @@ fn a_node_fetches_a_prefix_cached_on_another_instead_of_computing_it() {
     // Canary: without fetching, the second node computes everything.
     let (_, cached, fetches) = fetch_round(&["--kv-fetch", "false"]);
     assert_eq!((cached, fetches), (0, 0.0));
+}
+
+/// A conversation over a long document through a router with two nodes whose devices hold 128
+/// blocks and whose host tiers hold 512: between turns other documents push the conversation's
+/// prefix off its node's device, and each later turn is routed to that node (the KV events name
+/// the tier that holds it), restores the prefix from host memory (reported as cached tokens) and
+/// answers as one cold process does. Without the host tiers the same turns find nothing cached.
+#[test]
+fn a_conversation_over_a_parked_document_is_restored_from_its_nodes_host_tier() {
+    let _serial = serial();
+    let node_args = ["--kv-cache-mib", "1", "--kv-host-mib", "4"];
+    let cluster = start_cluster_full(2, &[], &node_args);
+    let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
+    let reference_addr = reference.address("on http://");
+    let document = |topic: usize| {
+        (0..40)
+            .map(|i| format!("note {topic} {i} holds {}", (i * 7 + topic) % 13))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let chat = |addr: SocketAddr, messages: &[serde_json::Value]| {
+        let body = serde_json::json!({
+            "model": "m", "messages": messages, "max_tokens": 8, "temperature": 0,
+        });
+        let (status, answer) = post(addr, "/v1/chat/completions", &body.to_string());
+        assert_eq!(status, 200, "{answer}");
+        let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        let text = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        (text, cached)
+    };
+    let mut messages = vec![serde_json::json!({"role": "system", "content": document(0)})];
+    let mut pushed = 0;
+    for turn in 0..3 {
+        messages.push(serde_json::json!({
+            "role": "user", "content": format!("what does note 0 {turn} hold?"),
+        }));
+        let (answer, cached) = chat(cluster.router_addr, &messages);
+        let (cold, _) = chat(reference_addr, &messages);
+        assert_eq!(answer, cold, "turn {turn} answers as one cold process");
+        if turn > 0 {
+            assert!(
+                cached >= 640,
+                "turn {turn}: the document restored from its node's host tier ({cached} cached)"
+            );
+        }
+        messages.push(serde_json::json!({"role": "assistant", "content": answer}));
+        // Other documents, enough to fill both devices twice over.
+        for _ in 0..8 {
+            pushed += 1;
+            complete(cluster.router_addr, &document(pushed), 1);
+        }
+        // Let the nodes' KV events (the document's move to host) reach the router.
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }
