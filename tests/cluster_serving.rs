@@ -816,3 +816,109 @@ fn parked_conversation(node_args: &[&str]) -> Vec<u64> {
     }
     cached_by_turn
 }
+
+/// SIGTERM drains a node: the stream it is running finishes there (equal to one process's
+/// text), new requests go to the other node meanwhile, and before exiting the node writes its
+/// cached KV to its disk tier; started again on the same directory it serves the document from
+/// disk (cached tokens reported, the same text as cold).
+#[test]
+fn sigterm_drains_a_node_and_parks_its_cache_on_disk_for_its_restart() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let disk = tmp.path().join("kv");
+    let disk = disk.to_str().unwrap();
+    let node_args = ["--kv-disk-dir", disk, "--kv-disk-mib", "64"];
+    let mut cluster = start_cluster_full(1, &[], &node_args);
+    let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
+    let reference_addr = reference.address("on http://");
+    let document: String = (0..40)
+        .map(|i| format!("note {i} holds {}", (i * 7) % 13))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let want = complete(reference_addr, &document, 8);
+    assert_eq!(complete(cluster.router_addr, &document, 8), want);
+
+    // A long stream in flight when SIGTERM arrives finishes on the draining node.
+    let long = "drain: once upon";
+    let long_want = complete_with(reference_addr, long, 3000, None);
+    let finished = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (started_tx, started) = mpsc::channel();
+    let stream = spawn_stream(
+        cluster.router_addr,
+        completion_body(long, 3000, true, None),
+        started_tx,
+        finished.clone(),
+    );
+    started.recv_timeout(START).expect("the stream starts");
+    let pid = cluster.nodes[0].child.id().to_string();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        finished.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "the stream was still running when the node was told to stop"
+    );
+    assert_eq!(
+        stream.join().unwrap(),
+        long_want,
+        "the drained stream's text"
+    );
+    let failovers = metric(
+        &get(cluster.router_addr, "/metrics"),
+        "strata_router_failovers_total",
+    );
+    assert_eq!(
+        failovers, 0.0,
+        "it finished on the draining node, not by failover"
+    );
+    let status = cluster.nodes[0].child.wait().unwrap();
+    assert!(
+        status.success(),
+        "the node exits cleanly after draining: {status}"
+    );
+    let parked = std::fs::read_dir(disk)
+        .unwrap()
+        .flatten()
+        .flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten())
+        .count();
+    assert!(
+        parked >= 40,
+        "the node parked its cache on disk: {parked} blocks"
+    );
+
+    let model = Path::new(&cluster.model).to_path_buf();
+    let addr = cluster.node_addrs[0].to_string();
+    cluster.nodes[0] = spawn_node_with(cluster.tmp.path(), &model, 1, &addr, &node_args);
+    let body = serde_json::json!({
+        "model": "m", "prompt": document, "max_tokens": 8, "temperature": 0, "ignore_eos": true,
+    });
+    let deadline = std::time::Instant::now() + START;
+    let answer = loop {
+        let (status, answer) = post(cluster.router_addr, "/v1/completions", &body.to_string());
+        if status == 200 {
+            break answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted node never answered"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(
+        v["choices"][0]["text"],
+        want.as_str(),
+        "restored from disk equals cold"
+    );
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(
+        cached >= 640,
+        "the document restored from the parked disk tier: {cached}"
+    );
+}

@@ -757,3 +757,48 @@ fn a_primed_context_is_pinned_listed_restored_and_deleted() {
         assert!(message.contains(words), "{body}: {message}");
     }
 }
+
+/// SIGTERM parks what the device caches on the disk tier: a prompt asked once (its KV only on
+/// the device) is served from disk by the server started again on the same directory.
+#[test]
+fn sigterm_parks_the_device_cache_on_disk_for_the_next_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let disk = tmp.path().join("kv");
+    let args = [
+        "--model",
+        model.to_str().unwrap(),
+        "--port",
+        "0",
+        "--kv-disk-dir",
+        disk.to_str().unwrap(),
+        "--kv-disk-mib",
+        "16",
+    ];
+    let document: String = (0..40)
+        .map(|i| format!("note {i} holds {}", (i * 7) % 13))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let body = serde_json::json!({
+        "model": "m", "prompt": document, "max_tokens": 6, "temperature": 0, "ignore_eos": true,
+    })
+    .to_string();
+    let ask = |addr: SocketAddr| {
+        let (status, raw) = http(addr, "POST", "/v1/completions", None, &body);
+        assert_eq!(status, 200, "{raw}");
+        let v = json_body(&raw);
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+        (v["choices"][0]["text"].clone(), cached.unwrap_or(0))
+    };
+    let mut first = Server::start(&args);
+    let (text, cached) = ask(first.addr);
+    assert_eq!(cached, 0);
+    first.signal("TERM");
+    assert!(first.wait(Duration::from_secs(30)).success());
+    first.wait_for_log("parked on the disk tier", Duration::from_secs(5));
+    let second = Server::start(&args);
+    let (again, cached) = ask(second.addr);
+    assert!(cached >= 640, "served from the parked disk tier: {cached}");
+    assert_eq!(again, text);
+}

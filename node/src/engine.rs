@@ -179,6 +179,7 @@ enum Command {
         reply: mpsc::Sender<bool>,
     },
     Pins(mpsc::Sender<(Vec<PinStatus>, usize)>),
+    ParkOnDisk(mpsc::Sender<usize>),
 }
 
 pub struct Engine {
@@ -374,6 +375,14 @@ impl Engine {
         });
     }
 
+    /// Writes every cached block of the device and the host tier to the disk tier, for a node
+    /// about to stop ([`BlockManager::park_on_disk`]); how many were written.
+    pub fn park_on_disk(&self) -> Result<usize, SubmitError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(Command::ParkOnDisk(reply))?;
+        rx.recv().map_err(|_| SubmitError::Stopped)
+    }
+
     /// Drops the pin `name` (its blocks stay cached, unpinned); whether there was one.
     pub fn unpin(&self, name: String) -> Result<bool, SubmitError> {
         let (reply, rx) = mpsc::channel();
@@ -449,6 +458,9 @@ fn run(
             }
             Command::Unpin { name, reply } => {
                 let _ = reply.send(scheduler.block_manager_mut().unpin(&name));
+            }
+            Command::ParkOnDisk(reply) => {
+                let _ = reply.send(scheduler.block_manager_mut().park_on_disk(backend));
             }
             Command::Pins(reply) => {
                 let blocks = scheduler.block_manager_mut();

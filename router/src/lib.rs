@@ -264,11 +264,24 @@ async fn serve_listener(
         let watch = KeysFileWatch::new(path, access.keys.clone(), keys.clone());
         tokio::spawn(watch.run(KEYS_POLL_INTERVAL));
     }
-    let app = build_app_live(state, &access, keys);
+    let app = build_app_live(state.clone(), &access, keys);
     axum::serve(no_delay(listener), app)
         .with_graceful_shutdown(shutdown)
         .await?;
     tracing::info!("stopped: every in-flight request has finished");
+    // A local engine with a disk tier keeps what it has cached for its next start.
+    let park = move || match &state.engine {
+        state::EngineHandle::Local(engine) => engine.park_on_disk().map(Some),
+        state::EngineHandle::Cluster(_) => Ok(None),
+    };
+    match tokio::task::spawn_blocking(park).await {
+        Ok(Ok(Some(parked))) if parked > 0 => {
+            tracing::info!(parked, "cached KV blocks parked on the disk tier")
+        }
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!("parking the cached KV: {e}"),
+        Err(e) => tracing::warn!("parking the cached KV: {e}"),
+    }
     Ok(())
 }
 

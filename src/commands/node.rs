@@ -19,7 +19,7 @@ use strata_quic::tls::{mutual_client_config, mutual_server_config};
 use super::engine_args::EngineSettings;
 use strata_node::{Device, start_engine};
 use strata_topology::lease_driver::{Clock, SystemClock};
-use strata_topology::server::{DataLayout, ServerConfig};
+use strata_topology::server::{DataLayout, ServerConfig, shutdown_signal};
 use strata_topology::state::{Change, Command, Gpu, Revoked};
 use strata_topology::transport::ca::{MEMBER_CERT_FILE, SERVER_NAME};
 use strata_topology::transport::{Client, MemberIdentity, Principal, client_endpoint};
@@ -68,6 +68,11 @@ pub struct NodeServeArgs {
     /// times the engine's running sequences (`--max-running`).
     #[arg(long)]
     max_requests: Option<usize>,
+    /// On SIGTERM or ctrl-c: how long the node lets its requests in flight finish (new ones
+    /// are refused as busy, so routers place them elsewhere) before it parks its cached KV on
+    /// the disk tier and exits, in seconds.
+    #[arg(long, default_value_t = 30)]
+    drain_timeout_s: u64,
 }
 
 pub fn run(command: NodeCommand) -> Result<()> {
@@ -83,6 +88,7 @@ pub fn run(command: NodeCommand) -> Result<()> {
                 engine,
                 kv_fetch_timeout_ms,
                 max_requests,
+                drain_timeout_s,
             } = *args;
             let spec = engine.spec()?;
             let max_requests = match max_requests {
@@ -146,10 +152,48 @@ pub fn run(command: NodeCommand) -> Result<()> {
                         }
                     });
                 }
-                strata_node::rpc::serve(endpoint, service).await;
+                let serving =
+                    tokio::spawn(strata_node::rpc::serve(endpoint.clone(), service.clone()));
+                tokio::select! {
+                    _ = serving => {}
+                    () = shutdown_signal() => {
+                        drain(&service, Duration::from_secs(drain_timeout_s)).await;
+                        endpoint.close(0u32.into(), b"node shutting down");
+                        let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle())
+                            .await;
+                    }
+                }
                 Ok(())
             })
         }
+    }
+}
+
+/// A node told to stop: refuses new requests as busy (routers place them elsewhere), lets those
+/// in flight finish for up to `limit`, then parks its cached KV on the disk tier (when it has
+/// one) so that it serves them again once restarted.
+async fn drain(service: &Arc<NodeService>, limit: Duration) {
+    service.drain();
+    tracing::info!(
+        in_flight = service.calls_held(),
+        "stopping: new requests are refused as busy; letting those in flight finish"
+    );
+    let deadline = tokio::time::Instant::now() + limit;
+    while service.calls_held() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if service.calls_held() > 0 {
+        tracing::warn!(
+            in_flight = service.calls_held(),
+            "stopping with requests in flight after {limit:?} (routers fail them over)"
+        );
+    }
+    let engine = service.engine().clone();
+    match tokio::task::spawn_blocking(move || engine.park_on_disk()).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(parked)) => tracing::info!(parked, "cached KV blocks parked on the disk tier"),
+        Ok(Err(e)) => tracing::warn!("parking the cached KV: {e}"),
+        Err(e) => tracing::warn!("parking the cached KV: {e}"),
     }
 }
 

@@ -375,6 +375,39 @@ impl BlockManager {
             .collect()
     }
 
+    /// Writes every cached block of the device and the host tier to the disk tier (host blocks
+    /// first, the device's last: they are the most recently used), for a process about to stop;
+    /// referenced blocks stay where they are. Returns how many blocks were written; 0 without a
+    /// disk tier.
+    pub fn park_on_disk(&mut self, io: &mut dyn KvBlockIo) -> usize {
+        if self.disk.as_ref().is_none_or(|d| d.capacity() == 0) {
+            return 0;
+        }
+        let before = self.traffic.demoted[1];
+        let hosted: Vec<BlockHash> = self.host.lru_order().collect();
+        for hash in hosted {
+            if let Some(slot) = self.host.detach(hash) {
+                let bytes = self.host.slot(slot).to_vec();
+                self.host.release(slot);
+                self.demote(hash, Tier::Host, bytes);
+            }
+        }
+        while let Some(id) = self.cached.pop_oldest() {
+            if let Some(hash) = self.blocks[id as usize].hash.take() {
+                let mut bytes = vec![0; self.block_bytes];
+                match io.export_block(id, &mut bytes) {
+                    Ok(()) => self.demote(hash, Tier::Device, bytes),
+                    Err(_) => {
+                        self.lower_tier_failures += 1;
+                        self.forget(hash, Tier::Device);
+                    }
+                }
+            }
+            self.free.push(id);
+        }
+        (self.traffic.demoted[1] - before) as usize
+    }
+
     /// Blocks moved between the device and the lower tiers so far.
     pub fn tier_traffic(&self) -> TierTraffic {
         self.traffic

@@ -38,6 +38,8 @@ pub struct NodeService {
     max_calls: Option<usize>,
     /// Generate calls held now.
     calls: Arc<AtomicUsize>,
+    /// Set when the node is stopping: every new generate call is refused as busy.
+    draining: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One generate call counted against the node's admission limit while it lives.
@@ -114,7 +116,24 @@ impl NodeService {
             peer_check: None,
             max_calls: None,
             calls: Arc::new(AtomicUsize::new(0)),
+            draining: Arc::default(),
         }
+    }
+
+    /// Refuses every new generate call as busy from now on (the node is stopping); calls in
+    /// flight run to their end.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Generate calls held now (running and waiting).
+    pub fn calls_held(&self) -> usize {
+        self.calls.load(Ordering::Acquire)
+    }
+
+    /// The engine behind the service.
+    pub fn engine(&self) -> &Arc<Engine> {
+        &self.engine
     }
 
     /// Holds at most `max` generate calls at once (running and waiting); the next is refused
@@ -341,6 +360,15 @@ async fn serve_stream(
     let engine = &service.engine;
     match request {
         NodeRequest::Generate(call) => {
+            if service.draining.load(Ordering::Acquire) {
+                let refusal = Refusal {
+                    kind: RefusalKind::Busy,
+                    message: "the node is stopping; retry on another node".into(),
+                };
+                write_frame(&mut send, &GenerateFrame::Refused(refusal)).await?;
+                send.finish()?;
+                return Ok(());
+            }
             let Some(_slot) = service.admit() else {
                 let refusal = Refusal {
                     kind: RefusalKind::Busy,
