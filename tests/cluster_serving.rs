@@ -14,8 +14,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use cluster::{
-    Process, START, complete, complete_with, completion_body, get, metric, post, post_raw, serial,
-    strata, stream_text, synth,
+    Process, START, complete, complete_with, completion_body, get, metric, post, post_raw,
+    post_with, serial, strata, stream_text, synth,
 };
 use strata_topology::transport::ClusterCa;
 
@@ -921,4 +921,103 @@ fn sigterm_drains_a_node_and_parks_its_cache_on_disk_for_its_restart() {
         cached >= 640,
         "the document restored from the parked disk tier: {cached}"
     );
+}
+
+/// `/v1/cache` through a router: the context is primed where the router places it and pinned
+/// on the node holding it, so traffic that evicts an unprimed prompt of the same size (the
+/// canary) leaves it cached there; it is listed with its blocks, restored for a later request
+/// (cached tokens, the cold text) and deleted. An Anthropic `cache_control` mark pins the same
+/// way through the router.
+#[test]
+fn a_context_primed_through_a_router_is_pinned_on_its_node() {
+    let _serial = serial();
+    let cluster = start_cluster_full(2, &[], &["--kv-cache-mib", "1"]);
+    let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
+    let reference_addr = reference.address("on http://");
+    let document = |topic: usize| {
+        (0..40)
+            .map(|i| format!("note {topic} {i} holds {}", (i * 7 + topic) % 13))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    let call = |method: &str, path: &str, body: serde_json::Value| {
+        let (status, answer) = post_with(cluster.router_addr, method, path, &body.to_string());
+        let v: serde_json::Value = serde_json::from_str(&answer).unwrap_or_default();
+        (status, v)
+    };
+    let (status, primed) = call(
+        "POST",
+        "/v1/cache",
+        serde_json::json!({"prompt": document(0), "ttl_seconds": 600}),
+    );
+    assert_eq!(status, 200, "{primed}");
+    let id = primed["id"].as_str().unwrap().to_string();
+    let pinned = primed["cached_tokens"].as_u64().unwrap();
+    assert!(pinned >= 640, "{primed}");
+    // The canary, computed but not primed; then traffic filling both devices twice over.
+    complete(cluster.router_addr, &document(9), 1);
+    for topic in 1..=8 {
+        complete(cluster.router_addr, &document(topic), 1);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let ask = |prompt: &str| {
+        let body = completion_body(prompt, 6, false, None);
+        let (status, answer) = post(cluster.router_addr, "/v1/completions", &body);
+        assert_eq!(status, 200, "{answer}");
+        let v: serde_json::Value = serde_json::from_str(&answer).unwrap();
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+        (v["choices"][0]["text"].clone(), cached.unwrap_or(0))
+    };
+    let question = |topic: usize| format!("{}; and note {topic} 3?", document(topic));
+    let (text, cached) = ask(&question(0));
+    assert!(
+        cached >= pinned,
+        "the primed context stayed on its node: {cached} < {pinned}"
+    );
+    assert_eq!(text, complete(reference_addr, &question(0), 6).as_str());
+    let (_, cached) = ask(&question(9));
+    assert!(
+        cached < 640,
+        "the canary was evicted by the same traffic: {cached}"
+    );
+
+    let (status, list) = call("GET", "/v1/cache", serde_json::Value::Null);
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["data"][0]["id"], id.as_str(), "{list}");
+    assert_eq!(
+        list["data"][0]["cached_tokens"].as_u64(),
+        Some(pinned),
+        "{list}"
+    );
+    let path = format!("/v1/cache/{id}");
+    let (status, deleted) = call("DELETE", &path, serde_json::Value::Null);
+    assert_eq!(
+        (status, &deleted["deleted"]),
+        (200, &serde_json::json!(true))
+    );
+    let (status, _) = call("GET", &path, serde_json::Value::Null);
+    assert_eq!(status, 404);
+
+    // A cache_control mark parks the marked system prompt on its node the same way.
+    let message = |question: &str| {
+        serde_json::json!({
+            "model": "m", "max_tokens": 4, "temperature": 0,
+            "system": [{"type": "text", "text": document(20),
+                        "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+            "messages": [{"role": "user", "content": question}],
+        })
+    };
+    let (status, first) = call("POST", "/v1/messages", message("note 20 1?"));
+    assert_eq!(status, 200, "{first}");
+    let written = first["usage"]["cache_creation_input_tokens"].as_u64().unwrap();
+    assert!(written >= 640, "{first}");
+    std::thread::sleep(Duration::from_millis(300));
+    for topic in 21..=28 {
+        complete(cluster.router_addr, &document(topic), 1);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, second) = call("POST", "/v1/messages", message("note 20 2?"));
+    assert_eq!(status, 200, "{second}");
+    let read = second["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(read >= written, "the marked prefix stayed cached on its node: {second}");
 }

@@ -4,8 +4,8 @@
 //! and a later request with the same prefix restores them. The usage reports what was read from
 //! the cache and what this request wrote into it.
 //!
-//! Parking needs this process's engine (`strata serve`); through a cluster router the marks are
-//! accepted and the usage reported, and the nodes' own prefix caches keep what they can.
+//! Through a cluster router every node pins the part of the prefix it holds (the request ran
+//! where the router placed it).
 
 use std::time::{Duration, Instant};
 
@@ -25,8 +25,8 @@ pub struct Park {
 
 impl Park {
     /// The whole blocks of `prompt[..prefix]` under the tenant's `salt`, pinned for `ttl`;
-    /// `None` when the engine is not in this process or the prefix holds no whole block. The
-    /// pin is named by the prefix, so repeating a request renews it instead of adding one.
+    /// `None` when the prefix holds no whole block. The pin is named by the prefix, so
+    /// repeating a request renews it instead of adding one.
     pub fn new(
         state: &AppState,
         prompt: &[u32],
@@ -34,10 +34,10 @@ impl Park {
         salt: u64,
         ttl: Duration,
     ) -> Option<Self> {
-        let EngineHandle::Local(engine) = &state.engine else {
-            return None;
+        let block_size = match &state.engine {
+            EngineHandle::Local(engine) => engine.block_size(),
+            EngineHandle::Cluster(cluster) => cluster.block_size(),
         };
-        let block_size = engine.block_size();
         let whole = prefix.min(prompt.len()) / block_size * block_size;
         let hashes = prompt_block_hashes(&prompt[..whole], block_size, salt);
         let last = hashes.last()?;
@@ -49,12 +49,24 @@ impl Park {
         })
     }
 
-    /// Pins the prefix (without waiting for the engine) and returns the tokens this request
-    /// wrote into the cache: those of the parked prefix it did not read from it.
+    /// Pins the prefix (without waiting for the engine or the nodes) and returns the tokens
+    /// this request wrote into the cache: those of the parked prefix it did not read from it.
     pub fn apply(self, state: &AppState, cached_tokens: u32) -> u32 {
         let written = self.tokens.saturating_sub(cached_tokens);
-        if let EngineHandle::Local(engine) = &state.engine {
-            engine.pin_detached(self.name, self.hashes, Some(Instant::now() + self.ttl));
+        match &state.engine {
+            EngineHandle::Local(engine) => {
+                engine.pin_detached(self.name, self.hashes, Some(Instant::now() + self.ttl));
+            }
+            EngineHandle::Cluster(cluster) => {
+                let cluster = cluster.clone();
+                tokio::spawn(async move {
+                    for answer in cluster.pin(&self.name, &self.hashes, self.ttl).await {
+                        if let Err(e) = answer {
+                            tracing::debug!("parking a marked prefix on a node: {e}");
+                        }
+                    }
+                });
+            }
         }
         written
     }

@@ -104,11 +104,16 @@ pub fn synth(dir: &Path) {
 
 /// The raw response (status line, headers, body) of one POST on a fresh connection.
 pub fn post_raw(addr: SocketAddr, path: &str, body: &str) -> String {
+    send_raw(addr, "POST", path, body)
+}
+
+/// The raw response of one `method` request with a JSON `body` on a fresh connection.
+pub fn send_raw(addr: SocketAddr, method: &str, path: &str, body: &str) -> String {
     let mut conn = TcpStream::connect(addr).expect("connect");
     conn.set_read_timeout(Some(Duration::from_secs(120)))
         .unwrap();
     let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
          Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
@@ -120,7 +125,12 @@ pub fn post_raw(addr: SocketAddr, path: &str, body: &str) -> String {
 
 /// Status and body of one POST on a fresh connection.
 pub fn post(addr: SocketAddr, path: &str, body: &str) -> (u16, String) {
-    let raw = post_raw(addr, path, body);
+    post_with(addr, "POST", path, body)
+}
+
+/// Status and body of one `method` request on a fresh connection.
+pub fn post_with(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let raw = send_raw(addr, method, path, body);
     let status = raw.split(' ').nth(1).unwrap().parse().unwrap();
     let body = raw
         .split_once("\r\n\r\n")

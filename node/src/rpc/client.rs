@@ -8,7 +8,7 @@ use strata_quic::{FrameError, read_frame, read_frame_bytes, write_frame};
 
 use super::wire::{
     GenerateCall, GenerateFrame, KvBlockPayload, KvExportHead, KvFeed, KvFetch, NodeInfo,
-    NodeRequest, Refusal,
+    NodeRequest, PinReport, Refusal,
 };
 use crate::kv::{BlockHash, KvDump, KvLayout};
 use crate::scheduler::EngineLoad;
@@ -106,6 +106,34 @@ impl NodeClient {
 
     pub async fn info(&self) -> Result<NodeInfo, NodeError> {
         let mut recv = self.call(&NodeRequest::Info).await?;
+        self.frame(&mut recv).await
+    }
+
+    /// Pins the leading run of `hashes` the node has cached under `name` for `ttl_ms`.
+    pub async fn pin(
+        &self,
+        name: String,
+        hashes: Vec<BlockHash>,
+        ttl_ms: u64,
+    ) -> Result<Result<PinReport, String>, NodeError> {
+        let call = NodeRequest::Pin {
+            name,
+            hashes,
+            ttl_ms,
+        };
+        let mut recv = self.call(&call).await?;
+        self.frame(&mut recv).await
+    }
+
+    /// Drops the pin `name`; whether the node held it.
+    pub async fn unpin(&self, name: String) -> Result<bool, NodeError> {
+        let mut recv = self.call(&NodeRequest::Unpin { name }).await?;
+        self.frame(&mut recv).await
+    }
+
+    /// The node's pins.
+    pub async fn pins(&self) -> Result<Vec<PinReport>, NodeError> {
+        let mut recv = self.call(&NodeRequest::Pins).await?;
         self.frame(&mut recv).await
     }
 

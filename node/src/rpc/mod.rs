@@ -26,5 +26,5 @@ pub use client::{KvSubscription, NodeClient, NodeError, RemoteStream};
 pub use server::{NodeService, PeerCheck, Peers, serve};
 pub use wire::{
     ALPN, GenerateCall, GenerateFrame, KvBlockPayload, KvExportHead, KvFeed, KvFetch, NodeInfo,
-    NodeRequest, Refusal, RefusalKind,
+    NodeRequest, PinReport, Refusal, RefusalKind,
 };

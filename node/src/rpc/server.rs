@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use strata_protocol::{GenerateRequest, TokenEvent};
 use strata_quic::{FrameError, read_frame, write_frame, write_frame_bytes};
@@ -13,7 +13,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::client::NodeClient;
 use super::wire::{
     GenerateCall, GenerateFrame, KvBlockPayload, KvExportHead, KvFeed, KvFetch, NodeInfo,
-    NodeRequest, Refusal, RefusalKind,
+    NodeRequest, PinReport, Refusal, RefusalKind,
 };
 use crate::Engine;
 use crate::engine::average_rate;
@@ -410,6 +410,37 @@ async fn serve_stream(
                 }
                 _ => send.reset(quinn::VarInt::from_u32(1))?,
             }
+        }
+        NodeRequest::Pin {
+            name,
+            hashes,
+            ttl_ms,
+        } => {
+            let engine = Arc::clone(engine);
+            let expires = Instant::now() + Duration::from_millis(ttl_ms);
+            let pinned =
+                tokio::task::spawn_blocking(move || engine.pin(name, hashes, Some(expires))).await;
+            let answer: Result<PinReport, String> = match pinned {
+                Ok(Ok(Ok(status))) => Ok(status.into()),
+                Ok(Ok(Err(e))) => Err(e.to_string()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            write_frame(&mut send, &answer).await?
+        }
+        NodeRequest::Unpin { name } => {
+            let engine = Arc::clone(engine);
+            let held = tokio::task::spawn_blocking(move || engine.unpin(name)).await;
+            write_frame(&mut send, &matches!(held, Ok(Ok(true)))).await?
+        }
+        NodeRequest::Pins => {
+            let engine = Arc::clone(engine);
+            let pins = tokio::task::spawn_blocking(move || engine.pins()).await;
+            let reports: Vec<PinReport> = match pins {
+                Ok(Ok((statuses, _))) => statuses.into_iter().map(PinReport::from).collect(),
+                _ => Vec::new(),
+            };
+            write_frame(&mut send, &reports).await?
         }
         NodeRequest::Load => {
             let load = EngineLoad {

@@ -27,6 +27,41 @@ pub enum NodeRequest {
     KvExport {
         hashes: Vec<BlockHash>,
     },
+    /// Pins the leading cached run of `hashes` under `name` for `ttl_ms` (a primed context);
+    /// answered by a `Result<PinReport, String>` frame.
+    Pin {
+        name: String,
+        hashes: Vec<BlockHash>,
+        ttl_ms: u64,
+    },
+    /// Drops the pin `name`; answered by a `bool` frame (whether there was one).
+    Unpin {
+        name: String,
+    },
+    /// Every pin; answered by a `Vec<PinReport>` frame.
+    Pins,
+}
+
+/// Where a pinned prefix's blocks are on one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinReport {
+    pub name: String,
+    pub blocks: usize,
+    pub device: usize,
+    pub host: usize,
+    pub disk: usize,
+}
+
+impl From<crate::kv::PinStatus> for PinReport {
+    fn from(s: crate::kv::PinStatus) -> Self {
+        Self {
+            name: s.name,
+            blocks: s.blocks,
+            device: s.device,
+            host: s.host,
+            disk: s.disk,
+        }
+    }
 }
 
 /// A request to run, and where to fetch part of its prefix's KV from first.

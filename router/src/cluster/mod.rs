@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use strata_model::ModelConfig;
 use strata_model::grammar::GrammarCompiler;
-use strata_node::kv::{KvLayout, block_hash, prompt_block_hashes};
-use strata_node::rpc::{KvFetch, NodeClient, NodeError, NodeInfo, Refusal, RefusalKind};
+use strata_node::kv::{BlockHash, KvLayout, block_hash, prompt_block_hashes};
+use strata_node::rpc::{KvFetch, NodeClient, NodeError, NodeInfo, PinReport, Refusal, RefusalKind};
 use strata_node::{Admission, RequestStream, SubmitError};
 use strata_protocol::GenerateRequest;
 use tokio::sync::mpsc::unbounded_channel;
@@ -348,6 +348,67 @@ impl Cluster {
 
     pub fn model_config(&self) -> &ModelConfig {
         &self.config
+    }
+
+    /// Tokens per KV block on the nodes.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Pins the leading run of `hashes` each connected node has cached under `name` for `ttl`
+    /// (a primed context stays where its prompt ran, or where a failover took it): every node's
+    /// answer, or why it could not answer.
+    pub async fn pin(
+        &self,
+        name: &str,
+        hashes: &[BlockHash],
+        ttl: Duration,
+    ) -> Vec<Result<PinReport, String>> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let calls = self
+            .nodes()
+            .into_iter()
+            .filter_map(|n| n.client())
+            .map(|client| {
+                let (name, hashes) = (name.to_string(), hashes.to_vec());
+                async move {
+                    match client.pin(name, hashes, ttl_ms).await {
+                        Ok(answer) => answer,
+                        Err(e) => Err(e.to_string()),
+                    }
+                }
+            });
+        futures_util::future::join_all(calls).await
+    }
+
+    /// Drops the pin `name` on every connected node; whether one held it.
+    pub async fn unpin(&self, name: &str) -> bool {
+        let calls = self
+            .nodes()
+            .into_iter()
+            .filter_map(|n| n.client())
+            .map(|client| {
+                let name = name.to_string();
+                async move { client.unpin(name).await.unwrap_or(false) }
+            });
+        futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .any(|held| held)
+    }
+
+    /// Every connected node's pins (a name held by several nodes appears once per node).
+    pub async fn pins(&self) -> Vec<PinReport> {
+        let calls = self
+            .nodes()
+            .into_iter()
+            .filter_map(|n| n.client())
+            .map(|client| async move { client.pins().await.unwrap_or_default() });
+        futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// Requests routed to each node so far, by node address.

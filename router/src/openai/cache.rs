@@ -6,6 +6,8 @@
 //! are now; `DELETE` unpins one (its blocks stay cached, unpinned).
 //!
 //! Each tenant sees and deletes only its own contexts (their blocks carry its cache salt).
+//! Through a cluster router the prompt runs where the router places it and every node pins the
+//! part of it it holds; a context's blocks are summed over the nodes.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -16,7 +18,8 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use strata_node::kv::{KvError, PinStatus, prompt_block_hashes};
+use strata_node::kv::{BlockHash, KvError, prompt_block_hashes};
+use strata_node::rpc::PinReport;
 use strata_protocol::{GenerateRequest, SamplingParams};
 
 use super::chat::{normalize_message, render_conversation};
@@ -67,7 +70,7 @@ async fn create(
     if let Some(model) = &request.model {
         check_model(&state, model)?;
     }
-    let block_size = local_block_size(&state)?;
+    let block_size = block_size(&state);
     let ttl = request.ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
     if ttl == 0 || ttl > MAX_TTL_SECONDS {
         return Err(ApiError::invalid(
@@ -114,16 +117,7 @@ async fn create(
         block_size,
         salt,
     );
-    let expires = Instant::now() + Duration::from_secs(ttl);
-    let status = engine_call(&state, {
-        let id = id.clone();
-        move |engine| engine.pin(id, hashes, Some(expires))
-    })
-    .await?
-    .map_err(|e| match e {
-        KvError::PinCapacity { .. } => ApiError::invalid(Some(param), e.to_string()),
-        other => ApiError::internal(other.to_string()),
-    })?;
+    let status = pin(&state, &id, hashes, Duration::from_secs(ttl), param).await?;
     let now = unix_now();
     let context = PrimedContext {
         cache_salt: salt,
@@ -181,7 +175,7 @@ async fn list(
     State(state): State<AppState>,
     tenant: Option<Extension<Tenant>>,
 ) -> Result<Json<Value>, ApiError> {
-    let block_size = local_block_size(&state)?;
+    let block_size = block_size(&state);
     let salt = tenant.as_deref().map_or(0, |t| t.cache_salt);
     let statuses = live_pins(&state).await?;
     let primed = lock(&state.primed).clone();
@@ -205,7 +199,7 @@ async fn retrieve(
     tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let block_size = local_block_size(&state)?;
+    let block_size = block_size(&state);
     let context = owned(&state, tenant.as_deref(), &id)?;
     let statuses = live_pins(&state).await?;
     let status = statuses
@@ -222,10 +216,8 @@ async fn delete(
     tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    local_block_size(&state)?;
     owned(&state, tenant.as_deref(), &id)?;
-    let name = id.clone();
-    let held = engine_call(&state, move |engine| engine.unpin(name)).await?;
+    let held = unpin(&state, &id).await?;
     lock(&state.primed).remove(&id);
     if !held {
         return Err(unknown(&id));
@@ -249,19 +241,103 @@ fn unknown(id: &str) -> ApiError {
     ApiError::not_found(format!("no cached context `{id}` (it may have expired)"))
 }
 
-/// The engine's pins, after dropping the router's record of those that expired.
-async fn live_pins(state: &AppState) -> Result<Vec<PinStatus>, ApiError> {
-    let (statuses, _) = engine_call(state, |engine| engine.pins()).await?;
+/// The engine's pins (summed over the nodes of a cluster), after dropping the router's record
+/// of those that expired.
+async fn live_pins(state: &AppState) -> Result<Vec<PinReport>, ApiError> {
+    let statuses = match &state.engine {
+        EngineHandle::Local(_) => {
+            let (statuses, _) = local(state, |engine| engine.pins()).await?;
+            statuses.into_iter().map(PinReport::from).collect()
+        }
+        EngineHandle::Cluster(cluster) => summed(cluster.pins().await),
+    };
     let mut primed = lock(&state.primed);
     primed.retain(|id, _| statuses.iter().any(|s| &s.name == id));
     Ok(statuses)
+}
+
+/// Reports of one name from several nodes as one: the blocks the best-placed node pinned, and
+/// where they all are.
+fn summed(reports: Vec<PinReport>) -> Vec<PinReport> {
+    let mut by_name: HashMap<String, PinReport> = HashMap::new();
+    for report in reports {
+        by_name
+            .entry(report.name.clone())
+            .and_modify(|sum| {
+                sum.blocks = sum.blocks.max(report.blocks);
+                sum.device += report.device;
+                sum.host += report.host;
+                sum.disk += report.disk;
+            })
+            .or_insert(report);
+    }
+    by_name.into_values().collect()
+}
+
+/// Pins the primed prompt's `hashes` as `id` for `ttl`; a pin beyond what the KV tiers may hold
+/// is a 400 naming `param`.
+async fn pin(
+    state: &AppState,
+    id: &str,
+    hashes: Vec<BlockHash>,
+    ttl: Duration,
+    param: &'static str,
+) -> Result<PinReport, ApiError> {
+    let refused = |message: String| {
+        if message.contains("lowest KV tier holds") {
+            ApiError::invalid(Some(param), message)
+        } else {
+            ApiError::internal(format!("pinning the context: {message}"))
+        }
+    };
+    match &state.engine {
+        EngineHandle::Local(_) => {
+            let (name, expires) = (id.to_string(), Instant::now() + ttl);
+            let pinned =
+                local(state, move |engine| engine.pin(name, hashes, Some(expires))).await?;
+            pinned
+                .map(PinReport::from)
+                .map_err(|e: KvError| refused(e.to_string()))
+        }
+        EngineHandle::Cluster(cluster) => {
+            let answers = cluster.pin(id, &hashes, ttl).await;
+            let mut errors = Vec::new();
+            let mut reports = Vec::new();
+            for answer in answers {
+                match answer {
+                    Ok(report) => reports.push(report),
+                    Err(e) => errors.push(e),
+                }
+            }
+            if reports.iter().all(|r| r.blocks == 0)
+                && let Some(first) = errors.into_iter().next()
+            {
+                return Err(refused(first));
+            }
+            summed(reports)
+                .into_iter()
+                .next()
+                .ok_or_else(|| ApiError::internal("no node answered the pin"))
+        }
+    }
+}
+
+/// Unpins `id`; whether it was held.
+async fn unpin(state: &AppState, id: &str) -> Result<bool, ApiError> {
+    match &state.engine {
+        EngineHandle::Local(_) => {
+            let name = id.to_string();
+            local(state, move |engine| engine.unpin(name)).await
+        }
+        EngineHandle::Cluster(cluster) => Ok(cluster.unpin(id).await),
+    }
 }
 
 fn context_object(
     state: &AppState,
     id: &str,
     context: &PrimedContext,
-    status: &PinStatus,
+    status: &PinReport,
     block_size: usize,
 ) -> Value {
     json!({
@@ -280,21 +356,17 @@ fn context_object(
     })
 }
 
-/// Tokens per KV block of this process's engine; through a router the resource is refused.
-fn local_block_size(state: &AppState) -> Result<usize, ApiError> {
+/// Tokens per KV block of the engine, or of the cluster's nodes.
+fn block_size(state: &AppState) -> usize {
     match &state.engine {
-        EngineHandle::Local(engine) => Ok(engine.block_size()),
-        EngineHandle::Cluster(_) => Err(ApiError::invalid(
-            None,
-            "the /v1/cache resource is served by `strata serve`; through a cluster router it is \
-             not available yet",
-        )),
+        EngineHandle::Local(engine) => engine.block_size(),
+        EngineHandle::Cluster(cluster) => cluster.block_size(),
     }
 }
 
 /// Runs `call` against the local engine off the async workers (it waits for the engine
 /// thread's next loop turn, at most one step).
-async fn engine_call<T: Send + 'static>(
+async fn local<T: Send + 'static>(
     state: &AppState,
     call: impl FnOnce(&strata_node::Engine) -> Result<T, strata_node::SubmitError> + Send + 'static,
 ) -> Result<T, ApiError> {
