@@ -1009,7 +1009,9 @@ fn a_context_primed_through_a_router_is_pinned_on_its_node() {
     };
     let (status, first) = call("POST", "/v1/messages", message("note 20 1?"));
     assert_eq!(status, 200, "{first}");
-    let written = first["usage"]["cache_creation_input_tokens"].as_u64().unwrap();
+    let written = first["usage"]["cache_creation_input_tokens"]
+        .as_u64()
+        .unwrap();
     assert!(written >= 640, "{first}");
     std::thread::sleep(Duration::from_millis(300));
     for topic in 21..=28 {
@@ -1019,5 +1021,8 @@ fn a_context_primed_through_a_router_is_pinned_on_its_node() {
     let (status, second) = call("POST", "/v1/messages", message("note 20 2?"));
     assert_eq!(status, 200, "{second}");
     let read = second["usage"]["cache_read_input_tokens"].as_u64().unwrap();
-    assert!(read >= written, "the marked prefix stayed cached on its node: {second}");
+    assert!(
+        read >= written,
+        "the marked prefix stayed cached on its node: {second}"
+    );
 }
