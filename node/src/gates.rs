@@ -11,7 +11,10 @@ use strata_protocol::{FinishReason, GenerateRequest, SamplingParams, TokenEvent}
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::backend::{Backend, BackendError, CpuBackend, StepSeq};
-use crate::kv::{BlockId, BlockManager, BlockManagerConfig, KvBlockIo, KvError, KvEventKind, Tier};
+use crate::kv::{
+    BlockId, BlockManager, BlockManagerConfig, KvBlockIo, KvError, KvEventKind, Tier,
+    prompt_block_hashes,
+};
 use crate::scheduler::{Faults, Scheduler, SchedulerLimits, Sequence};
 use strata_model::ModelConfig;
 use strata_model::sampler::Sampler;
@@ -421,6 +424,68 @@ fn a_failing_restore_fails_one_request_and_the_next_succeeds() {
     assert_eq!(h.scheduler.block_manager().referenced_blocks(), 0);
     let again = h.outcomes(&[(0, target.clone())]).remove(0);
     assert_eq!(again, Ok(alone(Setup::default(), &target)));
+}
+
+/// Admission by memory: a request whose cached prefix sits in the host tier waits while a long
+/// request holds the device, and is restored once, when its first chunk fits; both generate
+/// what they do alone. Returns how many times a block of its prefix was copied back.
+fn admission_restores(faults: Faults) -> usize {
+    let setup = || Setup {
+        device_blocks: 12,
+        host_blocks: 64,
+        faults,
+        ..Setup::default()
+    };
+    let shared = prompt(11, 64);
+    let target = request([shared.clone(), vec![4, 5]].concat());
+    let mut long = request(prompt(300, 120));
+    long.sampling.max_tokens = 40;
+    let mut h = Harness::new(setup());
+    h.run(&[(0, request([shared.clone(), vec![7]].concat()))]);
+    for i in 0..4 {
+        h.run(&[(0, request(prompt(100 + i, 120)))]);
+    }
+    let prefix = prompt_block_hashes(&shared, BLOCK, target.cache_salt);
+    assert!(
+        prefix
+            .iter()
+            .all(|&p| h.scheduler.block_manager().tier_of(p) == Some(Tier::Host)),
+        "the target's prefix waits in the host tier"
+    );
+    let mut events = h.scheduler.block_manager().subscribe();
+    let out = h.run(&[(0, long.clone()), (1, target.clone())]);
+    assert_eq!(out[0], alone(Setup::default(), &long));
+    assert_eq!(out[1], alone(Setup::default(), &target));
+    let mut restores = 0;
+    while let Ok(e) = events.try_recv() {
+        if let KvEventKind::TierChanged {
+            hash,
+            to: Tier::Device,
+            ..
+        } = e.kind
+            && prefix.contains(&hash)
+        {
+            restores += 1;
+        }
+    }
+    restores
+}
+
+#[test]
+fn gate_a_waiting_request_is_restored_once_when_it_fits() {
+    assert_eq!(
+        admission_restores(Faults::default()),
+        4,
+        "each prefix block restored once"
+    );
+    let churn = admission_restores(Faults {
+        admit_without_room: true,
+        ..Faults::default()
+    });
+    assert!(
+        churn > 4,
+        "canary: admitted without room, its prefix is restored again: {churn}"
+    );
 }
 
 /// Gate 5: sequences preempted for lack of blocks and resumed generate what they do alone.

@@ -141,6 +141,8 @@ pub struct Faults {
     pub hash_skips_last_token: bool,
     /// Resume a preempted sequence from its prompt alone, forgetting the tokens it generated.
     pub forget_generated_on_preempt: bool,
+    /// Take a waiting sequence without checking that its first chunk's blocks can be had.
+    pub admit_without_room: bool,
 }
 
 pub struct Scheduler {
@@ -481,6 +483,19 @@ impl Scheduler {
             }
         }
         while budget > 0 && self.running.len() < self.limits.max_running {
+            let Some(next) = self.waiting.front() else {
+                break;
+            };
+            // Admission by memory: the oldest waiting request starts when its first chunk's
+            // blocks can be had, its cached prefix's restores included; until then it waits
+            // (and nothing is restored for it), in order.
+            #[cfg(test)]
+            let check = !self.faults.admit_without_room;
+            #[cfg(not(test))]
+            let check = true;
+            if check && !self.fits(next, budget) {
+                break;
+            }
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
@@ -507,6 +522,21 @@ impl Scheduler {
             budget -= chunk;
         }
         Ok(plan)
+    }
+
+    /// Whether the blocks `seq`'s next chunk of at most `budget` tokens needs can be had now
+    /// (free or evictable): one for each block it will hold after the chunk, less those of its
+    /// cached prefix already on the device and held by other sequences (a block restored from
+    /// host or disk takes one like a computed block).
+    fn fits(&self, seq: &Sequence, budget: usize) -> bool {
+        let bs = self.blocks.block_size();
+        let usable = (seq.tokens.len() - 1) / bs;
+        let hashes = prompt_block_hashes(&seq.tokens[..usable * bs], bs, seq.request.cache_salt);
+        let (shared, cached) = self.blocks.admission_view(&hashes);
+        let prefix = cached * bs;
+        let chunk = (seq.tokens.len() - prefix).min(budget);
+        let blocks = (prefix + chunk).div_ceil(bs);
+        blocks.saturating_sub(shared) <= self.blocks.available()
     }
 
     /// Acquires the prompt's cached full blocks (never the block holding the last token, whose

@@ -421,6 +421,21 @@ impl BlockManager {
         )
     }
 
+    /// For admission: how many leading blocks of `hashes` are on the device and referenced
+    /// already (taking them costs no obtainable block), and how many leading blocks are cached
+    /// in any tier.
+    pub fn admission_view(&self, hashes: &[BlockHash]) -> (usize, usize) {
+        let found = self.lookup(hashes);
+        let shared = hashes[..found.device]
+            .iter()
+            .filter(|h| match self.index.get(h).map(|e| e.location) {
+                Some(Location::Device(id)) => self.blocks[id as usize].refcount > 0,
+                _ => false,
+            })
+            .count();
+        (shared, found.device + found.lower)
+    }
+
     /// Longest cached prefix of `hashes`; no side effects (recency is not touched).
     pub fn lookup(&self, hashes: &[BlockHash]) -> PrefixLookup {
         let mut found = PrefixLookup::default();
