@@ -12,7 +12,9 @@ static document can state, because they depend on the served model or on another
     with no tools), tool names repeated, `top_logprobs` without `logprobs: true`, two output
     constraints at once, `echo` with `logprobs` on completions;
   - a primed context (`/v1/cache`) shorter than one KV block, or beyond what the KV tiers
-    may hold pinned.
+    may hold pinned, or with none or several of its three prompt fields (stated in words: a
+    `oneOf` over them sent schemathesis 4.32.5's coverage phase into a CPython AST recursion
+    error).
 Every other refusal of a schema-valid request still fails the run.
 """
 
@@ -39,6 +41,8 @@ UNSTATABLE_REFUSALS = (
     "needs the prompt's log-probabilities",
     "whole KV block of",
     "the lowest KV tier holds",
+    "or `messages` is required",
+    "or `messages`, not several",
 )
 
 
