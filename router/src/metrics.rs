@@ -558,7 +558,8 @@ fn render_tier_traffic(out: &mut String, load: &strata_node::scheduler::EngineLo
         (
             "strata_kv_restore_seconds_total",
             "counter",
-            "Time spent restoring KV blocks from a lower tier (read and copy to the device).",
+            "Engine-thread time restoring KV blocks from a lower tier (reading them, and copying \
+             or, from page-locked memory on CUDA, queueing the copy to the device).",
             load.restore_ns.map(|ns| (ns as f64 / 1e9).to_string()),
         ),
         (
