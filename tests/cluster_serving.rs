@@ -14,8 +14,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use cluster::{
-    Process, START, complete, complete_with, completion_body, get, metric, post, post_raw,
-    post_with, serial, strata, stream_text, synth,
+    Process, START, complete, complete_with, completion_body, document, get, metric, post,
+    post_raw, post_with, serial, strata, stream_text, synth,
 };
 use strata_topology::transport::ClusterCa;
 
@@ -773,12 +773,6 @@ fn parked_conversation(node_args: &[&str]) -> Vec<u64> {
     let cluster = start_cluster_full(2, &[], node_args);
     let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
     let reference_addr = reference.address("on http://");
-    let document = |topic: usize| {
-        (0..40)
-            .map(|i| format!("note {topic} {i} holds {}", (i * 7 + topic) % 13))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
     let chat = |addr: SocketAddr, messages: &[serde_json::Value]| {
         let body = serde_json::json!({
             "model": "m", "messages": messages, "max_tokens": 8, "temperature": 0,
@@ -831,10 +825,7 @@ fn sigterm_drains_a_node_and_parks_its_cache_on_disk_for_its_restart() {
     let mut cluster = start_cluster_full(1, &[], &node_args);
     let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
     let reference_addr = reference.address("on http://");
-    let document: String = (0..40)
-        .map(|i| format!("note {i} holds {}", (i * 7) % 13))
-        .collect::<Vec<_>>()
-        .join("; ");
+    let document = document(0);
     let want = complete(reference_addr, &document, 8);
     assert_eq!(complete(cluster.router_addr, &document, 8), want);
 
@@ -934,12 +925,6 @@ fn a_context_primed_through_a_router_is_pinned_on_its_node() {
     let cluster = start_cluster_full(2, &[], &["--kv-cache-mib", "1"]);
     let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
     let reference_addr = reference.address("on http://");
-    let document = |topic: usize| {
-        (0..40)
-            .map(|i| format!("note {topic} {i} holds {}", (i * 7 + topic) % 13))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
     let call = |method: &str, path: &str, body: serde_json::Value| {
         let (status, answer) = post_with(cluster.router_addr, method, path, &body.to_string());
         let v: serde_json::Value = serde_json::from_str(&answer).unwrap_or_default();

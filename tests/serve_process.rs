@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use cluster::{Process, synth};
+use cluster::{Process, document, synth};
 
 fn strata(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_strata"))
@@ -583,12 +583,6 @@ fn a_prompt_parked_on_disk_survives_a_sigkilled_server() {
                 .unwrap_or(0),
         )
     };
-    let document = |topic: usize| {
-        (0..40)
-            .map(|i| format!("note {topic} {i} holds {}", (i * 7 + topic) % 13))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
     let mut first = Server::start(&args);
     let (text, prompt_tokens, cached) = ask(first.addr, &document(0));
     assert_eq!(cached, 0);
@@ -645,12 +639,6 @@ fn a_primed_context_is_pinned_listed_restored_and_deleted() {
     let model = tmp.path().join("m");
     synth(&model);
     let model = model.to_str().unwrap();
-    let document = |topic: usize| {
-        (0..40)
-            .map(|i| format!("note {topic} {i} holds {}", (i * 7 + topic) % 13))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
     let call = |addr: SocketAddr, method: &str, path: &str, body: serde_json::Value| {
         let body = if body.is_null() {
             String::new()
@@ -776,10 +764,7 @@ fn sigterm_parks_the_device_cache_on_disk_for_the_next_start() {
         "--kv-disk-mib",
         "16",
     ];
-    let document: String = (0..40)
-        .map(|i| format!("note {i} holds {}", (i * 7) % 13))
-        .collect::<Vec<_>>()
-        .join("; ");
+    let document = document(0);
     let body = serde_json::json!({
         "model": "m", "prompt": document, "max_tokens": 6, "temperature": 0, "ignore_eos": true,
     })

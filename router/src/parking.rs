@@ -72,6 +72,31 @@ impl Park {
     }
 }
 
+/// The marks of one request, as its surface finds them: the longest lifetime any asks for, and
+/// the last message holding one (`None`: only the system prompt or the tools are marked).
+#[derive(Debug, Default)]
+pub struct Marks {
+    longest: Option<Duration>,
+    last_message: Option<usize>,
+}
+
+impl Marks {
+    /// Notes a block's mark (`life`, if it has one), in message `message` if it is in one.
+    pub fn note(&mut self, life: Option<Duration>, message: Option<usize>) {
+        if let Some(life) = life {
+            self.longest = Some(self.longest.map_or(life, |l| l.max(life)));
+            if message.is_some() {
+                self.last_message = message;
+            }
+        }
+    }
+
+    /// The longest lifetime asked for and the last marked message; `None` without marks.
+    pub fn found(&self) -> Option<(Duration, Option<usize>)> {
+        self.longest.map(|ttl| (ttl, self.last_message))
+    }
+}
+
 /// The lifetimes a mark may ask for: `5m` (the default) and `1h`, as Anthropic and Bedrock
 /// name them.
 pub fn mark_ttl(name: &str) -> Option<Duration> {
@@ -93,6 +118,16 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn marks_keep_the_longest_lifetime_and_the_last_marked_message() {
+        let mut marks = Marks::default();
+        assert_eq!(marks.found(), None);
+        marks.note(Some(Duration::from_secs(3600)), None);
+        marks.note(Some(Duration::from_secs(300)), Some(1));
+        marks.note(None, Some(4));
+        assert_eq!(marks.found(), Some((Duration::from_secs(3600), Some(1))));
+    }
 
     #[test]
     fn common_prefixes() {

@@ -102,6 +102,15 @@ pub fn synth(dir: &Path) {
     assert!(out.status.success(), "{out:?}");
 }
 
+/// A prompt of about 780 tokens of the synthesized model (49 KV blocks of 16), distinct per
+/// `topic`: long enough that a few of them fill a 1 MiB KV cache.
+pub fn document(topic: usize) -> String {
+    (0..40)
+        .map(|i| format!("note {topic} {i} holds {}", (i * 7 + topic) % 13))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// The raw response (status line, headers, body) of one POST on a fresh connection.
 pub fn post_raw(addr: SocketAddr, path: &str, body: &str) -> String {
     send_raw(addr, "POST", path, body)

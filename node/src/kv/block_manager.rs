@@ -394,14 +394,7 @@ impl BlockManager {
         }
         while let Some(id) = self.cached.pop_oldest() {
             if let Some(hash) = self.blocks[id as usize].hash.take() {
-                let mut bytes = vec![0; self.block_bytes];
-                match io.export_block(id, &mut bytes) {
-                    Ok(()) => self.demote(hash, Tier::Device, bytes),
-                    Err(_) => {
-                        self.lower_tier_failures += 1;
-                        self.forget(hash, Tier::Device);
-                    }
-                }
+                self.demote_past_host(hash, id, io);
             }
             self.free.push(id);
         }
@@ -807,17 +800,23 @@ impl BlockManager {
             if self.host.capacity() > 0 {
                 self.demote_to_host(hash, id, io);
             } else {
-                let mut bytes = vec![0; self.block_bytes];
-                match io.export_block(id, &mut bytes) {
-                    Ok(()) => self.demote(hash, Tier::Device, bytes),
-                    Err(_) => {
-                        self.lower_tier_failures += 1;
-                        self.forget(hash, Tier::Device);
-                    }
-                }
+                self.demote_past_host(hash, id, io);
             }
         }
         Some(id)
+    }
+
+    /// Copies device block `id` (cached as `hash`) out and sends it to disk, or drops it; a
+    /// failed copy loses the block.
+    fn demote_past_host(&mut self, hash: BlockHash, id: BlockId, io: &mut dyn KvBlockIo) {
+        let mut bytes = vec![0; self.block_bytes];
+        match io.export_block(id, &mut bytes) {
+            Ok(()) => self.demote(hash, Tier::Device, bytes),
+            Err(_) => {
+                self.lower_tier_failures += 1;
+                self.forget(hash, Tier::Device);
+            }
+        }
     }
 
     /// Copies device block `id` (cached as `hash`) straight into a host slot; the block the

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::error::AnthropicError;
 use super::schema::{Content, Conversation, Message, Role};
-use crate::parking::{DEFAULT_MARK_TTL, common_prefix, mark_ttl};
+use crate::parking::{DEFAULT_MARK_TTL, Marks, common_prefix, mark_ttl};
 use crate::state::AppState;
 use crate::tools::definitions::{DefinitionError, ToolChoice, ToolDefinition, template_tools};
 use crate::tools::transcript::{PendingMessage, Transcript};
@@ -42,35 +42,26 @@ pub(crate) fn cache_mark(
     conversation: &Conversation,
     prompt: &[u32],
 ) -> Result<Option<(usize, Duration)>, AnthropicError> {
-    let mut longest: Option<Duration> = None;
-    let mut note = |value: &Value, field: &str| -> Result<bool, AnthropicError> {
-        let life = cache_control_ttl(value, field)?;
-        if let Some(life) = life {
-            longest = Some(longest.map_or(life, |l| l.max(life)));
-        }
-        Ok(life.is_some())
-    };
+    let mut marks = Marks::default();
     if let Some(Content::Blocks(blocks)) = &conversation.system {
         for (j, block) in blocks.iter().enumerate() {
-            note(block, &format!("system.{j}"))?;
+            marks.note(cache_control_ttl(block, &format!("system.{j}"))?, None);
         }
     }
     if let Some(Value::Array(tools)) = &conversation.tools {
         for (j, tool) in tools.iter().enumerate() {
-            note(tool, &format!("tools.{j}"))?;
+            marks.note(cache_control_ttl(tool, &format!("tools.{j}"))?, None);
         }
     }
-    let mut last_message = None;
     for (i, message) in conversation.messages.iter().enumerate() {
         if let Content::Blocks(blocks) = &message.content {
             for (j, block) in blocks.iter().enumerate() {
-                if note(block, &format!("messages.{i}.content.{j}"))? {
-                    last_message = Some(i);
-                }
+                let field = format!("messages.{i}.content.{j}");
+                marks.note(cache_control_ttl(block, &field)?, Some(i));
             }
         }
     }
-    let Some(ttl) = longest else {
+    let Some((ttl, last_message)) = marks.found() else {
         return Ok(None);
     };
     let mut cut = conversation.clone();

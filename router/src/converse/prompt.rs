@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use super::error::ConverseError;
 use super::schema::{ConverseRequest, Message, Role};
-use crate::parking::{DEFAULT_MARK_TTL, common_prefix, mark_ttl};
+use crate::parking::{DEFAULT_MARK_TTL, Marks, common_prefix, mark_ttl};
 use crate::state::AppState;
 use crate::tools::definitions::{DefinitionError, ToolChoice, ToolDefinition, template_tools};
 use crate::tools::transcript::{PendingMessage, Transcript};
@@ -42,31 +42,24 @@ pub(crate) fn cache_mark(
     request: &ConverseRequest,
     prompt: &[u32],
 ) -> Result<Option<(usize, Duration)>, ConverseError> {
-    let mut longest: Option<Duration> = None;
-    let mut note = |block: &Value, field: &str| -> Result<bool, ConverseError> {
-        let life = cache_point(block, field)?;
-        if let Some(life) = life {
-            longest = Some(longest.map_or(life, |l| l.max(life)));
-        }
-        Ok(life.is_some())
-    };
+    let mut marks = Marks::default();
     for (j, block) in request.system.iter().enumerate() {
-        note(block, &format!("system.{j}"))?;
+        marks.note(cache_point(block, &format!("system.{j}"))?, None);
     }
     if let Some(Value::Array(tools)) = request.tool_config.as_ref().and_then(|c| c.get("tools")) {
         for (j, tool) in tools.iter().enumerate() {
-            note(tool, &format!("toolConfig.tools.{j}"))?;
+            marks.note(cache_point(tool, &format!("toolConfig.tools.{j}"))?, None);
         }
     }
-    let mut last_message = None;
     for (i, message) in request.messages.iter().enumerate() {
         for (j, block) in message.content.iter().enumerate() {
-            if note(block, &format!("messages.{i}.content.{j}"))? {
-                last_message = Some(i);
-            }
+            marks.note(
+                cache_point(block, &format!("messages.{i}.content.{j}"))?,
+                Some(i),
+            );
         }
     }
-    let Some(ttl) = longest else {
+    let Some((ttl, last_message)) = marks.found() else {
         return Ok(None);
     };
     let mut cut = request.clone();
