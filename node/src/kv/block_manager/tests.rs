@@ -588,7 +588,7 @@ fn pinned_prefixes_are_evicted_last_and_never_dropped() {
     let (mut bm, mut io) = (manager(4, 4, None), FakeIo::new(4));
     let ids = prefill(&mut bm, &mut io, &context);
     release_all(&mut bm, &ids);
-    let expires = Instant::now() + std::time::Duration::from_secs(3600);
+    let expires = std::time::Instant::now() + std::time::Duration::from_secs(3600);
     bm.pin("doc", &context, Some(expires)).unwrap();
     assert_eq!(bm.pin_room(), 4);
     for t in 0..6u32 {
