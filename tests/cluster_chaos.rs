@@ -233,7 +233,7 @@ fn chaos(router_args: &str) -> Outcome {
     eprintln!("fault-free run: {:?}", started.elapsed());
 
     let dir: PathBuf = tmp.path().join("cluster");
-    let (_down, base) = deploy_local_with(&dir, &model, (3, 2), router_args);
+    let (_down, base) = deploy_local_with(&dir, &model, (3, 2), router_args, "");
     let routers: [SocketAddr; 2] =
         [101, 102].map(|p| format!("127.0.0.1:{}", base + p).parse().unwrap());
     let member = |i: u16| dir.join(format!("member-{i}"));

@@ -1,7 +1,7 @@
 //! The local deployment (`deploy/local/up.sh` and `down.sh`) as real processes: a whole cluster
 //! started and stopped; a member and its node joining the group under load, taking a share of
-//! the ring and traffic with no request failing; and a certificate the group revokes refused by
-//! the nodes.
+//! the ring and traffic with no request failing; a certificate the group revokes refused by
+//! the nodes; and certificates of seconds renewed and taken up by the node and the router.
 
 mod cluster;
 
@@ -10,7 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use cluster::{
-    Process, complete, completion_body, deploy_local, get, metric, post, serial, strata, synth,
+    Process, complete, completion_body, deploy_local, deploy_local_with, get, metric, post, serial,
+    strata, synth,
 };
 
 #[test]
@@ -269,4 +270,52 @@ fn nodes_refuse_a_certificate_the_group_revoked() {
     }
     let group_router: SocketAddr = format!("127.0.0.1:{}", base + 101).parse().unwrap();
     assert_eq!(ask(group_router), 200, "the group's own router was refused");
+}
+
+#[test]
+fn nodes_and_routers_take_up_renewed_certificates() {
+    let _serial = serial();
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let dir = tmp.path().join("cluster");
+    let (_down, base) = deploy_local_with(&dir, &model, (1, 1), "", "--cert-lifetime 12s");
+    let identity = dir.join("router-identity");
+    let pem = |path: &Path| std::fs::read(path).expect("certificate");
+    let node_cert = dir.join("member-1").join("tls").join("member.pem");
+    let first = (pem(&node_cert), pem(&identity.join("operator.pem")));
+    let ask = |addr: SocketAddr| {
+        let body = completion_body("a question for the node", 4, false, None);
+        post(addr, "/v1/completions", &body).0
+    };
+    let router1 = SocketAddr::from(([127, 0, 0, 1], base + 101));
+    assert_eq!(ask(router1), 200);
+    // Past every first certificate's end (12 s, issued before the cluster was up).
+    std::thread::sleep(Duration::from_secs(16));
+    assert_ne!(
+        pem(&node_cert),
+        first.0,
+        "the member renewed its certificate"
+    );
+    assert_ne!(
+        pem(&identity.join("operator.pem")),
+        first.1,
+        "the router renewed its operator certificate"
+    );
+    assert_eq!(ask(router1), 200, "the running router still serves");
+    // A new router dials the group and the node afresh: both handshakes need the renewed
+    // certificates, the router's read from the files and the node's taken up while it ran.
+    let member = format!("127.0.0.1:{}", base + 10);
+    let router = Process::start(&[
+        "router",
+        "--model",
+        model.to_str().unwrap(),
+        "--cluster",
+        &member,
+        "--identity",
+        identity.to_str().unwrap(),
+        "--port",
+        "0",
+    ]);
+    assert_eq!(ask(router.address("on http://")), 200);
 }

@@ -2,7 +2,10 @@
 //! leader SIGKILLed and a new leader committing writes, then every member SIGKILLed and
 //! restarted from disk with the same `cluster members --json`; a join through the CA holder
 //! while another member leads and that leader is stopped mid-join; and an operator identity
-//! issued by `cluster operator` reading and writing the group without a member's directory.
+//! issued by `cluster operator` reading and writing the group without a member's directory;
+//! certificates of a few seconds renewed while members run, and members back after theirs
+//! ended (the CA holder on its own, another through `cluster reissue`); and a follower paused
+//! past its election timeout that does not depose the leader (pre-vote).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -159,10 +162,20 @@ fn spawn_join(data: &Path, listen: &str, seed: &str, token: &Path, voter: bool) 
 /// `init` in `datas[0]` (the CA holder, join endpoint `join`), then `join --voter` of the rest
 /// through it, each waited for.
 fn start_group(root: &Path, datas: &[PathBuf], listens: &[String], join: &str) -> Vec<Member> {
-    let mut members = vec![Member::spawn(
-        &datas[0],
-        &["init", "--listen", &listens[0], "--join-listen", join],
-    )];
+    start_group_with(root, datas, listens, join, &[])
+}
+
+/// [`start_group`] with more arguments for `init`.
+fn start_group_with(
+    root: &Path,
+    datas: &[PathBuf],
+    listens: &[String],
+    join: &str,
+    init: &[&str],
+) -> Vec<Member> {
+    let mut args = vec!["init", "--listen", &listens[0], "--join-listen", join];
+    args.extend_from_slice(init);
+    let mut members = vec![Member::spawn(&datas[0], &args)];
     wait_status(&[&datas[0]], "member 1 leads", |s| s["leader"] == 1);
     for i in 1..datas.len() {
         // Each join spends a token: `init` wrote the first, `cluster token` issues the next.
@@ -568,5 +581,158 @@ fn an_operator_identity_reads_and_writes_without_a_member_directory() {
     assert!(
         view(&data, "status").is_some(),
         "the member's identity was refused"
+    );
+}
+
+/// The member certificate in `data` as it is now.
+fn member_pem(data: &Path) -> Vec<u8> {
+    std::fs::read(data.join("tls").join("member.pem")).expect("member.pem")
+}
+
+/// Polls `check` for up to `within`; panics naming `what`.
+fn wait_until(within: Duration, what: &str, check: impl Fn() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn health_of(status: &Value, id: u64) -> Option<&str> {
+    status["health"][id.to_string()].as_str()
+}
+
+#[test]
+fn certificates_renew_while_members_run_and_after_they_were_down() {
+    // Certificates of 12 s: renewed at about 8 s, ended 12 s after issue.
+    const LIFETIME: Duration = Duration::from_secs(12);
+    let root = tempfile::tempdir().unwrap();
+    let datas: Vec<PathBuf> = (1..=3).map(|i| root.path().join(format!("m{i}"))).collect();
+    let listens: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let join = format!("127.0.0.1:{}", free_port());
+    let mut members = start_group_with(
+        root.path(),
+        &datas,
+        &listens,
+        &join,
+        &["--cert-lifetime", "12s"],
+    );
+    let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
+    let first: Vec<Vec<u8>> = datas.iter().map(|d| member_pem(d)).collect();
+
+    // Member 3 stops, and its certificate ends while it is down; 1 and 2 renew theirs.
+    members[2].kill();
+    let stopped = Instant::now();
+    wait_until(
+        LIFETIME * 2,
+        "members 1 and 2 renew their certificates",
+        || member_pem(&datas[0]) != first[0] && member_pem(&datas[1]) != first[1],
+    );
+    std::thread::sleep((LIFETIME + Duration::from_secs(2)).saturating_sub(stopped.elapsed()));
+    // Past the first certificates' end the group commits (a token is a write).
+    issue_token(&datas[0], &root.path().join("token-after"));
+    wait_status(&paths[..2], "member 3 is seen down", |s| {
+        health_of(s, 3).is_some_and(|h| h != "alive")
+    });
+
+    // Member 3 comes back with a certificate issued again on the CA holder.
+    reissue(&datas[0], 3, &datas[2]);
+    members[2] = Member::spawn(&datas[2], &["serve"]);
+    wait_status(&paths[..2], "member 3 heartbeats again", |s| {
+        health_of(s, 3) == Some("alive")
+    });
+
+    // The CA holder stops for longer than the certificates live: the others' end too, since
+    // nobody could renew them. Started again, it renews its own; the others, still running,
+    // take up certificates issued again and copied into their directories.
+    members[0].kill();
+    let held = member_pem(&datas[0]);
+    std::thread::sleep(LIFETIME + Duration::from_secs(2));
+    members[0] = Member::spawn(&datas[0], &["serve"]);
+    wait_until(
+        TIMEOUT,
+        "member 1 renews its own certificate at start",
+        || member_pem(&datas[0]) != held,
+    );
+    for id in [2, 3] {
+        reissue(&datas[0], id, &datas[id as usize - 1]);
+    }
+    wait_status(&paths, "the three members heartbeat again", |s| {
+        [1, 2, 3]
+            .iter()
+            .all(|&id| health_of(s, id) == Some("alive"))
+            && voters(s).len() == 3
+    });
+    issue_token(&datas[0], &root.path().join("token-last"));
+    assert!(
+        members
+            .iter_mut()
+            .all(|m| m.child.try_wait().unwrap().is_none()),
+        "a member exited"
+    );
+}
+
+/// `cluster reissue` of member `id` on the CA holder in `ca_data`, copied into `data`'s TLS
+/// directory.
+fn reissue(ca_data: &Path, id: u64, data: &Path) {
+    let out_dir = ca_data.with_file_name(format!("reissued-{id}-{}", free_port()));
+    let out = cli(
+        ca_data,
+        &[
+            "reissue",
+            "--member",
+            &id.to_string(),
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The key first: a member reading in between sees a mismatch and reads again.
+    for file in ["member.key", "member.pem"] {
+        let staged = data.join("tls").join(format!("{file}.new"));
+        std::fs::copy(out_dir.join(file), &staged).unwrap();
+        std::fs::rename(&staged, data.join("tls").join(file)).unwrap();
+    }
+}
+
+#[test]
+fn a_paused_follower_does_not_depose_the_leader() {
+    let root = tempfile::tempdir().unwrap();
+    let datas: Vec<PathBuf> = (1..=3).map(|i| root.path().join(format!("m{i}"))).collect();
+    let listens: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let join = format!("127.0.0.1:{}", free_port());
+    let members = start_group(root.path(), &datas, &listens, &join);
+    let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
+    let before = wait_status(&paths, "a leader with three voters", |s| {
+        s["leader"].as_u64().is_some() && voters(s).len() == 3 && s["term"].as_u64().is_some()
+    });
+    let leader = before["leader"].as_u64().unwrap();
+    let follower = (1..=3).find(|&id| id != leader).unwrap();
+    // Stopped for four times the leader lease plus the longest election timeout, then resumed:
+    // it wakes far past its timeout.
+    members[follower as usize - 1].pause(true);
+    std::thread::sleep(Duration::from_secs(4));
+    members[follower as usize - 1].pause(false);
+    std::thread::sleep(Duration::from_secs(4));
+    let after = wait_status(&paths, "the group answers again", |s| {
+        s["leader"].as_u64().is_some()
+    });
+    assert_eq!(
+        (after["leader"].as_u64(), after["term"].as_u64()),
+        (Some(leader), before["term"].as_u64()),
+        "the paused follower forced an election: before {before}, after {after}"
+    );
+    // The group still commits.
+    issue_token(
+        &datas[leader as usize - 1],
+        &root.path().join("token-after"),
     );
 }

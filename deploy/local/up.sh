@@ -5,8 +5,9 @@
 # operator certificate) to find the nodes. Stop it with down.sh.
 #
 # Usage: deploy/local/up.sh [--nodes N] [--routers M] [--model DIR] [--dir DIR] [--base-port P]
-#                           [--node-args "ARGS"] [--router-args "ARGS"]
+#                           [--init-args "ARGS"] [--node-args "ARGS"] [--router-args "ARGS"]
 #   --model   checkpoint directory (default: the embedded demo model, synthesized once)
+#   --init-args  more flags for member 1's `strata cluster init`, e.g. "--cert-lifetime 7d"
 #   --node-args, --router-args  more flags for every `strata node serve` / `strata router`
 #             (split on spaces), e.g. --node-args "--device cuda:0" --router-args "--kv-fetch false"
 #   --dir     where data, logs and pids go (default: ./strata-local)
@@ -14,7 +15,7 @@
 #                nodes P+10i+2 (UDP), routers P+100+j (HTTP)
 # Needs `strata` on PATH or STRATA=path/to/strata.
 set -euo pipefail
-nodes=3 routers=2 model="" dir=./strata-local base=17000 node_args="" router_args=""
+nodes=3 routers=2 model="" dir=./strata-local base=17000 init_args="" node_args="" router_args=""
 while [[ $# -gt 0 ]]; do
     case $1 in
         --nodes) nodes=$2; shift 2 ;;
@@ -22,6 +23,7 @@ while [[ $# -gt 0 ]]; do
         --model) model=$2; shift 2 ;;
         --dir) dir=$2; shift 2 ;;
         --base-port) base=$2; shift 2 ;;
+        --init-args) init_args=$2; shift 2 ;;
         --node-args) node_args=$2; shift 2 ;;
         --router-args) router_args=$2; shift 2 ;;
         *) echo "unknown argument: $1" >&2; exit 2 ;;
@@ -83,7 +85,9 @@ sys.exit(len(s["voters"]) < int(sys.argv[1]))' "$1"; then
 member_port() { echo $((base + 10 * $1)); }
 node_port() { echo $((base + 10 * $1 + 2)); }
 
-spawn member-1 "$strata" cluster init --data "$dir/member-1" --listen "127.0.0.1:$(member_port 1)"
+# shellcheck disable=SC2086 # extra flags are split on spaces on purpose
+spawn member-1 "$strata" cluster init --data "$dir/member-1" --listen "127.0.0.1:$(member_port 1)" \
+    $init_args
 wait_voters 1
 for i in $(seq 2 "$nodes"); do
     token=$dir/token-$i

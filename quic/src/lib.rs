@@ -15,4 +15,4 @@ pub mod tls;
 pub use frame::{
     FrameError, MAX_FRAME, read_frame, read_frame_bytes, write_frame, write_frame_bytes,
 };
-pub use tls::{Chain, TlsError};
+pub use tls::{Chain, LiveIdentity, TlsError};

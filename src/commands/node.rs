@@ -14,7 +14,8 @@ use strata_collective::inventory::{
     Inventory, InventoryError, LinkKind, inspect, suggest_tp_pairs,
 };
 use strata_node::rpc::{ALPN, NodeService, PeerCheck, Peers};
-use strata_quic::tls::{mutual_client_config, mutual_server_config};
+use strata_quic::LiveIdentity;
+use strata_quic::tls::{live_client_config, live_server_config};
 
 use super::engine_args::EngineSettings;
 use strata_node::{Device, start_engine};
@@ -22,7 +23,10 @@ use strata_topology::lease_driver::{Clock, SystemClock};
 use strata_topology::server::{DataLayout, ServerConfig, shutdown_signal};
 use strata_topology::state::{Change, Command, Gpu, Revoked};
 use strata_topology::transport::ca::{MEMBER_CERT_FILE, SERVER_NAME};
-use strata_topology::transport::{Client, MemberIdentity, Principal, client_endpoint};
+use strata_topology::transport::renew::{IdentityKind, keep_identity};
+use strata_topology::transport::{
+    Client, MemberIdentity, Principal, client_endpoint, live_client_endpoint,
+};
 
 #[derive(Subcommand)]
 pub enum NodeCommand {
@@ -97,22 +101,32 @@ pub fn run(command: NodeCommand) -> Result<()> {
                 None => 4 * spec.limits.max_running,
             };
             let (device, tp) = (spec.device, spec.tp);
-            let identity = match (&identity, &data) {
-                (Some(dir), _) => member_identity(dir)?,
+            let (identity, identity_dir) = match (&identity, &data) {
+                (Some(dir), _) => (member_identity(dir)?, dir.as_path()),
                 // A member still joining gets its certificate in a moment.
-                (None, Some(dir)) => wait_for_identity(dir)?,
+                (None, Some(dir)) => (wait_for_identity(dir)?, dir.as_path()),
                 (None, None) => anyhow::bail!("give --identity or --data"),
             };
             let (engine, _) = start_engine(&model, &spec)
                 .with_context(|| format!("{}: starting the engine", model.display()))?;
-            let server = mutual_server_config(identity.chain(), ALPN)?;
+            // The member beside this node renews the certificate they share; the node presents
+            // the renewed one once its files change.
+            let live = identity.live()?;
+            let tls_dir = member_tls_dir(identity_dir);
+            let server = live_server_config(&live, ALPN)?;
             // Nodes dial each other with the same certificate to fetch KV blocks.
-            let peer_client = mutual_client_config(identity.chain(), ALPN)?;
+            let peer_client = live_client_config(&live, ALPN)?;
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
                 .build()
                 .context("starting the async runtime")?;
             runtime.block_on(async move {
+                tokio::spawn(keep_identity(
+                    tls_dir,
+                    IdentityKind::Member,
+                    live.clone(),
+                    None,
+                ));
                 let mut endpoint = quinn::Endpoint::server(server, listen)
                     .with_context(|| format!("cannot listen on {listen}"))?;
                 endpoint.set_default_client_config(peer_client);
@@ -129,7 +143,7 @@ pub fn run(command: NodeCommand) -> Result<()> {
                     let revoked = Arc::new(std::sync::RwLock::new(Revoked::default()));
                     tokio::spawn(follow_revocations(
                         data.clone(),
-                        identity.clone(),
+                        live.clone(),
                         revoked.clone(),
                     ));
                     service = service.with_peer_check(revocation_check(revoked));
@@ -204,7 +218,7 @@ const REVOCATIONS_EVERY: Duration = Duration::from_secs(2);
 /// every [`REVOCATIONS_EVERY`] (a failed read keeps the last list).
 async fn follow_revocations(
     data: PathBuf,
-    identity: MemberIdentity,
+    identity: Arc<LiveIdentity>,
     revoked: Arc<std::sync::RwLock<Revoked>>,
 ) {
     let setup = || -> Result<(Client, String)> {
@@ -214,7 +228,10 @@ async fn follow_revocations(
             .advertise
             .unwrap_or_else(|| config.listen.to_string());
         let local = SocketAddr::from(([0, 0, 0, 0], 0));
-        let client = Client::new(client_endpoint(&identity, local)?, Duration::from_secs(5));
+        let client = Client::new(
+            live_client_endpoint(&identity, local)?,
+            Duration::from_secs(5),
+        );
         Ok((client, member))
     };
     let (client, member) = match setup() {
@@ -377,16 +394,21 @@ fn wait_for_identity(data: &Path) -> Result<MemberIdentity> {
     }
 }
 
-/// The member identity in `dir`: a member's data directory (its `tls/`), or an identity
-/// directory holding `member.pem` itself.
-pub fn member_identity(dir: &Path) -> Result<MemberIdentity> {
+/// Where the member identity named by `dir` lives: a member's data directory's `tls/`, or `dir`
+/// itself holding `member.pem`.
+pub fn member_tls_dir(dir: &Path) -> PathBuf {
     let tls = DataLayout::new(dir).tls_dir();
-    let at = if tls.join(MEMBER_CERT_FILE).exists() {
+    if tls.join(MEMBER_CERT_FILE).exists() {
         tls
     } else {
         dir.to_path_buf()
-    };
-    MemberIdentity::load(&at).with_context(|| format!("{}: a member identity", dir.display()))
+    }
+}
+
+/// The member identity in `dir` ([`member_tls_dir`]).
+pub fn member_identity(dir: &Path) -> Result<MemberIdentity> {
+    MemberIdentity::load(&member_tls_dir(dir))
+        .with_context(|| format!("{}: a member identity", dir.display()))
 }
 
 fn inspect_node(as_json: bool) -> Result<()> {

@@ -3,20 +3,23 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use strata_node::rpc::ALPN;
 use strata_node::{ServingParts, grammar_compiler};
-use strata_quic::tls::{mutual_client_config, set_liveness};
+use strata_quic::LiveIdentity;
+use strata_quic::tls::{live_client_config, set_liveness};
 use strata_router::ServedModel;
 use strata_router::auth::KeyStore;
 use strata_router::cluster::{Cluster, ClusterOptions};
 use strata_router::routing::{Policy, Router, RoutingSettings};
 use strata_router::watcher;
 use strata_topology::state::ClusterState;
-use strata_topology::transport::{Client, OperatorIdentity, client_endpoint, operator_endpoint};
+use strata_topology::transport::renew::{IdentityKind, Renewer, keep_identity};
+use strata_topology::transport::{Client, OperatorIdentity, live_client_endpoint};
 
 /// How long one call to the topology group may take.
 const TOPOLOGY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -93,32 +96,54 @@ enum PolicyName {
 const NODE_IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 const NODE_KEEP_ALIVE: Duration = Duration::from_secs(1);
 
-/// A TLS client configuration for the node ALPN from the identity in `dir`.
-pub fn node_client_config(dir: &Path) -> Result<quinn::ClientConfig> {
-    let mut config = match OperatorIdentity::load(dir) {
-        Ok(id) => mutual_client_config(id.chain(), ALPN)?,
+/// The identity a router presents, to nodes and to the topology group.
+struct RouterIdentity {
+    live: Arc<LiveIdentity>,
+    kind: IdentityKind,
+    /// Where its files are.
+    dir: PathBuf,
+}
+
+/// The identity in `dir`: an operator's (`strata cluster operator`), or a member's (its data
+/// directory, or the directory holding `member.pem`).
+fn router_identity(dir: &Path) -> Result<RouterIdentity> {
+    match OperatorIdentity::load(dir) {
+        Ok(id) => Ok(RouterIdentity {
+            live: id.live()?,
+            kind: IdentityKind::Operator,
+            dir: dir.to_path_buf(),
+        }),
         Err(operator) => {
+            let at = super::node::member_tls_dir(dir);
             let id = super::node::member_identity(dir).with_context(|| {
                 format!(
                     "{}: not an operator identity either ({operator})",
                     dir.display()
                 )
             })?;
-            mutual_client_config(id.chain(), ALPN)?
+            Ok(RouterIdentity {
+                live: id.live()?,
+                kind: IdentityKind::Member,
+                dir: at,
+            })
         }
-    };
+    }
+}
+
+/// A TLS client configuration for the node ALPN presenting `identity`.
+pub fn node_client_config(identity: &Arc<LiveIdentity>) -> Result<quinn::ClientConfig> {
+    let mut config = live_client_config(identity, ALPN)?;
     set_liveness(&mut config, NODE_IDLE_TIMEOUT, NODE_KEEP_ALIVE);
     Ok(config)
 }
 
-/// A topology client holding the identity in `dir` (an operator's, or a member's).
-fn topology_client(dir: &Path) -> Result<Client> {
+/// A topology client presenting `identity`.
+fn topology_client(identity: &Arc<LiveIdentity>) -> Result<Client> {
     let local = SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
-    let endpoint = match OperatorIdentity::load(dir) {
-        Ok(id) => operator_endpoint(&id, local)?,
-        Err(_) => client_endpoint(&super::node::member_identity(dir)?, local)?,
-    };
-    Ok(Client::new(endpoint, TOPOLOGY_TIMEOUT))
+    Ok(Client::new(
+        live_client_endpoint(identity, local)?,
+        TOPOLOGY_TIMEOUT,
+    ))
 }
 
 /// The group's state once at least one member serves `model`.
@@ -180,7 +205,8 @@ pub fn run(args: RouterArgs) -> Result<()> {
     if let Some(template) = options.chat_template(&args.model)? {
         parts.template = Some(template);
     }
-    let client = node_client_config(&args.identity)?;
+    let identity = router_identity(&args.identity)?;
+    let client = node_client_config(&identity.live)?;
     let keys = match &args.keys_file {
         Some(path) => KeyStore::load(path)?,
         None => KeyStore::default(),
@@ -201,8 +227,26 @@ pub fn run(args: RouterArgs) -> Result<()> {
         let topology = if args.cluster.is_empty() {
             None
         } else {
-            Some(topology_client(&args.identity)?)
+            Some(topology_client(&identity.live)?)
         };
+        // An operator certificate is renewed through the group it follows; a member's by its
+        // member (taken up here once its files change).
+        let renewer = match (&topology, identity.kind) {
+            (Some(topology), IdentityKind::Operator) => {
+                let members = args.cluster.clone();
+                Some(Renewer {
+                    client: topology.clone(),
+                    members: Box::new(move || members.clone()),
+                })
+            }
+            _ => None,
+        };
+        tokio::spawn(keep_identity(
+            identity.dir.clone(),
+            identity.kind,
+            identity.live.clone(),
+            renewer,
+        ));
         let state = match &topology {
             None => None,
             Some(topology) => Some(serving_state_now(topology, &args.cluster, &name).await?),

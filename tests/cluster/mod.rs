@@ -296,16 +296,17 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
 /// `deploy/local/up.sh` in `dir` (members, nodes beside them, one router), stopped by `down.sh`
 /// when the returned guard drops; the base port it used.
 pub fn deploy_local(dir: &Path, model: &Path, nodes: usize) -> (impl Drop, u16) {
-    deploy_local_with(dir, model, (nodes, 1), "")
+    deploy_local_with(dir, model, (nodes, 1), "", "")
 }
 
 /// [`deploy_local`] with `routers` routers (HTTP ports base + 101, base + 102, ...) started with
-/// `router_args` (up.sh's `--router-args`).
+/// `router_args` (up.sh's `--router-args`), and `init_args` for member 1's `cluster init`.
 pub fn deploy_local_with(
     dir: &Path,
     model: &Path,
     (nodes, routers): (usize, usize),
     router_args: &str,
+    init_args: &str,
 ) -> (impl Drop, u16) {
     let base: u16 = {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -321,6 +322,7 @@ pub fn deploy_local_with(
         &routers.to_string(),
     ])
     .args(["--router-args", router_args])
+    .args(["--init-args", init_args])
     .args(["--model", model.to_str().unwrap()])
     .args([
         "--dir",

@@ -6,6 +6,7 @@
 //! - [`ring`]: the ownership ring (rendezvous hashing over virtual nodes) routers consult.
 //! - [`store`]: the durable raft log and state machine on one redb file, with snapshots and
 //!   log purge, refusing a corrupt file at open; and the feed of committed changes.
+//! - [`election`]: when a member stands for election: after a pre-vote.
 //! - [`lease_driver`]: proposes lease evaluations while its member leads.
 //! - [`network`]: the in-process channel network used by tests.
 //! - [`transport`]: the QUIC transport with mutual TLS, for raft and for clients.
@@ -14,6 +15,7 @@
 
 use std::io::Cursor;
 
+pub mod election;
 pub mod lease_driver;
 pub mod network;
 pub mod read;

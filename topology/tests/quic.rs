@@ -61,7 +61,7 @@ async fn start_join_authority(ca: &TestCa, group: &Group) -> (Member, String, Cl
     let first = group
         .start(&identity, &ca.store(1), endpoint, Some(authority))
         .await;
-    let join_ep = join_endpoint(local(), &identity).unwrap();
+    let join_ep = join_endpoint(local(), &identity.live().unwrap()).unwrap();
     let join_addr = join_ep.local_addr().unwrap().to_string();
     tokio::spawn(serve(join_ep, first.service.clone(), false));
     let mut nodes = BTreeMap::new();
@@ -184,7 +184,8 @@ async fn three_members_over_mutual_tls_elect_replicate_read_and_refuse_strangers
     // It trusts our CA (so it would accept the member) but presents the other CA's certificate.
     let mut mixed = forged.clone();
     mixed.ca = identities[&1].ca.clone();
-    forged_endpoint.set_default_client_config(tls::member_client_config(&mixed).unwrap());
+    forged_endpoint
+        .set_default_client_config(tls::member_client_config(&mixed.live().unwrap()).unwrap());
     let forger = Client::new(forged_endpoint, Duration::from_secs(3));
     let err = forger.read(&leader_addr).await.expect_err("foreign CA");
     assert!(!matches!(err, ClientError::Refused { .. }), "{err}");

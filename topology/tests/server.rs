@@ -1,7 +1,8 @@
 //! A member process's life in one test process: start from a data directory, bootstrap a
 //! one-voter group, renew its own lease, admit a joiner through the join endpoint, stop, and
 //! start again from disk into the same state; and a peer stalling mid-request, cut after the
-//! configured read timeout while the member serves everyone else.
+//! configured read timeout while the member serves everyone else; and certificates renewed
+//! before they end, an unrenewed one refused after.
 
 mod common;
 
@@ -11,9 +12,11 @@ use std::time::Duration;
 use common::{framed, free_port, local, spec};
 use openraft::ServerState;
 use strata_topology::server::{DataLayout, Server, ServerConfig, Timing};
+use strata_topology::transport::ca::{MEMBER_CERT_FILE, Validity};
 use strata_topology::transport::join::{JoinToken, request_membership};
+use strata_topology::transport::renew::read_certificate;
 use strata_topology::transport::wire::{Refusal, Response, read_frame};
-use strata_topology::transport::{Client, ClusterCa, tls};
+use strata_topology::transport::{Client, ClientError, ClusterCa, tls};
 
 const TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -23,6 +26,7 @@ fn config(dir: &Path, listen: &str, join: bool) -> ServerConfig {
         listen: listen.parse().unwrap(),
         advertise: None,
         join_listen: join.then(|| "127.0.0.1:0".parse().unwrap()),
+        cert_lifetime_s: None,
         timing: Timing {
             lease_renew_ms: 100,
             lease_check_ms: 100,
@@ -210,4 +214,119 @@ async fn a_stalled_request_is_cut_after_the_read_timeout_while_other_calls_are_s
         .expect("served after the stalls");
     assert_eq!(view.cluster.members().len(), 1);
     server.shutdown().await;
+}
+
+/// The certificate in `dir`'s `member.pem`, and when it ends.
+fn member_cert(dir: &Path) -> (Vec<u8>, std::time::SystemTime) {
+    let path = DataLayout::new(dir).tls_dir().join(MEMBER_CERT_FILE);
+    let (der, validity) = read_certificate(&path).expect("member certificate");
+    (der.to_vec(), validity.not_after)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_renew_before_they_expire_and_an_outlived_one_is_refused() {
+    const LIFETIME: Duration = Duration::from_secs(12);
+    let root = tempfile::tempdir().unwrap();
+    let dir1 = root.path().join("m1");
+    let layout = DataLayout::new(&dir1);
+    let ca = ClusterCa::create(&layout.ca_dir())
+        .unwrap()
+        .with_lifetime(LIFETIME)
+        .unwrap();
+    ca.issue_member(1, &layout.tls_dir()).unwrap();
+    let token = JoinToken::generate(&ca.fingerprint().unwrap()).unwrap();
+    let mut config1 = config(&dir1, "127.0.0.1:0", true);
+    config1.cert_lifetime_s = Some(LIFETIME.as_secs());
+    let first = Server::start(&config1).await.expect("start member 1");
+    first
+        .bootstrap(spec(1, &first.addr), Some(token.secret_sha256()))
+        .await
+        .expect("bootstrap");
+    // Member 2 holds no CA key: it renews through member 1.
+    let dir2 = root.path().join("m2");
+    let listen2 = free_port();
+    let join_addr = first.join_addr().expect("join endpoint").to_string();
+    request_membership(
+        &join_addr,
+        &token,
+        &listen2,
+        &DataLayout::new(&dir2).tls_dir(),
+        TIMEOUT,
+    )
+    .await
+    .expect("join");
+    let second = Server::start(&config(&dir2, &listen2, false))
+        .await
+        .expect("start member 2");
+    let originals = [member_cert(&dir1), member_cert(&dir2)];
+    // A client whose certificate nobody renews, with a connection opened while it is valid.
+    let outsider = ca.issue_member(100, &root.path().join("tls-100")).unwrap();
+    let stale = common::operator(&outsider, TIMEOUT);
+    stale
+        .read(&first.addr)
+        .await
+        .expect("a valid certificate reads");
+
+    common::eventually(
+        LIFETIME * 2,
+        "both members hold renewed certificates",
+        || {
+            [&dir1, &dir2]
+                .iter()
+                .zip(&originals)
+                .all(|(dir, (der, end))| {
+                    let (now_der, now_end) = member_cert(dir);
+                    now_der != *der && now_end > *end
+                })
+        },
+    )
+    .await;
+    // The outsider's certificate was issued last; wait past its end (whole seconds in X.509).
+    let last_end = Validity::of(&outsider.cert).unwrap().not_after;
+    let wait = last_end
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    tokio::time::sleep(wait + Duration::from_secs(2)).await;
+
+    // Past the first certificates' end the group still replicates: member 1 reaches member 2
+    // (and is reached) with renewed certificates.
+    let fresh = ca.issue_member(101, &root.path().join("tls-101")).unwrap();
+    let client = common::operator(&fresh, TIMEOUT);
+    let token2 = JoinToken::generate(&ca.fingerprint().unwrap()).unwrap();
+    let change = strata_topology::state::Command::new(
+        0,
+        strata_topology::state::Change::PutJoinToken {
+            sha256: token2.secret_sha256(),
+            ttl_ms: 60_000,
+        },
+    );
+    let (log_id, _) = client.propose(&first.addr, change).await.expect("commit");
+    second
+        .raft
+        .wait(Some(TIMEOUT))
+        .applied_index_at_least(Some(log_id.index), "replicated after the first certs ended")
+        .await
+        .expect("member 2 applies what member 1 committed");
+    // The certificate nobody renewed: its open connection is refused at the next call, and it
+    // cannot open a new one.
+    match stale.read(&first.addr).await {
+        Err(ClientError::Refused {
+            refusal: Refusal::Expired(who),
+            ..
+        }) => assert_eq!(who, "member 100"),
+        other => panic!("an expired certificate's connection was served: {other:?}"),
+    }
+    // (The client sees its handshake done before the member checks its certificate, so the
+    // refusal arrives as the connection closing, not as an answer: a resumed TLS session, which
+    // skips the check, would be answered `Expired` instead.)
+    let refused = stale.read(&first.addr).await;
+    assert!(
+        matches!(
+            refused,
+            Err(ClientError::Frame { .. } | ClientError::Connect { .. })
+        ),
+        "a new connection with an expired certificate: {refused:?}"
+    );
+    second.shutdown().await;
+    first.shutdown().await;
 }

@@ -87,7 +87,10 @@ pub(super) async fn init(args: InitArgs) -> Result<()> {
         }
         addr
     });
-    let ca = ClusterCa::create(&layout.ca_dir()).context("create the cluster CA")?;
+    let lifetime = std::time::Duration::from_secs(args.cert_lifetime);
+    let ca = ClusterCa::create(&layout.ca_dir())
+        .and_then(|ca| ca.with_lifetime(lifetime))
+        .context("create the cluster CA")?;
     ca.issue_member(1, &layout.tls_dir())
         .context("issue member 1's certificate")?;
     let token = JoinToken::generate(&ca.fingerprint()?)?;
@@ -97,6 +100,7 @@ pub(super) async fn init(args: InitArgs) -> Result<()> {
         listen: args.listen,
         advertise: args.advertise,
         join_listen: Some(join_listen),
+        cert_lifetime_s: Some(args.cert_lifetime),
         timing: Timing::default(),
     };
     config.save(&layout.config()).map_err(anyhow::Error::msg)?;
@@ -149,6 +153,7 @@ pub(super) async fn join(args: JoinArgs) -> Result<()> {
         listen: args.listen,
         advertise: args.advertise,
         join_listen: None,
+        cert_lifetime_s: None,
         timing: Timing::default(),
     };
     std::fs::create_dir_all(&args.data)

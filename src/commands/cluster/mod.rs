@@ -33,7 +33,9 @@ use strata_topology::state::{
     PlacementRequest, RaftRole, Rejection, UnixMillis,
 };
 use strata_topology::store::StoreError;
-use strata_topology::transport::ca::{CA_KEY_FILE, check_operator_name, sha256_hex};
+use strata_topology::transport::ca::{
+    CA_KEY_FILE, DEFAULT_CERT_LIFETIME, MIN_CERT_LIFETIME, check_operator_name, sha256_hex,
+};
 use strata_topology::transport::client::commit_via_leader;
 use strata_topology::transport::join::{JoinError, JoinToken, request_membership};
 use strata_topology::transport::wire::{ClusterView, MembershipChange, Refusal};
@@ -82,6 +84,23 @@ pub enum ClusterCommand {
     /// Issue an operator's certificate (run on the member holding the CA key): writes an
     /// identity directory for --identity.
     Operator(OperatorArgs),
+    /// Issue a new certificate for a member whose own ended while it was down (members renew
+    /// theirs while they run; run this on the member holding the CA key, then copy the
+    /// written member.pem and member.key into that member's <data>/tls/ and start it).
+    Reissue(ReissueArgs),
+}
+
+#[derive(Args)]
+pub struct ReissueArgs {
+    /// The data directory of the member holding the cluster CA key.
+    #[arg(long)]
+    data: PathBuf,
+    /// The member whose certificate to issue again.
+    #[arg(long)]
+    member: NodeId,
+    /// A new directory to write `member.pem`, `member.key` (mode 0600) and `ca.pem` into.
+    #[arg(long)]
+    out: PathBuf,
 }
 
 #[derive(Args)]
@@ -97,6 +116,35 @@ pub struct InitArgs {
     /// Join endpoint (server-authenticated TLS, joins only); default: --listen's port + 1.
     #[arg(long)]
     join_listen: Option<SocketAddr>,
+    /// How long member and operator certificates stay valid (`90s`, `12h`, `30d`; at least
+    /// 10 s): holders renew theirs through this member when a third is left.
+    #[arg(long, default_value = "30d", value_parser = parse_lifetime)]
+    cert_lifetime: u64,
+}
+
+/// A certificate lifetime in seconds from `<n>` followed by `s`, `m`, `h` or `d`.
+fn parse_lifetime(text: &str) -> Result<u64, String> {
+    let bad = || format!("{text:?}: expected a whole number followed by s, m, h or d (e.g. 30d)");
+    let (number, unit) = text.split_at(text.len().saturating_sub(1));
+    let scale = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    let seconds = number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .ok_or_else(bad)?;
+    let least = MIN_CERT_LIFETIME.as_secs();
+    if seconds < least {
+        return Err(format!(
+            "{text:?}: certificates must live at least {least} s"
+        ));
+    }
+    Ok(seconds)
 }
 
 #[derive(Args)]
@@ -263,6 +311,7 @@ pub fn run(command: ClusterCommand) -> Result<()> {
             ClusterCommand::Revoke(args) => revoke_operator(args).await,
             ClusterCommand::Token(args) => issue_token(args).await,
             ClusterCommand::Operator(args) => issue_operator(&args),
+            ClusterCommand::Reissue(args) => reissue_member(&args),
         }
     })
 }
@@ -367,6 +416,7 @@ fn print_status(view: &ClusterView, as_json: bool) -> Result<()> {
         "voters": view.voters,
         "learners": learners,
         "last_applied": view.last_applied.map(|l| l.index),
+        "term": view.last_applied.map(|l| l.leader_id.term),
         "ring_epoch": view.cluster.ring().epoch(),
         "members": view.cluster.members().len(),
         "models": view.cluster.placements().len(),
@@ -559,19 +609,50 @@ async fn issue_token(args: TokenArgs) -> Result<()> {
     Ok(())
 }
 
-/// Writes operator `--name`'s identity into `--out`, signed by the CA key in `--data`.
-fn issue_operator(args: &OperatorArgs) -> Result<()> {
-    check_operator_name(&args.name)?;
-    let ca_dir = DataLayout::new(&args.data).ca_dir();
+/// The cluster CA in the member data directory `data`, issuing for the lifetime that member is
+/// configured with.
+fn load_ca(data: &Path) -> Result<ClusterCa> {
+    let ca_dir = DataLayout::new(data).ca_dir();
     if !ca_dir.join(CA_KEY_FILE).exists() {
         bail!(
             "{} holds no cluster CA key ({} is missing): run this on the member that ran \
              `strata cluster init`",
-            args.data.display(),
+            data.display(),
             ca_dir.join(CA_KEY_FILE).display()
         );
     }
-    let ca = ClusterCa::load(&ca_dir).context("load the cluster CA")?;
+    let lifetime = ServerConfig::load(&DataLayout::new(data).config())
+        .ok()
+        .and_then(|config| config.cert_lifetime_s)
+        .map_or(DEFAULT_CERT_LIFETIME, std::time::Duration::from_secs);
+    ClusterCa::load(&ca_dir)
+        .and_then(|ca| ca.with_lifetime(lifetime))
+        .context("load the cluster CA")
+}
+
+/// Writes member `--member`'s new identity into `--out`, signed by the CA key in `--data`.
+fn reissue_member(args: &ReissueArgs) -> Result<()> {
+    let ca = load_ca(&args.data)?;
+    ca.issue_member(args.member, &args.out).with_context(|| {
+        format!(
+            "issue member {}'s identity into {}",
+            args.member,
+            args.out.display()
+        )
+    })?;
+    println!(
+        "member {} identity written to {}; copy member.pem and member.key into that member's \
+         <data>/tls/, then start it",
+        args.member,
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// Writes operator `--name`'s identity into `--out`, signed by the CA key in `--data`.
+fn issue_operator(args: &OperatorArgs) -> Result<()> {
+    check_operator_name(&args.name)?;
+    let ca = load_ca(&args.data)?;
     ca.issue_operator(&args.name, &args.out).with_context(|| {
         format!(
             "issue operator {}'s identity into {}",
@@ -605,6 +686,27 @@ mod tests {
         match cli.command {
             ClusterCommand::Token(token) => Ok(token.ttl),
             _ => unreachable!("parsed the token subcommand"),
+        }
+    }
+
+    #[test]
+    fn a_certificate_lifetime_takes_units_and_refuses_less_than_ten_seconds() {
+        assert_eq!(parse_lifetime("30d"), Ok(30 * 86_400));
+        assert_eq!(parse_lifetime("12h"), Ok(12 * 3_600));
+        assert_eq!(parse_lifetime("15m"), Ok(900));
+        assert_eq!(parse_lifetime("10s"), Ok(10));
+        for bad in [
+            "9s",
+            "0d",
+            "30",
+            "d",
+            "",
+            "1.5d",
+            "-1d",
+            "30x",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_lifetime(bad).is_err(), "{bad:?} accepted");
         }
     }
 

@@ -20,6 +20,10 @@ pub struct ServerConfig {
     /// Where the join endpoint listens, on the member that holds the CA key.
     #[serde(default)]
     pub join_listen: Option<SocketAddr>,
+    /// How long the certificates this member issues stay valid, in seconds, where it holds the
+    /// CA key (30 days when absent; at least 10 s).
+    #[serde(default)]
+    pub cert_lifetime_s: Option<u64>,
     #[serde(default)]
     pub timing: Timing,
 }
@@ -77,6 +81,8 @@ impl Timing {
             // times out is retried forever: the new member never catches up.
             install_snapshot_timeout: self.rpc_timeout_ms,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            // Members stand for election through `crate::election`, after a pre-vote.
+            enable_elect: false,
             ..openraft::Config::default()
         };
         config.validate().map(Arc::new).map_err(|e| e.to_string())
@@ -167,6 +173,7 @@ mod tests {
             listen: "127.0.0.1:7400".parse().unwrap(),
             advertise: Some("node-a:7400".into()),
             join_listen: Some("127.0.0.1:7401".parse().unwrap()),
+            cert_lifetime_s: Some(86_400),
             timing: Timing::default(),
         };
         let text = toml::to_string_pretty(&config).unwrap();

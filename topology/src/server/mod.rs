@@ -16,12 +16,16 @@ use tokio::task::JoinHandle;
 
 pub use config::{DataLayout, SNAPSHOT_CHUNK_BYTES, ServerConfig, Timing};
 
+use crate::election::{self, LeaderContact};
 use crate::lease_driver::{Clock, LeaseDriver, SystemClock};
 use crate::state::{Change, Command, DEFAULT_JOIN_TOKEN_TTL_MS, MemberSpec};
 use crate::store::{self, StateReader, StoreError};
-use crate::transport::ca::CA_KEY_FILE;
+use crate::transport::ca::{CA_KEY_FILE, DEFAULT_CERT_LIFETIME};
 use crate::transport::client::commit_via_leader;
 use crate::transport::join::JoinAuthority;
+use crate::transport::renew::{
+    IdentityKind, RenewError, Renewer, keep_identity, member_addresses, renew_locally,
+};
 use crate::transport::{
     CaError, Client, ClusterCa, EndpointError, MemberIdentity, QuicNetworkFactory, Service,
     join_endpoint, member_endpoint, serve,
@@ -40,6 +44,8 @@ const CLOSE_GRACE: Duration = Duration::from_secs(2);
 pub enum ServerError {
     #[error("member identity: {0}")]
     Identity(#[from] CaError),
+    #[error("renewing this member's certificate: {0}")]
+    Renew(#[from] RenewError),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -68,10 +74,23 @@ impl Server {
     /// member must already hold its identity in `<data>/tls`.
     pub async fn start(config: &ServerConfig) -> Result<Self, ServerError> {
         let layout = config.layout();
+        let ca = if layout.ca_dir().join(CA_KEY_FILE).exists() {
+            let lifetime = config
+                .cert_lifetime_s
+                .map_or(DEFAULT_CERT_LIFETIME, Duration::from_secs);
+            let ca = ClusterCa::load(&layout.ca_dir())?.with_lifetime(lifetime)?;
+            // Nobody can renew over the network a certificate that ended while this member was
+            // down; the CA holder renews its own here.
+            renew_locally(&ca, &layout.tls_dir(), std::time::SystemTime::now())?;
+            Some(ca)
+        } else {
+            None
+        };
         let identity = MemberIdentity::load(&layout.tls_dir())?;
+        let live = identity.live().map_err(EndpointError::from)?;
         let (log, state_machine) = store::open(&layout.store())?;
         let state = state_machine.reader();
-        let endpoint = member_endpoint(config.listen, &identity)?;
+        let endpoint = member_endpoint(config.listen, &live)?;
         let bound = endpoint
             .local_addr()
             .map_err(|source| EndpointError::Bind {
@@ -92,26 +111,20 @@ impl Server {
             .await
             .map_err(|e| ServerError::Raft(e.to_string()))?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let join = if layout.ca_dir().join(CA_KEY_FILE).exists() {
-            let ca = ClusterCa::load(&layout.ca_dir())?;
-            Some(Arc::new(JoinAuthority::new(
-                ca,
-                client.clone(),
-                clock.clone(),
-            )))
-        } else {
-            None
-        };
+        let contact = Arc::new(LeaderContact::default());
+        let join = ca.map(|ca| Arc::new(JoinAuthority::new(ca, client.clone(), clock.clone())));
         let service = Service {
             raft: raft.clone(),
             state: state.clone(),
             join,
             read_timeout: timing.read_timeout(),
+            contact: contact.clone(),
+            lease: Duration::from_millis(timing.election_timeout_max_ms),
         };
         let mut tasks = vec![tokio::spawn(serve(endpoint.clone(), service.clone(), true))];
         let join_endpoint = match config.join_listen {
             Some(listen) if service.join.is_some() => {
-                let join_endpoint = join_endpoint(listen, &identity)?;
+                let join_endpoint = join_endpoint(listen, &live)?;
                 tasks.push(tokio::spawn(serve(join_endpoint.clone(), service, false)));
                 Some(join_endpoint)
             }
@@ -121,6 +134,14 @@ impl Server {
             }
             None => None,
         };
+        // Raft's own elections are off (`Timing::raft_config`): this member stands only after a
+        // pre-vote.
+        tasks.push(tokio::spawn(election::drive(
+            raft.clone(),
+            client.clone(),
+            contact,
+            timing,
+        )));
         let driver = LeaseDriver::new(
             raft.clone(),
             state.clone(),
@@ -135,6 +156,23 @@ impl Server {
             client.clone(),
             clock,
             Duration::from_millis(timing.lease_renew_ms),
+        )));
+        // The member renews its certificate through a member holding the CA key (itself, where
+        // it holds it) and presents the new one at every handshake, its endpoints' and its dials'.
+        let members = {
+            let raft = raft.clone();
+            Box::new(move || {
+                member_addresses(raft.metrics().borrow().membership_config.membership())
+            })
+        };
+        tasks.push(tokio::spawn(keep_identity(
+            layout.tls_dir(),
+            IdentityKind::Member,
+            live,
+            Some(Renewer {
+                client: client.clone(),
+                members,
+            }),
         )));
         tracing::info!(member = identity.id, %addr, "member started");
         Ok(Self {

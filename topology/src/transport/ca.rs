@@ -14,6 +14,7 @@
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType,
@@ -37,6 +38,19 @@ pub const OPERATOR_KEY_FILE: &str = "operator.key";
 /// The longest operator name: it must fit in a DNS label with its prefix.
 pub const MAX_OPERATOR_NAME: usize = 32;
 
+/// How long a member or operator certificate stays valid unless the CA holder is configured
+/// otherwise: holders renew theirs when a third of it is left ([`Validity::renewal_due`]).
+pub const DEFAULT_CERT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The shortest lifetime the CA issues (tests use seconds; holders look at their certificates
+/// every 2 s).
+pub const MIN_CERT_LIFETIME: Duration = Duration::from_secs(10);
+/// How long the CA's own certificate stays valid. Rotating the CA itself is not automated
+/// (docs/ARCHITECTURE.md).
+const CA_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// How far back a leaf certificate's validity starts, for peers whose clocks run behind: a
+/// minute, or a tenth of a short lifetime.
+const MAX_BACKDATE: Duration = Duration::from_secs(60);
+
 /// Why a CA or an identity could not be made or loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum CaError {
@@ -57,6 +71,10 @@ pub enum CaError {
     Mismatch { cert: PathBuf, key: PathBuf },
     #[error("certificate generation: {0}")]
     Generate(#[from] rcgen::Error),
+    #[error("certificate lifetime {0:?} is shorter than the shortest, {MIN_CERT_LIFETIME:?}")]
+    ShortLifetime(Duration),
+    #[error("the certificate's validity cannot be read: {0}")]
+    Validity(String),
     #[error("the certificate names no strata member id")]
     NoMemberId,
     #[error("the certificate names no strata operator")]
@@ -107,6 +125,59 @@ fn pem_err<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(String) -> CaE
         path: path.to_path_buf(),
         what,
         detail,
+    }
+}
+
+/// Sets `params` valid from a little before now for `lifetime`.
+fn set_validity(params: &mut CertificateParams, lifetime: Duration) {
+    let now = time::OffsetDateTime::now_utc();
+    let backdate = MAX_BACKDATE.min(lifetime / 10);
+    params.not_before = now - backdate;
+    params.not_after = now + lifetime;
+}
+
+/// When a certificate starts and stops being valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    pub not_before: SystemTime,
+    pub not_after: SystemTime,
+}
+
+impl Validity {
+    /// Reads the validity window of `cert`.
+    pub fn of(cert: &CertificateDer<'_>) -> Result<Self, CaError> {
+        let (_, parsed) = x509_parser::parse_x509_certificate(cert)
+            .map_err(|e| CaError::Validity(e.to_string()))?;
+        let at = |t: x509_parser::time::ASN1Time| {
+            let seconds = t.timestamp();
+            u64::try_from(seconds)
+                .map(|s| SystemTime::UNIX_EPOCH + Duration::from_secs(s))
+                .map_err(|_| CaError::Validity(format!("a time before 1970 ({seconds})")))
+        };
+        let validity = parsed.validity();
+        Ok(Self {
+            not_before: at(validity.not_before)?,
+            not_after: at(validity.not_after)?,
+        })
+    }
+
+    /// The whole window.
+    pub fn lifetime(&self) -> Duration {
+        self.not_after
+            .duration_since(self.not_before)
+            .unwrap_or_default()
+    }
+
+    /// Whether the certificate is past its end at `now`.
+    pub fn expired(&self, now: SystemTime) -> bool {
+        now > self.not_after
+    }
+
+    /// Whether its holder should ask for a new one at `now`: a third of the window or less is
+    /// left.
+    pub fn renewal_due(&self, now: SystemTime) -> bool {
+        let left = self.not_after.duration_since(now).unwrap_or_default();
+        left <= self.lifetime() / 3
     }
 }
 
@@ -168,6 +239,8 @@ fn operator_params(name: &str) -> Result<CertificateParams, CaError> {
 pub struct ClusterCa {
     cert_pem: String,
     issuer: Issuer<'static, KeyPair>,
+    /// How long the certificates it issues stay valid.
+    lifetime: Duration,
 }
 
 impl ClusterCa {
@@ -182,6 +255,7 @@ impl ClusterCa {
             .distinguished_name
             .push(DnType::CommonName, "strata cluster CA");
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        set_validity(&mut params, CA_LIFETIME);
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
             KeyUsagePurpose::CrlSign,
@@ -193,6 +267,7 @@ impl ClusterCa {
         Ok(Self {
             cert_pem: cert.pem(),
             issuer: Issuer::new(params, key),
+            lifetime: DEFAULT_CERT_LIFETIME,
         })
     }
 
@@ -214,7 +289,24 @@ impl ClusterCa {
             });
         }
         let issuer = Issuer::from_ca_cert_der(&cert_der, key)?;
-        Ok(Self { cert_pem, issuer })
+        Ok(Self {
+            cert_pem,
+            issuer,
+            lifetime: DEFAULT_CERT_LIFETIME,
+        })
+    }
+
+    /// Issues certificates valid for `lifetime` from now on.
+    pub fn with_lifetime(mut self, lifetime: Duration) -> Result<Self, CaError> {
+        if lifetime < MIN_CERT_LIFETIME {
+            return Err(CaError::ShortLifetime(lifetime));
+        }
+        self.lifetime = lifetime;
+        Ok(self)
+    }
+
+    pub fn lifetime(&self) -> Duration {
+        self.lifetime
     }
 
     pub fn cert_pem(&self) -> &str {
@@ -226,7 +318,9 @@ impl ClusterCa {
     pub fn issue_member(&self, id: NodeId, dir: &Path) -> Result<MemberIdentity, CaError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         let key = KeyPair::generate()?;
-        let cert = member_params(id)?.signed_by(&key, &self.issuer)?;
+        let cert = self
+            .params(member_params(id)?)
+            .signed_by(&key, &self.issuer)?;
         write_private(&dir.join(MEMBER_KEY_FILE), key.serialize_pem().as_bytes())?;
         write_public(&dir.join(MEMBER_CERT_FILE), cert.pem().as_bytes())?;
         let ca_path = dir.join(CA_CERT_FILE);
@@ -240,7 +334,7 @@ impl ClusterCa {
     /// `operator.pem` and `operator.key` (0600), with a copy of the CA certificate. Refuses a
     /// bad name before writing anything, and refuses to overwrite an existing key.
     pub fn issue_operator(&self, name: &str, dir: &Path) -> Result<OperatorIdentity, CaError> {
-        let params = operator_params(name)?;
+        let params = self.params(operator_params(name)?);
         fs::create_dir_all(dir).map_err(io_err(dir))?;
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
@@ -253,9 +347,25 @@ impl ClusterCa {
     /// Signs a certificate signing request as member `id`'s certificate. The id and names come
     /// from the CA, never from the request: only its public key is used.
     pub fn sign_request(&self, csr_pem: &str, id: NodeId) -> Result<String, CaError> {
+        self.sign_for(csr_pem, &Principal::Member(id))
+    }
+
+    /// Signs a certificate signing request as `principal`'s certificate (a renewal: the caller
+    /// proved it is `principal` with its current certificate). As with joins, only the
+    /// request's public key is used.
+    pub fn sign_for(&self, csr_pem: &str, principal: &Principal) -> Result<String, CaError> {
         let mut request = CertificateSigningRequestParams::from_pem(csr_pem)?;
-        request.params = member_params(id)?;
+        request.params = self.params(match principal {
+            Principal::Member(id) => member_params(*id)?,
+            Principal::Operator(name) => operator_params(name)?,
+        });
         Ok(request.signed_by(&self.issuer)?.pem())
+    }
+
+    /// `params` valid for this CA's lifetime from now on.
+    fn params(&self, mut params: CertificateParams) -> CertificateParams {
+        set_validity(&mut params, self.lifetime);
+        params
     }
 
     /// SHA-256 of the CA certificate's DER, hex: what a join token pins.
@@ -317,6 +427,11 @@ impl MemberIdentity {
         }
     }
 
+    /// This identity as one whose certificate a renewal can replace under running endpoints.
+    pub fn live(&self) -> Result<std::sync::Arc<strata_quic::LiveIdentity>, strata_quic::TlsError> {
+        strata_quic::LiveIdentity::new(self.chain())
+    }
+
     /// Loads `ca.pem`, `member.pem` and `member.key` from `dir`, checking that the key
     /// belongs to the certificate and that the certificate names a member id.
     pub fn load(dir: &Path) -> Result<Self, CaError> {
@@ -351,6 +466,11 @@ impl OperatorIdentity {
             cert: &self.cert,
             key: &self.key,
         }
+    }
+
+    /// This identity as one whose certificate a renewal can replace under running endpoints.
+    pub fn live(&self) -> Result<std::sync::Arc<strata_quic::LiveIdentity>, strata_quic::TlsError> {
+        strata_quic::LiveIdentity::new(self.chain())
     }
 
     /// Loads `ca.pem`, `operator.pem` and `operator.key` from `dir`, checking that the key
@@ -571,6 +691,54 @@ mod tests {
         assert!(matches!(
             ca.issue_operator("alice", &dir.path().join("alice")),
             Err(CaError::Exists { .. })
+        ));
+    }
+
+    #[test]
+    fn certificates_live_as_configured_and_come_due_with_a_third_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let lifetime = Duration::from_secs(3_000);
+        let ca = ClusterCa::create(&dir.path().join("ca"))
+            .unwrap()
+            .with_lifetime(lifetime)
+            .unwrap();
+        let member = ca.issue_member(2, &dir.path().join("m2")).unwrap();
+        let validity = Validity::of(&member.cert).unwrap();
+        let now = SystemTime::now();
+        let end = validity.not_after.duration_since(now).unwrap();
+        assert!(
+            end <= lifetime && end > lifetime - Duration::from_secs(5),
+            "{end:?}"
+        );
+        // Backdated a tenth of a short lifetime, a minute at most.
+        assert_eq!(
+            validity.lifetime(),
+            lifetime + MAX_BACKDATE.min(lifetime / 10)
+        );
+        assert!(!validity.renewal_due(now));
+        assert!(!validity.renewal_due(now + Duration::from_secs(1_700)));
+        assert!(validity.renewal_due(now + Duration::from_secs(2_100)));
+        assert!(!validity.expired(now + Duration::from_secs(2_990)));
+        assert!(validity.expired(now + Duration::from_secs(3_001)));
+        // An operator's renewal keeps its name; the default lifetime is 30 days.
+        let default = ClusterCa::load(&dir.path().join("ca")).unwrap();
+        assert_eq!(default.lifetime(), DEFAULT_CERT_LIFETIME);
+        let key = KeyPair::generate().unwrap();
+        let csr = CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .serialize_request(&key)
+            .unwrap()
+            .pem()
+            .unwrap();
+        let alice = Principal::Operator("alice".into());
+        let pem = default.sign_for(&csr, &alice).unwrap();
+        let der = CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+        assert_eq!(Principal::of(&der), Some(alice));
+        let days = Validity::of(&der).unwrap().lifetime().as_secs() / 86_400;
+        assert_eq!(days, 30);
+        assert!(matches!(
+            default.with_lifetime(Duration::from_secs(9)),
+            Err(CaError::ShortLifetime(_))
         ));
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use openraft::LogId;
 use openraft::error::{ClientWriteError, RaftError};
 
-use super::ca::{Principal, SERVER_NAME};
+use super::ca::{Principal, SERVER_NAME, Validity};
 use super::wire::{
     ClusterView, FeedItem, FrameError, MembershipChange, Refusal, Request, Response, read_frame,
     write_frame,
@@ -74,6 +74,13 @@ impl Client {
             connections: Arc::default(),
             timeout,
         }
+    }
+
+    /// Forgets the open connections (every clone of this client): calls under way finish on
+    /// theirs, which close once unused, and the next call to each member opens a new one —
+    /// presenting a renewed certificate.
+    pub fn forget_all(&self) {
+        self.pool().clear();
     }
 
     pub fn endpoint(&self) -> &quinn::Endpoint {
@@ -165,8 +172,10 @@ impl Client {
             .map_err(|_| timed_out())
             .and_then(|answer| answer);
         // A failed or unanswered call may mean a dead peer: dial afresh next time rather than
-        // wait for the idle timeout to close this connection.
-        if result.is_err() {
+        // wait for the idle timeout to close this connection. So does a refusal of the
+        // certificate this connection was opened with, past its end: a new one presents the
+        // renewed certificate.
+        if matches!(&result, Err(_) | Ok(Response::Refused(Refusal::Expired(_)))) {
             self.forget(&connection);
         }
         result
@@ -304,11 +313,22 @@ pub fn peer_member(connection: &quinn::Connection) -> Option<NodeId> {
 
 /// Who the peer's certificate speaks for: a member or an operator.
 pub fn peer_principal(connection: &quinn::Connection) -> Option<Principal> {
+    Principal::of(&peer_leaf(connection)?)
+}
+
+/// When the certificate the peer presented on `connection` stops being valid.
+pub fn peer_expiry(connection: &quinn::Connection) -> Option<std::time::SystemTime> {
+    Validity::of(&peer_leaf(connection)?)
+        .ok()
+        .map(|v| v.not_after)
+}
+
+fn peer_leaf(connection: &quinn::Connection) -> Option<rustls::pki_types::CertificateDer<'static>> {
     let chain = connection
         .peer_identity()?
         .downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>()
         .ok()?;
-    Principal::of(chain.first()?)
+    chain.first().cloned()
 }
 
 async fn exchange(

@@ -31,7 +31,8 @@ use ring::rand::SecureRandom;
 use rustls::pki_types::pem::PemObject;
 
 use super::ca::{
-    CA_CERT_FILE, CaError, ClusterCa, MEMBER_CERT_FILE, MEMBER_KEY_FILE, MemberIdentity, sha256_hex,
+    CA_CERT_FILE, CaError, ClusterCa, MEMBER_CERT_FILE, MEMBER_KEY_FILE, MemberIdentity, Principal,
+    sha256_hex,
 };
 use super::client::{Client, ClientError, commit_via_leader};
 use super::tls::{TlsError, pinned_client_config};
@@ -178,6 +179,17 @@ impl JoinAuthority {
             cert_pem,
             ca_pem: self.ca.cert_pem().to_string(),
         })
+    }
+
+    /// Signs `csr_pem` as a new certificate for `principal`, the identity the caller's current
+    /// certificate names (checked not revoked before this is asked).
+    pub fn renew(&self, csr_pem: &str, principal: &Principal) -> Result<String, Refusal> {
+        let cert_pem = self
+            .ca
+            .sign_for(csr_pem, principal)
+            .map_err(|e| Refusal::Malformed(format!("certificate request: {e}")))?;
+        tracing::info!(%principal, lifetime = ?self.ca.lifetime(), "renewed a certificate");
+        Ok(cert_pem)
     }
 
     /// Adds `id` at `addr` as a learner through whichever member leads, without waiting for it

@@ -7,6 +7,7 @@
 //! - [`service`]: the member side; [`client`]: the calling side.
 //! - [`raft_network`]: openraft's `RaftNetworkFactory` over the client.
 //! - [`join`]: admitting a member with a one-use token.
+//! - [`renew`]: certificates renewed before they expire.
 //!
 //! One bidirectional stream carries one call. Raft RPCs and client calls share the member
 //! endpoint; joins have their own endpoint because a joiner has no certificate yet, and the
@@ -16,11 +17,15 @@ pub mod ca;
 pub mod client;
 pub mod join;
 pub mod raft_network;
+pub mod renew;
 pub mod service;
 pub mod tls;
 pub mod wire;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+
+use strata_quic::LiveIdentity;
 
 pub use ca::{CaError, ClusterCa, MemberIdentity, OperatorIdentity, Principal};
 pub use client::{Client, ClientError, Subscription};
@@ -39,10 +44,11 @@ pub enum EndpointError {
     },
 }
 
-/// The member endpoint on `listen`: accepts members (mutual TLS) and dials them as `identity`.
+/// The member endpoint on `listen`: accepts members (mutual TLS) and dials them as `identity`
+/// (whichever certificate it holds at each handshake).
 pub fn member_endpoint(
     listen: SocketAddr,
-    identity: &MemberIdentity,
+    identity: &Arc<LiveIdentity>,
 ) -> Result<quinn::Endpoint, EndpointError> {
     let mut endpoint = quinn::Endpoint::server(tls::member_server_config(identity)?, listen)
         .map_err(|source| EndpointError::Bind {
@@ -56,7 +62,7 @@ pub fn member_endpoint(
 /// The join endpoint on `listen`: server-authenticated TLS, serving only joins.
 pub fn join_endpoint(
     listen: SocketAddr,
-    identity: &MemberIdentity,
+    identity: &Arc<LiveIdentity>,
 ) -> Result<quinn::Endpoint, EndpointError> {
     quinn::Endpoint::server(tls::join_server_config(identity)?, listen).map_err(|source| {
         EndpointError::Bind {
@@ -69,6 +75,15 @@ pub fn join_endpoint(
 /// A dial-only endpoint for tools that hold a member identity.
 pub fn client_endpoint(
     identity: &MemberIdentity,
+    local: SocketAddr,
+) -> Result<quinn::Endpoint, EndpointError> {
+    dial_only(local, tls::member_client_config(&identity.live()?)?)
+}
+
+/// A dial-only endpoint for a long-running process (a router, a node) presenting `identity`
+/// as it is at each handshake, member's or operator's: renewals need no new endpoint.
+pub fn live_client_endpoint(
+    identity: &Arc<LiveIdentity>,
     local: SocketAddr,
 ) -> Result<quinn::Endpoint, EndpointError> {
     dial_only(local, tls::member_client_config(identity)?)
@@ -100,7 +115,8 @@ pub fn upgrade_to_member(
     endpoint: &mut quinn::Endpoint,
     identity: &MemberIdentity,
 ) -> Result<(), EndpointError> {
-    endpoint.set_server_config(Some(tls::member_server_config(identity)?));
-    endpoint.set_default_client_config(tls::member_client_config(identity)?);
+    let live = identity.live()?;
+    endpoint.set_server_config(Some(tls::member_server_config(&live)?));
+    endpoint.set_default_client_config(tls::member_client_config(&live)?);
     Ok(())
 }

@@ -16,18 +16,20 @@
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use openraft::error::{ClientWriteError, RaftError};
+use openraft::raft::AppendEntriesResponse;
 use openraft::{ChangeMembers, ServerState};
 
 use super::ca::Principal;
-use super::client::peer_principal;
+use super::client::{peer_expiry, peer_principal};
 use super::join::JoinAuthority;
 use super::wire::{
     ClusterView, FeedItem, FrameError, MembershipChange, Refusal, Request, Response, node,
     read_frame_bytes, write_frame,
 };
+use crate::election::{LeaderContact, grants_pre_vote};
 use crate::store::{FeedError, StateReader};
 use crate::{NodeId, Raft};
 
@@ -40,6 +42,11 @@ pub struct Service {
     pub join: Option<Arc<JoinAuthority>>,
     /// How long a peer may take to send a whole request once its stream is open.
     pub read_timeout: Duration,
+    /// When this member last heard from a leader, for pre-votes (`crate::election`).
+    pub contact: Arc<LeaderContact>,
+    /// How long a voter must not have heard from a leader before it grants a pre-vote: the
+    /// leader lease.
+    pub lease: Duration,
 }
 
 /// Accepts connections on `endpoint` until it is closed. `mutual` says whether the endpoint
@@ -61,6 +68,7 @@ pub async fn serve(endpoint: quinn::Endpoint, service: Service, mutual: bool) {
 async fn serve_connection(connection: quinn::Connection, service: Service, mutual: bool) {
     let remote = connection.remote_address();
     let peer = peer_principal(&connection).map(Arc::new);
+    let expires = peer_expiry(&connection);
     if mutual && peer.is_none() {
         // The CA issued a certificate naming neither a member nor an operator: not one of
         // ours to trust.
@@ -74,7 +82,11 @@ async fn serve_connection(connection: quinn::Connection, service: Service, mutua
                 let service = service.clone();
                 let peer = peer.clone();
                 tokio::spawn(async move {
-                    serve_stream(send, recv, &service, peer.as_deref(), remote, mutual).await;
+                    let peer = Peer {
+                        principal: peer.as_deref(),
+                        expires,
+                    };
+                    serve_stream(send, recv, &service, peer, remote, mutual).await;
                 });
             }
             Err(e) => {
@@ -85,22 +97,32 @@ async fn serve_connection(connection: quinn::Connection, service: Service, mutua
     }
 }
 
+/// Who called, as the connection's certificate says.
+#[derive(Clone, Copy)]
+struct Peer<'a> {
+    principal: Option<&'a Principal>,
+    /// When that certificate stops being valid.
+    expires: Option<SystemTime>,
+}
+
 async fn serve_stream(
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
     service: &Service,
-    peer: Option<&Principal>,
+    caller: Peer<'_>,
     remote: SocketAddr,
     mutual: bool,
 ) {
+    let peer = caller.principal;
     let read = tokio::time::timeout(service.read_timeout, read_frame_bytes(&mut recv)).await;
     let refused = match read {
         Err(_elapsed) => read_timeout_refusal(service.read_timeout),
         Ok(Ok(Some(body))) => match serde_json::from_slice::<Request>(&body) {
             Ok(request) => match admit(&request, peer, mutual).and_then(|()| {
-                // Checked per request: a certificate revoked while its connection is open stops
-                // working at its next call.
-                not_revoked(&service.state, peer)
+                // Checked per request: a certificate revoked, or past its end, while its
+                // connection is open stops working at its next call.
+                not_revoked(&service.state, peer)?;
+                not_expired(caller)
             }) {
                 Ok(()) => {
                     if let Err(e) = answer(request, &mut send, service, peer).await {
@@ -208,6 +230,17 @@ fn not_revoked(state: &StateReader, peer: Option<&Principal>) -> Result<(), Refu
     }
 }
 
+/// Refuses a peer whose certificate has passed its end: the handshake checks it, and a
+/// connection that outlives it is refused from then on (its holder failed to renew).
+fn not_expired(caller: Peer<'_>) -> Result<(), Refusal> {
+    match (caller.expires, caller.principal) {
+        (Some(end), Some(principal)) if SystemTime::now() > end => {
+            Err(Refusal::Expired(principal.to_string()))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Turns a raft API error into a refusal, naming the leader where raft knows it.
 fn refusal<E>(e: RaftError<NodeId, E>) -> Refusal
 where
@@ -257,10 +290,31 @@ async fn answer(
 ) -> Result<(), FrameError> {
     let raft = &service.raft;
     let response = match request {
-        Request::AppendEntries(rpc) => Response::AppendEntries(raft.append_entries(rpc).await),
-        Request::Vote(rpc) => Response::Vote(raft.vote(rpc).await),
+        Request::AppendEntries(rpc) => {
+            let answer = raft.append_entries(rpc).await;
+            if matches!(&answer, Ok(a) if !matches!(a, AppendEntriesResponse::HigherVote(_))) {
+                service.contact.heard();
+            }
+            Response::AppendEntries(answer)
+        }
+        Request::Vote(rpc) => {
+            let answer = raft.vote(rpc).await;
+            if matches!(&answer, Ok(vote) if vote.vote_granted) {
+                service.contact.heard();
+            }
+            Response::Vote(answer)
+        }
         Request::InstallSnapshot(rpc) => {
-            Response::InstallSnapshot(raft.install_snapshot(rpc).await)
+            let answer = raft.install_snapshot(rpc).await;
+            if answer.is_ok() {
+                service.contact.heard();
+            }
+            Response::InstallSnapshot(answer)
+        }
+        Request::PreVote { term } => {
+            let granted = grants_pre_vote(raft, &service.contact, service.lease);
+            tracing::debug!(by = %describe(peer), term, granted, "pre-vote");
+            Response::PreVote { granted }
         }
         Request::Propose(_) | Request::AddLearner { .. } | Request::ChangeMembership(_)
             if let Err(refused) = leads(service) =>
@@ -315,6 +369,16 @@ async fn answer(
             None => Response::Refused(Refusal::Failed(
                 "this member does not hold the cluster CA key; join through the one that does"
                     .into(),
+            )),
+        },
+        Request::Renew { csr_pem } => match (&service.join, peer) {
+            (Some(authority), Some(principal)) => match authority.renew(&csr_pem, principal) {
+                Ok(cert_pem) => Response::Renewed { cert_pem },
+                Err(refused) => Response::Refused(refused),
+            },
+            (None, _) => Response::Refused(Refusal::NoCa),
+            (Some(_), None) => Response::Refused(Refusal::Failed(
+                "a renewal needs the certificate being renewed".into(),
             )),
         },
     };

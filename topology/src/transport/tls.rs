@@ -14,26 +14,27 @@ use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
 pub use strata_quic::tls::TlsError;
-use strata_quic::tls::{self as quic, client_config_from, provider, roots};
+use strata_quic::tls::{self as quic, LiveIdentity, client_config_from, provider, roots};
 
-use super::ca::{MemberIdentity, OperatorIdentity, sha256_hex};
+use super::ca::{OperatorIdentity, sha256_hex};
 
 /// The application protocol both sides must agree on.
 pub const ALPN: &[u8] = b"strata-topology/1";
 
-/// The member endpoint: mutual TLS with the cluster CA.
-pub fn member_server_config(identity: &MemberIdentity) -> Result<quinn::ServerConfig, TlsError> {
-    quic::mutual_server_config(identity.chain(), ALPN)
+/// The member endpoint: mutual TLS with the cluster CA, presenting the member's current
+/// certificate (renewals swap it in `identity`).
+pub fn member_server_config(identity: &Arc<LiveIdentity>) -> Result<quinn::ServerConfig, TlsError> {
+    quic::live_server_config(identity, ALPN)
 }
 
 /// The join endpoint: the member authenticates itself; the joiner presents no certificate.
-pub fn join_server_config(identity: &MemberIdentity) -> Result<quinn::ServerConfig, TlsError> {
-    quic::server_only_config(identity.chain(), ALPN)
+pub fn join_server_config(identity: &Arc<LiveIdentity>) -> Result<quinn::ServerConfig, TlsError> {
+    quic::server_only_config(identity, ALPN)
 }
 
 /// A member (or an operator's CLI holding a member's identity) dialing members.
-pub fn member_client_config(identity: &MemberIdentity) -> Result<quinn::ClientConfig, TlsError> {
-    quic::mutual_client_config(identity.chain(), ALPN)
+pub fn member_client_config(identity: &Arc<LiveIdentity>) -> Result<quinn::ClientConfig, TlsError> {
+    quic::live_client_config(identity, ALPN)
 }
 
 /// An operator's CLI dialing members with the operator's own certificate.

@@ -41,6 +41,16 @@ pub enum Request {
     ChangeMembership(MembershipChange),
     /// Present a join token and a certificate request; answered with a certificate.
     Join(JoinRequest),
+    /// Ask for a new certificate for the identity the caller's current one names (member or
+    /// operator), for the key in this certificate request; only a member holding the CA key
+    /// signs it.
+    Renew {
+        csr_pem: String,
+    },
+    /// Would you vote for me in `term`? (`election`: asked before standing; changes nothing.)
+    PreVote {
+        term: u64,
+    },
 }
 
 impl Request {
@@ -48,7 +58,10 @@ impl Request {
     pub fn is_raft(&self) -> bool {
         matches!(
             self,
-            Request::AppendEntries(_) | Request::Vote(_) | Request::InstallSnapshot(_)
+            Request::AppendEntries(_)
+                | Request::Vote(_)
+                | Request::InstallSnapshot(_)
+                | Request::PreVote { .. }
         )
     }
 
@@ -163,6 +176,12 @@ pub enum Refusal {
     /// again cannot succeed.
     #[error("join refused: {0}")]
     JoinRefused(String),
+    /// A renewal asked of a member that does not hold the CA key.
+    #[error("this member does not hold the cluster CA key")]
+    NoCa,
+    /// The peer's certificate is past its end (its connection outlived it).
+    #[error("the certificate of {0} has expired")]
+    Expired(String),
 }
 
 /// A member's answer.
@@ -185,6 +204,14 @@ pub enum Response {
         log_id: LogId<NodeId>,
     },
     Joined(JoinGrant),
+    /// A renewed certificate, PEM.
+    Renewed {
+        cert_pem: String,
+    },
+    /// The answer to a pre-vote.
+    PreVote {
+        granted: bool,
+    },
     Refused(Refusal),
 }
 

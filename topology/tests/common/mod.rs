@@ -128,6 +128,8 @@ impl Group {
             state,
             join: join.map(Arc::new),
             read_timeout: READ_TIMEOUT,
+            contact: Arc::default(),
+            lease: Duration::from_millis(self.raft.election_timeout_max),
         };
         let serving = tokio::spawn(serve(endpoint.clone(), service.clone(), true));
         Member {
@@ -171,7 +173,7 @@ pub async fn bind(
 ) -> quinn::Endpoint {
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        match member_endpoint(listen, identity) {
+        match member_endpoint(listen, &identity.live().unwrap()) {
             Ok(endpoint) => return endpoint,
             Err(e) if tokio::time::Instant::now() < deadline => {
                 tracing::debug!("rebind {listen}: {e}");
