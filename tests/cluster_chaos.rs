@@ -4,7 +4,8 @@
 //! leader (each started again on its own command line and data), lets a fourth member and its
 //! node join and then leave, and restarts every node in turn. Every stream must complete and
 //! equal the fault-free run of one `strata serve`; afterwards the members agree on the voters and
-//! leader, the group still commits, and both routers follow its ring.
+//! leader, the group still commits, both routers follow its ring, and what a writer and a reader
+//! of the group saw through all of it is linearizable (tests/history), no acknowledged write lost.
 //!
 //! The faults must have hit live work, or the test proves nothing: some stream had to be retried
 //! on the other router (the router kill cut it), the routers failed streams over between nodes,
@@ -12,6 +13,7 @@
 //! streams.
 
 mod cluster;
+mod history;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -20,6 +22,14 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use history::registry::{
+    CHECK_BUDGET, Journal, SetOperation, canary_caught, lost_writes, read_loop, record_reads,
+    write_loop,
+};
+use history::{SetModel, Verdict, check};
+use strata_topology::transport::wire::ClusterView;
+use strata_topology::transport::{Client, OperatorIdentity, operator_endpoint};
 
 use cluster::{
     Process, complete_with, completion_body, dechunk, deploy_local_with, get, metric, serial,
@@ -167,6 +177,95 @@ fn stream_once(addr: SocketAddr, body: &str) -> Option<String> {
     Some(stream_text(body))
 }
 
+/// A writer and a reader of the topology group on a runtime of their own, recording what they
+/// see until `stop`; the thread answers with the history and a final read.
+struct GroupHistory {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(Vec<SetOperation>, ClusterView)>,
+}
+
+impl GroupHistory {
+    fn record(identity: &Path, members: Vec<String>) -> Self {
+        let identity = OperatorIdentity::load(identity).expect("the routers' operator identity");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let local = SocketAddr::from(([0, 0, 0, 0], 0));
+                let endpoint = operator_endpoint(&identity, local).unwrap();
+                let client = Client::new(endpoint, Duration::from_secs(1));
+                let journal = Arc::new(Journal::new());
+                let tasks = [
+                    tokio::spawn(write_loop(
+                        client.clone(),
+                        members.clone(),
+                        "chaos".into(),
+                        journal.clone(),
+                        stopped.clone(),
+                    )),
+                    tokio::spawn(read_loop(
+                        client.clone(),
+                        members.clone(),
+                        journal.clone(),
+                        stopped,
+                    )),
+                ];
+                for task in tasks {
+                    task.await.unwrap();
+                }
+                // The final read reports on every name the writer tried.
+                let invoked = journal.now();
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let view = 'read: loop {
+                    for member in &members {
+                        if let Ok(view) = client.read(member).await {
+                            break 'read view;
+                        }
+                    }
+                    assert!(Instant::now() < deadline, "no member answers a read");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                };
+                let names = journal.invoked.lock().unwrap().clone();
+                record_reads(&journal, &view, names, invoked, journal.now());
+                let history = journal.ops().clone();
+                (history, view)
+            })
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops recording and checks the history: linearizable, no acknowledged write lost, and
+    /// the checker's canary (one acknowledged write hidden from the last read) caught.
+    fn check(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let (history, view) = self.thread.join().expect("the group's clients panicked");
+        let writes = history
+            .iter()
+            .filter(|op| matches!(op.input, history::SetInput::Add(_)))
+            .count();
+        assert!(writes > 10, "too few writes reached the group: {writes}");
+        let lost = lost_writes(&history, &view);
+        assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
+        assert_eq!(
+            check(&SetModel, &history, CHECK_BUDGET),
+            Verdict::Linearizable,
+            "the group's history is not linearizable"
+        );
+        assert!(
+            canary_caught(&history),
+            "the checker's canary was not caught"
+        );
+        eprintln!(
+            "group history: {} operations, {writes} writes, linearizable",
+            history.len()
+        );
+    }
+}
+
 /// What one chaos run saw.
 struct Outcome {
     /// `(prompt index, equal to the fault-free run)` per finished stream.
@@ -238,6 +337,12 @@ fn chaos(router_args: &str) -> Outcome {
         [101, 102].map(|p| format!("127.0.0.1:{}", base + p).parse().unwrap());
     let member = |i: u16| dir.join(format!("member-{i}"));
     eprintln!("deployed: {:?}", started.elapsed());
+    let group_history = GroupHistory::record(
+        &dir.join("router-identity"),
+        (1..=3)
+            .map(|i| format!("127.0.0.1:{}", base + 10 * i))
+            .collect(),
+    );
 
     // Clients: each streams its prompts in turn, starting on router `c % 2`, and retries a
     // stream on the other router when it is cut or refused.
@@ -405,6 +510,7 @@ fn chaos(router_args: &str) -> Outcome {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+    group_history.check();
     let retried = retried.load(Ordering::Relaxed);
     eprintln!(
         "{} streams, {retried} retries on the other router, {failovers} node failovers, {:?}",

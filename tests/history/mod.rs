@@ -15,6 +15,8 @@
 
 #![allow(dead_code)] // each test binary that includes this module uses a part of it
 
+pub mod registry;
+
 use std::collections::{BTreeMap, HashSet};
 use std::hash::Hash;
 use std::time::Duration;
