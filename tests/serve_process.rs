@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use cluster::{Process, document, synth};
+use cluster::{Process, document, metric, synth, without_model_label};
 
 fn strata(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_strata"))
@@ -597,10 +597,14 @@ fn a_prompt_parked_on_disk_survives_a_sigkilled_server() {
         assert_eq!(status, 200, "{raw}");
         raw
     };
+    // The sample of `name` exactly (labels but the model's name included).
     let series = |text: &str, name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        let line = text
+            .lines()
+            .map(without_model_label)
+            .find(|l| l.strip_prefix(name).is_some_and(|v| v.starts_with(' ')));
+        let line = line.unwrap_or_else(|| panic!("no {name} in:\n{text}"));
+        metric(&line, name)
     };
     let scraped = metrics(first.addr);
     let host_capacity = "strata_kv_tier_capacity_blocks{tier=\"host\"}";

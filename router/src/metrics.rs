@@ -103,6 +103,7 @@ pub struct Metrics {
     ttft: Histogram,
     inter_token: Histogram,
     e2e: Histogram,
+    decode_time: Histogram,
     queue_time: Histogram,
     prompt_lengths: Histogram,
     generation_lengths: Histogram,
@@ -121,6 +122,7 @@ impl Default for Metrics {
             ttft: Histogram::new(TTFT_BUCKETS),
             inter_token: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
+            decode_time: Histogram::new(E2E_BUCKETS),
             queue_time: Histogram::new(QUEUE_BUCKETS),
             prompt_lengths: Histogram::new(LENGTH_BUCKETS),
             generation_lengths: Histogram::new(LENGTH_BUCKETS),
@@ -293,6 +295,11 @@ impl Metrics {
         self.e2e.observe(elapsed);
     }
 
+    /// A finished generation's time from its first token to its last event.
+    pub fn observe_decode_time(&self, elapsed: Duration) {
+        self.decode_time.observe(elapsed);
+    }
+
     /// An admitted request's wait for its slot (zero when one was free).
     pub fn observe_queue_time(&self, waited: Duration) {
         self.queue_time.observe(waited);
@@ -398,6 +405,12 @@ impl Metrics {
             "strata_e2e_request_latency_seconds",
             "Time from submission to the end of a finished generation.",
         );
+        self.decode_time.render(
+            &mut out,
+            "strata_request_decode_time_seconds",
+            "Time from a finished generation's first token to its end (its time to first token \
+             is the prefill, engine queue included).",
+        );
         self.queue_time.render(
             &mut out,
             "strata_request_queue_time_seconds",
@@ -490,11 +503,45 @@ async fn metrics(State(state): State<AppState>) -> Response {
          # TYPE strata_model_info gauge\nstrata_model_info{{model_name=\"{}\"}} 1",
         state.name.replace('\\', "\\\\").replace('"', "\\\"")
     );
-    crate::process_metrics::render(&mut text);
     if let crate::state::EngineHandle::Cluster(cluster) = &state.engine {
         text.push_str(&cluster.render_metrics());
     }
+    let mut text = with_model_label(&text, &state.name);
+    crate::process_metrics::render(&mut text);
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// `text` with a `model_name` label on every `strata_` sample (what a Grafana board filters
+/// and groups by, as vLLM's metrics carry it); comments and other families unchanged.
+fn with_model_label(text: &str, model: &str) -> String {
+    let label = format!(
+        "model_name=\"{}\"",
+        model
+            .replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    );
+    let mut out = String::with_capacity(text.len() + text.len() / 4);
+    for line in text.lines() {
+        match line.find([' ', '{']) {
+            Some(at) if line.starts_with("strata_") && !line.contains("model_name=") => {
+                let (name, rest) = line.split_at(at);
+                match rest.strip_prefix('{') {
+                    Some(labels) => {
+                        let _ = writeln!(out, "{name}{{{label},{labels}");
+                    }
+                    None => {
+                        let _ = writeln!(out, "{name}{{{label}}}{rest}");
+                    }
+                }
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 /// The local engine's sequences, KV use and preemptions (a router's nodes report their own).
@@ -677,6 +724,19 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
         }
         assert!(!m.render(None).contains("strata_kv_cached_blocks"));
+    }
+
+    #[test]
+    fn every_strata_sample_carries_the_model_name() {
+        let text = "# HELP strata_x X.\n# TYPE strata_x counter\nstrata_x 3\n\
+                    strata_y{tier=\"host\"} 2\nstrata_model_info{model_name=\"m\"} 1\n\
+                    process_cpu_seconds_total 1.5\n";
+        let labelled = with_model_label(text, "my \"model\"");
+        let want = "# HELP strata_x X.\n# TYPE strata_x counter\n\
+                    strata_x{model_name=\"my \\\"model\\\"\"} 3\n\
+                    strata_y{model_name=\"my \\\"model\\\"\",tier=\"host\"} 2\n\
+                    strata_model_info{model_name=\"m\"} 1\nprocess_cpu_seconds_total 1.5\n";
+        assert_eq!(labelled, want);
     }
 
     #[test]

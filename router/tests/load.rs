@@ -138,8 +138,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 /// The value of an unlabelled metric.
 async fn metric(addr: SocketAddr, name: &str) -> String {
     let metrics = http::send(addr, "GET", "/metrics", b"").await;
-    metrics
-        .text()
+    support::unlabelled(&metrics.text())
         .lines()
         .find_map(|l| l.strip_prefix(&format!("{name} ")).map(str::to_string))
         .unwrap_or_else(|| panic!("{name} missing from /metrics"))

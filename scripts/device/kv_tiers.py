@@ -12,6 +12,7 @@ Writes the phase's numbers as JSON; exits non-zero if a check failed.
 import argparse
 import json
 import random
+import re
 import time
 import urllib.request
 
@@ -48,6 +49,8 @@ def metrics(url: str) -> dict:
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
+            # Every strata_ sample carries model_name first; keyed without it.
+            name = re.sub(r'model_name="[^"]*",?', "", name).replace("{}", "")
             values[name] = float(value)
     return values
 

@@ -106,6 +106,8 @@ machine = open(os.path.join(out, "machine.txt")).read().split("\n")
 def metrics(path):
     values = {}
     for line in open(path):
+        # Every strata_ sample carries model_name first; keyed without it.
+        line = re.sub(r'model_name="[^"]*",?', "", line).replace("{}", "")
         m = re.match(r'^(strata_engine_[a-z_]+(?:\{phase="\w+"\})?) ([0-9.e+-]+)$', line.strip())
         if m:
             values[m.group(1)] = float(m.group(2))

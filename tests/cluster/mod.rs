@@ -157,13 +157,28 @@ pub fn get(addr: SocketAddr, path: &str) -> String {
     raw
 }
 
-/// The value of the metric line starting with `name` (labels included).
+/// The value of the metric line starting with `name` (labels included; the `model_name` label
+/// every `strata_` sample carries left out).
 pub fn metric(text: &str, name: &str) -> f64 {
     text.lines()
+        .map(without_model_label)
         .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+}
+
+/// `line` without its `model_name="…"` label.
+pub fn without_model_label(line: &str) -> String {
+    const LABEL: &str = "model_name=\"";
+    let Some(at) = line.find(LABEL) else {
+        return line.to_string();
+    };
+    let (before, rest) = (&line[..at], &line[at + LABEL.len()..]);
+    let after = rest.split_once('"').map_or("", |(_, after)| after);
+    match (before.strip_suffix('{'), after.strip_prefix('}')) {
+        (Some(name), Some(value)) => format!("{name}{value}"),
+        _ => format!("{before}{}", after.strip_prefix(',').unwrap_or(after)),
+    }
 }
 
 /// Greedy unless `seed` is given: then sampled at temperature 0.9 with penalties.

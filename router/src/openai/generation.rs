@@ -35,6 +35,8 @@ pub struct Generation {
     started: std::time::Instant,
     /// When the last token arrived (for the inter-token latency histogram).
     last_token: Option<std::time::Instant>,
+    /// When the first token arrived (for the decode-time histogram).
+    first_token: Option<std::time::Instant>,
     /// Log-probabilities of the tokens behind the text released since the last
     /// [`Generation::take_logprobs`] (when the request asked for them).
     logprobs: Vec<TokenLogprob>,
@@ -63,6 +65,7 @@ impl Generation {
             submitted: Some(std::time::Instant::now()),
             started: std::time::Instant::now(),
             last_token: None,
+            first_token: None,
             logprobs: Vec::new(),
             pending_finish: None,
             done: false,
@@ -91,6 +94,7 @@ impl Generation {
                     let now = std::time::Instant::now();
                     if let Some(submitted) = self.submitted.take() {
                         self.state.metrics.observe_ttft(now - submitted);
+                        self.first_token = Some(now);
                     } else if let Some(last) = self.last_token {
                         self.state.metrics.observe_inter_token(now - last);
                     }
@@ -172,6 +176,9 @@ impl Generation {
     fn finish(&mut self, reason: &'static str) -> Step {
         self.done = true;
         self.state.metrics.observe_e2e(self.started.elapsed());
+        if let Some(first) = self.first_token {
+            self.state.metrics.observe_decode_time(first.elapsed());
+        }
         self.state.metrics.record_usage(
             self.prompt_tokens,
             self.cached_tokens,

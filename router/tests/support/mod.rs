@@ -249,3 +249,37 @@ pub fn paced_tiny_state(model_dir: &Path, delay: Duration, steps: Arc<AtomicUsiz
         parts,
     ))
 }
+
+/// `/metrics` text with the `model_name` label every `strata_` sample carries taken out, so
+/// that tests can look for `name value` and `name{other labels} value`.
+#[allow(dead_code)] // each test crate includes this module; not all use every helper
+pub fn unlabelled(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        out.push_str(&without_model_label(line));
+        out.push('\n');
+    }
+    out
+}
+
+#[allow(dead_code)] // used by `unlabelled`, which not every test crate uses
+fn without_model_label(line: &str) -> String {
+    const LABEL: &str = "model_name=\"";
+    let Some(at) = line.find(LABEL) else {
+        return line.to_string();
+    };
+    let (before, rest) = (&line[..at], &line[at + LABEL.len()..]);
+    let Some(end) = rest.find('"') else {
+        return line.to_string();
+    };
+    let after = &rest[end + 1..];
+    match (
+        before.strip_suffix('{'),
+        after.strip_prefix('}'),
+        after.strip_prefix(','),
+    ) {
+        (Some(name), Some(value), _) => format!("{name}{value}"),
+        (_, _, Some(others)) => format!("{before}{others}"),
+        _ => line.to_string(),
+    }
+}
