@@ -70,7 +70,7 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> RenewError + '_ {
     }
 }
 
-/// The certificate in `path`, its validity and whom it names.
+/// The certificate in `path` and its validity.
 pub fn read_certificate(path: &Path) -> Result<(CertificateDer<'static>, Validity), RenewError> {
     let bad = |detail: String| RenewError::Certificate {
         path: path.to_path_buf(),
@@ -245,6 +245,9 @@ pub fn member_addresses(
 
 /// How often a holder looks at its certificate and its files.
 const LOOK_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+/// The longest a holder waits between renewals that fail (the CA holder down, say): failures
+/// double the wait from [`LOOK_EVERY`] up to this.
+const RETRY_AT_MOST: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// Who renews an identity, and through whom.
 pub struct Renewer {
@@ -264,13 +267,23 @@ pub async fn keep_identity(
     live: std::sync::Arc<strata_quic::LiveIdentity>,
     renewer: Option<Renewer>,
 ) {
+    let mut retry = LOOK_EVERY;
+    let mut next_renewal = tokio::time::Instant::now();
     loop {
         tokio::time::sleep(LOOK_EVERY).await;
-        if let Some(renewer) = &renewer {
+        if let Some(renewer) = renewer
+            .as_ref()
+            .filter(|_| tokio::time::Instant::now() >= next_renewal)
+        {
             let members = (renewer.members)();
             let now = SystemTime::now();
-            if let Err(e) = renew_if_due(&renewer.client, &members, &dir, kind, now).await {
-                tracing::warn!(error = %e, "certificate renewal failed; trying again");
+            match renew_if_due(&renewer.client, &members, &dir, kind, now).await {
+                Ok(_) => retry = LOOK_EVERY,
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?retry, "certificate renewal failed");
+                    next_renewal = tokio::time::Instant::now() + retry;
+                    retry = (retry * 2).min(RETRY_AT_MOST);
+                }
             }
         }
         match take_up(&dir, kind, &live) {
