@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use cluster::{
     Process, complete, completion_body, deploy_local, deploy_local_with, get, metric, post, serial,
-    strata, synth,
+    strata, synth, without_model_label,
 };
 
 #[test]
@@ -168,7 +168,10 @@ fn a_node_joining_the_group_under_load_changes_the_ring_and_gets_traffic() {
     let joined = || {
         let text = get(router, "/metrics");
         metric(&text, "strata_router_ring_epoch") > epoch_before
-            && text.contains(&node3_requests)
+            && text
+                .lines()
+                .map(without_model_label)
+                .any(|l| l.starts_with(&node3_requests))
             && metric(&text, &node3_requests) > 0.0
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
