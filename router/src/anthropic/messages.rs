@@ -64,7 +64,7 @@ pub async fn create(
         model: state.name.clone(),
         input_tokens: prompt.len() as u32,
     };
-    let framer = BlockFramer::new(format, format!("toolu_{number:024}"));
+    let framer = BlockFramer::new(format.clone(), format!("toolu_{number:024}"));
     let cache_salt = tenant.map_or(0, |t| t.cache_salt);
     let park = mark.and_then(|(prefix, ttl)| Park::new(&state, &prompt, prefix, cache_salt, ttl));
     let turn = Turn::start(state, prompt, sampling, cache_salt, constraint, format)?.parking(park);

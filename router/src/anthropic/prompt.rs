@@ -27,7 +27,7 @@ pub(crate) fn render(
     let forced = tool_choice(conversation.tool_choice.as_ref())?.forced();
     let messages = template_messages(conversation)?;
     let (prompt, format) = render_conversation(state, messages, tools.clone(), "messages")?;
-    let constraint = forced_constraint(format, tools.as_deref(), forced);
+    let constraint = forced_constraint(format.as_ref(), tools.as_deref(), forced);
     Ok((prompt, format, constraint))
 }
 

@@ -169,7 +169,7 @@ pub fn frame_offline(
         cache_read_tokens: 0,
         cache_write_tokens: 0,
     };
-    let framer = || BlockFramer::new(format, "toolu_offline".into());
+    let framer = || BlockFramer::new(format.clone(), "toolu_offline".into());
     let cut = ending.stop_reason == "max_tokens";
     let whole = header().whole(framer().whole(&pieces.concat(), cut), ending.clone());
     let mut encoder = MessageEncoder {

@@ -89,7 +89,9 @@ impl Turn {
             "messages",
         )?;
         let request_id = stream.id;
-        let keep_special = format.is_some_and(ToolFormat::keeps_special_tokens);
+        let keep_special = format
+            .as_ref()
+            .is_some_and(ToolFormat::keeps_special_tokens);
         let generation = Generation::new(state.clone(), stream, &prompt, &[], keep_special);
         Ok(Self {
             state,

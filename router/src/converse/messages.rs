@@ -93,7 +93,7 @@ fn start(
         sampling.top_k = top_k;
     }
     let framer = BlockFramer::new(
-        format,
+        format.clone(),
         format!("tooluse_{:024}", state.next_response_number()),
     );
     let cache_salt = tenant.map_or(0, |t| t.cache_salt);

@@ -27,7 +27,7 @@ pub(crate) fn render(
     };
     let messages = template_messages(request)?;
     let (prompt, format) = render_conversation(state, messages, tools.clone(), "messages")?;
-    let constraint = forced_constraint(format, tools.as_deref(), forced);
+    let constraint = forced_constraint(format.as_ref(), tools.as_deref(), forced);
     Ok((prompt, format, constraint))
 }
 

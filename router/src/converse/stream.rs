@@ -172,7 +172,7 @@ pub fn frame_offline(
         cache_read_tokens: 0,
         cache_write_tokens: 0,
     };
-    let framer = || BlockFramer::new(format, "tooluse_offline".into());
+    let framer = || BlockFramer::new(format.clone(), "tooluse_offline".into());
     let cut = ending.stop_reason == "max_tokens";
     let answer = whole(framer().whole(&pieces.concat(), cut), &ending, 0);
     let mut events = EventEncoder { framer: framer() };

@@ -28,8 +28,10 @@ pub async fn create(
     let (prompt, format) = render(&state, &request.messages, tools.clone())?;
     let mut prepared =
         Prepared::new(&state, &request.sampling, prompt, "messages")?.for_tenant(tenant.as_deref());
-    prepared.keep_special_tokens = format.is_some_and(ToolFormat::keeps_special_tokens);
-    if let (Some(forced), Some(format), Some(tools)) = (forced, format, &tools) {
+    prepared.keep_special_tokens = format
+        .as_ref()
+        .is_some_and(ToolFormat::keeps_special_tokens);
+    if let (Some(forced), Some(format), Some(tools)) = (forced, &format, &tools) {
         if prepared.constraint.is_some() {
             return Err(ApiError::invalid(
                 Some("response_format"),
@@ -39,7 +41,10 @@ pub async fn create(
         prepared.constraint = Some(forced_call(format, tools, &forced));
     }
     let meta = ResponseMeta::new(&state, "chatcmpl");
-    respond(state, prepared, || ChatFramer::new(meta.clone(), format)).await
+    respond(state, prepared, || {
+        ChatFramer::new(meta.clone(), format.clone())
+    })
+    .await
 }
 
 /// `tools` as OpenAI function tools; an empty list is no tools.
@@ -266,8 +271,8 @@ struct ToolStream {
 impl ChatFramer {
     fn new(meta: ResponseMeta, format: Option<ToolFormat>) -> Self {
         let tools = format.map(|format| ToolStream {
+            splitter: ToolCallSplitter::new(format.clone()),
             format,
-            splitter: ToolCallSplitter::new(format),
             sent: 0,
         });
         Self { meta, tools }
@@ -387,7 +392,7 @@ impl Framer for ChatFramer {
         let mut reason = reason;
         if let Some(tools) = &self.tools {
             let cut = reason == "length";
-            let parsed = parse(tools.format, &text, cut);
+            let parsed = parse(tools.format.clone(), &text, cut);
             if !parsed.calls.is_empty() {
                 let calls = parsed
                     .calls
@@ -446,7 +451,7 @@ pub fn frame_offline(
         model: "offline".into(),
     };
     let usage = UsageBody::new(1, pieces.len() as u32);
-    let whole = ChatFramer::new(meta(), format).whole(pieces.concat(), reason, usage);
+    let whole = ChatFramer::new(meta(), format.clone()).whole(pieces.concat(), reason, usage);
     let mut framer = ChatFramer::new(meta(), format);
     let mut chunks = framer.opening().into_iter().collect::<Vec<_>>();
     for piece in pieces {

@@ -212,9 +212,12 @@ async fn create(
     let mut prepared = Prepared::new(&state, &fields, prompt, "input")
         .map_err(rename_max_tokens)?
         .for_tenant(tenant.as_deref());
-    prepared.keep_special_tokens =
-        format.is_some_and(crate::tools::ToolFormat::keeps_special_tokens);
-    if let Some(forced) = forced_constraint(format, tools.template.as_deref(), tools.forced) {
+    prepared.keep_special_tokens = format
+        .as_ref()
+        .is_some_and(crate::tools::ToolFormat::keeps_special_tokens);
+    if let Some(forced) =
+        forced_constraint(format.as_ref(), tools.template.as_deref(), tools.forced)
+    {
         if prepared.constraint.is_some() {
             return Err(ApiError::invalid(
                 Some("text.format"),
@@ -463,7 +466,11 @@ impl ResponseShell {
     }
 
     fn items(&self) -> OutputItems {
-        OutputItems::new(self.format, format!("msg_{}", self.number), self.number)
+        OutputItems::new(
+            self.format.clone(),
+            format!("msg_{}", self.number),
+            self.number,
+        )
     }
 
     fn in_progress(&self) -> Value {

@@ -340,11 +340,11 @@ mod tests {
                 ToolFormat::Hermes,
                 ToolFormat::LlamaJson,
                 ToolFormat::Mistral,
-                ToolFormat::QwenXml,
+                ToolFormat::QwenXml(Default::default()),
                 ToolFormat::Pythonic,
             ] {
-                let mut framer = BlockFramer::new(Some(format), "t".into());
-                let blocks = BlockFramer::new(Some(format), "t".into()).whole(text, false);
+                let mut framer = BlockFramer::new(Some(format.clone()), "t".into());
+                let blocks = BlockFramer::new(Some(format.clone()), "t".into()).whole(text, false);
                 assert_eq!(blocks, [Block::Text(text.into())], "{format:?} {text:?}");
                 let mut events = framer.opening();
                 for c in text.chars() {

@@ -9,13 +9,14 @@
 
 use serde_json::{Map, Value};
 
+use super::qwen_xml::ParamTypes;
 use super::{mistral, pythonic, qwen_xml};
 
 pub(super) const OPEN: &str = "<tool_call>";
 pub(super) const CLOSE: &str = "</tool_call>";
 
 /// How the served model writes a tool call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ToolFormat {
     /// Qwen / Hermes: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one or several.
     Hermes,
@@ -25,8 +26,9 @@ pub enum ToolFormat {
     /// `[TOOL_CALLS]name[ARGS]{...}`, once per call (newer ones).
     Mistral,
     /// Qwen3-Coder: `<tool_call><function=NAME><parameter=ARG>VALUE</parameter>...</function>
-    /// </tool_call>`, one or several (a Hermes JSON body is read too).
-    QwenXml,
+    /// </tool_call>`, one or several (a Hermes JSON body is read too). The values are text; the
+    /// tools' declared parameter types say which are numbers, booleans, objects or arrays.
+    QwenXml(ParamTypes),
     /// Llama 3.2 / 4: the whole output is `[f(a=1, b="x"), g()]`, Python literal arguments (a
     /// Llama 3.1 JSON output is read too).
     Pythonic,
@@ -36,7 +38,7 @@ impl ToolFormat {
     /// Whether the output must be decoded with the tokenizer's special tokens kept: Mistral's
     /// own tokenizers make `[TOOL_CALLS]` and `[ARGS]` control tokens, which a decoder skipping
     /// special tokens would drop before the parser sees them (vLLM keeps them for Mistral too).
-    pub fn keeps_special_tokens(self) -> bool {
+    pub fn keeps_special_tokens(&self) -> bool {
         matches!(self, ToolFormat::Mistral)
     }
 
@@ -51,7 +53,7 @@ impl ToolFormat {
         if has(mistral::AVAILABLE_TOOLS) {
             ToolFormat::Mistral
         } else if has(qwen_xml::FUNCTION) && has(qwen_xml::PARAMETER) {
-            ToolFormat::QwenXml
+            ToolFormat::QwenXml(ParamTypes::default())
         } else if has(OPEN) {
             ToolFormat::Hermes
         } else if has(pythonic::TEMPLATE_EXAMPLE) {
@@ -63,11 +65,22 @@ impl ToolFormat {
         }
     }
 
-    fn shape(self) -> Shape {
+    /// This format reading the parameter types the rendered `tools` declare (Qwen3-Coder's
+    /// values are text; the other formats write JSON or Python literals, typed as written).
+    pub fn typed_by(self, tools: &[Value]) -> Self {
         match self {
-            ToolFormat::Hermes => Shape::Marked(|held| scan_block(held, hermes_body)),
-            ToolFormat::QwenXml => Shape::Marked(|held| scan_block(held, qwen_xml::call_from_body)),
-            ToolFormat::Mistral => Shape::Marked(mistral::scan),
+            ToolFormat::QwenXml(_) => ToolFormat::QwenXml(ParamTypes::of(tools)),
+            other => other,
+        }
+    }
+
+    fn shape(&self) -> Shape<'_> {
+        match self {
+            ToolFormat::Hermes => Shape::Marked(Box::new(|held| scan_block(held, hermes_body))),
+            ToolFormat::QwenXml(types) => Shape::Marked(Box::new(move |held| {
+                scan_block(held, |body| qwen_xml::call_from_body(body, types))
+            })),
+            ToolFormat::Mistral => Shape::Marked(Box::new(mistral::scan)),
             ToolFormat::LlamaJson => Shape::WholeOutput("{", llama_json_output),
             ToolFormat::Pythonic => Shape::WholeOutput("[{", pythonic::calls_from_output),
         }
@@ -75,9 +88,9 @@ impl ToolFormat {
 }
 
 /// How a format sits in the output (see the module comment).
-enum Shape {
+enum Shape<'a> {
     /// Calls inside free text, found by this scanner.
-    Marked(fn(&str) -> Scan),
+    Marked(Box<dyn Fn(&str) -> Scan + 'a>),
     /// An output whose first non-blank character is one of these may be calls: it is read
     /// whole by this parser.
     WholeOutput(&'static str, fn(&str) -> Option<Vec<ToolCall>>),
@@ -166,13 +179,16 @@ impl ToolCallSplitter {
     }
 
     fn drain(&mut self, end: bool, cut: bool) -> Vec<Piece> {
-        match self.format.shape() {
-            Shape::Marked(scan) => self.drain_marked(scan, end, cut),
+        // The format is read while the held text changes (a Qwen3-Coder format shares its
+        // parameter types, an `Arc`, with the copy).
+        let format = self.format.clone();
+        match format.shape() {
+            Shape::Marked(scan) => self.drain_marked(&*scan, end, cut),
             Shape::WholeOutput(openers, parse) => self.drain_whole(openers, parse, end, cut),
         }
     }
 
-    fn drain_marked(&mut self, scan: fn(&str) -> Scan, end: bool, cut: bool) -> Vec<Piece> {
+    fn drain_marked(&mut self, scan: &dyn Fn(&str) -> Scan, end: bool, cut: bool) -> Vec<Piece> {
         let mut out = Vec::new();
         while !self.held.is_empty() {
             let consumed = match scan(&self.held) {
@@ -233,7 +249,7 @@ impl ToolCallSplitter {
 }
 
 /// A `<tool_call>` … `</tool_call>` block whose body `body` reads, after any text before it.
-fn scan_block(held: &str, body: fn(&str) -> Option<ToolCall>) -> Scan {
+fn scan_block(held: &str, body: impl Fn(&str) -> Option<ToolCall>) -> Scan {
     if let Some(text) = text_before(held, OPEN) {
         return text;
     }
@@ -373,10 +389,10 @@ pub(super) fn call(name: &str, arguments: &str) -> ToolCall {
 #[cfg(test)]
 pub(super) fn assert_streaming_matches_whole(format: ToolFormat, text: &str) {
     for cut in [false, true] {
-        let whole = parse(format, text, cut);
+        let whole = parse(format.clone(), text, cut);
         for chunk in 1..=7 {
             assert_eq!(
-                streamed(format, text, chunk, cut),
+                streamed(format.clone(), text, chunk, cut),
                 whole,
                 "{format:?}, chunks of {chunk}, cut {cut}: {text}"
             );
@@ -391,10 +407,16 @@ mod tests {
     #[test]
     fn only_mistral_decodes_with_special_tokens_kept() {
         use ToolFormat::*;
-        let kept: Vec<ToolFormat> = [Hermes, LlamaJson, Mistral, QwenXml, Pythonic]
-            .into_iter()
-            .filter(|f| f.keeps_special_tokens())
-            .collect();
+        let kept: Vec<ToolFormat> = [
+            Hermes,
+            LlamaJson,
+            Mistral,
+            QwenXml(Default::default()),
+            Pythonic,
+        ]
+        .into_iter()
+        .filter(|f| f.keeps_special_tokens())
+        .collect();
         assert_eq!(kept, [Mistral]);
     }
 
@@ -519,7 +541,7 @@ mod tests {
                 .copied()
                 .chain(["{\"name\": \"f\", \"parameters\": {}}"])
             {
-                let mut splitter = ToolCallSplitter::new(format);
+                let mut splitter = ToolCallSplitter::new(format.clone());
                 let mut streamed = Parsed::default();
                 let mut buf = [0u8; 4];
                 let pieces = text
@@ -532,7 +554,8 @@ mod tests {
                         Piece::Call(c) => streamed.calls.push(c),
                     }
                 }
-                assert_eq!(streamed, parse(format, text, false), "{format:?}: {text}");
+                let whole = parse(format.clone(), text, false);
+                assert_eq!(streamed, whole, "{format:?}: {text}");
             }
         }
     }

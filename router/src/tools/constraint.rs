@@ -26,7 +26,7 @@ pub enum ForcedCall {
 
 /// The grammar for `forced` calls of `tools` (template-shaped function tools:
 /// `{"type": "function", "function": {"name", "parameters"}}`) written in `format`.
-pub fn forced_call(format: ToolFormat, tools: &[Value], forced: &ForcedCall) -> Constraint {
+pub fn forced_call(format: &ToolFormat, tools: &[Value], forced: &ForcedCall) -> Constraint {
     let family = Family::of(format);
     let arguments_key = match family {
         Family::Hermes | Family::Mistral => "arguments",
@@ -88,9 +88,9 @@ enum Family {
 }
 
 impl Family {
-    fn of(format: ToolFormat) -> Self {
+    fn of(format: &ToolFormat) -> Self {
         match format {
-            ToolFormat::Hermes | ToolFormat::QwenXml => Family::Hermes,
+            ToolFormat::Hermes | ToolFormat::QwenXml(_) => Family::Hermes,
             ToolFormat::LlamaJson | ToolFormat::Pythonic => Family::LlamaJson,
             ToolFormat::Mistral => Family::Mistral,
         }
@@ -113,7 +113,7 @@ mod tests {
     #[test]
     fn a_named_call_admits_only_that_tool() {
         let Constraint::Lark(lark) = forced_call(
-            ToolFormat::Hermes,
+            &ToolFormat::Hermes,
             &tools(),
             &ForcedCall::Named("get_time".into()),
         ) else {
@@ -128,14 +128,15 @@ mod tests {
 
     #[test]
     fn llama_calls_use_parameters() {
-        let Constraint::Lark(lark) = forced_call(ToolFormat::LlamaJson, &tools(), &ForcedCall::Any)
+        let Constraint::Lark(lark) =
+            forced_call(&ToolFormat::LlamaJson, &tools(), &ForcedCall::Any)
         else {
             panic!("a Lark grammar");
         };
         assert!(lark.contains("\"parameters\"") && !lark.contains("\"arguments\""));
         assert!(lark.contains("get_time") && lark.contains("get_weather"));
         let Constraint::Lark(pythonic) =
-            forced_call(ToolFormat::Pythonic, &tools(), &ForcedCall::Any)
+            forced_call(&ToolFormat::Pythonic, &tools(), &ForcedCall::Any)
         else {
             panic!("a Lark grammar");
         };
@@ -144,7 +145,7 @@ mod tests {
 
     #[test]
     fn mistral_calls_are_a_marked_json_list() {
-        let Constraint::Lark(any) = forced_call(ToolFormat::Mistral, &tools(), &ForcedCall::Any)
+        let Constraint::Lark(any) = forced_call(&ToolFormat::Mistral, &tools(), &ForcedCall::Any)
         else {
             panic!("a Lark grammar");
         };
@@ -154,7 +155,7 @@ mod tests {
         );
         assert!(any.contains("\"arguments\""));
         let Constraint::Lark(named) = forced_call(
-            ToolFormat::Mistral,
+            &ToolFormat::Mistral,
             &tools(),
             &ForcedCall::Named("get_weather".into()),
         ) else {
@@ -177,12 +178,12 @@ mod tests {
                        {\"name\":\"get_time\",\"arguments\":{}}]";
         for (format, output, calls) in [
             (ToolFormat::Hermes, hermes, 1),
-            (ToolFormat::QwenXml, hermes, 1),
+            (ToolFormat::QwenXml(Default::default()), hermes, 1),
             (ToolFormat::LlamaJson, llama, 1),
             (ToolFormat::Pythonic, llama, 1),
             (ToolFormat::Mistral, mistral, 2),
         ] {
-            let parsed = super::super::parse(format, output, false);
+            let parsed = super::super::parse(format.clone(), output, false);
             assert_eq!(parsed.calls.len(), calls, "{format:?}: {parsed:?}");
             assert_eq!(parsed.content, "", "{format:?}");
         }

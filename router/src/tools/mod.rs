@@ -28,7 +28,7 @@ pub(crate) type Rendered = (Vec<u32>, Option<ToolFormat>, Option<Constraint>);
 /// The grammar forcing `forced` calls of the rendered `tools`, when tools were rendered (and so
 /// a call format is known) and the choice forces a call.
 pub(crate) fn forced_constraint(
-    format: Option<ToolFormat>,
+    format: Option<&ToolFormat>,
     tools: Option<&[Value]>,
     forced: Option<ForcedCall>,
 ) -> Option<Constraint> {
@@ -56,13 +56,16 @@ pub(crate) fn render_conversation(
             "the served model has no chat template; use /v1/completions",
         )
     })?;
-    let has_tools = tools.is_some();
-    let text = template.render(&ChatRequest {
+    let request = ChatRequest {
         messages,
         tools,
         add_generation_prompt: true,
         extra: Default::default(),
-    })?;
-    let format = has_tools.then(|| ToolFormat::detect(&text));
+    };
+    let text = template.render(&request)?;
+    let format = request
+        .tools
+        .as_deref()
+        .map(|tools| ToolFormat::detect(&text).typed_by(tools));
     Ok((state.tokenizer.encode(&text, false)?, format))
 }
