@@ -57,6 +57,9 @@ pub struct Sequence {
     resumed: u32,
     cached_tokens: u32,
     deadline: Option<Instant>,
+    /// When the engine took the request, and when it first ran (the engine's queue between).
+    submitted: Instant,
+    started: Option<Instant>,
     events: UnboundedSender<TokenEvent>,
 }
 
@@ -89,6 +92,8 @@ impl Sequence {
             resumed: generated,
             cached_tokens: 0,
             deadline,
+            submitted: Instant::now(),
+            started: None,
             events,
         }
     }
@@ -108,6 +113,12 @@ impl Sequence {
             prompt_tokens: self.request.prompt.len() as u32,
             completion_tokens: self.generated,
             cached_tokens: self.cached_tokens,
+            queued_ms: self.started.map_or(0, |started| {
+                let waited = started
+                    .saturating_duration_since(self.submitted)
+                    .as_millis();
+                u32::try_from(waited).unwrap_or(u32::MAX)
+            }),
         }
     }
 }
@@ -511,6 +522,8 @@ impl Scheduler {
                 }
                 Err(e) => return Err(e),
             }
+            // A preempted sequence comes back through here: its first start counts.
+            seq.started.get_or_insert_with(Instant::now);
             self.running.push(seq);
             let index = self.running.len() - 1;
             let chunk = self.running[index].pending().min(budget);

@@ -479,3 +479,31 @@ fn a_context_parked_on_disk_survives_an_engine_restart() {
         "another checkpoint's engine takes nothing back"
     );
 }
+
+#[test]
+fn usage_reports_the_wait_in_the_engine_before_the_first_step() {
+    let dir = tempfile::tempdir().unwrap();
+    synthesize(&SynthSpec::tiny(Architecture::Llama, 3), dir.path(), None).unwrap();
+    let backend = CpuBackend::with_blocks(CpuModel::load(dir.path()).unwrap(), 16, 64);
+    let config = EngineConfig {
+        limits: SchedulerLimits {
+            max_running: 1,
+            ..SchedulerLimits::default()
+        },
+        tiers: Default::default(),
+        eos_token_ids: vec![],
+        grammar: None,
+    };
+    let engine = Engine::start(Box::new(backend), config).unwrap();
+    // One running slot: the second request waits for the first's 200 tokens.
+    let first = engine.submit(request(40, 200)).unwrap();
+    let second = engine.submit(request(24, 4)).unwrap();
+    let (_, _, first_usage) = drain(first);
+    let (_, _, second_usage) = drain(second);
+    assert!(
+        second_usage.queued_ms > first_usage.queued_ms && second_usage.queued_ms >= 1,
+        "first waited {} ms, second {} ms",
+        first_usage.queued_ms,
+        second_usage.queued_ms
+    );
+}

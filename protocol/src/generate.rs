@@ -60,6 +60,10 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Prompt tokens whose KV came from the prefix cache instead of being computed.
     pub cached_tokens: u32,
+    /// Milliseconds the request waited in the engine (for KV blocks or a running slot) before
+    /// its first step: its time to first token less this is its prefill.
+    #[serde(default)]
+    pub queued_ms: u32,
 }
 
 /// One event of a request's stream: a token, then eventually the end.

@@ -104,6 +104,7 @@ pub struct Metrics {
     inter_token: Histogram,
     e2e: Histogram,
     decode_time: Histogram,
+    prefill_time: Histogram,
     queue_time: Histogram,
     prompt_lengths: Histogram,
     generation_lengths: Histogram,
@@ -123,6 +124,7 @@ impl Default for Metrics {
             inter_token: Histogram::new(ITL_BUCKETS),
             e2e: Histogram::new(E2E_BUCKETS),
             decode_time: Histogram::new(E2E_BUCKETS),
+            prefill_time: Histogram::new(TTFT_BUCKETS),
             queue_time: Histogram::new(QUEUE_BUCKETS),
             prompt_lengths: Histogram::new(LENGTH_BUCKETS),
             generation_lengths: Histogram::new(LENGTH_BUCKETS),
@@ -295,6 +297,11 @@ impl Metrics {
         self.e2e.observe(elapsed);
     }
 
+    /// A finished generation's prefill: its time to first token less its wait in the engine.
+    pub fn observe_prefill_time(&self, elapsed: Duration) {
+        self.prefill_time.observe(elapsed);
+    }
+
     /// A finished generation's time from its first token to its last event.
     pub fn observe_decode_time(&self, elapsed: Duration) {
         self.decode_time.observe(elapsed);
@@ -405,11 +412,15 @@ impl Metrics {
             "strata_e2e_request_latency_seconds",
             "Time from submission to the end of a finished generation.",
         );
+        self.prefill_time.render(
+            &mut out,
+            "strata_request_prefill_time_seconds",
+            "A finished generation's time to first token less its wait in the engine's queue.",
+        );
         self.decode_time.render(
             &mut out,
             "strata_request_decode_time_seconds",
-            "Time from a finished generation's first token to its end (its time to first token \
-             is the prefill, engine queue included).",
+            "Time from a finished generation's first token to its end.",
         );
         self.queue_time.render(
             &mut out,

@@ -322,6 +322,18 @@ async fn metrics_export_the_serving_families() {
         value("strata_e2e_request_latency_seconds_sum") > 0.0,
         "{text}"
     );
+    // Both generations' prefill (time to first token less the engine's queue) and decode.
+    for family in [
+        "strata_request_prefill_time_seconds",
+        "strata_request_decode_time_seconds",
+    ] {
+        assert_eq!(value(&format!("{family}_count")), 2.0, "{family}: {text}");
+    }
+    assert!(
+        value("strata_request_prefill_time_seconds_sum")
+            <= value("strata_time_to_first_token_seconds_sum"),
+        "{text}"
+    );
     // Admitted generations (the two above and the refused one's 401 never reach admission).
     assert!(
         value("strata_request_queue_time_seconds_count") >= 2.0,

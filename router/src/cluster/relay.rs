@@ -81,6 +81,7 @@ impl Cluster {
                         prompt_tokens,
                         completion_tokens: emitted.len() as u32,
                         cached_tokens: 0,
+                        queued_ms: 0,
                     },
                 });
                 return;

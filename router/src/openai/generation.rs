@@ -35,8 +35,9 @@ pub struct Generation {
     started: std::time::Instant,
     /// When the last token arrived (for the inter-token latency histogram).
     last_token: Option<std::time::Instant>,
-    /// When the first token arrived (for the decode-time histogram).
-    first_token: Option<std::time::Instant>,
+    /// When the first token arrived (for the decode-time histogram), and how long after
+    /// submission (the prefill histogram takes the engine's queue out of it).
+    first_token: Option<(std::time::Instant, std::time::Duration)>,
     /// Log-probabilities of the tokens behind the text released since the last
     /// [`Generation::take_logprobs`] (when the request asked for them).
     logprobs: Vec<TokenLogprob>,
@@ -94,7 +95,7 @@ impl Generation {
                     let now = std::time::Instant::now();
                     if let Some(submitted) = self.submitted.take() {
                         self.state.metrics.observe_ttft(now - submitted);
-                        self.first_token = Some(now);
+                        self.first_token = Some((now, now - submitted));
                     } else if let Some(last) = self.last_token {
                         self.state.metrics.observe_inter_token(now - last);
                     }
@@ -113,6 +114,12 @@ impl Generation {
                     }
                 }
                 TokenEvent::Finished { reason, usage } => {
+                    if let Some((_, ttft)) = self.first_token {
+                        let queued = std::time::Duration::from_millis(u64::from(usage.queued_ms));
+                        self.state
+                            .metrics
+                            .observe_prefill_time(ttft.saturating_sub(queued));
+                    }
                     self.completion_tokens = usage.completion_tokens;
                     self.cached_tokens = usage.cached_tokens;
                     let tail = match self.text.finish(&self.state.tokenizer) {
@@ -176,7 +183,7 @@ impl Generation {
     fn finish(&mut self, reason: &'static str) -> Step {
         self.done = true;
         self.state.metrics.observe_e2e(self.started.elapsed());
-        if let Some(first) = self.first_token {
+        if let Some((first, _)) = self.first_token {
             self.state.metrics.observe_decode_time(first.elapsed());
         }
         self.state.metrics.record_usage(
