@@ -621,6 +621,7 @@ fn certificates_renew_while_members_run_and_after_they_were_down() {
     );
     let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
     let first: Vec<Vec<u8>> = datas.iter().map(|d| member_pem(d)).collect();
+    let started = Instant::now();
 
     // Member 3 stops, and its certificate ends while it is down; 1 and 2 renew theirs.
     members[2].kill();
@@ -643,6 +644,7 @@ fn certificates_renew_while_members_run_and_after_they_were_down() {
     wait_status(&paths[..2], "member 3 heartbeats again", |s| {
         health_of(s, 3) == Some("alive")
     });
+    eprintln!("member 3 back after a reissue: {:?}", started.elapsed());
 
     // The CA holder stops for longer than the certificates live: the others' end too, since
     // nobody could renew them. Started again, it renews its own; the others, still running,
@@ -656,6 +658,7 @@ fn certificates_renew_while_members_run_and_after_they_were_down() {
         "member 1 renews its own certificate at start",
         || member_pem(&datas[0]) != held,
     );
+    eprintln!("member 1 renewed its own at start: {:?}", started.elapsed());
     for id in [2, 3] {
         reissue(&datas[0], id, &datas[id as usize - 1]);
     }
@@ -665,6 +668,7 @@ fn certificates_renew_while_members_run_and_after_they_were_down() {
             .all(|&id| health_of(s, id) == Some("alive"))
             && voters(s).len() == 3
     });
+    eprintln!("the group is whole again: {:?}", started.elapsed());
     issue_token(&datas[0], &root.path().join("token-last"));
     assert!(
         members
