@@ -77,6 +77,9 @@ const TICK: Duration = Duration::from_millis(50);
 /// Decides when this member stands for election (module doc) until its raft stops.
 pub async fn drive(raft: Raft, client: Client, contact: Arc<LeaderContact>, timing: Timing) {
     let lease = Duration::from_millis(timing.election_timeout_max_ms);
+    // A voter that does not answer a pre-vote by then (a dead leader's connection waits for
+    // its idle timeout) counts as a refusal.
+    let answer_within = Duration::from_millis(timing.election_timeout_min_ms);
     let mut timeout = lease + random_timeout(&timing);
     // The last pre-vote this member asked for: it asks again only a whole timeout later.
     let mut asked = Instant::now();
@@ -100,23 +103,10 @@ pub async fn drive(raft: Raft, client: Client, contact: Arc<LeaderContact>, timi
             .filter(|&&id| id != metrics.id)
             .filter_map(|id| membership.get_node(id).map(|n| n.addr.clone()))
             .collect();
-        let asks = others.iter().map(|addr| {
-            let client = client.clone();
-            let request = Request::PreVote {
-                term: metrics.current_term + 1,
-            };
-            async move {
-                matches!(
-                    client.call(addr, &request).await,
-                    Ok(Response::PreVote { granted: true })
-                )
-            }
-        });
-        let granted = 1 + futures_util::future::join_all(asks)
-            .await
-            .into_iter()
-            .filter(|&g| g)
-            .count();
+        let request = Request::PreVote {
+            term: metrics.current_term + 1,
+        };
+        let granted = 1 + pre_votes(&client, &others, &request, voters.len(), answer_within).await;
         let stand = 2 * granted > voters.len();
         tracing::info!(
             granted,
@@ -132,6 +122,38 @@ pub async fn drive(raft: Raft, client: Client, contact: Arc<LeaderContact>, timi
         asked = Instant::now();
         timeout = lease + random_timeout(&timing);
     }
+}
+
+/// How many of `others` grant `request`: counted as the answers come, stopping once this member
+/// (which grants itself) has a majority of `voters`, or at `within`.
+async fn pre_votes(
+    client: &Client,
+    others: &[String],
+    request: &Request,
+    voters: usize,
+    within: Duration,
+) -> usize {
+    use futures_util::StreamExt;
+    let mut answers: futures_util::stream::FuturesUnordered<_> = others
+        .iter()
+        .map(|addr| async move {
+            matches!(
+                client.call(addr, request).await,
+                Ok(Response::PreVote { granted: true })
+            )
+        })
+        .collect();
+    let mut granted = 0;
+    let count = async {
+        while let Some(grant) = answers.next().await {
+            granted += usize::from(grant);
+            if 2 * (granted + 1) > voters {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(within, count).await;
+    granted
 }
 
 /// A random election timeout between the configured bounds.
