@@ -159,6 +159,15 @@ fn spawn_join(data: &Path, listen: &str, seed: &str, token: &Path, voter: bool) 
     Member::spawn(data, &args)
 }
 
+/// `n` members' data directories under `root`, their member addresses and a join address.
+fn places(root: &Path, n: usize) -> (Vec<PathBuf>, Vec<String>, String) {
+    let datas = (1..=n).map(|i| root.join(format!("m{i}"))).collect();
+    let listens = (0..n)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    (datas, listens, format!("127.0.0.1:{}", free_port()))
+}
+
 /// `init` in `datas[0]` (the CA holder, join endpoint `join`), then `join --voter` of the rest
 /// through it, each waited for.
 fn start_group(root: &Path, datas: &[PathBuf], listens: &[String], join: &str) -> Vec<Member> {
@@ -196,11 +205,7 @@ fn start_group_with(
 #[test]
 fn three_processes_survive_a_leader_kill_and_a_full_restart() {
     let root = tempfile::tempdir().unwrap();
-    let datas: Vec<PathBuf> = (1..=3).map(|i| root.path().join(format!("m{i}"))).collect();
-    let listens: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let join = format!("127.0.0.1:{}", free_port());
+    let (datas, listens, join) = places(root.path(), 3);
     let mut members = start_group(root.path(), &datas, &listens, &join);
     let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
     let before = view(&datas[0], "members").expect("members");
@@ -275,11 +280,7 @@ fn three_processes_survive_a_leader_kill_and_a_full_restart() {
 #[test]
 fn a_join_through_a_follower_ca_holder_survives_a_stalled_leader() {
     let root = tempfile::tempdir().unwrap();
-    let datas: Vec<PathBuf> = (1..=4).map(|i| root.path().join(format!("m{i}"))).collect();
-    let listens: Vec<String> = (0..4)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let join = format!("127.0.0.1:{}", free_port());
+    let (datas, listens, join) = places(root.path(), 4);
     let mut members = start_group(root.path(), &datas[..3], &listens[..3], &join);
     let paths: Vec<&Path> = datas[..3].iter().map(PathBuf::as_path).collect();
 
@@ -340,11 +341,7 @@ fn a_join_through_a_follower_ca_holder_survives_a_stalled_leader() {
 #[test]
 fn a_member_that_lost_its_store_exits_and_the_printed_procedure_recovers_the_group() {
     let root = tempfile::tempdir().unwrap();
-    let datas: Vec<PathBuf> = (1..=3).map(|i| root.path().join(format!("m{i}"))).collect();
-    let listens: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let join = format!("127.0.0.1:{}", free_port());
+    let (datas, listens, join) = places(root.path(), 3);
     let mut members = start_group(root.path(), &datas, &listens, &join);
     members[2].kill();
     let store = datas[2].join("topology.redb");
@@ -607,11 +604,7 @@ fn certificates_renew_while_members_run_and_after_they_were_down() {
     // Certificates of 12 s: renewed at about 8 s, ended 12 s after issue.
     const LIFETIME: Duration = Duration::from_secs(12);
     let root = tempfile::tempdir().unwrap();
-    let datas: Vec<PathBuf> = (1..=3).map(|i| root.path().join(format!("m{i}"))).collect();
-    let listens: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let join = format!("127.0.0.1:{}", free_port());
+    let (datas, listens, join) = places(root.path(), 3);
     let mut members = start_group_with(
         root.path(),
         &datas,
@@ -708,11 +701,7 @@ fn reissue(ca_data: &Path, id: u64, data: &Path) {
 #[test]
 fn a_paused_follower_does_not_depose_the_leader() {
     let root = tempfile::tempdir().unwrap();
-    let datas: Vec<PathBuf> = (1..=3).map(|i| root.path().join(format!("m{i}"))).collect();
-    let listens: Vec<String> = (0..3)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
-        .collect();
-    let join = format!("127.0.0.1:{}", free_port());
+    let (datas, listens, join) = places(root.path(), 3);
     let members = start_group(root.path(), &datas, &listens, &join);
     let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
     let before = wait_status(&paths, "a leader with three voters", |s| {

@@ -101,13 +101,15 @@ pub async fn renew_if_due(
     kind: IdentityKind,
     now: SystemTime,
 ) -> Result<Renewal, RenewError> {
-    let (cert_path, _) = kind.files(dir);
-    let (current, validity) = read_certificate(&cert_path)?;
-    if !validity.renewal_due(now) {
-        return Ok(Renewal::NotDue(validity));
-    }
-    let principal = principal_of(&current, &cert_path)?;
-    let (key, csr_pem) = new_request()?;
+    let Asking {
+        principal,
+        key,
+        csr_pem,
+        ..
+    } = match asking(dir, kind, now)? {
+        Ok(asking) => asking,
+        Err(validity) => return Ok(Renewal::NotDue(validity)),
+    };
     let request = Request::Renew { csr_pem };
     let mut last = String::from("no member to ask");
     for addr in members {
@@ -135,13 +137,15 @@ pub async fn renew_if_due(
 /// renew a certificate that expired while its member was down over the network.
 pub fn renew_locally(ca: &ClusterCa, dir: &Path, now: SystemTime) -> Result<Renewal, RenewError> {
     let kind = IdentityKind::Member;
-    let (cert_path, _) = kind.files(dir);
-    let (current, validity) = read_certificate(&cert_path)?;
-    if !validity.renewal_due(now) {
-        return Ok(Renewal::NotDue(validity));
-    }
-    let principal = principal_of(&current, &cert_path)?;
-    let (key, csr_pem) = new_request()?;
+    let Asking {
+        principal,
+        key,
+        csr_pem,
+        cert_path,
+    } = match asking(dir, kind, now)? {
+        Ok(asking) => asking,
+        Err(validity) => return Ok(Renewal::NotDue(validity)),
+    };
     let cert_pem = ca
         .sign_for(&csr_pem, &principal)
         .map_err(|e| RenewError::Certificate {
@@ -159,20 +163,40 @@ pub fn renew_locally(ca: &ClusterCa, dir: &Path, now: SystemTime) -> Result<Rene
     .map(Renewal::Renewed)
 }
 
-fn principal_of(cert: &CertificateDer<'_>, path: &Path) -> Result<Principal, RenewError> {
-    Principal::of(cert).ok_or_else(|| RenewError::Certificate {
-        path: path.to_path_buf(),
-        detail: "names no member or operator".into(),
-    })
+/// A renewal under way: whom the current certificate names, and a new key with its request.
+struct Asking {
+    principal: Principal,
+    key: KeyPair,
+    csr_pem: String,
+    cert_path: PathBuf,
 }
 
-/// A new key and a certificate request for it.
-fn new_request() -> Result<(KeyPair, String), RenewError> {
+/// The renewal of the identity of `kind` in `dir` if it is due at `now`; the certificate's
+/// validity if not.
+fn asking(
+    dir: &Path,
+    kind: IdentityKind,
+    now: SystemTime,
+) -> Result<Result<Asking, Validity>, RenewError> {
+    let (cert_path, _) = kind.files(dir);
+    let (current, validity) = read_certificate(&cert_path)?;
+    if !validity.renewal_due(now) {
+        return Ok(Err(validity));
+    }
+    let principal = Principal::of(&current).ok_or_else(|| RenewError::Certificate {
+        path: cert_path.clone(),
+        detail: "names no member or operator".into(),
+    })?;
     let key = KeyPair::generate()?;
     let csr_pem = CertificateParams::new(Vec::<String>::new())?
         .serialize_request(&key)?
         .pem()?;
-    Ok((key, csr_pem))
+    Ok(Ok(Asking {
+        principal,
+        key,
+        csr_pem,
+        cert_path,
+    }))
 }
 
 /// Checks the renewed certificate `cert_pem` (from `signer`) and puts it and `key` in place.
