@@ -28,5 +28,6 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{
-    Architecture, ConfigError, GenerationConfig, ModelConfig, RopeScaling, SamplingDefaults,
+    Architecture, ConfigError, EmbeddingConfig, GenerationConfig, ModelConfig, RopeScaling,
+    SamplingDefaults,
 };

@@ -185,6 +185,7 @@ fn scheduler_step() -> BenchResult<Value> {
         let (tx, rx) = unbounded_channel();
         let request = GenerateRequest {
             resume: None,
+            embed: None,
             prompt,
             sampling: sampling.clone(),
             cache_salt: 0,

@@ -75,6 +75,13 @@ pub enum SubmitError {
         "the request resumes after {output} generated tokens, which spends its max_tokens of {max_tokens}"
     )]
     ResumeSpent { output: usize, max_tokens: u32 },
+    #[error(
+        "this engine does not compute embeddings (its backend returns no hidden states: a \
+         tensor-parallel engine, for now)"
+    )]
+    NoEmbeddings,
+    #[error("an embedding request generates nothing: it takes no output constraint or resume")]
+    EmbedWithGeneration,
     #[error("the engine has stopped")]
     Stopped,
     /// A remote node refused the request (the router's view of a node's [`SubmitError`]).
@@ -90,6 +97,8 @@ pub struct Admission<'a> {
     /// KV blocks of the device (of the smallest node, for a router).
     pub device_blocks: usize,
     pub grammar: Option<&'a GrammarCompiler>,
+    /// Whether the backend computes embeddings ([`Backend::embeds`]).
+    pub embeds: bool,
 }
 
 impl Admission<'_> {
@@ -102,8 +111,18 @@ impl Admission<'_> {
         if request.prompt.is_empty() {
             return Err(SubmitError::EmptyPrompt);
         }
+        if request.embed.is_some() {
+            if !self.embeds {
+                return Err(SubmitError::NoEmbeddings);
+            }
+            if request.constraint.is_some() || request.resume.is_some() {
+                return Err(SubmitError::EmbedWithGeneration);
+            }
+        }
+        // Room for one generated token, unless the request only embeds its prompt.
+        let room = usize::from(request.embed.is_none());
         let output = request.resume.as_ref().map_or(&[][..], |r| &r.output[..]);
-        if output.len() >= request.sampling.max_tokens as usize {
+        if room > 0 && output.len() >= request.sampling.max_tokens as usize {
             return Err(SubmitError::ResumeSpent {
                 output: output.len(),
                 max_tokens: request.sampling.max_tokens,
@@ -111,10 +130,10 @@ impl Admission<'_> {
         }
         // A continued request holds its output in the KV like its prompt.
         let prompt = request.prompt.len() + output.len();
-        if prompt >= window {
+        if prompt + room > window {
             return Err(SubmitError::ContextWindow { prompt, window });
         }
-        let blocks = (prompt + 1).div_ceil(self.block_size);
+        let blocks = (prompt + room).div_ceil(self.block_size);
         if blocks > self.device_blocks {
             return Err(SubmitError::KvCapacity {
                 prompt,
@@ -192,6 +211,8 @@ pub struct Engine {
     device_blocks: usize,
     kv_layout: KvLayout,
     grammar: Option<Arc<GrammarCompiler>>,
+    /// Whether the backend computes embeddings.
+    embeds: bool,
     /// The scheduler's load as of its last step or command, and its steps' times so far.
     load: Arc<Mutex<(EngineLoad, StepTimes)>>,
 }
@@ -202,6 +223,7 @@ impl Engine {
         let model = backend.model_config().clone();
         let block_size = backend.block_size();
         let device_blocks = backend.num_blocks();
+        let embeds = backend.embeds();
         let kv_layout = KvLayout {
             backend: backend.kv_layout(),
             model_type: model.architecture.model_type().to_string(),
@@ -250,6 +272,7 @@ impl Engine {
             device_blocks,
             kv_layout,
             grammar: config.grammar,
+            embeds,
             load,
         })
     }
@@ -285,6 +308,7 @@ impl Engine {
             block_size: self.block_size,
             device_blocks: self.device_blocks,
             grammar: self.grammar.as_deref(),
+            embeds: self.embeds,
         };
         let (sampler, constraint) = limits.admit(&request)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);

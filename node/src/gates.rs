@@ -211,6 +211,7 @@ fn tokens(mut rx: UnboundedReceiver<TokenEvent>) -> Result<Vec<u32>, String> {
             TokenEvent::Token { id, .. } => out.push(id),
             TokenEvent::Finished { reason, .. } => assert_eq!(reason, FinishReason::Length),
             TokenEvent::Failed { message } => return Err(message),
+            TokenEvent::Embedding { .. } => return Err("an embedding for a generation".into()),
         }
     }
     Ok(out)
@@ -219,6 +220,7 @@ fn tokens(mut rx: UnboundedReceiver<TokenEvent>) -> Result<Vec<u32>, String> {
 fn request(prompt: Vec<u32>) -> GenerateRequest {
     GenerateRequest {
         resume: None,
+        embed: None,
         prompt,
         sampling: SamplingParams {
             max_tokens: 20,

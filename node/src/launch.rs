@@ -11,7 +11,7 @@ use strata_model::cpu::{CpuModel, LoadError, PartialsFault};
 use strata_model::grammar::GrammarCompiler;
 use strata_model::tokenizer::{Tokenizer, TokenizerError};
 use strata_model::weights::Checkpoint;
-use strata_model::{ConfigError, GenerationConfig, ModelConfig};
+use strata_model::{ConfigError, EmbeddingConfig, GenerationConfig, ModelConfig};
 
 use crate::backend::{
     Backend, CpuBackend, CpuTpBackend, CudaBackend, CudaOptions, CudaTpBackend, TpTransport,
@@ -80,6 +80,7 @@ pub fn build_backend(dir: &Path, spec: &EngineSpec) -> Result<BuiltBackend, Mode
                 tokenizer: loaded.tokenizer,
                 template: loaded.template,
                 generation_config: loaded.generation_config,
+                embedding: loaded.embedding,
             };
             return Ok(BuiltBackend {
                 backend: Box::new(backend),
@@ -309,6 +310,7 @@ pub struct LoadedModel {
     pub template: Option<ChatTemplate>,
     pub generation_config: GenerationConfig,
     pub eos_token_ids: Vec<u32>,
+    pub embedding: EmbeddingConfig,
 }
 
 impl LoadedModel {
@@ -324,6 +326,7 @@ impl LoadedModel {
             template,
             generation_config,
             eos_token_ids,
+            embedding: EmbeddingConfig::from_dir(dir)?,
         })
     }
 }
@@ -333,6 +336,8 @@ pub struct ServingParts {
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
     pub generation_config: GenerationConfig,
+    /// How `/v1/embeddings` pools and scales (the checkpoint's sentence-transformers files).
+    pub embedding: EmbeddingConfig,
 }
 
 impl ServingParts {
@@ -348,6 +353,7 @@ impl ServingParts {
             tokenizer,
             template,
             generation_config,
+            embedding: EmbeddingConfig::from_dir(dir)?,
         };
         Ok((config, parts, eos_token_ids))
     }

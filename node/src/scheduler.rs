@@ -14,10 +14,10 @@ use std::time::Instant;
 use strata_model::grammar::ConstrainedDecoder;
 use strata_model::sampler::{RowPlan, Sampler, SamplerError};
 use strata_model::stop::is_stop_token;
-use strata_protocol::{FinishReason, GenerateRequest, TokenEvent, Usage};
+use strata_protocol::{FinishReason, GenerateRequest, Pooling, TokenEvent, Usage};
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::backend::{Backend, BackendError, RowSampling, StepOutput, StepSeq};
+use crate::backend::{Backend, BackendError, HiddenRows, RowSampling, StepOutput, StepSeq};
 use crate::kv::{BlockHash, BlockId, BlockManager, KvError, block_hash, prompt_block_hashes};
 
 /// Limits of one step.
@@ -61,6 +61,8 @@ pub struct Sequence {
     submitted: Instant,
     started: Option<Instant>,
     events: UnboundedSender<TokenEvent>,
+    /// An embedding request's pooled hidden states so far: their sum, and how many rows.
+    pooled: (Vec<f64>, usize),
 }
 
 impl Sequence {
@@ -95,6 +97,7 @@ impl Sequence {
             submitted: Instant::now(),
             started: None,
             events,
+            pooled: (Vec::new(), 0),
         }
     }
 
@@ -106,6 +109,41 @@ impl Sequence {
 
     fn pending(&self) -> usize {
         self.tokens.len() - self.computed
+    }
+
+    /// Whether the prefix cache may stand in for computing this sequence's prompt: not when
+    /// every prompt row's hidden state is pooled.
+    fn reads_cache(&self) -> bool {
+        self.request.embed != Some(Pooling::Mean)
+    }
+
+    /// The hidden rows a chunk of `chunk` tokens returns for this sequence, if it embeds.
+    fn hidden_rows(&self, chunk: usize) -> Option<HiddenRows> {
+        match self.request.embed? {
+            Pooling::Mean => Some(HiddenRows::All),
+            Pooling::Last if self.computed + chunk == self.tokens.len() => Some(HiddenRows::Last),
+            Pooling::Last => None,
+        }
+    }
+
+    /// Adds `rows` (whole hidden rows of `hidden` values) to the pool.
+    fn pool(&mut self, rows: &[f32], hidden: usize) {
+        let (sum, n) = &mut self.pooled;
+        sum.resize(hidden, 0.0);
+        for row in rows.chunks_exact(hidden) {
+            for (s, &v) in sum.iter_mut().zip(row) {
+                *s += f64::from(v);
+            }
+            *n += 1;
+        }
+    }
+
+    /// The pooled vector: the mean of the rows pooled (the one row, for last-token pooling).
+    fn pooled_vector(&self) -> Vec<f32> {
+        let (sum, n) = &self.pooled;
+        sum.iter()
+            .map(|s| (s / (*n).max(1) as f64) as f32)
+            .collect()
     }
 
     fn usage(&self) -> Usage {
@@ -141,6 +179,12 @@ pub enum StepError {
         greedy: usize,
         summaries: usize,
         summary_rows: usize,
+    },
+    #[error("the backend returned {got} hidden values for {rows} rows of {hidden}")]
+    Hidden {
+        got: usize,
+        rows: usize,
+        hidden: usize,
     },
 }
 
@@ -344,7 +388,7 @@ impl Scheduler {
         let mut plans: Vec<Option<RowPlan>> = Vec::with_capacity(plan.len());
         for p in &plan {
             let s = &self.running[p.index];
-            let wants = s.computed + p.chunk == s.tokens.len();
+            let wants = s.computed + p.chunk == s.tokens.len() && s.request.embed.is_none();
             let masks_stops = self.masks_stops(s);
             if !wants || (s.sampler.is_plain_greedy() && !masks_stops && s.constraint.is_none()) {
                 plans.push(None);
@@ -379,7 +423,8 @@ impl Scheduler {
                     first_position: s.computed,
                     prompt_len: s.request.prompt.len(),
                     block_table: &s.blocks,
-                    want_logits: s.computed + p.chunk == s.tokens.len(),
+                    want_logits: s.computed + p.chunk == s.tokens.len()
+                        && s.request.embed.is_none(),
                 }
             })
             .collect();
@@ -388,6 +433,12 @@ impl Scheduler {
             .zip(&plans)
             .map(|(p, row_plan)| {
                 let s = &self.running[p.index];
+                if s.request.embed.is_some() {
+                    return match s.hidden_rows(p.chunk) {
+                        Some(rows) => RowSampling::Hidden(rows),
+                        None => RowSampling::Host,
+                    };
+                }
                 match row_plan {
                     Some(row_plan) => RowSampling::Summary(row_plan),
                     None if s.constraint.is_none() && s.sampler.is_plain_greedy() => {
@@ -404,10 +455,20 @@ impl Scheduler {
                     RowSampling::Host => 0,
                     RowSampling::Greedy => 1,
                     RowSampling::Summary(_) => 2,
+                    RowSampling::Hidden(_) => continue,
                 }] += 1;
             }
         }
         let [rows, greedy_rows, summary_rows] = counts;
+        let hidden_rows: usize = plan
+            .iter()
+            .zip(&sampling)
+            .map(|(p, how)| match how {
+                RowSampling::Hidden(rows) => rows.count(p.chunk),
+                _ => 0,
+            })
+            .sum();
+        let hidden = backend.model_config().hidden_size;
         let planned = Instant::now();
         let mut output = backend.step_sampling(&steps, &sampling)?;
         let forwarded = Instant::now();
@@ -425,12 +486,19 @@ impl Scheduler {
                 summary_rows,
             });
         }
+        if output.hidden.len() != hidden_rows * hidden {
+            return Err(StepError::Hidden {
+                got: output.hidden.len(),
+                rows: hidden_rows,
+                hidden,
+            });
+        }
         let computed: usize = plan.iter().map(|p| p.chunk).sum();
         self.steps += 1;
         // One row (or token) per sequence wanting logits, checked just above.
         let kinds: Vec<Kind> = sampling.iter().map(Kind::of).collect();
         drop(sampling);
-        self.apply(&plan, &kinds, plans, &mut output, vocab)?;
+        self.apply(&plan, &kinds, plans, &mut output, (vocab, hidden))?;
         let nanos = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let t = &mut self.times;
         t.steps += 1;
@@ -545,7 +613,11 @@ impl Scheduler {
         let bs = self.blocks.block_size();
         let usable = (seq.tokens.len() - 1) / bs;
         let hashes = prompt_block_hashes(&seq.tokens[..usable * bs], bs, seq.request.cache_salt);
-        let (shared, cached) = self.blocks.admission_view(&hashes);
+        let (shared, cached) = if seq.reads_cache() {
+            self.blocks.admission_view(&hashes)
+        } else {
+            (0, 0)
+        };
         let prefix = cached * bs;
         let chunk = (seq.tokens.len() - prefix).min(budget);
         let blocks = (prefix + chunk).div_ceil(bs);
@@ -560,7 +632,11 @@ impl Scheduler {
         backend: &mut dyn Backend,
     ) -> Result<(), KvError> {
         let bs = self.blocks.block_size();
-        let usable = (seq.tokens.len() - 1) / bs;
+        let usable = if seq.reads_cache() {
+            (seq.tokens.len() - 1) / bs
+        } else {
+            0
+        };
         #[cfg(test)]
         if self.faults.hash_skips_last_token {
             let salt = seq.request.cache_salt;
@@ -612,6 +688,7 @@ impl Scheduler {
         }
         seq.computed = 0;
         seq.hashes.clear();
+        seq.pooled = (Vec::new(), 0);
         #[cfg(test)]
         if self.faults.forget_generated_on_preempt {
             seq.tokens.truncate(seq.request.prompt.len());
@@ -627,10 +704,11 @@ impl Scheduler {
         kinds: &[Kind],
         plans: Vec<Option<RowPlan>>,
         output: &mut StepOutput,
-        vocab: usize,
+        (vocab, hidden): (usize, usize),
     ) -> Result<(), KvError> {
         let bs = self.blocks.block_size();
         let mut rows = output.logits.chunks_exact_mut(vocab);
+        let mut hidden_rows = &output.hidden[..];
         let mut tokens = output.tokens.iter();
         let mut summaries = output.summaries.drain(..);
         let mut finished: Vec<(u64, FinishReason)> = Vec::new();
@@ -648,7 +726,18 @@ impl Scheduler {
                 self.blocks.commit(seq.blocks[i], hash, parent)?;
                 seq.hashes.push(hash);
             }
+            if let Kind::Hidden(how) = kind {
+                let (these, rest) = hidden_rows.split_at(how.count(p.chunk) * hidden);
+                seq.pool(these, hidden);
+                hidden_rows = rest;
+            }
             if seq.computed < seq.tokens.len() {
+                continue;
+            }
+            if seq.request.embed.is_some() {
+                let vector = seq.pooled_vector();
+                let _ = seq.events.send(TokenEvent::Embedding { vector });
+                finished.push((seq.id, FinishReason::Stop));
                 continue;
             }
             let sampled = match kind {
@@ -671,7 +760,7 @@ impl Scheduler {
                         .and_then(|summary| seq.sampler.finish(&row_plan, summary))
                         .map_err(|e| e.to_string())
                 }
-                Kind::Host => {
+                Kind::Host | Kind::Hidden(_) => {
                     let row = rows
                         .next()
                         .expect("one logits row per sequence wanting logits");
@@ -787,6 +876,7 @@ enum Kind {
     Host,
     Greedy,
     Summary,
+    Hidden(HiddenRows),
 }
 
 impl Kind {
@@ -795,6 +885,7 @@ impl Kind {
             RowSampling::Host => Kind::Host,
             RowSampling::Greedy => Kind::Greedy,
             RowSampling::Summary(_) => Kind::Summary,
+            RowSampling::Hidden(rows) => Kind::Hidden(*rows),
         }
     }
 }

@@ -31,6 +31,7 @@ fn engine(device_blocks: usize) -> (tempfile::TempDir, Engine) {
 fn request(prompt_len: usize, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
         resume: None,
+        embed: None,
         prompt: (0..prompt_len as u32).map(|i| i % 250).collect(),
         sampling: SamplingParams {
             max_tokens,
@@ -53,6 +54,7 @@ fn drain(mut stream: RequestStream) -> (Vec<u32>, FinishReason, Usage) {
             }
             TokenEvent::Finished { reason, usage } => return (tokens, reason, usage),
             TokenEvent::Failed { message } => panic!("{message}"),
+            TokenEvent::Embedding { .. } => panic!("an embedding for a generation"),
         }
     }
     panic!("stream ended without Finished");
@@ -287,6 +289,7 @@ fn drain_positions(mut stream: RequestStream) -> (Vec<(u32, u64)>, Usage) {
             TokenEvent::Token { id, rng_pos, .. } => out.push((id, rng_pos)),
             TokenEvent::Finished { usage, .. } => return (out, usage),
             TokenEvent::Failed { message } => panic!("{message}"),
+            TokenEvent::Embedding { .. } => panic!("an embedding for a generation"),
         }
     }
     panic!("stream ended without Finished");

@@ -48,6 +48,7 @@ fn engine(backend: Box<dyn Backend>) -> Engine {
 fn request(seed: u32, len: u32, max_tokens: u32) -> GenerateRequest {
     GenerateRequest {
         resume: None,
+        embed: None,
         prompt: (0..len).map(|i| (i * 37 + seed * 101 + 5) % 300).collect(),
         sampling: SamplingParams {
             max_tokens,
@@ -67,6 +68,7 @@ fn drain(mut stream: RequestStream) -> Vec<u32> {
             TokenEvent::Token { id, .. } => tokens.push(id),
             TokenEvent::Finished { .. } => return tokens,
             TokenEvent::Failed { message } => panic!("{message}"),
+            TokenEvent::Embedding { .. } => panic!("an embedding for a generation"),
         }
     }
     panic!("stream ended without Finished");

@@ -24,6 +24,20 @@ pub struct GenerateRequest {
     /// Set when the request continues on this node after another generated part of it.
     #[serde(default)]
     pub resume: Option<Resume>,
+    /// Set when the request asks for its prompt's embedding instead of generated tokens: the
+    /// engine computes the prompt and answers one [`TokenEvent::Embedding`], then `Finished`.
+    #[serde(default)]
+    pub embed: Option<Pooling>,
+}
+
+/// How a prompt's final hidden states (after the model's last norm) become one vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Pooling {
+    /// The last token's hidden state (decoder embedding models: Qwen3-Embedding, e5-mistral).
+    Last,
+    /// The mean of every prompt token's hidden state.
+    Mean,
 }
 
 /// Where a request continued from another node stands (mid-stream failover, DESIGN.md §6): the
@@ -82,10 +96,25 @@ pub enum TokenEvent {
         reason: FinishReason,
         usage: Usage,
     },
+    /// The pooled hidden state of an embedding request ([`GenerateRequest::embed`]), as the
+    /// model computed it (not normalized): `hidden_size` values.
+    Embedding {
+        vector: Vec<f32>,
+    },
     /// The engine could not continue this request (the message says why).
     Failed {
         message: String,
     },
+}
+
+impl TokenEvent {
+    /// Whether this is a stream's last event (`Finished` or `Failed`).
+    pub fn ends_stream(&self) -> bool {
+        matches!(
+            self,
+            TokenEvent::Finished { .. } | TokenEvent::Failed { .. }
+        )
+    }
 }
 
 /// A generated token's log-probability and its most likely alternatives, under the model's

@@ -4,5 +4,7 @@
 mod generate;
 mod sampling;
 
-pub use generate::{Constraint, GenerateRequest, Resume, TokenEvent, TokenLogprobs, Usage};
+pub use generate::{
+    Constraint, GenerateRequest, Pooling, Resume, TokenEvent, TokenLogprobs, Usage,
+};
 pub use sampling::{FinishReason, MAX_TOP_LOGPROBS, SamplingParams, SamplingParamsError};

@@ -98,7 +98,9 @@ impl ApiError {
             | SubmitError::ResumeSpent { .. }
             | SubmitError::KvCapacity { .. }
             | SubmitError::TokenOutOfRange { .. } => Self::invalid(Some(prompt_param), message),
-            SubmitError::Sampling(_) => Self::invalid(None, message),
+            SubmitError::Sampling(_)
+            | SubmitError::NoEmbeddings
+            | SubmitError::EmbedWithGeneration => Self::invalid(None, message),
             // A schema or grammar that does not compile is the request's fault; a model whose
             // tokenizer cannot be constrained refuses the request, as any unsupported feature.
             SubmitError::Grammar(

@@ -124,6 +124,7 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     let start = Instant::now();
     let mut stream = engine.submit(GenerateRequest {
         resume: None,
+        embed: None,
         prompt: prompt.clone(),
         sampling,
         cache_salt: 0,
@@ -155,6 +156,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 break;
             }
             TokenEvent::Failed { message } => bail!("generation failed: {message}"),
+            TokenEvent::Embedding { .. } => {
+                bail!("the engine answered a generation with an embedding")
+            }
         }
     }
     writeln!(stdout)?;

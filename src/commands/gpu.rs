@@ -172,6 +172,7 @@ pub(super) fn prompt(i: usize, vocab: usize) -> Vec<u32> {
 fn generate(engine: &Engine, prompt: Vec<u32>, tokens: u32) -> Result<(Vec<u32>, Vec<f32>)> {
     let mut stream = engine.submit(GenerateRequest {
         resume: None,
+        embed: None,
         prompt,
         sampling: SamplingParams {
             max_tokens: tokens,
@@ -196,6 +197,9 @@ fn generate(engine: &Engine, prompt: Vec<u32>, tokens: u32) -> Result<(Vec<u32>,
             }
             TokenEvent::Finished { .. } => break,
             TokenEvent::Failed { message } => bail!("generation failed: {message}"),
+            TokenEvent::Embedding { .. } => {
+                bail!("the engine answered a generation with an embedding")
+            }
         }
     }
     Ok((ids, margins))
@@ -309,6 +313,7 @@ fn invariance(args: InvarianceArgs) -> Result<()> {
     for i in 0..args.batch {
         streams.push(engine.submit(GenerateRequest {
             resume: None,
+            embed: None,
             prompt: prompt(i, vocab),
             sampling: SamplingParams {
                 max_tokens: args.tokens,
@@ -329,6 +334,9 @@ fn invariance(args: InvarianceArgs) -> Result<()> {
                 TokenEvent::Token { id, .. } => ids.push(id),
                 TokenEvent::Finished { .. } => break,
                 TokenEvent::Failed { message } => bail!("generation failed: {message}"),
+                TokenEvent::Embedding { .. } => {
+                    bail!("the engine answered a generation with an embedding")
+                }
             }
         }
         if ids != alone[i] {

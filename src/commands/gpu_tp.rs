@@ -54,6 +54,7 @@ fn run_batch(engine: &Engine, prompts: usize, tokens: u32) -> Result<Vec<Stream>
     for i in 0..prompts {
         streams.push(engine.submit(GenerateRequest {
             resume: None,
+            embed: None,
             prompt: prompt(i, vocab),
             sampling: SamplingParams {
                 max_tokens: tokens,
@@ -80,6 +81,9 @@ fn run_batch(engine: &Engine, prompts: usize, tokens: u32) -> Result<Vec<Stream>
                 }
                 TokenEvent::Finished { .. } => break,
                 TokenEvent::Failed { message } => bail!("generation failed: {message}"),
+                TokenEvent::Embedding { .. } => {
+                    bail!("the engine answered a generation with an embedding")
+                }
             }
         }
         out.push((ids, bits));

@@ -674,5 +674,9 @@ impl GenerationConfig {
     }
 }
 
+mod pooling;
+
+pub use pooling::EmbeddingConfig;
+
 #[cfg(test)]
 mod tests;

@@ -245,6 +245,18 @@ impl CpuModel {
         chunks: &[SeqChunk<'_>],
         kv: &mut dyn KvAccess,
     ) -> Result<Vec<f32>, ForwardError> {
+        Ok(self.forward_batch_rows(chunks, &[], kv)?.logits)
+    }
+
+    /// [`CpuModel::forward_batch`], also returning the final hidden states (after the model's
+    /// last norm, before the LM head) of the rows `hidden` asks per chunk (indexed like
+    /// `chunks`; missing entries ask none): what embeddings pool.
+    pub fn forward_batch_rows(
+        &self,
+        chunks: &[SeqChunk<'_>],
+        hidden: &[LogitRows],
+        kv: &mut dyn KvAccess,
+    ) -> Result<PassRows, ForwardError> {
         let c = &self.config;
         let (tokens, queries) = validate_chunks(c, chunks)?;
         let h = c.hidden_size;
@@ -279,8 +291,33 @@ impl CpuModel {
         );
         let mut logits = vec![0.0; keep.len() / h * c.vocab_size];
         linear(&normed, self.weights.lm_head(), None, h, &mut logits);
-        Ok(logits)
+        let asked = chunks
+            .iter()
+            .enumerate()
+            .map(|(i, chunk)| SeqChunk {
+                logits: hidden.get(i).copied().unwrap_or(LogitRows::None),
+                ..*chunk
+            })
+            .collect::<Vec<_>>();
+        let keep = logit_rows(&asked, &x, h);
+        let mut hidden = vec![0.0; keep.len()];
+        rms_norm(
+            &keep,
+            &self.weights.final_norm,
+            c.rms_norm_eps as f32,
+            &mut hidden,
+        );
+        Ok(PassRows { logits, hidden })
     }
+}
+
+/// What one forward pass returns: the logits rows and the final hidden rows asked for.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PassRows {
+    /// `vocab_size` values per logits row, in order.
+    pub logits: Vec<f32>,
+    /// `hidden_size` values per hidden row, in order.
+    pub hidden: Vec<f32>,
 }
 
 /// The heads and intermediate rows a layer's weights hold: the whole model's, or a

@@ -1,9 +1,9 @@
 //! The CPU backend: the reference forward pass over a paged KV pool.
 
 use strata_model::ModelConfig;
-use strata_model::cpu::{CpuModel, KvAccess, LogitRows, SeqChunk};
+use strata_model::cpu::{CpuModel, KvAccess, LogitRows, PassRows, SeqChunk};
 
-use super::{Backend, BackendError, StepSeq};
+use super::{Backend, BackendError, HiddenRows, RowSampling, StepOutput, StepSeq};
 use crate::kv::{BlockId, KvBlockIo, KvError};
 
 /// Device memory of the CPU backend: `num_blocks` blocks, each holding every layer's K and V for
@@ -116,6 +116,41 @@ impl Backend for CpuBackend {
     }
 
     fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError> {
+        Ok(self.forward(seqs, &[])?.logits)
+    }
+
+    fn embeds(&self) -> bool {
+        true
+    }
+
+    fn step_sampling(
+        &mut self,
+        seqs: &[StepSeq<'_>],
+        sampling: &[RowSampling<'_>],
+    ) -> Result<StepOutput, BackendError> {
+        let hidden: Vec<LogitRows> = (0..seqs.len())
+            .map(|i| match RowSampling::of(sampling, i) {
+                RowSampling::Hidden(HiddenRows::Last) => LogitRows::Last,
+                RowSampling::Hidden(HiddenRows::All) => LogitRows::All,
+                _ => LogitRows::None,
+            })
+            .collect();
+        let rows = self.forward(seqs, &hidden)?;
+        let mut out =
+            StepOutput::split(rows.logits, seqs, sampling, self.model.config().vocab_size);
+        out.hidden = rows.hidden;
+        Ok(out)
+    }
+}
+
+impl CpuBackend {
+    /// One pass over `seqs`: the logits of those wanting them, and the hidden rows `hidden`
+    /// asks per sequence.
+    fn forward(
+        &mut self,
+        seqs: &[StepSeq<'_>],
+        hidden: &[LogitRows],
+    ) -> Result<PassRows, BackendError> {
         for s in seqs {
             let last = s.first_position + s.tokens.len().max(1) - 1;
             if last / self.block_size >= s.block_table.len() {
@@ -146,6 +181,6 @@ impl Backend for CpuBackend {
             layers: config.num_layers,
             kv_dim: config.kv_dim(),
         };
-        Ok(self.model.forward_batch(&chunks, &mut view)?)
+        Ok(self.model.forward_batch_rows(&chunks, hidden, &mut view)?)
     }
 }

@@ -108,6 +108,12 @@ pub trait Backend: KvBlockIo + Send {
     /// Computes one step. Returns `vocab_size` logits per sequence with `want_logits`, in order.
     fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError>;
 
+    /// Whether [`Backend::step_sampling`] returns final hidden states ([`RowSampling::Hidden`]),
+    /// which embeddings pool.
+    fn embeds(&self) -> bool {
+        false
+    }
+
     /// Computes one step like [`Backend::step`], but each sequence with `want_logits` comes back
     /// as its entry in `sampling` asks (indexed like `seqs`; missing entries mean
     /// [`RowSampling::Host`]): its logits row, its greedy token ([`greedy_token`] of its logits),
@@ -119,6 +125,11 @@ pub trait Backend: KvBlockIo + Send {
         seqs: &[StepSeq<'_>],
         sampling: &[RowSampling<'_>],
     ) -> Result<StepOutput, BackendError> {
+        if sampling.iter().any(|s| matches!(s, RowSampling::Hidden(_))) {
+            return Err(BackendError::Device(
+                "this backend does not return hidden states (embeddings)".into(),
+            ));
+        }
         let logits = self.step(seqs)?;
         Ok(StepOutput::split(
             logits,
@@ -139,6 +150,28 @@ pub enum RowSampling<'a> {
     Greedy,
     /// The plan's shaping applied, then [`RowSummary::of`] the shaped row.
     Summary(&'a RowPlan),
+    /// No logits (the sequence must not want them): the final hidden states of these rows of
+    /// its chunk instead, after the model's last norm, as f32 ([`StepOutput::hidden`]).
+    Hidden(HiddenRows),
+}
+
+/// Which rows of a chunk [`RowSampling::Hidden`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HiddenRows {
+    /// The chunk's last row (last-token pooling, on the chunk that ends the prompt).
+    Last,
+    /// Every row of the chunk, in order (mean pooling).
+    All,
+}
+
+impl HiddenRows {
+    /// How many rows a chunk of `tokens` tokens returns.
+    pub fn count(self, tokens: usize) -> usize {
+        match self {
+            HiddenRows::Last => usize::from(tokens > 0),
+            HiddenRows::All => tokens,
+        }
+    }
 }
 
 impl RowSampling<'_> {
@@ -156,6 +189,8 @@ pub struct StepOutput {
     pub tokens: Vec<Option<u32>>,
     /// Per wanting [`RowSampling::Summary`] sequence (`None`: no finite logit after shaping).
     pub summaries: Vec<Option<RowSummary>>,
+    /// `hidden_size` values per row [`RowSampling::Hidden`] asked for, sequence by sequence.
+    pub hidden: Vec<f32>,
 }
 
 impl StepOutput {
@@ -181,7 +216,8 @@ impl StepOutput {
         let mut out = Self::default();
         for (how, row) in wanting().zip(logits.chunks_exact_mut(vocab)) {
             match how {
-                RowSampling::Host => out.logits.extend_from_slice(row),
+                // A sequence with hidden rows wants no logits; one that does gets its row.
+                RowSampling::Host | RowSampling::Hidden(_) => out.logits.extend_from_slice(row),
                 RowSampling::Greedy => out.tokens.push(greedy_token(row)),
                 RowSampling::Summary(plan) => {
                     // The row is this step's own: shaped in place, as the GPU does.

@@ -234,7 +234,7 @@ impl RemoteStream {
         }
         match next_frame::<GenerateFrame>(&mut self.recv, self.addr).await? {
             Some(GenerateFrame::Event(event)) => {
-                self.done = !matches!(event, TokenEvent::Token { .. });
+                self.done = event.ends_stream();
                 Ok(Some(event))
             }
             Some(_) => Err(NodeError::Protocol {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use strata_protocol::{GenerateRequest, TokenEvent};
+use strata_protocol::GenerateRequest;
 use strata_quic::{FrameError, read_frame, write_frame, write_frame_bytes};
 use tokio::sync::broadcast::error::RecvError;
 
@@ -483,7 +483,7 @@ async fn generate(
     let relayed = async {
         write_frame(send, &GenerateFrame::Accepted { id }).await?;
         while let Some(event) = stream.events.recv().await {
-            let last = !matches!(event, TokenEvent::Token { .. });
+            let last = event.ends_stream();
             write_frame(send, &GenerateFrame::Event(event)).await?;
             if last {
                 return Ok(true);

@@ -175,7 +175,9 @@ impl From<&SubmitError> for Refusal {
             | SubmitError::ResumeSpent { .. }
             | SubmitError::KvCapacity { .. }
             | SubmitError::TokenOutOfRange { .. } => RefusalKind::Prompt,
-            SubmitError::Sampling(_) => RefusalKind::Sampling,
+            SubmitError::Sampling(_)
+            | SubmitError::NoEmbeddings
+            | SubmitError::EmbedWithGeneration => RefusalKind::Sampling,
             SubmitError::Grammar(GrammarError::Matcher(_)) => RefusalKind::Internal,
             SubmitError::Grammar(_) | SubmitError::GrammarUnavailable => RefusalKind::Grammar,
             SubmitError::Stopped => RefusalKind::Unavailable,

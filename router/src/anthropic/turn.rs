@@ -80,6 +80,7 @@ impl Turn {
         let stream: RequestStream = state.submit(
             GenerateRequest {
                 resume: None,
+                embed: None,
                 prompt: prompt.clone(),
                 sampling,
                 cache_salt,

@@ -524,6 +524,8 @@ impl Cluster {
             block_size: self.block_size,
             device_blocks: self.device_blocks.load(Ordering::Relaxed),
             grammar: self.grammar.as_deref(),
+            // The node that takes the request decides (a tensor-parallel node refuses).
+            embeds: true,
         };
         admission.admit(&request)?;
         // Refused before any stream starts (503 with Retry-After on every surface), rather than

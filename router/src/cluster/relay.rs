@@ -214,7 +214,7 @@ impl Cluster {
                 emitted.push(*id);
                 *rng_pos = *pos;
             }
-            let last = !matches!(event, TokenEvent::Token { .. });
+            let last = event.ends_stream();
             if tx.send(event).is_err() {
                 return Forwarded::Stopped;
             }

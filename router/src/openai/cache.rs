@@ -93,6 +93,7 @@ async fn create(
     // Prefill it: one generated token, discarded; its full blocks are now cached.
     let prime = GenerateRequest {
         resume: None,
+        embed: None,
         prompt: tokens.clone(),
         sampling: SamplingParams {
             max_tokens: 1,

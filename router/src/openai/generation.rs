@@ -140,6 +140,11 @@ impl Generation {
                         self.fail(ApiError::internal(format!("generation failed: {message}")))
                     ));
                 }
+                TokenEvent::Embedding { .. } => {
+                    return Some(Err(self.fail(ApiError::internal(
+                        "the engine answered a generation with an embedding",
+                    ))));
+                }
             }
         }
     }

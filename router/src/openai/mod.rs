@@ -449,6 +449,7 @@ fn start_choice(
     let stream = state.submit(
         GenerateRequest {
             resume: None,
+            embed: None,
             prompt: prepared.prompt.clone(),
             sampling,
             cache_salt: prepared.cache_salt,

@@ -239,8 +239,9 @@ pub fn paced_tiny_state(model_dir: &Path, delay: Duration, steps: Arc<AtomicUsiz
     .unwrap();
     let parts = ServingParts {
         tokenizer: loaded.tokenizer,
-        template: loaded.template,
         generation_config: loaded.generation_config,
+        embedding: loaded.embedding,
+        template: loaded.template,
     };
     Arc::new(ServedModel::new(
         "tiny".into(),

@@ -731,10 +731,24 @@ impl CudaBackend {
         }
 
         // Logits of the wanted rows, back to the order of `seqs`.
+        // The hidden rows asked for (prompt rows: eager steps only), sequence by sequence.
+        let mut hidden_rows = Vec::new();
+        for (i, s) in seqs.iter().enumerate() {
+            let RowSampling::Hidden(how) = sampling.get(i).copied().unwrap_or_default() else {
+                continue;
+            };
+            let mine = rows[..t].iter().enumerate().filter(|(_, r)| r.seq == i);
+            let skip = mine.clone().count() - how.count(s.tokens.len());
+            hidden_rows.extend(mine.skip(skip).map(|(row, _)| row));
+        }
+        let hidden = self.hidden_states(&hidden_rows)?;
         let r = wanted.len();
         if r == 0 {
             self.finish_profile()?;
-            return Ok(StepOutput::default());
+            return Ok(StepOutput {
+                hidden,
+                ..StepOutput::default()
+            });
         }
         // Device logits row of each wanted entry, in the order of `seqs`.
         let mut order: Vec<(usize, usize)> = wanted
@@ -750,12 +764,9 @@ impl CudaBackend {
         if self.shard.world > 1 {
             let logits = self.download_logits(&order, logits, |_| false)?;
             self.finish_profile()?;
-            return Ok(StepOutput::split(
-                logits,
-                seqs,
-                sampling,
-                self.config.vocab_size,
-            ));
+            let mut out = StepOutput::split(logits, seqs, sampling, self.config.vocab_size);
+            out.hidden = hidden;
+            return Ok(out);
         }
         let tokens = if order.iter().any(|&(seq, _)| is_greedy(seq)) {
             self.greedy_tokens(logits)?
@@ -786,6 +797,7 @@ impl CudaBackend {
             logits: out,
             tokens,
             summaries,
+            hidden,
         })
     }
 
@@ -1044,6 +1056,12 @@ impl Backend for CudaBackend {
         self.run(seqs, &[])
             .map(|out| out.logits)
             .map_err(|e| BackendError::Device(e.to_string()))
+    }
+
+    /// One rank's hidden states are whole (the residual stream is replicated), but the
+    /// tensor-parallel backend does not gather them yet: a single GPU embeds.
+    fn embeds(&self) -> bool {
+        self.shard.world == 1
     }
 
     fn step_sampling(

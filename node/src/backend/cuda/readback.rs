@@ -38,6 +38,26 @@ impl CudaBackend {
         Ok(host)
     }
 
+    /// The final hidden states (the last norm's output, before the LM head) of device rows
+    /// `rows`, in order, as f32: one copy of the range that holds them.
+    pub(super) fn hidden_states(&mut self, rows: &[usize]) -> Result<Vec<f32>, CudaError> {
+        let h = self.config.hidden_size;
+        let (Some(&first), Some(&last)) = (rows.iter().min(), rows.iter().max()) else {
+            return Ok(Vec::new());
+        };
+        let normed = &self.scratch.step()?.act.normed;
+        let mut host = vec![half::bf16::ZERO; (last + 1 - first) * h];
+        self.stream
+            .memcpy_dtoh(&normed.slice(first * h..(last + 1) * h), &mut host)?;
+        self.stream.synchronize()?;
+        let mut out = Vec::with_capacity(rows.len() * h);
+        for &row in rows {
+            let at = (row - first) * h;
+            out.extend(host[at..at + h].iter().map(|v| v.to_f32()));
+        }
+        Ok(out)
+    }
+
     /// The logits rows of `order` (sequence, device row) that `skip` does not name, in order,
     /// through the page-locked buffer: every row in one copy when all are wanted, else row by
     /// row.
