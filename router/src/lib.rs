@@ -147,6 +147,7 @@ pub fn build_app_live(state: AppState, access: &Access, keys: Arc<LiveKeys>) -> 
         .merge(openai::routes())
         .merge(openai::responses::routes())
         .merge(openai::cache::routes())
+        .merge(openai::embeddings::routes())
         .merge(anthropic::routes())
         .merge(converse::routes())
         .fallback(|uri: axum::http::Uri| async move {

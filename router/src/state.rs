@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use strata_model::chat::ChatTemplate;
 use strata_model::grammar::vocabulary_bytes;
 use strata_model::tokenizer::Tokenizer;
-use strata_model::{GenerationConfig, ModelConfig};
+use strata_model::{EmbeddingConfig, GenerationConfig, ModelConfig};
 use strata_node::kv::KvDump;
 use strata_node::{Engine, RequestStream, ServingParts, SubmitError};
 use strata_protocol::GenerateRequest;
@@ -29,6 +29,8 @@ pub struct ServedModel {
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
     pub generation_config: GenerationConfig,
+    /// How embeddings pool and scale.
+    pub embedding: EmbeddingConfig,
     pub engine: EngineHandle,
     /// Unix time the server started (the model's `created`).
     pub created: u64,
@@ -67,6 +69,7 @@ impl ServedModel {
             tokenizer: parts.tokenizer,
             template: parts.template,
             generation_config: parts.generation_config,
+            embedding: parts.embedding,
             engine: engine.into(),
             created: unix_now(),
             metrics: Metrics::default(),
@@ -125,12 +128,17 @@ impl ServedModel {
     ) -> Result<RequestStream, ApiError> {
         if let Some(window) = self.max_model_len {
             let prompt = request.prompt.len();
-            if prompt >= window {
+            if request.embed.is_some() {
+                if prompt > window {
+                    let refusal = SubmitError::ContextWindow { prompt, window };
+                    return Err(ApiError::from_submit(refusal, prompt_param));
+                }
+            } else if prompt >= window {
                 let refusal = SubmitError::ContextWindow { prompt, window };
                 return Err(ApiError::from_submit(refusal, prompt_param));
             }
             let max_tokens = request.sampling.max_tokens as usize;
-            if prompt + max_tokens > window {
+            if request.embed.is_none() && prompt + max_tokens > window {
                 return Err(ApiError::context_length_exceeded(
                     prompt_param,
                     format!(

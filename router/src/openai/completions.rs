@@ -19,7 +19,7 @@ use crate::state::AppState;
 pub const MAX_PROMPTS: usize = 128;
 
 /// One prompt of a request: its token ids, and its text when it was given as text.
-type Prompt = (Vec<u32>, Option<String>);
+pub(super) type Prompt = (Vec<u32>, Option<String>);
 
 pub async fn create(
     State(state): State<AppState>,
@@ -30,7 +30,7 @@ pub async fn create(
     // Taken out of the shared fields, which still refuse it on chat.
     let echo = echo(request.sampling.echo.take())?;
     check_model(&state, &request.model)?;
-    let prompts = encode_prompts(&state, &request.prompt)?;
+    let prompts = encode_prompts(&state, &request.prompt, "prompt", MAX_PROMPTS, true)?;
     if echo
         && request
             .sampling
@@ -77,19 +77,31 @@ fn echo(value: Option<Value>) -> Result<bool, ApiError> {
     }
 }
 
-/// The prompts of a request, each as token ids with its text when it was given as text: a string
-/// (tokenized with the tokenizer's special tokens, e.g. BOS), an array of token ids taken as they
-/// are, or a batch of up to [`MAX_PROMPTS`] — an array of strings or of token-id arrays.
-fn encode_prompts(state: &AppState, prompt: &Value) -> Result<Vec<Prompt>, ApiError> {
+/// The prompts of field `param`, each as token ids with its text when it was given as text: a
+/// string (tokenized with the tokenizer's special tokens, e.g. BOS, when `special`), an array of
+/// token ids taken as they are, or a batch of up to `max` — an array of strings or of token-id
+/// arrays.
+pub(super) fn encode_prompts(
+    state: &AppState,
+    prompt: &Value,
+    param: &'static str,
+    max: usize,
+    special: bool,
+) -> Result<Vec<Prompt>, ApiError> {
     let refuse = || {
         ApiError::invalid(
-            Some("prompt"),
-            "`prompt` must be a string, an array of token ids, or an array of strings or of \
-             token-id arrays",
+            Some(param),
+            format!(
+                "`{param}` must be a string, an array of token ids, or an array of strings or \
+                 of token-id arrays"
+            ),
         )
     };
     let text = |text: &str| -> Result<Prompt, ApiError> {
-        Ok((state.tokenizer.encode(text, true)?, Some(text.to_string())))
+        Ok((
+            state.tokenizer.encode(text, special)?,
+            Some(text.to_string()),
+        ))
     };
     let ids = |items: &[Value]| -> Option<Vec<u32>> {
         items
@@ -103,13 +115,10 @@ fn encode_prompts(state: &AppState, prompt: &Value) -> Result<Vec<Prompt>, ApiEr
             Ok(vec![(ids(items).ok_or_else(refuse)?, None)])
         }
         Value::Array(items) => {
-            if items.is_empty() || items.len() > MAX_PROMPTS {
+            if items.is_empty() || items.len() > max {
                 return Err(ApiError::invalid(
-                    Some("prompt"),
-                    format!(
-                        "a batch of prompts holds 1 to {MAX_PROMPTS}; got {}",
-                        items.len()
-                    ),
+                    Some(param),
+                    format!("a batch of `{param}` holds 1 to {max}; got {}", items.len()),
                 ));
             }
             items

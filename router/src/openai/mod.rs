@@ -4,6 +4,7 @@
 pub mod cache;
 pub mod chat;
 pub mod completions;
+pub mod embeddings;
 pub(crate) mod generation;
 pub mod models;
 pub mod responses;

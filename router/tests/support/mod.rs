@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use strata_model::Architecture;
 use strata_model::synth::{SynthSpec, synthesize};
-use strata_node::backend::{Backend, BackendError, CpuBackend, StepSeq};
+use strata_node::backend::{Backend, BackendError, CpuBackend, RowSampling, StepOutput, StepSeq};
 use strata_node::kv::{BlockId, KvBlockIo, KvError};
 use strata_node::scheduler::SchedulerLimits;
 use strata_node::{Engine, EngineConfig};
@@ -23,9 +23,14 @@ use strata_router::auth::ApiKey;
 use strata_router::state::AppState;
 use strata_router::{Access, ServeConfig, ServedModel, ServingOptions, load_state, serve_on_with};
 
-/// The SDK checkout under target/test-data/py, checked to hold `marker` (a file of the package).
+/// The SDK checkout under target/test-data/py, checked to hold `marker` (a file of the package);
+/// `FOLDER:FILE` names another folder of target/test-data (an SDK kept apart from the others'
+/// dependencies).
 fn python_packages(marker: &str) -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-data/py");
+    let (folder, marker) = marker.split_once(':').unwrap_or(("py", marker));
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/test-data")
+        .join(folder);
     assert!(
         dir.join(marker).is_file(),
         "{marker} is missing from {}: run scripts/fetch-test-data.sh from the repository root",
@@ -207,6 +212,18 @@ impl Backend for PacedBackend {
         self.steps.fetch_add(1, Ordering::Relaxed);
         std::thread::sleep(self.delay);
         self.inner.step(seqs)
+    }
+    fn embeds(&self) -> bool {
+        self.inner.embeds()
+    }
+    fn step_sampling(
+        &mut self,
+        seqs: &[StepSeq<'_>],
+        sampling: &[RowSampling<'_>],
+    ) -> Result<StepOutput, BackendError> {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        std::thread::sleep(self.delay);
+        self.inner.step_sampling(seqs, sampling)
     }
 }
 
