@@ -28,6 +28,7 @@ tokenizers_version="3.7.2"
 openai_version="3.60.0"
 anthropic_version="2.17.0"
 boto3_version="1.40.0"
+cohere_version="7.3.1"
 schemathesis_version="4.32.5"
 cuda_version="13.0"
 
@@ -136,6 +137,16 @@ if ! grep -qs "__version__ = '$boto3_version'" "$py/boto3/__init__.py"; then
     echo "installing boto3==$boto3_version -> $py" >&2
     python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
         --upgrade --target "$py" "boto3==$boto3_version"
+fi
+
+# cohere in a folder of its own: it brings its own pydantic, httpx and tokenizers, which must not
+# replace the versions the other SDKs were installed with.
+co="$data/py-cohere"
+if [[ ! -d "$co/cohere-$cohere_version.dist-info" ]]; then
+    echo "installing cohere==$cohere_version -> $co" >&2
+    rm -rf "$co"
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
+        --target "$co" "cohere==$cohere_version"
 fi
 
 # Its own folder, emptied first when it holds another version (checked by its dist-info).

@@ -11,6 +11,7 @@ fn official_anthropic_sdk_works_unmodified() {
     let server = SdkServer {
         aliases: &["claude-sonnet-4-5"],
         api_key: Some("sk-anthropic-sdk-test-key"),
+        ..SdkServer::default()
     };
     support::run_sdk_script_on("anthropic/_version.py", "anthropic_sdk.py", "", &server);
 }

@@ -11,6 +11,7 @@ fn official_openai_sdk_works_unmodified() {
     let server = SdkServer {
         aliases: &["gpt-4o-mini", "tiny-alias"],
         api_key: Some("sk-openai-sdk-test-key"),
+        ..SdkServer::default()
     };
     support::run_sdk_script_on("openai/_version.py", "openai_sdk.py", "/v1", &server);
 }

@@ -14,7 +14,8 @@ static document can state, because they depend on the served model or on another
   - a primed context (`/v1/cache`) shorter than one KV block, or beyond what the KV tiers
     may hold pinned, or with none or several of its three prompt fields (stated in words: a
     `oneOf` over them sent schemathesis 4.32.5's coverage phase into a CPython AST recursion
-    error).
+    error);
+  - an embedding's `dimensions` beyond the served model's hidden size.
 Every other refusal of a schema-valid request still fails the run.
 """
 
@@ -43,6 +44,7 @@ UNSTATABLE_REFUSALS = (
     "the lowest KV tier holds",
     "or `messages` is required",
     "or `messages`, not several",
+    "`dimensions` is 1 to the model's",
 )
 
 

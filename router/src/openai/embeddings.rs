@@ -63,13 +63,19 @@ struct RerankRequest {
 #[serde(untagged)]
 enum Document {
     Text(String),
-    Object { text: String },
+    Object(DocumentObject),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DocumentObject {
+    text: String,
 }
 
 impl Document {
     fn text(&self) -> &str {
         match self {
-            Document::Text(text) | Document::Object { text } => text,
+            Document::Text(text) | Document::Object(DocumentObject { text }) => text,
         }
     }
 }

@@ -81,6 +81,8 @@ pub fn run_sdk_script(marker: &str, script: &str, base_path: &str) {
 pub struct SdkServer {
     pub aliases: &'static [&'static str],
     pub api_key: Option<&'static str>,
+    /// More arguments for the script.
+    pub args: &'static [&'static str],
 }
 
 /// Serves `config` (its model loaded now) with `access` on a runtime of its own while `run`
@@ -147,6 +149,7 @@ pub fn run_sdk_script_on(marker: &str, script: &str, base_path: &str, server: &S
     if let Some(key) = server.api_key {
         served.extend(["--api-key", key]);
     }
+    served.extend(server.args);
 
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests")
