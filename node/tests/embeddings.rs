@@ -224,3 +224,154 @@ fn embedding_requests_that_cannot_run_are_refused_by_name() {
         Err(SubmitError::ContextWindow { .. })
     ));
 }
+
+/// Max |ours − transformers| over a vector, relative to max |transformers|.
+const BOUND: f32 = 1e-4;
+
+/// A prompt's last-token and mean vectors.
+type Pooled = (Vec<f32>, Vec<f32>);
+
+#[derive(serde::Deserialize)]
+struct Cases {
+    cases: Vec<Case>,
+}
+
+#[derive(serde::Deserialize)]
+struct Case {
+    name: String,
+    spec: SynthSpec,
+    prompts: Vec<Vec<u32>>,
+}
+
+fn repo() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The fixture's weights sha256 and, per prompt, transformers' last-token and mean vectors.
+fn transformers_fixture(name: &str) -> (String, Vec<Pooled>) {
+    use safetensors::SafeTensors;
+    let path = repo().join(format!("tests/oracle/fixtures/{name}.safetensors"));
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let (_, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let sha = meta.metadata().as_ref().unwrap()["weights_sha256"].clone();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let vector = |key: &str| -> Option<Vec<f32>> {
+        let t = st.tensor(key).ok()?;
+        Some(
+            t.data()
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect(),
+        )
+    };
+    let rows = (0..)
+        .map_while(|i| {
+            Some((
+                vector(&format!("prompt{i}.last"))?,
+                vector(&format!("prompt{i}.mean"))?,
+            ))
+        })
+        .collect();
+    (sha, rows)
+}
+
+fn relative_error(ours: &[f32], reference: &[f32]) -> f32 {
+    assert_eq!(ours.len(), reference.len());
+    let scale = reference.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let diff = ours
+        .iter()
+        .zip(reference)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    diff / scale
+}
+
+/// The engine's last-token and mean embeddings of every prompt, on the checkpoint in `dir`
+/// (`theta` scales its rope_theta: the canary's perturbation).
+fn engine_embeddings(dir: &std::path::Path, prompts: &[Vec<u32>], theta: f64) -> Vec<Pooled> {
+    let mut config = strata_model::ModelConfig::from_dir(dir).unwrap();
+    config.rope_theta *= theta;
+    let checkpoint = strata_model::weights::Checkpoint::open(dir).unwrap();
+    let model = CpuModel::from_checkpoint(config, &checkpoint).unwrap();
+    let backend = CpuBackend::with_blocks(model, 16, 64);
+    let config = EngineConfig {
+        limits: SchedulerLimits {
+            max_batch_tokens: 48,
+            max_running: 16,
+        },
+        tiers: Default::default(),
+        eos_token_ids: vec![],
+        grammar: None,
+    };
+    let engine = Engine::start(Box::new(backend), config).unwrap();
+    // Every request at once: batched and chunked together.
+    let streams: Vec<_> = prompts
+        .iter()
+        .flat_map(|p| {
+            [Pooling::Last, Pooling::Mean].map(|pooling| request(p.clone(), Some(pooling)))
+        })
+        .map(|r| engine.submit(r).unwrap())
+        .collect();
+    let mut vectors = streams.into_iter().map(|s| embedding(drain(s)).0);
+    prompts
+        .iter()
+        .map(|_| (vectors.next().unwrap(), vectors.next().unwrap()))
+        .collect()
+}
+
+#[test]
+fn embeddings_match_transformers_pooled_hidden_states() {
+    use sha2::{Digest, Sha256};
+    let text = std::fs::read_to_string(repo().join("tests/oracle/embedding_cases.json")).unwrap();
+    let cases: Cases = serde_json::from_str(&text).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    for case in cases.cases {
+        let dir = tmp.path().join(&case.name);
+        synthesize(&case.spec, &dir, None).unwrap();
+        let (sha, fixture) = transformers_fixture(&case.name);
+        let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let ours: String = Sha256::digest(&weights)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            ours, sha,
+            "{}: synthesized weights differ from the fixture's; regenerate it \
+             (tests/oracle/make_embedding_fixtures.py)",
+            case.name
+        );
+        assert_eq!(fixture.len(), case.prompts.len());
+        let mut worst = 0.0f32;
+        for (i, ((last, mean), (hf_last, hf_mean))) in engine_embeddings(&dir, &case.prompts, 1.0)
+            .iter()
+            .zip(&fixture)
+            .enumerate()
+        {
+            for (what, ours, theirs) in [("last", last, hf_last), ("mean", mean, hf_mean)] {
+                let err = relative_error(ours, theirs);
+                assert!(
+                    err <= BOUND,
+                    "{} prompt {i} {what}: relative error {err:e} > {BOUND:e}",
+                    case.name
+                );
+                worst = worst.max(err);
+            }
+        }
+        eprintln!(
+            "{}: worst relative error {worst:.2e} (bound {BOUND:e})",
+            case.name
+        );
+
+        // Canary: rope_theta off by 1 % breaks the bound on a prompt long enough for it to show.
+        let perturbed = engine_embeddings(&dir, &case.prompts, 1.01);
+        let canary = perturbed
+            .iter()
+            .zip(&fixture)
+            .flat_map(|((l, m), (hl, hm))| [relative_error(l, hl), relative_error(m, hm)])
+            .fold(0.0f32, f32::max);
+        assert!(
+            canary > BOUND,
+            "{}: the canary stayed within the bound ({canary:e})",
+            case.name
+        );
+    }
+}

@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
 # Embeddings on the GPU machine, with the carried release binary:
 #   scripts/device/embeddings.sh OUT_DIR
-# 1. The transformers oracle: the cases of tests/oracle/embedding_cases.json synthesized by the
-#    binary, their pooled hidden states written by tests/oracle/make_embedding_fixtures.py (torch on
-#    the CPU) into OUT_DIR/fixtures — copy them to tests/oracle/fixtures to refresh CI's fixture.
-# 2. GPU against CPU: each case served by `strata serve --device cuda:0` and `--device cpu`; every
-#    prompt's /v1/embeddings vector (token ids in, floats out) compared by cosine similarity
-#    (bf16 on the GPU: at least 0.999 is required) and against the transformers fixture.
+# The cases of tests/oracle/embedding_cases.json are synthesized by the binary and served by
+# `strata serve --device cuda:0` and `--device cpu`; every prompt's /v1/embeddings vector (token
+# ids in, floats out) is compared by cosine similarity between the two (bf16 on the GPU: at least
+# 0.999 is required) and with the committed transformers fixture (tests/oracle/fixtures).
 # Writes OUT_DIR/receipt.json; exits non-zero if a check failed.
 set -uo pipefail
 
@@ -14,7 +12,7 @@ OUT=${1:?usage: embeddings.sh OUT_DIR}
 BIN=${STRATA_BIN:-.device/strata}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 CKPTS=${TMPDIR:-/tmp}/strata-embed-ckpts
-mkdir -p "$OUT/logs" "$OUT/fixtures"
+mkdir -p "$OUT/logs"
 # shellcheck source=scripts/device/common.sh
 . "$(dirname "$0")/common.sh"
 record_machine
@@ -22,8 +20,6 @@ record_machine
 rm -rf "$CKPTS"
 "$BIN" model synth --cases tests/oracle/embedding_cases.json --out "$CKPTS" >"$OUT/logs/synth.log" 2>&1 ||
     { echo "synth FAILED"; cat "$OUT/logs/synth.log"; exit 1; }
-CUDA_VISIBLE_DEVICES="" PYTHONUNBUFFERED=1 python3 tests/oracle/make_embedding_fixtures.py \
-    --checkpoints "$CKPTS" --out "$OUT/fixtures" 2>&1 | tee "$OUT/logs/fixtures.log"
 
 serve() { # name port device
     "$BIN" serve --model "$CKPTS/qwen3-embedding" --device "$3" --port "$2" \
@@ -45,7 +41,7 @@ import json, math, pathlib, sys, urllib.request
 from safetensors.numpy import load_file
 out = pathlib.Path(sys.argv[1])
 case = json.loads(pathlib.Path("tests/oracle/embedding_cases.json").read_text())["cases"][0]
-fixture = load_file(str(out / "fixtures" / f"{case['name']}.safetensors"))
+fixture = load_file(f"tests/oracle/fixtures/{case['name']}.safetensors")
 def embed(port, prompts):
     body = json.dumps({"model": case["name"], "input": prompts, "encoding_format": "float"}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/embeddings", data=body,

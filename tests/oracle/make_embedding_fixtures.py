@@ -9,8 +9,9 @@ For every case it loads CKPTS/<name> with AutoModel (the decoder without its LM 
 eager attention, runs each prompt alone as one forward pass, and writes fixtures/<name>.safetensors
 holding, per prompt i, `prompt{i}.last` (the last token's `last_hidden_state`, which is after the
 model's final norm) and `prompt{i}.mean` (the mean over the prompt's tokens), float32, with metadata
-naming the weights' sha256 and the library versions. scripts/device/embeddings.sh runs it on the GPU
-machine, which has torch and transformers.
+naming the weights' sha256 and the library versions. The committed fixture was made on the CPU
+machine with torch 2.15 and transformers 5.23 from the package registry (installed with
+`pip install --target`); node/tests/embeddings.rs checks the engine against it.
 """
 
 import argparse
