@@ -145,6 +145,23 @@ fn router_answers_like_one_process_and_routes_shared_prefixes_to_their_cache() {
         assert!(!want.is_empty());
         assert_eq!(complete(cluster.router_addr, &prompt, 16), want, "{prompt}");
     }
+    // Embeddings and rerank go through the nodes the same way: the same vectors and scores.
+    let inputs = serde_json::json!({"model": "m", "input": prompts()});
+    let rerank = serde_json::json!({"model": "m", "query": prompts()[0], "documents": prompts()});
+    for (path, body) in [("/v1/embeddings", inputs), ("/v1/rerank", rerank)] {
+        let answer = |addr| {
+            let (status, text) = post(addr, path, &body.to_string());
+            assert_eq!(status, 200, "{path}: {text}");
+            let mut out: serde_json::Value = serde_json::from_str(&text).unwrap();
+            out.as_object_mut().unwrap().remove("id");
+            out
+        };
+        assert_eq!(
+            answer(cluster.router_addr),
+            answer(reference_addr),
+            "{path}"
+        );
+    }
     // Let the KV events of the last requests reach the router (generously: a loaded machine
     // delays them), then repeat the workload: every prefix is now cached somewhere and its
     // requests go there.
@@ -165,6 +182,13 @@ fn router_answers_like_one_process_and_routes_shared_prefixes_to_their_cache() {
         })
         .count();
     assert!(used >= 2, "{after}");
+    // The router shows each node's engine gauges as the node last reported them.
+    for node in &cluster.node_addrs {
+        let capacity = format!("strata_kv_tier_capacity_blocks{{node=\"{node}\",tier=\"device\"}}");
+        assert!(metric(&after, &capacity) > 0.0, "{after}");
+        let usage = format!("strata_kv_usage_ratio{{node=\"{node}\"}}");
+        assert!((0.0..=1.0).contains(&metric(&after, &usage)), "{after}");
+    }
 }
 
 /// Runs `prompts()` through `addr` and returns the share of its prompt blocks found cached on

@@ -505,9 +505,12 @@ async fn metrics(State(state): State<AppState>) -> Response {
     if let Some(times) = state.engine.step_times() {
         render_step_times(&mut text, &times);
     }
-    if let Some(load) = state.engine.load() {
-        render_engine_load(&mut text, &load);
-    }
+    let loads = match (&state.engine, state.engine.load()) {
+        (_, Some(load)) => vec![(String::new(), load)],
+        (crate::state::EngineHandle::Cluster(cluster), None) => cluster.node_loads(),
+        _ => Vec::new(),
+    };
+    render_engine_loads(&mut text, &loads);
     let _ = writeln!(
         text,
         "# HELP strata_model_info The model served (its name as requests give it).\n\
@@ -555,92 +558,140 @@ fn with_model_label(text: &str, model: &str) -> String {
     out
 }
 
-/// The local engine's sequences, KV use and preemptions (a router's nodes report their own).
-fn render_engine_load(out: &mut String, load: &strata_node::scheduler::EngineLoad) {
-    let usage = if load.capacity_blocks == 0 {
-        0.0
-    } else {
-        load.active_blocks as f64 / load.capacity_blocks as f64
+/// Engine gauges: the local engine's load (`node` empty), or each node's last report to a
+/// router (labelled `node="ADDR"`): sequences, KV use, preemptions and the KV tiers' traffic. Each
+/// family is written once, with a sample per load.
+fn render_engine_loads(out: &mut String, loads: &[(String, strata_node::scheduler::EngineLoad)]) {
+    if loads.is_empty() {
+        return;
+    }
+    // `name{labels}`, the load's node label first.
+    let sample = |name: &str, node: &str, extra: &str| {
+        let labels: Vec<&str> = [node, extra]
+            .into_iter()
+            .filter(|l| !l.is_empty())
+            .collect();
+        if labels.is_empty() {
+            name.to_string()
+        } else {
+            format!("{name}{{{}}}", labels.join(","))
+        }
     };
-    for (name, kind, help, value) in [
+    let nodes: Vec<(String, &strata_node::scheduler::EngineLoad)> = loads
+        .iter()
+        .map(|(addr, load)| {
+            let label = if addr.is_empty() {
+                String::new()
+            } else {
+                format!("node=\"{addr}\"")
+            };
+            (label, load)
+        })
+        .collect();
+    type Value = fn(&strata_node::scheduler::EngineLoad) -> String;
+    let families: [(&str, &str, &str, Value); 4] = [
         (
             "strata_engine_requests_running",
             "gauge",
             "Sequences the engine is running.",
-            load.running.to_string(),
+            |l| l.running.to_string(),
         ),
         (
             "strata_engine_requests_waiting",
             "gauge",
             "Sequences waiting in the engine for KV blocks or a running slot.",
-            load.waiting.to_string(),
+            |l| l.waiting.to_string(),
         ),
         (
             "strata_kv_usage_ratio",
             "gauge",
             "Device KV blocks held by running sequences / device KV blocks (0..1).",
-            usage.to_string(),
+            |l| {
+                if l.capacity_blocks == 0 {
+                    "0".to_string()
+                } else {
+                    (l.active_blocks as f64 / l.capacity_blocks as f64).to_string()
+                }
+            },
         ),
         (
             "strata_preemptions_total",
             "counter",
             "Sequences preempted when the KV cache ran out (they resume later).",
-            load.preemptions.to_string(),
+            |l| l.preemptions.to_string(),
         ),
-    ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-        );
+    ];
+    for (name, kind, help, value) in families {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (node, load) in &nodes {
+            let _ = writeln!(out, "{} {}", sample(name, node, ""), value(load));
+        }
     }
-    render_tier_traffic(out, load);
-}
 
-/// The KV tiers: capacity by tier, and bytes and time moved between the device and host / disk.
-fn render_tier_traffic(out: &mut String, load: &strata_node::scheduler::EngineLoad) {
-    let bytes = |blocks: u64| blocks.saturating_mul(load.block_bytes);
+    // The KV tiers: capacity by tier, and bytes and time moved between the device and host / disk.
     let name = "strata_kv_tier_capacity_blocks";
     let _ = writeln!(
         out,
-        "# HELP {name} KV blocks each tier holds at most.\n# TYPE {name} gauge\n\
-         {name}{{tier=\"device\"}} {}\n{name}{{tier=\"host\"}} {}\n{name}{{tier=\"disk\"}} {}",
-        load.capacity_blocks, load.host_capacity_blocks, load.disk_capacity_blocks
+        "# HELP {name} KV blocks each tier holds at most.\n# TYPE {name} gauge"
     );
-    for (name, kind, help, values) in [
+    for (node, l) in &nodes {
+        for (tier, n) in [
+            ("device", l.capacity_blocks),
+            ("host", l.host_capacity_blocks),
+            ("disk", l.disk_capacity_blocks),
+        ] {
+            let _ = writeln!(
+                out,
+                "{} {n}",
+                sample(name, node, &format!("tier=\"{tier}\""))
+            );
+        }
+    }
+    type Tiers = fn(&strata_node::scheduler::EngineLoad) -> [String; 2];
+    let traffic: [(&str, &str, &str, Tiers); 3] = [
         (
             "strata_kv_restored_bytes_total",
             "counter",
             "KV bytes copied back to the device from a lower tier.",
-            load.restored_blocks.map(|b| bytes(b).to_string()),
+            |l| {
+                l.restored_blocks
+                    .map(|b| b.saturating_mul(l.block_bytes).to_string())
+            },
         ),
         (
             "strata_kv_restore_seconds_total",
             "counter",
             "Engine-thread time restoring KV blocks from a lower tier (reading them, and copying \
              or, from page-locked memory on CUDA, queueing the copy to the device).",
-            load.restore_ns.map(|ns| (ns as f64 / 1e9).to_string()),
+            |l| l.restore_ns.map(|ns| (ns as f64 / 1e9).to_string()),
         ),
         (
             "strata_kv_demoted_bytes_total",
             "counter",
             "KV bytes written into a lower tier (evicted from the tier above).",
-            load.demoted_blocks.map(|b| bytes(b).to_string()),
+            |l| {
+                l.demoted_blocks
+                    .map(|b| b.saturating_mul(l.block_bytes).to_string())
+            },
         ),
-    ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n\
-             {name}{{tier=\"host\"}} {}\n{name}{{tier=\"disk\"}} {}",
-            values[0], values[1]
-        );
+    ];
+    for (name, kind, help, values) in traffic {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (node, l) in &nodes {
+            let [host, disk] = values(l);
+            let _ = writeln!(out, "{} {host}", sample(name, node, "tier=\"host\""));
+            let _ = writeln!(out, "{} {disk}", sample(name, node, "tier=\"disk\""));
+        }
     }
     let name = "strata_kv_tier_copy_failures_total";
     let _ = writeln!(
         out,
         "# HELP {name} Copies between KV tiers that failed (each cost a cached block or one \
-         request).\n# TYPE {name} counter\n{name} {}",
-        load.tier_copy_failures
+         request).\n# TYPE {name} counter"
     );
+    for (node, l) in &nodes {
+        let _ = writeln!(out, "{} {}", sample(name, node, ""), l.tier_copy_failures);
+    }
 }
 
 /// The engine thread's steps: how many, the tokens they computed, and their time by phase

@@ -73,6 +73,8 @@ struct Node {
     load: Mutex<NodeLoad>,
     /// Its compute and fetch rates as it last reported them.
     rates: Mutex<MeasuredRates>,
+    /// Its whole last load report (for the router's `/metrics`); `None` before the first.
+    report: Mutex<Option<strata_node::scheduler::EngineLoad>>,
     /// Requests routed here (first attempts and failovers).
     routed: AtomicU64,
     /// Taken out of the cluster: its supervisor ends.
@@ -93,6 +95,7 @@ impl Node {
             kv_layout: RwLock::new(None),
             load: Mutex::new(NodeLoad::default()),
             rates: Mutex::new(MeasuredRates::default()),
+            report: Mutex::new(None),
             routed: AtomicU64::new(0),
             removed: AtomicBool::new(false),
             incarnation: AtomicU64::new(0),
@@ -408,6 +411,18 @@ impl Cluster {
             .await
             .into_iter()
             .flatten()
+            .collect()
+    }
+
+    /// Each node's last load report, by node address (nodes that have not reported yet are left
+    /// out).
+    pub fn node_loads(&self) -> Vec<(String, strata_node::scheduler::EngineLoad)> {
+        self.nodes()
+            .iter()
+            .filter_map(|n| {
+                let report = *n.report.lock().unwrap_or_else(PoisonError::into_inner);
+                report.map(|load| (n.addr.to_string(), load))
+            })
             .collect()
     }
 

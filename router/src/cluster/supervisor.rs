@@ -158,6 +158,11 @@ impl Supervisor {
                 if let Ok(load) = client.load().await {
                     *self
                         .node
+                        .report
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = Some(load);
+                    *self
+                        .node
                         .load
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner) = NodeLoad {
