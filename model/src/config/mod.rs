@@ -268,13 +268,7 @@ impl RawConfig {
         let architecture = self.architecture()?;
 
         if let Some(q) = &self.quantization_config {
-            let method = q
-                .get("quant_method")
-                .and_then(Value::as_str)
-                .unwrap_or("unknown");
-            return Err(format!(
-                "quantization_config (quant_method \"{method}\") is not supported by this build"
-            ));
+            quantization::check(q)?;
         }
         if let Some(act) = &self.hidden_act
             && act != "silu"
@@ -675,6 +669,7 @@ impl GenerationConfig {
 }
 
 mod pooling;
+mod quantization;
 
 pub use pooling::EmbeddingConfig;
 

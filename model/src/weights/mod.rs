@@ -10,6 +10,7 @@
 //! mapping as they are.
 
 mod layout;
+mod quant;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -20,6 +21,8 @@ use std::sync::OnceLock;
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
+
+pub use quant::{e2m1_to_f32, e4m3_to_f32};
 
 pub use layout::{
     EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorSpec, expected_tensors, is_ignorable,
@@ -134,6 +137,13 @@ enum TensorData {
         unpermute_heads: Option<usize>,
         f32_bytes: OnceLock<Result<Vec<u8>, String>>,
     },
+    /// A quantized Linear (FP8 or NVFP4, see [`quant`]) folded from its stored parts, dequantized
+    /// to f32 on first use.
+    Dequantized {
+        kind: quant::QuantKind,
+        parts: Vec<quant::Part>,
+        f32_bytes: OnceLock<Result<Vec<u8>, String>>,
+    },
 }
 
 impl TensorEntry {
@@ -142,6 +152,14 @@ impl TensorEntry {
         match &self.data {
             TensorData::Mapped(dtype) => format!("{dtype:?}"),
             TensorData::Widened { ty, .. } => ty.name().to_string(),
+            TensorData::Dequantized {
+                kind: quant::QuantKind::Fp8 { .. },
+                ..
+            } => "F8_E4M3 (scaled)".to_string(),
+            TensorData::Dequantized {
+                kind: quant::QuantKind::Nvfp4 { .. },
+                ..
+            } => "NVFP4".to_string(),
         }
     }
 }
@@ -232,7 +250,152 @@ impl Checkpoint {
                 dir: dir.to_path_buf(),
             });
         }
+        checkpoint.fold_quantized()?;
         Ok(checkpoint)
+    }
+
+    /// Folds every quantized Linear's stored parts into one tensor under its `…weight` name (see
+    /// [`quant`]), and sets its activation and KV scales aside. A part missing, of the wrong type
+    /// or shape, or an asymmetric (zero-point) weight is refused naming the tensor.
+    fn fold_quantized(&mut self) -> Result<(), WeightError> {
+        let block = quant_block(&self.dir);
+        let malformed = |this: &Self, name: &str, problem: String| {
+            let path = this
+                .tensors
+                .get(name)
+                .map_or_else(|| this.dir.clone(), |t| this.files[t.file].path.clone());
+            WeightError::Malformed { path, problem }
+        };
+        let mut names: Vec<String> = self.tensors.keys().cloned().collect();
+        names.sort();
+        for name in &names {
+            let Some(entry) = self.tensors.get(name) else {
+                continue;
+            };
+            let dtype = match entry.data {
+                TensorData::Mapped(dtype) => dtype,
+                _ => continue,
+            };
+            let (base, kind, part_names) = if let Some(base) = name.strip_suffix(".weight_packed") {
+                let parts = [
+                    name.clone(),
+                    format!("{base}.weight_scale"),
+                    format!("{base}.weight_global_scale"),
+                ];
+                (
+                    base.to_string(),
+                    quant::QuantKind::Nvfp4 { divide: true },
+                    parts.to_vec(),
+                )
+            } else if let Some(base) = name.strip_suffix(".weight") {
+                let scale_2 = format!("{base}.weight_scale_2");
+                if dtype == Dtype::U8 && self.tensors.contains_key(&scale_2) {
+                    let parts = [name.clone(), format!("{base}.weight_scale"), scale_2];
+                    (
+                        base.to_string(),
+                        quant::QuantKind::Nvfp4 { divide: false },
+                        parts.to_vec(),
+                    )
+                } else if dtype == Dtype::F8_E4M3 {
+                    let scale = [
+                        format!("{base}.weight_scale"),
+                        format!("{base}.weight_scale_inv"),
+                    ]
+                    .into_iter()
+                    .find(|s| self.tensors.contains_key(s))
+                    .ok_or_else(|| {
+                        malformed(
+                            self,
+                            name,
+                            format!(
+                                "tensor {name} is F8_E4M3 but has no {base}.weight_scale (or \
+                                 weight_scale_inv) to dequantize it with"
+                            ),
+                        )
+                    })?;
+                    (
+                        base.to_string(),
+                        quant::QuantKind::Fp8 { block },
+                        vec![name.clone(), scale],
+                    )
+                } else {
+                    continue;
+                }
+            } else {
+                continue;
+            };
+            let zero_point = format!("{base}.weight_zero_point");
+            if self.tensors.contains_key(&zero_point) {
+                return Err(malformed(
+                    self,
+                    &zero_point,
+                    format!(
+                        "tensor {zero_point}: asymmetric (zero-point) quantization is not supported"
+                    ),
+                ));
+            }
+            let mut parts = Vec::with_capacity(part_names.len());
+            for part in &part_names {
+                let entry = self.tensors.remove(part).ok_or_else(|| {
+                    malformed(
+                        self,
+                        name,
+                        format!("tensor {name} is quantized but {part} is missing"),
+                    )
+                })?;
+                let TensorData::Mapped(dtype) = entry.data else {
+                    return Err(malformed(
+                        self,
+                        name,
+                        format!("tensor {part} cannot be a quantized part"),
+                    ));
+                };
+                parts.push(quant::Part {
+                    file: entry.file,
+                    offsets: entry.offsets,
+                    dtype,
+                    shape: entry.shape,
+                    name: part.clone(),
+                });
+            }
+            let rows = parts[0].shape.first().copied().unwrap_or(0);
+            let stored_cols = parts[0].shape.get(1).copied().unwrap_or(0);
+            let cols = match kind {
+                quant::QuantKind::Nvfp4 { .. } => stored_cols * 2,
+                quant::QuantKind::Fp8 { .. } => stored_cols,
+            };
+            if parts[0].shape.len() != 2 {
+                return Err(malformed(
+                    self,
+                    name,
+                    format!(
+                        "quantized tensor {name} has shape {:?}; only matrices are quantized",
+                        parts[0].shape
+                    ),
+                ));
+            }
+            for aside in quant::SET_ASIDE {
+                self.tensors.remove(&format!("{base}{aside}"));
+            }
+            let (file, offsets) = (parts[0].file, parts[0].offsets);
+            self.tensors.insert(
+                format!("{base}.weight"),
+                TensorEntry {
+                    file,
+                    shape: vec![rows, cols],
+                    offsets,
+                    data: TensorData::Dequantized {
+                        kind,
+                        parts,
+                        f32_bytes: OnceLock::new(),
+                    },
+                },
+            );
+        }
+        // Per-attention KV scales stand beside the projections (`self_attn.k_scale`).
+        self.tensors
+            .retain(|name, _| !(name.ends_with(".k_scale") || name.ends_with(".v_scale")));
+        Ok(())
     }
 
     fn add_file(&mut self, path: &Path) -> Result<(), WeightError> {
@@ -429,6 +592,30 @@ impl Checkpoint {
                     })?;
                 (WeightDtype::F32, widened.as_slice())
             }
+            TensorData::Dequantized {
+                kind,
+                parts,
+                f32_bytes,
+            } => {
+                let dequantized = f32_bytes
+                    .get_or_init(|| {
+                        let bytes: Vec<&[u8]> = parts
+                            .iter()
+                            .map(|p| {
+                                let f = &self.files[p.file];
+                                &f.mmap[f.data_start + p.offsets.0..f.data_start + p.offsets.1]
+                            })
+                            .collect();
+                        let shape = (entry.shape[0], entry.shape[1]);
+                        quant::dequantize(kind, shape, parts, &bytes)
+                    })
+                    .as_ref()
+                    .map_err(|problem| WeightError::Malformed {
+                        path: file.path.clone(),
+                        problem: format!("tensor {name}: {problem}"),
+                    })?;
+                (WeightDtype::F32, dequantized.as_slice())
+            }
         };
         Ok(TensorRef {
             name: key,
@@ -512,7 +699,7 @@ impl Checkpoint {
     pub fn widens(&self) -> bool {
         self.tensors
             .values()
-            .any(|t| matches!(t.data, TensorData::Widened { .. }))
+            .any(|t| !matches!(t.data, TensorData::Mapped(_)))
     }
 
     /// Bytes of the tensors as the CUDA backend holds them: a matrix in one of
@@ -547,6 +734,31 @@ impl Checkpoint {
         out.sort();
         out
     }
+}
+
+/// The FP8 block a checkpoint's `config.json` names (compressed-tensors' `block_structure`,
+/// Hugging Face fp8's `weight_block_size`), else [`quant::DEFAULT_BLOCK`].
+fn quant_block(dir: &Path) -> (usize, usize) {
+    let config = std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    let q = config.as_ref().and_then(|c| c.get("quantization_config"));
+    let pair = |v: &serde_json::Value| -> Option<(usize, usize)> {
+        let a = v.as_array()?;
+        Some((a.first()?.as_u64()? as usize, a.get(1)?.as_u64()? as usize))
+    };
+    let from_groups = q
+        .and_then(|q| q.get("config_groups"))
+        .and_then(|g| g.as_object())
+        .and_then(|groups| {
+            groups
+                .values()
+                .find_map(|g| g.get("weights")?.get("block_structure").and_then(pair))
+        });
+    from_groups
+        .or_else(|| q.and_then(|q| q.get("weight_block_size")).and_then(pair))
+        .filter(|&(h, w)| h > 0 && w > 0)
+        .unwrap_or(quant::DEFAULT_BLOCK)
 }
 
 /// A GGUF tensor of HF shape `shape` stored as `ty`, as little-endian f32 bytes; with

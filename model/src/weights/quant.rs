@@ -1,0 +1,351 @@
+//! Quantized safetensors checkpoints: FP8 (e4m3) weights with a scale per tensor, per output
+//! channel or per 2-D block — compressed-tensors' `float-quantized` / `naive-quantized`, NVIDIA
+//! ModelOpt's FP8, Hugging Face's `fp8` (`weight_scale_inv`) — and NVFP4: e2m1 values two to a
+//! byte (the even column in the low nibble), an e4m3 scale per 16 values and an f32 tensor scale,
+//! which compressed-tensors (`nvfp4-pack-quantized`: `weight_packed`, `weight_scale`,
+//! `weight_global_scale`, divided) and ModelOpt (`weight`, `weight_scale`, `weight_scale_2`,
+//! multiplied) store differently.
+//!
+//! A quantized Linear is folded at open time into one tensor under its plain `…weight` name, of its
+//! logical shape, read as f32 the first time it is asked for — the values the producing library
+//! dequantizes to, computed in the same f32 operations (rounded to bf16 they equal the library's
+//! bf16 bit for bit: `model/tests/quantized.rs`). Activation and KV scales (`input_scale`,
+//! `input_global_scale`, `k_scale`, `v_scale`) are set aside: the forward pass keeps activations
+//! and the KV cache in its own precision.
+
+use safetensors::Dtype;
+
+/// How one folded tensor is dequantized.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum QuantKind {
+    /// `weight` (e4m3) times `scale` broadcast over it: one value, one per row, or one per
+    /// `block` of rows × columns.
+    Fp8 { block: (usize, usize) },
+    /// Packed e2m1 values, an e4m3 scale per 16 of a row, and a tensor scale the group scales are
+    /// divided by (compressed-tensors) or multiplied by (ModelOpt).
+    Nvfp4 { divide: bool },
+}
+
+/// A stored part of a folded tensor.
+#[derive(Debug, Clone)]
+pub(super) struct Part {
+    pub(super) file: usize,
+    pub(super) offsets: (usize, usize),
+    pub(super) dtype: Dtype,
+    pub(super) shape: Vec<usize>,
+    pub(super) name: String,
+}
+
+/// Names of the tensors that belong to a quantized Linear besides its data.
+pub(super) const SET_ASIDE: [&str; 5] = [
+    ".input_scale",
+    ".input_global_scale",
+    ".k_scale",
+    ".v_scale",
+    ".output_scale",
+];
+
+/// The FP8 block when a 2-D scale does not say it: the size every FP8 block checkpoint uses.
+pub(super) const DEFAULT_BLOCK: (usize, usize) = (128, 128);
+
+/// e4m3 (`float8_e4m3fn`: no infinities, NaN at `S.1111.111`) to f32, exactly.
+pub fn e4m3_to_f32(byte: u8) -> f32 {
+    let sign = if byte & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exponent = (byte >> 3) & 0x0f;
+    let mantissa = f32::from(byte & 0x07);
+    if exponent == 0x0f && byte & 0x07 == 0x07 {
+        return f32::NAN;
+    }
+    let magnitude = if exponent == 0 {
+        mantissa / 8.0 * 2f32.powi(-6)
+    } else {
+        (1.0 + mantissa / 8.0) * 2f32.powi(i32::from(exponent) - 7)
+    };
+    sign * magnitude
+}
+
+/// e2m1 (FP4) from the low four bits of `nibble`, exactly.
+pub fn e2m1_to_f32(nibble: u8) -> f32 {
+    const MAGNITUDE: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let magnitude = MAGNITUDE[usize::from(nibble & 0x07)];
+    if nibble & 0x08 != 0 {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+/// A scale tensor's values as f32 (stored as f32, bf16, f16 or e4m3), refused if one is not
+/// finite.
+fn scales(part: &Part, bytes: &[u8]) -> Result<Vec<f32>, String> {
+    let values: Vec<f32> = match part.dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::F8_E4M3 => bytes.iter().map(|&b| e4m3_to_f32(b)).collect(),
+        other => {
+            return Err(format!(
+                "scale {} is {other:?}; scales are F32, BF16, F16 or F8_E4M3",
+                part.name
+            ));
+        }
+    };
+    if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
+        return Err(format!(
+            "scale {} holds a non-finite value ({}) at element {bad}",
+            part.name, values[bad]
+        ));
+    }
+    Ok(values)
+}
+
+fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+/// The dequantized weight of logical shape `[rows, cols]` as little-endian f32 bytes, from its
+/// stored parts (`bytes[i]` is `parts[i]`'s data): FP8 data then its scale; NVFP4 packed data,
+/// group scales, tensor scale.
+pub(super) fn dequantize(
+    kind: &QuantKind,
+    (rows, cols): (usize, usize),
+    parts: &[Part],
+    bytes: &[&[u8]],
+) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(rows * cols * 4);
+    match kind {
+        QuantKind::Fp8 { block } => {
+            let (data, scale) = (&parts[0], &parts[1]);
+            if data.dtype != Dtype::F8_E4M3 || data.shape != [rows, cols] {
+                return Err(format!(
+                    "{} must be F8_E4M3 of shape [{rows}, {cols}]; it is {:?} {:?}",
+                    data.name, data.dtype, data.shape
+                ));
+            }
+            let s = scales(scale, bytes[1])?;
+            // Which scale each element takes, from the scale's shape.
+            let (bh, bw) = if s.len() == 1 {
+                (rows.max(1), cols.max(1))
+            } else if s.len() == rows && scale.shape.iter().filter(|&&d| d != 1).count() == 1 {
+                (1, cols.max(1))
+            } else if scale.shape.len() == 2
+                && scale.shape == [rows.div_ceil(block.0), cols.div_ceil(block.1)]
+            {
+                *block
+            } else {
+                return Err(format!(
+                    "scale {} has shape {:?}, which is neither one value, one per row of {rows}, \
+                     nor one per {}x{} block of [{rows}, {cols}]",
+                    scale.name, scale.shape, block.0, block.1
+                ));
+            };
+            let per_row = cols.div_ceil(bw);
+            for (r, row) in bytes[0].chunks_exact(cols).enumerate() {
+                for (c, &q) in row.iter().enumerate() {
+                    let v = e4m3_to_f32(q) * s[(r / bh) * per_row + c / bw];
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        QuantKind::Nvfp4 { divide } => {
+            let (data, group, tensor) = (&parts[0], &parts[1], &parts[2]);
+            if data.dtype != Dtype::U8 || data.shape != [rows, cols / 2] || cols % 16 != 0 {
+                return Err(format!(
+                    "{} must be U8 of shape [{rows}, {}] (two e2m1 values a byte, rows a \
+                     multiple of 16 wide); it is {:?} {:?}",
+                    data.name,
+                    cols / 2,
+                    data.dtype,
+                    data.shape
+                ));
+            }
+            if group.dtype != Dtype::F8_E4M3 || group.shape != [rows, cols / 16] {
+                return Err(format!(
+                    "scale {} must be F8_E4M3 of shape [{rows}, {}] (one per 16 values); it is \
+                     {:?} {:?}",
+                    group.name,
+                    cols / 16,
+                    group.dtype,
+                    group.shape
+                ));
+            }
+            if numel(&tensor.shape) != 1 {
+                return Err(format!(
+                    "tensor scale {} must hold one value; it has shape {:?}",
+                    tensor.name, tensor.shape
+                ));
+            }
+            let g = scales(group, bytes[1])?;
+            let t = scales(tensor, bytes[2])?[0];
+            if t == 0.0 && *divide {
+                return Err(format!("tensor scale {} is zero", tensor.name));
+            }
+            for (r, row) in bytes[0].chunks_exact(cols / 2).enumerate() {
+                for (pair, &byte) in row.iter().enumerate() {
+                    let s = g[r * (cols / 16) + pair * 2 / 16];
+                    let scale = if *divide { s / t } else { s * t };
+                    for nibble in [byte & 0x0f, byte >> 4] {
+                        let v = e2m1_to_f32(nibble) * scale;
+                        out.extend_from_slice(&v.to_le_bytes());
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn e4m3_decodes_every_byte_as_its_definition_says() {
+        // Known points: the largest finite, the smallest normal and subnormal, NaN, signed zero.
+        assert_eq!(e4m3_to_f32(0x7e), 448.0);
+        assert_eq!(e4m3_to_f32(0x08), 2f32.powi(-6));
+        assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9));
+        assert_eq!(e4m3_to_f32(0x38), 1.0);
+        assert_eq!(e4m3_to_f32(0xb8), -1.0);
+        assert!(e4m3_to_f32(0x7f).is_nan() && e4m3_to_f32(0xff).is_nan());
+        assert_eq!(e4m3_to_f32(0x80).to_bits(), (-0.0f32).to_bits());
+        // Every finite value is exact in bf16 (3 mantissa bits) and the positive ones increase.
+        let positive: Vec<f32> = (0u8..0x7f).map(e4m3_to_f32).collect();
+        assert!(positive.windows(2).all(|w| w[0] < w[1]));
+        for v in positive {
+            assert_eq!(half::bf16::from_f32(v).to_f32(), v);
+        }
+    }
+
+    #[test]
+    fn e2m1_decodes_the_sixteen_codes() {
+        let all: Vec<f32> = (0u8..16).map(e2m1_to_f32).collect();
+        assert_eq!(
+            all,
+            [
+                0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0,
+                -6.0
+            ]
+        );
+    }
+
+    fn part(name: &str, dtype: Dtype, shape: &[usize]) -> Part {
+        Part {
+            file: 0,
+            offsets: (0, 0),
+            dtype,
+            shape: shape.to_vec(),
+            name: name.into(),
+        }
+    }
+
+    fn f32s(bytes: &[u8]) -> Vec<f32> {
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn fp8_scales_broadcast_by_their_shape_and_bad_ones_are_named() {
+        let data = [0x38u8, 0x40, 0xb8, 0x48]; // 1, 2, -1, 4
+        let w = part("w.weight", Dtype::F8_E4M3, &[2, 2]);
+        let run = |scale: Part, bytes: &[u8]| {
+            dequantize(
+                &QuantKind::Fp8 { block: (1, 1) },
+                (2, 2),
+                &[w.clone(), scale],
+                &[&data, bytes],
+            )
+        };
+        let tensor: Vec<u8> = 0.5f32.to_le_bytes().to_vec();
+        let out = run(part("w.weight_scale", Dtype::F32, &[1]), &tensor).unwrap();
+        assert_eq!(f32s(&out), [0.5, 1.0, -0.5, 2.0]);
+        let rows: Vec<u8> = [1.0f32, 10.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let out = run(part("w.weight_scale", Dtype::F32, &[2, 1]), &rows).unwrap();
+        assert_eq!(f32s(&out), [1.0, 2.0, -10.0, 40.0]);
+        let blocks: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let out = run(part("w.weight_scale", Dtype::F32, &[2, 2]), &blocks).unwrap();
+        assert_eq!(f32s(&out), [1.0, 4.0, -3.0, 16.0]);
+        let err = run(part("w.weight_scale", Dtype::F32, &[3]), &[0; 12]).unwrap_err();
+        assert!(
+            err.contains("w.weight_scale") && err.contains("[3]"),
+            "{err}"
+        );
+        let nan: Vec<u8> = f32::NAN.to_le_bytes().to_vec();
+        let err = run(part("w.weight_scale", Dtype::F32, &[1]), &nan).unwrap_err();
+        assert!(
+            err.contains("w.weight_scale") && err.contains("non-finite"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn nvfp4_takes_the_low_nibble_first_and_both_tensor_scale_conventions() {
+        // One row of 16 values: codes 0..15 (0x10 packs code 0 then code 1, and so on).
+        let packed: Vec<u8> = (0..8u8).map(|i| (2 * i) | ((2 * i + 1) << 4)).collect();
+        let group = [0x40u8]; // 2.0
+        let parts = |global: f32| {
+            (
+                [
+                    part("w.weight_packed", Dtype::U8, &[1, 8]),
+                    part("w.weight_scale", Dtype::F8_E4M3, &[1, 1]),
+                    part("w.weight_global_scale", Dtype::F32, &[1]),
+                ],
+                global.to_le_bytes(),
+            )
+        };
+        let (p, g) = parts(4.0);
+        let divided = dequantize(
+            &QuantKind::Nvfp4 { divide: true },
+            (1, 16),
+            &p,
+            &[&packed, &group, &g],
+        )
+        .unwrap();
+        let multiplied = dequantize(
+            &QuantKind::Nvfp4 { divide: false },
+            (1, 16),
+            &p,
+            &[&packed, &group, &g],
+        )
+        .unwrap();
+        let codes: Vec<f32> = (0u8..16).map(e2m1_to_f32).collect();
+        assert_eq!(
+            f32s(&divided),
+            codes.iter().map(|c| c * 0.5).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            f32s(&multiplied),
+            codes.iter().map(|c| c * 8.0).collect::<Vec<_>>()
+        );
+        let wrong = [
+            part("w.weight_packed", Dtype::U8, &[1, 8]),
+            part("w.weight_scale", Dtype::F8_E4M3, &[1, 2]),
+            part("w.weight_global_scale", Dtype::F32, &[1]),
+        ];
+        let err = dequantize(
+            &QuantKind::Nvfp4 { divide: true },
+            (1, 16),
+            &wrong,
+            &[&packed, &group, &g],
+        )
+        .unwrap_err();
+        assert!(err.contains("w.weight_scale"), "{err}");
+    }
+}

@@ -1,0 +1,210 @@
+//! Quantized checkpoints written by compressed-tensors (tests/oracle/quant, made by
+//! make_compressed_tensors.py): FP8 per tensor, per channel and per 32x32 block, and NVFP4. Every
+//! quantized Linear must read back as the values the library dequantized the same file to, bit for
+//! bit once rounded to the library's bf16; the model loads and runs; bad files are refused naming
+//! the tensor. The canary reads the NVFP4 file under ModelOpt's names (its tensor scale multiplied,
+//! not divided): the comparison must fail.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
+use strata_model::cpu::{CpuModel, LogitRows};
+use strata_model::weights::Checkpoint;
+
+const SCHEMES: [&str; 4] = ["fp8-tensor", "fp8-channel", "fp8-block", "nvfp4"];
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/oracle/quant")
+}
+
+/// The library's dequantized weights of `scheme`, by name, as bf16 bits.
+fn library_weights(scheme: &str) -> HashMap<String, Vec<u16>> {
+    let bytes =
+        std::fs::read(fixtures().join(format!("ct-{scheme}.dequantized.safetensors"))).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), Dtype::BF16);
+            let bits = view
+                .data()
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            (name, bits)
+        })
+        .collect()
+}
+
+/// How many values of each library tensor differ from strata's reading of the checkpoint in
+/// `dir`, rounded to bf16.
+fn mismatches(dir: &Path, want: &HashMap<String, Vec<u16>>) -> usize {
+    let ckpt = Checkpoint::open(dir).unwrap();
+    let mut differing = 0;
+    for (name, bits) in want {
+        let t = ckpt.get(name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ours: Vec<u16> = t
+            .bytes
+            .chunks_exact(4)
+            .map(|b| half::bf16::from_f32(f32::from_le_bytes(b.try_into().unwrap())).to_bits())
+            .collect();
+        assert_eq!(ours.len(), bits.len(), "{name}");
+        differing += ours.iter().zip(bits).filter(|(a, b)| a != b).count();
+    }
+    differing
+}
+
+#[test]
+fn compressed_tensors_checkpoints_dequantize_to_the_librarys_values() {
+    for scheme in SCHEMES {
+        let dir = fixtures().join(format!("ct-{scheme}"));
+        let want = library_weights(scheme);
+        assert_eq!(
+            want.len(),
+            14,
+            "{scheme}: every Linear but the LM head is quantized"
+        );
+        assert_eq!(mismatches(&dir, &want), 0, "{scheme}");
+        // The model loads (the architecture's tensors, nothing unexpected) and runs.
+        let model = CpuModel::load(&dir).unwrap_or_else(|e| panic!("{scheme}: {e}"));
+        let mut cache = model.new_cache();
+        let logits = model
+            .forward(&[1, 5, 9, 14], &mut cache, LogitRows::Last)
+            .unwrap();
+        assert!(logits.iter().all(|v| v.is_finite()), "{scheme}");
+    }
+}
+
+/// Rewrites `dir`'s weights into `out` with `edit` applied to the (name, tensor) list.
+fn rewritten(
+    dir: &Path,
+    out: &Path,
+    edit: impl Fn(
+        Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
+    ) -> Vec<(String, Dtype, Vec<usize>, Vec<u8>)>,
+) {
+    std::fs::create_dir_all(out).unwrap();
+    for file in std::fs::read_dir(dir).unwrap() {
+        let file = file.unwrap().path();
+        if file.file_name().unwrap() != "model.safetensors" {
+            std::fs::copy(&file, out.join(file.file_name().unwrap())).unwrap();
+        }
+    }
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let tensors = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    let tensors = edit(tensors);
+    let views: Vec<(String, TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &out.join("model.safetensors")).unwrap();
+}
+
+#[test]
+fn canary_modelopt_names_multiply_the_tensor_scale_and_break_the_match() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("modelopt-names");
+    rewritten(&fixtures().join("ct-nvfp4"), &out, |tensors| {
+        tensors
+            .into_iter()
+            .map(|(n, d, s, b)| {
+                let n = n
+                    .replace(".weight_packed", ".weight")
+                    .replace(".weight_global_scale", ".weight_scale_2");
+                (n, d, s, b)
+            })
+            .collect()
+    });
+    let want = library_weights("nvfp4");
+    let differing = mismatches(&out, &want);
+    let total: usize = want.values().map(Vec::len).sum();
+    assert!(
+        differing > total / 2,
+        "the canary matched: {differing} of {total} differ"
+    );
+}
+
+#[test]
+fn bad_quantized_checkpoints_are_refused_naming_the_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let target = "model.layers.1.mlp.down_proj";
+    type Edit = fn(&str, Dtype, &[usize], &mut Vec<u8>) -> bool;
+    let cases: [(&str, &str, Edit, &str); 4] = [
+        // A missing scale.
+        (
+            "fp8-channel",
+            "missing",
+            |n, _, _, _| n == "model.layers.1.mlp.down_proj.weight_scale",
+            "weight_scale",
+        ),
+        // A NaN scale.
+        (
+            "fp8-tensor",
+            "nan",
+            |n, _, _, b| {
+                if n == "model.layers.1.mlp.down_proj.weight_scale" {
+                    b[..2].copy_from_slice(&half::bf16::NAN.to_le_bytes());
+                }
+                false
+            },
+            "non-finite",
+        ),
+        // A NaN group scale (e4m3's NaN byte).
+        (
+            "nvfp4",
+            "nan-group",
+            |n, _, _, b| {
+                if n == "model.layers.1.mlp.down_proj.weight_scale" {
+                    b[0] = 0x7f;
+                }
+                false
+            },
+            "non-finite",
+        ),
+        // An asymmetric weight.
+        (
+            "fp8-channel",
+            "zero-point",
+            |_, _, _, _| false,
+            "zero-point",
+        ),
+    ];
+    for (scheme, label, edit, words) in cases {
+        let out = tmp.path().join(label);
+        rewritten(&fixtures().join(format!("ct-{scheme}")), &out, |tensors| {
+            let mut kept = Vec::new();
+            for (n, d, s, mut b) in tensors {
+                if !edit(&n, d, &s, &mut b) {
+                    kept.push((n, d, s, b));
+                }
+            }
+            if label == "zero-point" {
+                kept.push((
+                    format!("{target}.weight_zero_point"),
+                    Dtype::BF16,
+                    vec![1],
+                    vec![0, 0],
+                ));
+            }
+            kept
+        });
+        let err = match Checkpoint::open(&out) {
+            Err(e) => e.to_string(),
+            Ok(ckpt) => match ckpt.get(&format!("{target}.weight")) {
+                Err(e) => e.to_string(),
+                Ok(_) => panic!("{label}: accepted"),
+            },
+        };
+        assert!(
+            err.contains(target) && err.contains(words),
+            "{label}: {err}"
+        );
+    }
+}
