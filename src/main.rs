@@ -20,6 +20,8 @@ enum Command {
     /// Work with checkpoints: synthesize, inspect.
     #[command(subcommand)]
     Model(commands::model::ModelCommand),
+    /// Write a checkpoint's Linear projections in FP8 or NVFP4 (compressed-tensors' layout).
+    Quantize(commands::quantize::QuantizeArgs),
     /// Generate text from a prompt (CPU reference engine, or a GPU with --device).
     Generate(commands::generate::GenerateArgs),
     /// Measure a model: perplexity on a text, on any backend.
@@ -58,6 +60,7 @@ fn main() {
     init_tracing();
     let result = match cli.command {
         Command::Model(cmd) => commands::model::run(cmd),
+        Command::Quantize(args) => commands::quantize::run(args),
         Command::Generate(args) => commands::generate::run(args),
         Command::Eval(cmd) => commands::eval::run(cmd),
         Command::Serve(args) => commands::serve::run(args),
@@ -104,6 +107,7 @@ impl Command {
             | Command::Gpu(_) => true,
             Command::Cluster(cmd) => cmd.serves(),
             Command::Model(_)
+            | Command::Quantize(_)
             | Command::Generate(_)
             | Command::Eval(_)
             | Command::Keys(_)

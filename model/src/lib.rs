@@ -19,6 +19,7 @@ pub mod grammar;
 
 pub mod inspect;
 pub mod packaged;
+pub mod quantize;
 pub mod rope;
 pub mod sampler;
 pub mod stop;

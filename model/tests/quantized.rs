@@ -21,8 +21,12 @@ fn fixtures() -> PathBuf {
 
 /// The library's dequantized weights of `scheme`, by name, as bf16 bits.
 fn library_weights(scheme: &str) -> HashMap<String, Vec<u16>> {
-    let bytes =
-        std::fs::read(fixtures().join(format!("ct-{scheme}.dequantized.safetensors"))).unwrap();
+    library_weights_at(&fixtures().join(format!("ct-{scheme}.dequantized.safetensors")))
+}
+
+/// A fixture of dequantized weights, by name, as bf16 bits.
+fn library_weights_at(path: &Path) -> HashMap<String, Vec<u16>> {
+    let bytes = std::fs::read(path).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     st.tensors()
         .into_iter()
@@ -207,4 +211,67 @@ fn bad_quantized_checkpoints_are_refused_naming_the_tensor() {
             "{label}: {err}"
         );
     }
+}
+
+/// The library-made fixtures' source model, synthesized again into `dir`.
+fn synthesized_source(dir: &Path) -> PathBuf {
+    #[derive(serde::Deserialize)]
+    struct Cases {
+        cases: Vec<Case>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Case {
+        name: String,
+        spec: strata_model::synth::SynthSpec,
+    }
+    let text = std::fs::read_to_string(fixtures().join("cases.json")).unwrap();
+    let case = serde_json::from_str::<Cases>(&text)
+        .unwrap()
+        .cases
+        .remove(0);
+    let out = dir.join(&case.name);
+    strata_model::synth::synthesize(&case.spec, &out, None).unwrap();
+    out
+}
+
+#[test]
+fn strata_quantize_writes_files_transformers_dequantizes_as_strata_does() {
+    use strata_model::quantize::{Plan, quantize};
+    let tmp = tempfile::tempdir().unwrap();
+    let source = synthesized_source(tmp.path());
+    for (label, plan) in [
+        ("fp8", Plan::Fp8),
+        ("fp8-block", Plan::Fp8Block),
+        ("nvfp4", Plan::Nvfp4),
+        ("nvfp4-4o6", Plan::Nvfp4FourOverSix),
+        ("mixed", Plan::Mixed),
+    ] {
+        let out = tmp.path().join(label);
+        let reports = quantize(&source, &out, plan, |_| {}).unwrap();
+        assert_eq!(reports.len(), 14, "{label}");
+        assert!(
+            reports.iter().all(|r| r.relative_rms_error < 0.2),
+            "{label}: {reports:?}"
+        );
+        // What transformers (compressed-tensors' compressors for the mixed plan) read from the
+        // files this same quantization wrote, bit for bit.
+        let want =
+            library_weights_at(&fixtures().join(format!("strata-{label}.dequantized.safetensors")));
+        assert_eq!(want.len(), 14, "{label}");
+        assert_eq!(mismatches(&out, &want), 0, "{label}");
+        let model = CpuModel::load(&out).unwrap_or_else(|e| panic!("{label}: {e}"));
+        let logits = model
+            .forward(&[1, 5, 9], &mut model.new_cache(), LogitRows::Last)
+            .unwrap();
+        assert!(logits.iter().all(|v| v.is_finite()), "{label}");
+    }
+    // A quantized checkpoint is not quantized again.
+    let err = quantize(
+        &tmp.path().join("fp8"),
+        &tmp.path().join("again"),
+        Plan::Fp8,
+        |_| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("already quantized"), "{err}");
 }
