@@ -332,20 +332,21 @@ pub fn quantize(
     plan: Plan,
     mut report: impl FnMut(&TensorReport),
 ) -> Result<Vec<TensorReport>, QuantizeError> {
-    if crate::gguf::is_gguf_file(input) {
-        return Err(QuantizeError::Unsupported(format!(
-            "{}: strata quantize takes a Hugging Face directory (config.json and safetensors), not a GGUF file",
-            input.display()
-        )));
-    }
     let io = |path: &Path, e: &dyn std::fmt::Display| QuantizeError::Io {
         path: path.to_path_buf(),
         problem: e.to_string(),
     };
     let config = ModelConfig::from_dir(input)?;
-    let raw: Value = std::fs::read_to_string(input.join("config.json"))
-        .map_err(|e| io(&input.join("config.json"), &e))
-        .and_then(|t| serde_json::from_str(&t).map_err(|e| io(&input.join("config.json"), &e)))?;
+    let gguf = crate::gguf::is_gguf_file(input);
+    let raw: Value = if gguf {
+        hf_config(&config)?
+    } else {
+        std::fs::read_to_string(input.join("config.json"))
+            .map_err(|e| io(&input.join("config.json"), &e))
+            .and_then(|t| {
+                serde_json::from_str(&t).map_err(|e| io(&input.join("config.json"), &e))
+            })?
+    };
     if raw.get("quantization_config").is_some() {
         return Err(QuantizeError::Unsupported(format!(
             "{}: the checkpoint is already quantized",
@@ -436,13 +437,97 @@ pub fn quantize(
     let path = out.join("config.json");
     let text = serde_json::to_string_pretty(&config_json).map_err(|e| io(&path, &e))?;
     std::fs::write(&path, text + "\n").map_err(|e| io(&path, &e))?;
-    for file in COPIED {
+    if gguf {
+        for (file, json) in gguf_tokenizer_files(input, &config)? {
+            let path = out.join(file);
+            let text = serde_json::to_string_pretty(&json).map_err(|e| io(&path, &e))?;
+            std::fs::write(&path, text + "\n").map_err(|e| io(&path, &e))?;
+        }
+    }
+    for file in COPIED.iter().filter(|_| !gguf) {
         let from = input.join(file);
         if from.is_file() {
             std::fs::copy(&from, out.join(file)).map_err(|e| io(&from, &e))?;
         }
     }
     Ok(reports)
+}
+
+/// A Hugging Face `config.json` for a GGUF file's model (the Llama and Qwen families, without
+/// rope scaling; others are refused by name).
+fn hf_config(c: &ModelConfig) -> Result<Value, QuantizeError> {
+    use crate::config::Architecture;
+    let class = match c.architecture {
+        Architecture::Llama => "LlamaForCausalLM",
+        Architecture::Qwen2 => "Qwen2ForCausalLM",
+        Architecture::Qwen3 => "Qwen3ForCausalLM",
+        other => {
+            return Err(QuantizeError::Unsupported(format!(
+                "quantizing a GGUF {} model is not supported (Llama, Qwen2 and Qwen3 are); give its \
+                 Hugging Face directory",
+                other.model_type()
+            )));
+        }
+    };
+    if c.rope_scaling.is_some() || c.sliding_window.is_some() || c.o_bias {
+        return Err(QuantizeError::Unsupported(
+            "quantizing a GGUF model with rope scaling, a sliding window or an output bias is not \
+             supported; give its Hugging Face directory"
+                .into(),
+        ));
+    }
+    Ok(json!({
+        "architectures": [class],
+        "model_type": c.architecture.model_type(),
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "max_position_embeddings": c.max_position_embeddings,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "attention_bias": c.qkv_bias,
+        "hidden_act": "silu",
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": c.eos_token_ids,
+    }))
+}
+
+/// `tokenizer.json`, `tokenizer_config.json` and `generation_config.json` for a GGUF file's
+/// tokenizer, chat template and end tokens.
+fn gguf_tokenizer_files(
+    path: &Path,
+    c: &ModelConfig,
+) -> Result<Vec<(&'static str, Value)>, QuantizeError> {
+    let bad = |problem: String| QuantizeError::Io {
+        path: path.to_path_buf(),
+        problem,
+    };
+    let file = crate::gguf::GgufFile::open(path).map_err(|e| bad(e.problem()))?;
+    let built = crate::gguf::tokenizer(file.header()).map_err(|e| bad(e.to_string()))?;
+    let template = file.header().get_str("tokenizer.chat_template");
+    let generation = crate::config::GenerationConfig::from_dir(path)?;
+    Ok(vec![
+        ("tokenizer.json", built.json),
+        (
+            "tokenizer_config.json",
+            json!({
+                "bos_token": built.bos_token,
+                "eos_token": built.eos_token,
+                "add_bos_token": built.add_bos_token,
+                "chat_template": template,
+                "model_max_length": c.max_position_embeddings,
+            }),
+        ),
+        (
+            "generation_config.json",
+            json!({"bos_token_id": generation.bos_token_id, "eos_token_id": generation.eos_token_ids}),
+        ),
+    ])
 }
 
 #[cfg(test)]

@@ -275,3 +275,63 @@ fn strata_quantize_writes_files_transformers_dequantizes_as_strata_does() {
     .unwrap_err();
     assert!(err.to_string().contains("already quantized"), "{err}");
 }
+
+/// A real model fetched by scripts/fetch-test-data.sh (missing data fails, it does not skip).
+fn real_model(file: &str) -> PathBuf {
+    let path = fixtures()
+        .join("../../../target/test-data/models")
+        .join(file);
+    assert!(
+        path.is_file(),
+        "missing {}: run scripts/fetch-test-data.sh from the repository root",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn a_real_gguf_model_quantizes_into_a_directory_that_loads_and_agrees_with_it() {
+    use strata_model::quantize::{Plan, quantize};
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = real_model("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let out = tmp.path().join("smollm2-fp8");
+    let reports = quantize(&gguf, &out, Plan::Fp8, |_| {}).unwrap();
+    assert_eq!(reports.len(), 30 * 7);
+    for file in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        assert!(out.join(file).is_file(), "{file}");
+    }
+    // The FP8 model predicts what the GGUF model predicts on a short prompt.
+    let tokenizer = strata_model::tokenizer::Tokenizer::from_dir(&out).unwrap();
+    let prompt = tokenizer.encode("The capital of France is", true).unwrap();
+    assert_eq!(
+        prompt,
+        strata_model::tokenizer::Tokenizer::from_dir(&gguf)
+            .unwrap()
+            .encode("The capital of France is", true)
+            .unwrap()
+    );
+    let argmax = |dir: &Path| {
+        let model = CpuModel::load(dir).unwrap();
+        let logits = model
+            .forward(&prompt, &mut model.new_cache(), LogitRows::Last)
+            .unwrap();
+        (0..logits.len())
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+            .unwrap()
+    };
+    assert_eq!(argmax(&out), argmax(&gguf));
+    // Gemma 3 from GGUF is refused by name (its Hugging Face directory quantizes).
+    let err = quantize(
+        &real_model("gemma-3-270m-q4_k_m.gguf"),
+        &tmp.path().join("g"),
+        Plan::Fp8,
+        |_| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("gemma3"), "{err}");
+}
