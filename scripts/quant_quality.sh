@@ -31,7 +31,6 @@ plans = {}
 for plan in ("fp8", "fp8-block", "nvfp4", "nvfp4-4o6", "mixed"):
     p = json.loads((out / f"{plan}.json").read_text())
     errors = [float(m.group(1)) for m in re.finditer(r"relative RMS error ([0-9.e+-]+)", (out / f"{plan}.quantize.txt").read_text())]
-    errors = errors[:-2] if len(errors) > 2 else errors  # the summary line repeats mean and worst
     plans[plan] = {
         "perplexity": p["perplexity"],
         "perplexity_ratio_to_baseline": p["perplexity"] / base["perplexity"],
