@@ -71,6 +71,111 @@ pub fn perplexity(
     bos: Option<u32>,
     max_chunks: Option<usize>,
 ) -> Result<Perplexity, EvalError> {
+    let mut nll = 0.0;
+    let (chunks, scored, running) = schedule(
+        &mut [backend],
+        tokens,
+        (context, bos, max_chunks),
+        |rows, target| {
+            let n = neg_log_softmax(rows[0], target);
+            nll += n;
+            n
+        },
+    )?;
+    Ok(Perplexity {
+        context,
+        chunks,
+        scored,
+        nll,
+        running,
+    })
+}
+
+/// How a candidate model's next-token distributions differ from a reference's over the same
+/// scored positions ([`compare`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    pub context: usize,
+    pub chunks: usize,
+    pub scored: usize,
+    /// Sums of −ln p of the text's tokens under the reference and the candidate.
+    pub reference_nll: f64,
+    pub candidate_nll: f64,
+    /// Sum over scored positions of KL(reference ‖ candidate), in nats.
+    pub kl: f64,
+    /// The largest KL at one position.
+    pub kl_max: f64,
+    /// Positions where both models' most likely next token is the same.
+    pub top1_agreements: usize,
+}
+
+impl Comparison {
+    pub fn mean_kl(&self) -> f64 {
+        self.kl / self.scored as f64
+    }
+
+    pub fn top1_agreement(&self) -> f64 {
+        self.top1_agreements as f64 / self.scored as f64
+    }
+
+    pub fn perplexities(&self) -> (f64, f64) {
+        let n = self.scored as f64;
+        (
+            (self.reference_nll / n).exp(),
+            (self.candidate_nll / n).exp(),
+        )
+    }
+}
+
+/// Runs `reference` and `candidate` (the same tokenizer and vocabulary) over the positions
+/// [`perplexity`] scores, side by side: both perplexities, KL(reference ‖ candidate) per position
+/// and how often their most likely tokens agree.
+pub fn compare(
+    reference: &mut dyn Backend,
+    candidate: &mut dyn Backend,
+    tokens: &[u32],
+    context: usize,
+    bos: Option<u32>,
+    max_chunks: Option<usize>,
+) -> Result<Comparison, EvalError> {
+    let (mut ref_nll, mut cand_nll, mut kl, mut kl_max, mut agree) = (0.0, 0.0, 0.0, 0.0f64, 0);
+    let (chunks, scored, _) = schedule(
+        &mut [reference, candidate],
+        tokens,
+        (context, bos, max_chunks),
+        |rows, target| {
+            let (p, q) = (log_softmax(rows[0]), log_softmax(rows[1]));
+            ref_nll -= p[target as usize];
+            cand_nll -= q[target as usize];
+            let d: f64 = p.iter().zip(&q).map(|(lp, lq)| lp.exp() * (lp - lq)).sum();
+            kl += d;
+            kl_max = kl_max.max(d);
+            agree += usize::from(argmax(rows[0]) == argmax(rows[1]));
+            -p[target as usize]
+        },
+    )?;
+    Ok(Comparison {
+        context,
+        chunks,
+        scored,
+        reference_nll: ref_nll,
+        candidate_nll: cand_nll,
+        kl,
+        kl_max,
+        top1_agreements: agree,
+    })
+}
+
+/// The chunk schedule of the module docs over every backend of `backends` at once (same steps,
+/// same block tables): `score(rows, target)` gets each backend's logits row for a scored
+/// position and the token that follows, and returns the −ln p the running perplexity adds.
+/// Returns the chunks, the scored positions and the running perplexity after each chunk.
+fn schedule(
+    backends: &mut [&mut dyn Backend],
+    tokens: &[u32],
+    (context, bos, max_chunks): (usize, Option<u32>, Option<usize>),
+    mut score: impl FnMut(&[&[f32]], u32) -> f64,
+) -> Result<(usize, usize, Vec<f64>), EvalError> {
     if context < 4 {
         return Err(EvalError::Context(context));
     }
@@ -84,31 +189,33 @@ pub fn perplexity(
     if let Some(max) = max_chunks {
         chunks = chunks.min(max.max(1));
     }
-    let block_size = backend.block_size();
+    let block_size = backends[0].block_size();
     let per_chunk = context.div_ceil(block_size);
-    let parallel = (backend.num_blocks() / per_chunk).min(MAX_PARALLEL_CHUNKS);
+    let blocks = backends.iter().map(|b| b.num_blocks()).min().unwrap_or(0);
+    let parallel = (blocks / per_chunk).min(MAX_PARALLEL_CHUNKS);
     if parallel == 0 {
         return Err(EvalError::KvTooSmall {
-            blocks: backend.num_blocks(),
+            blocks,
             block_size,
             context,
         });
     }
-    let vocab = backend.model_config().vocab_size;
+    let vocab = backends[0].model_config().vocab_size;
     let first = context / 2;
-    let mut result = Perplexity {
-        context,
-        chunks,
-        scored: 0,
-        nll: 0.0,
-        running: Vec::with_capacity(chunks),
-    };
+    let (mut scored, mut total, mut running) = (0, 0.0f64, Vec::with_capacity(chunks));
     let chunk_tokens = |c: usize| {
         let mut t = tokens[c * context..(c + 1) * context].to_vec();
         if let Some(bos) = bos {
             t[0] = bos;
         }
         t
+    };
+    // One step on every backend: each one's logits.
+    let mut step_all = |steps: &[StepSeq<'_>]| -> Result<Vec<Vec<f32>>, EvalError> {
+        backends
+            .iter_mut()
+            .map(|b| b.step(steps).map_err(EvalError::from))
+            .collect()
     };
     for group in (0..chunks).collect::<Vec<_>>().chunks(parallel) {
         let texts: Vec<Vec<u32>> = group.iter().map(|&c| chunk_tokens(c)).collect();
@@ -132,9 +239,10 @@ pub fn perplexity(
                     block_table: &tables[s],
                     want_logits: end == head.len(),
                 };
-                let logits = backend.step(&[step])?;
+                let logits = step_all(&[step])?;
                 if end == head.len() {
-                    nll[s] += neg_log_softmax(&logits[..vocab], text[first + 1]);
+                    let rows: Vec<&[f32]> = logits.iter().map(|l| &l[..vocab]).collect();
+                    nll[s] += score(&rows, text[first + 1]);
                 }
                 at = end;
             }
@@ -152,18 +260,40 @@ pub fn perplexity(
                     want_logits: true,
                 })
                 .collect();
-            let logits = backend.step(&steps)?;
-            for (s, row) in logits.chunks_exact(vocab).enumerate() {
-                nll[s] += neg_log_softmax(row, texts[s][j + 1]);
+            let logits = step_all(&steps)?;
+            for (s, text) in texts.iter().enumerate() {
+                let rows: Vec<&[f32]> = logits
+                    .iter()
+                    .map(|l| &l[s * vocab..(s + 1) * vocab])
+                    .collect();
+                nll[s] += score(&rows, text[j + 1]);
             }
         }
         for n in nll {
-            result.nll += n;
-            result.scored += context - 1 - first;
-            result.running.push(result.value());
+            total += n;
+            scored += context - 1 - first;
+            running.push((total / scored as f64).exp());
         }
     }
-    Ok(result)
+    Ok((chunks, scored, running))
+}
+
+/// ln softmax(row), in f64.
+fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+    let norm = max + sum.ln();
+    row.iter().map(|&v| v as f64 - norm).collect()
+}
+
+/// The first index of the largest value.
+fn argmax(row: &[f32]) -> usize {
+    row.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
+            if v > best.1 { (i, v) } else { best }
+        })
+        .0
 }
 
 /// −ln softmax(row)[target], in f64.
@@ -217,6 +347,40 @@ mod tests {
         );
         assert_eq!(got.running.len(), 4);
         assert!((got.running[3] - got.value()).abs() < 1e-12);
+    }
+
+    /// A model against itself: no divergence, full agreement, one perplexity; against a model
+    /// with a perturbed rope base (the canary): a divergence and a different perplexity.
+    #[test]
+    fn compare_measures_divergence_and_agreement() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = model(tmp.path());
+        let vocab = m.config().vocab_size;
+        let tokens: Vec<u32> = (0..100u32).map(|i| (i * 37 + 11) % vocab as u32).collect();
+        let mut a = CpuBackend::new(model(tmp.path()), 4, 4 << 20);
+        let mut b = CpuBackend::new(model(tmp.path()), 4, 4 << 20);
+        let same = compare(&mut a, &mut b, &tokens, 24, Some(1), None).unwrap();
+        assert_eq!(same.kl, 0.0);
+        assert_eq!(same.top1_agreement(), 1.0);
+        let (p, q) = same.perplexities();
+        assert_eq!(p, q);
+        let alone = perplexity(&mut a, &tokens, 24, Some(1), None).unwrap();
+        assert!(
+            (alone.value() - p).abs() <= 1e-9 * p,
+            "{} vs {p}",
+            alone.value()
+        );
+
+        let mut config = m.config().clone();
+        config.rope_theta *= 3.0;
+        let ckpt = strata_model::weights::Checkpoint::open(tmp.path()).unwrap();
+        let perturbed = CpuModel::from_checkpoint(config, &ckpt).unwrap();
+        let mut c = CpuBackend::new(perturbed, 4, 4 << 20);
+        let differ = compare(&mut a, &mut c, &tokens, 24, Some(1), None).unwrap();
+        assert!(differ.mean_kl() > 1e-4, "{}", differ.mean_kl());
+        assert!(differ.kl_max >= differ.mean_kl());
+        assert_ne!(differ.perplexities().0, differ.perplexities().1);
+        assert_eq!(differ.perplexities().0, p);
     }
 
     #[test]

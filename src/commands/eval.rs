@@ -1,5 +1,7 @@
 //! `strata eval perplexity`: a model's perplexity on a text, on any backend, computed as
-//! llama.cpp's `llama-perplexity` computes it (see `strata_node::eval`).
+//! llama.cpp's `llama-perplexity` computes it (see `strata_node::eval`); `strata eval compare`:
+//! a candidate (a quantized copy, say) against a reference on the same positions — both
+//! perplexities, KL divergence and top-1 agreement.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -7,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use strata_node::build_backend;
-use strata_node::eval::perplexity;
+use strata_node::eval::{compare, perplexity};
 
 use super::engine_args::EngineSettings;
 
@@ -16,6 +18,34 @@ pub enum EvalCommand {
     /// Perplexity of a model on a text file: chunks of --context tokens, each scored on its
     /// second half (llama.cpp's method, so the numbers compare).
     Perplexity(PerplexityArgs),
+    /// A candidate model against a reference on a text (the positions perplexity scores): both
+    /// perplexities, mean and largest KL(reference ‖ candidate), and how often their most likely
+    /// next tokens agree (teacher-forced).
+    Compare(CompareArgs),
+}
+
+#[derive(Args)]
+pub struct CompareArgs {
+    /// The reference checkpoint (an HF directory or a GGUF file).
+    #[arg(long)]
+    model: PathBuf,
+    /// The candidate checkpoint (same tokenizer and vocabulary).
+    #[arg(long)]
+    candidate: PathBuf,
+    /// UTF-8 text to score.
+    #[arg(long)]
+    text: PathBuf,
+    /// Tokens per chunk.
+    #[arg(long, default_value_t = 512)]
+    context: usize,
+    /// Score only the text's first N chunks.
+    #[arg(long)]
+    max_chunks: Option<usize>,
+    /// Also write the result as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    #[command(flatten)]
+    engine: EngineSettings,
 }
 
 #[derive(Args)]
@@ -42,6 +72,7 @@ pub struct PerplexityArgs {
 pub fn run(cmd: EvalCommand) -> Result<()> {
     match cmd {
         EvalCommand::Perplexity(args) => run_perplexity(args),
+        EvalCommand::Compare(args) => run_compare(args),
     }
 }
 
@@ -85,6 +116,68 @@ fn run_perplexity(args: PerplexityArgs) -> Result<()> {
             "scored_tokens": result.scored,
             "mean_nll": result.nll / result.scored as f64,
             "perplexity": result.value(),
+            "seconds": seconds,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn run_compare(args: CompareArgs) -> Result<()> {
+    let text = std::fs::read_to_string(&args.text)
+        .with_context(|| format!("reading {}", args.text.display()))?;
+    let spec = args.engine.spec()?;
+    let reference = build_backend(&args.model, &spec)?;
+    let candidate = build_backend(&args.candidate, &spec)?;
+    let (mut a, mut b) = (reference.backend, candidate.backend);
+    let tokens = reference.parts.tokenizer.encode(&text, true)?;
+    let theirs = candidate.parts.tokenizer.encode(&text, true)?;
+    anyhow::ensure!(
+        tokens == theirs,
+        "the two models tokenize the text differently: compare needs one tokenizer"
+    );
+    anyhow::ensure!(
+        a.model_config().vocab_size == b.model_config().vocab_size,
+        "the two models' vocabularies differ ({} and {})",
+        a.model_config().vocab_size,
+        b.model_config().vocab_size
+    );
+    let bos = reference.parts.tokenizer.added_bos_id();
+    let start = Instant::now();
+    let result = compare(
+        a.as_mut(),
+        b.as_mut(),
+        &tokens,
+        args.context,
+        bos,
+        args.max_chunks,
+    )?;
+    let seconds = start.elapsed().as_secs_f64();
+    let (p, q) = result.perplexities();
+    println!(
+        "reference perplexity {p:.4}, candidate {q:.4} ({:+.2} %); KL mean {:.5} nats, max {:.4}; \
+         top-1 agreement {:.2} % over {} positions in {seconds:.1} s",
+        (q / p - 1.0) * 100.0,
+        result.mean_kl(),
+        result.kl_max,
+        result.top1_agreement() * 100.0,
+        result.scored
+    );
+    if let Some(path) = &args.json {
+        let json = serde_json::json!({
+            "reference": args.model.display().to_string(),
+            "candidate": args.candidate.display().to_string(),
+            "text": args.text.display().to_string(),
+            "device": spec.device.to_string(),
+            "context": result.context,
+            "chunks": result.chunks,
+            "scored_tokens": result.scored,
+            "reference_perplexity": p,
+            "candidate_perplexity": q,
+            "mean_kl": result.mean_kl(),
+            "max_kl": result.kl_max,
+            "top1_agreement": result.top1_agreement(),
             "seconds": seconds,
         });
         std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
