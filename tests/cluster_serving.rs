@@ -182,6 +182,14 @@ fn router_answers_like_one_process_and_routes_shared_prefixes_to_their_cache() {
         })
         .count();
     assert!(used >= 2, "{after}");
+    // The Grafana dashboard under deploy/ reads only metrics a router or a server exports.
+    let served = format!("{after}{}", get(reference_addr, "/metrics"));
+    for name in dashboard_metrics() {
+        assert!(
+            served.contains(&format!("{name}{{")) || served.contains(&format!("{name} ")),
+            "deploy/grafana/strata-dashboard.json reads {name}, which nothing exports"
+        );
+    }
     // The router shows each node's engine gauges as the node last reported them.
     for node in &cluster.node_addrs {
         let capacity = format!("strata_kv_tier_capacity_blocks{{node=\"{node}\",tier=\"device\"}}");
@@ -189,6 +197,30 @@ fn router_answers_like_one_process_and_routes_shared_prefixes_to_their_cache() {
         let usage = format!("strata_kv_usage_ratio{{node=\"{node}\"}}");
         assert!((0.0..=1.0).contains(&metric(&after, &usage)), "{after}");
     }
+}
+
+/// Every `strata_…` and `process_…` metric name the Grafana dashboard's queries read.
+fn dashboard_metrics() -> std::collections::BTreeSet<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/grafana/strata-dashboard.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut names = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for prefix in ["strata_", "process_"] {
+                for (at, _) in expr.match_indices(prefix) {
+                    let name: String = expr[at..]
+                        .chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect();
+                    names.insert(name);
+                }
+            }
+        }
+    }
+    assert!(names.len() > 20, "{names:?}");
+    names
 }
 
 /// Runs `prompts()` through `addr` and returns the share of its prompt blocks found cached on
