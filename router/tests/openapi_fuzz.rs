@@ -97,6 +97,16 @@ fn run_schemathesis(args: &[&str]) -> Output {
     })
 }
 
+/// Whether a failed run reported no finding, only schemathesis' own CPython crash.
+fn crashed_inside_schemathesis(output: &Output) -> bool {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    text.contains("AST constructor recursion depth mismatch") && !text.contains("= FAILURES =")
+}
+
 fn printed(output: &Output) -> String {
     format!(
         "({})\n--- stdout\n{}\n--- stderr\n{}",
@@ -110,15 +120,28 @@ fn printed(output: &Output) -> String {
 fn the_document_is_as_strict_as_the_server() {
     // Examples and the coverage phase's boundary values for every operation, then fuzzing until
     // the time budget (about a minute and a half on two cores) is spent.
-    let output = run_schemathesis(&[
-        "{base}/openapi.json",
-        "--phases",
-        "examples,coverage,fuzzing",
-        "--max-examples",
-        "10",
-        "--max-time",
-        "90",
-    ]);
+    let run = || {
+        run_schemathesis(&[
+            "{base}/openapi.json",
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--max-examples",
+            "10",
+            "--max-time",
+            "90",
+        ])
+    };
+    let mut output = run();
+    if !output.status.success() && crashed_inside_schemathesis(&output) {
+        // One more run when the tool itself crashed and found nothing: its coverage phase now and
+        // then trips a CPython error while it builds a case ("AST constructor recursion depth
+        // mismatch"), which says nothing about the server. A disagreement is never retried.
+        eprintln!(
+            "schemathesis crashed inside itself; running it once more {}",
+            printed(&output)
+        );
+        output = run();
+    }
     assert!(
         output.status.success(),
         "schemathesis found the document and the server disagree {}",
