@@ -63,8 +63,6 @@ impl Plan {
 #[derive(Debug, thiserror::Error)]
 pub enum QuantizeError {
     #[error(transparent)]
-    Load(#[from] crate::cpu::LoadError),
-    #[error(transparent)]
     Weights(#[from] crate::weights::WeightError),
     #[error(transparent)]
     Config(#[from] crate::config::ConfigError),

@@ -32,6 +32,22 @@ pub struct CompareArgs {
     /// The candidate checkpoint (same tokenizer and vocabulary).
     #[arg(long)]
     candidate: PathBuf,
+    #[command(flatten)]
+    scoring: Scoring,
+}
+
+#[derive(Args)]
+pub struct PerplexityArgs {
+    /// Checkpoint: an HF directory or a GGUF file.
+    #[arg(long)]
+    model: PathBuf,
+    #[command(flatten)]
+    scoring: Scoring,
+}
+
+/// What both evaluations score, and on which engine.
+#[derive(Args)]
+struct Scoring {
     /// UTF-8 text to score.
     #[arg(long)]
     text: PathBuf,
@@ -48,25 +64,20 @@ pub struct CompareArgs {
     engine: EngineSettings,
 }
 
-#[derive(Args)]
-pub struct PerplexityArgs {
-    /// Checkpoint: an HF directory or a GGUF file.
-    #[arg(long)]
-    model: PathBuf,
-    /// UTF-8 text to score.
-    #[arg(long)]
-    text: PathBuf,
-    /// Tokens per chunk.
-    #[arg(long, default_value_t = 512)]
-    context: usize,
-    /// Score only the text's first N chunks.
-    #[arg(long)]
-    max_chunks: Option<usize>,
-    /// Also write the result as JSON to this file.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    #[command(flatten)]
-    engine: EngineSettings,
+impl Scoring {
+    fn read_text(&self) -> Result<String> {
+        std::fs::read_to_string(&self.text)
+            .with_context(|| format!("reading {}", self.text.display()))
+    }
+
+    /// Writes `json` to `--json`, when given.
+    fn write_json(&self, json: &serde_json::Value) -> Result<()> {
+        if let Some(path) = &self.json {
+            std::fs::write(path, serde_json::to_string_pretty(json)? + "\n")
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
+    }
 }
 
 pub fn run(cmd: EvalCommand) -> Result<()> {
@@ -77,9 +88,9 @@ pub fn run(cmd: EvalCommand) -> Result<()> {
 }
 
 fn run_perplexity(args: PerplexityArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&args.text)
-        .with_context(|| format!("reading {}", args.text.display()))?;
-    let spec = args.engine.spec()?;
+    let scoring = &args.scoring;
+    let text = scoring.read_text()?;
+    let spec = scoring.engine.spec()?;
     let built = build_backend(&args.model, &spec)?;
     let (mut backend, parts) = (built.backend, built.parts);
     // As llama-perplexity: the text with the special tokens the model adds (its BOS), each
@@ -90,9 +101,9 @@ fn run_perplexity(args: PerplexityArgs) -> Result<()> {
     let result = perplexity(
         backend.as_mut(),
         &tokens,
-        args.context,
+        scoring.context,
         bos,
-        args.max_chunks,
+        scoring.max_chunks,
     )?;
     let seconds = start.elapsed().as_secs_f64();
     for (i, p) in result.running.iter().enumerate() {
@@ -105,29 +116,24 @@ fn run_perplexity(args: PerplexityArgs) -> Result<()> {
         result.chunks,
         result.context
     );
-    if let Some(path) = &args.json {
-        let json = serde_json::json!({
-            "model": args.model.display().to_string(),
-            "text": args.text.display().to_string(),
-            "device": spec.device.to_string(),
-            "text_tokens": tokens.len(),
-            "context": result.context,
-            "chunks": result.chunks,
-            "scored_tokens": result.scored,
-            "mean_nll": result.nll / result.scored as f64,
-            "perplexity": result.value(),
-            "seconds": seconds,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+    scoring.write_json(&serde_json::json!({
+        "model": args.model.display().to_string(),
+        "text": scoring.text.display().to_string(),
+        "device": spec.device.to_string(),
+        "text_tokens": tokens.len(),
+        "context": result.context,
+        "chunks": result.chunks,
+        "scored_tokens": result.scored,
+        "mean_nll": result.nll / result.scored as f64,
+        "perplexity": result.value(),
+        "seconds": seconds,
+    }))
 }
 
 fn run_compare(args: CompareArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&args.text)
-        .with_context(|| format!("reading {}", args.text.display()))?;
-    let spec = args.engine.spec()?;
+    let scoring = &args.scoring;
+    let text = scoring.read_text()?;
+    let spec = scoring.engine.spec()?;
     let reference = build_backend(&args.model, &spec)?;
     let candidate = build_backend(&args.candidate, &spec)?;
     let (mut a, mut b) = (reference.backend, candidate.backend);
@@ -149,9 +155,9 @@ fn run_compare(args: CompareArgs) -> Result<()> {
         a.as_mut(),
         b.as_mut(),
         &tokens,
-        args.context,
+        scoring.context,
         bos,
-        args.max_chunks,
+        scoring.max_chunks,
     )?;
     let seconds = start.elapsed().as_secs_f64();
     let (p, q) = result.perplexities();
@@ -164,24 +170,19 @@ fn run_compare(args: CompareArgs) -> Result<()> {
         result.top1_agreement() * 100.0,
         result.scored
     );
-    if let Some(path) = &args.json {
-        let json = serde_json::json!({
-            "reference": args.model.display().to_string(),
-            "candidate": args.candidate.display().to_string(),
-            "text": args.text.display().to_string(),
-            "device": spec.device.to_string(),
-            "context": result.context,
-            "chunks": result.chunks,
-            "scored_tokens": result.scored,
-            "reference_perplexity": p,
-            "candidate_perplexity": q,
-            "mean_kl": result.mean_kl(),
-            "max_kl": result.kl_max,
-            "top1_agreement": result.top1_agreement(),
-            "seconds": seconds,
-        });
-        std::fs::write(path, serde_json::to_string_pretty(&json)? + "\n")
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
+    scoring.write_json(&serde_json::json!({
+        "reference": args.model.display().to_string(),
+        "candidate": args.candidate.display().to_string(),
+        "text": scoring.text.display().to_string(),
+        "device": spec.device.to_string(),
+        "context": result.context,
+        "chunks": result.chunks,
+        "scored_tokens": result.scored,
+        "reference_perplexity": p,
+        "candidate_perplexity": q,
+        "mean_kl": result.mean_kl(),
+        "max_kl": result.kl_max,
+        "top1_agreement": result.top1_agreement(),
+        "seconds": seconds,
+    }))
 }
