@@ -1,11 +1,12 @@
 """Drives one phase of scripts/device/kv_tiers.sh against a running `strata serve`.
 
 host / disk: a CONTEXT-token prompt computed cold (TTFT with one output token = the recompute
-cost), continued greedily (32 tokens, its KV still on the device), pushed down a tier by three
-other prompts of the same length, asked again (TTFT = the restore), pushed down again and
-continued greedily (must equal the first continuation byte for byte). disk-restarted: the server
-was SIGKILLed and started again on the same disk tier: the context is restored from what the
-disk kept. The restore rate is read from /metrics (bytes restored / restore time per tier).
+cost), continued greedily (32 tokens, its KV still on the device), pushed down a tier by other
+prompts (three of the same length by default), asked again (TTFT = the restore), pushed down again
+and continued greedily (must equal the first continuation byte for byte). disk-restarted: the
+server was SIGKILLed and started again on the same disk tier: the context is restored from what
+the disk kept. long: the host phase with a long context (128k tokens) pushed by shorter prompts.
+The restore rate is read from /metrics (bytes restored / restore time per tier).
 Writes the phase's numbers as JSON; exits non-zero if a check failed.
 """
 
@@ -16,7 +17,6 @@ import re
 import time
 import urllib.request
 
-PINNED_PCIE_GBS = 55.3  # H200.md: pinned host-to-device copies on this machine kind
 
 
 def post(url: str, body: dict) -> dict:
@@ -59,18 +59,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
     parser.add_argument("--context", type=int, required=True)
-    parser.add_argument("--phase", required=True, choices=["host", "disk", "disk-restarted"])
+    parser.add_argument("--phase", required=True, choices=["host", "disk", "disk-restarted", "long"])
+    parser.add_argument("--pinned-gbs", type=float, required=True,
+                        help="pinned host-to-device copy rate measured on this machine")
+    parser.add_argument("--push", type=int, default=3, help="prompts that push the context down")
+    parser.add_argument("--push-context", type=int, help="their length (default: --context)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--vocab", type=int, default=120000, help="token ids drawn below this")
     parser.add_argument("--model", default="strata-kv-8b")
     args = parser.parse_args()
     global MODEL
     url, n, MODEL = args.url, args.context, args.model
-    tier = "host" if args.phase == "host" else "disk"
+    tier = "disk" if args.phase.startswith("disk") else "host"
     rng = random.Random(21)
-    draw = lambda: [rng.randrange(args.vocab // 100, args.vocab) for _ in range(n)]
-    context = draw()
-    others = [draw() for _ in range(6)]
+    draw = lambda k: [rng.randrange(args.vocab // 100, args.vocab) for _ in range(k)]
+    context = draw(n)
+    others = [draw(args.push_context or n) for _ in range(2 * args.push)]
     result = {"phase": args.phase, "context_tokens": n}
     ok = True
 
@@ -83,7 +87,7 @@ def main() -> None:
         result["ttft_cold_s"] = round(cold, 3)
         assert cached == 0, cached
         first, _, _ = complete(url, context, 32)
-        push(others[:3])
+        push(others[:args.push])
     before = metrics(url)
     _, parked, cached = complete(url, context, 1)
     after = metrics(url)
@@ -102,14 +106,17 @@ def main() -> None:
     rate = restored / parked / 1e9
     result[f"effective_restore_{tier}_gbs"] = round(rate, 2)
     if tier == "host":
-        result["fraction_of_pinned_pcie"] = round(rate / PINNED_PCIE_GBS, 3)
+        result["pinned_pcie_gbs"] = args.pinned_gbs
+        result["fraction_of_pinned_pcie"] = round(rate / args.pinned_gbs, 3)
+        if seconds > 0:
+            result["engine_restore_gbs"] = round(restored / seconds / 1e9, 2)
     if "ttft_cold_s" in result and parked > 0:
         result["recompute_over_restore"] = round(result["ttft_cold_s"] / parked, 2)
     if cached < n // 2:
         print(f"FAILED: only {cached} of {n} tokens came from the {tier} tier")
         ok = False
     if args.phase != "disk-restarted":
-        push(others[3:])
+        push(others[args.push:])
         again, _, cached_again = complete(url, context, 32)
         result["continuation_identical"] = again == first
         result["cached_tokens_continuation"] = cached_again

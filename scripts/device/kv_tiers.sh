@@ -11,7 +11,12 @@
 #      of the 55.3 GB/s the machine's pinned PCIe copies reach (H200.md);
 #   2. disk tier: no host tier, a disk tier under $TMPDIR; the same context pushed to disk and
 #      restored (the disk read rate: bytes / restore time, read and copy together), then the
-#      server SIGKILLed and restarted on the same directory, and the context restored again.
+#      server SIGKILLed and restarted on the same directory, and the context restored again;
+#   3. long: a 20 GiB device cache and a 40 GiB host tier; a LONG-token context (131072 by
+#      default) primed, continued, pushed to host by five 32k prompts, restored and continued
+#      again (byte-identical to the never-evicted continuation).
+# The pinned host-to-device rate the restores are compared with is measured first (PyTorch,
+# 1 GiB page-locked copies). PHASES (default host,disk,long) picks the servers run.
 # Everything lands in OUT_DIR with receipt.json; exits non-zero if a check failed.
 set -uo pipefail
 
@@ -20,11 +25,13 @@ BIN=${STRATA_BIN:-.device/strata}
 BENCH_CONFIG=${BENCH_CONFIG:-configs/llama-3.1-8b.json}
 TOKENIZER=${TOKENIZER:-.device/llama3_1/tokenizer.json}
 CONTEXT=${CONTEXT:-32000}
+LONG=${LONG:-131072}
+PHASES=${PHASES:-host,disk,long}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 MODEL=${TMPDIR:-/tmp}/strata-kv-8b
 DISK=${TMPDIR:-/tmp}/strata-kv-disk
 PORT=18281
-MAX_POSITION=40960
+MAX_POSITION=$((LONG + 1024))
 mkdir -p "$OUT/logs"
 
 # shellcheck source=scripts/device/common.sh
@@ -49,34 +56,67 @@ serve() { # name serve-args...
     return 1
 }
 
-drive() { # phase
-    python3 "$(dirname "$0")/kv_tiers.py" --url "http://127.0.0.1:$PORT" --context "$CONTEXT" \
-        --phase "$1" --out "$OUT/$1.json" 2>&1 | tee "$OUT/logs/$1.log"
+PINNED_GBS=$(python3 - <<'PY'
+import torch
+host = torch.empty(1 << 30, dtype=torch.uint8).pin_memory()
+device = torch.empty_like(host, device="cuda")
+for _ in range(3):
+    device.copy_(host, non_blocking=True)
+start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+start.record()
+for _ in range(10):
+    device.copy_(host, non_blocking=True)
+end.record()
+end.synchronize()
+print(round(10 * (1 << 30) / (start.elapsed_time(end) / 1e3) / 1e9, 2))
+PY
+)
+echo "pinned host-to-device: $PINNED_GBS GB/s"
+echo "$PINNED_GBS" >"$OUT/pinned_gbs.txt"
+
+drive() { # phase args...
+    local phase=$1
+    shift
+    python3 "$(dirname "$0")/kv_tiers.py" --url "http://127.0.0.1:$PORT" --phase "$phase" \
+        --pinned-gbs "$PINNED_GBS" --out "$OUT/$phase.json" "$@" 2>&1 | tee "$OUT/logs/$phase.log"
     return "${PIPESTATUS[0]}"
 }
+wanted() { [[ ",$PHASES," == *",$1,"* ]]; }
 
 failed=0
-serve host --kv-cache-mib 8192 --kv-host-mib 16384 || exit 1
-drive host || failed=1
-kill $SERVER
-wait $SERVER 2>/dev/null
+if wanted host; then
+    serve host --kv-cache-mib 8192 --kv-host-mib 16384 || exit 1
+    drive host --context "$CONTEXT" || failed=1
+    kill $SERVER
+    wait $SERVER 2>/dev/null
+fi
 
-rm -rf "$DISK"
-serve disk --kv-cache-mib 8192 --kv-disk-dir "$DISK" --kv-disk-mib 32768 || exit 1
-drive disk || failed=1
-kill -9 $SERVER
-wait $SERVER 2>/dev/null
-serve disk-restarted --kv-cache-mib 8192 --kv-disk-dir "$DISK" --kv-disk-mib 32768 || exit 1
-drive disk-restarted || failed=1
-kill $SERVER
-wait $SERVER 2>/dev/null
+if wanted disk; then
+    rm -rf "$DISK"
+    serve disk --kv-cache-mib 8192 --kv-disk-dir "$DISK" --kv-disk-mib 32768 || exit 1
+    drive disk --context "$CONTEXT" || failed=1
+    kill -9 $SERVER
+    wait $SERVER 2>/dev/null
+    serve disk-restarted --kv-cache-mib 8192 --kv-disk-dir "$DISK" --kv-disk-mib 32768 || exit 1
+    drive disk-restarted --context "$CONTEXT" || failed=1
+    kill $SERVER
+    wait $SERVER 2>/dev/null
+fi
+
+if wanted long; then
+    serve long --kv-cache-mib 20480 --kv-host-mib 40960 || exit 1
+    drive long --context "$LONG" --push 5 --push-context 32768 || failed=1
+    kill $SERVER
+    wait $SERVER 2>/dev/null
+fi
 
 python3 - "$OUT" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 phases = {p: json.loads((out / f"{p}.json").read_text())
-          for p in ("host", "disk", "disk-restarted") if (out / f"{p}.json").exists()}
-receipt = {"machine": (out / "machine.txt").read_text().splitlines(), "phases": phases}
+          for p in ("host", "disk", "disk-restarted", "long") if (out / f"{p}.json").exists()}
+receipt = {"machine": (out / "machine.txt").read_text().splitlines(),
+           "pinned_h2d_gbs": float((out / "pinned_gbs.txt").read_text()), "phases": phases}
 (out / "receipt.json").write_text(json.dumps(receipt, indent=2))
 for name, p in phases.items():
     print(f"{name:16} " + "  ".join(f"{k}={v}" for k, v in p.items() if not isinstance(v, (list, dict))))
