@@ -31,6 +31,7 @@ boto3_version="1.40.0"
 cohere_version="7.3.1"
 schemathesis_version="4.32.5"
 cuda_version="13.0"
+playwright_version="1.65.2"
 
 fetch_tokenizer() {
     local package="$1" name="$2"
@@ -169,6 +170,23 @@ if ! ls "$cuda"/nvidia_cuda_nvrtc-"$cuda_version".*.dist-info >/dev/null 2>&1 \
     python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
         --target "$cuda" "nvidia-cuda-nvrtc==$cuda_version.*" "nvidia-cuda-runtime==$cuda_version.*" \
         "nvidia-cuda-nvcc==$cuda_version.*" "nvidia-cuda-crt==$cuda_version.*" "nvidia-nvvm==$cuda_version.*"
+fi
+
+# The dashboard's browser test (`cargo test --test dashboard`): Debian's Chromium, installed when
+# missing where this runs as root with apt (CI), and playwright-core from npm to drive it (it
+# downloads no browser of its own).
+if ! command -v chromium >/dev/null && [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    echo "installing chromium (apt)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends chromium >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+fi
+pw="$data/playwright"
+if ! grep -qs "\"version\": \"$playwright_version\"" "$pw/node_modules/playwright-core/package.json"; then
+    echo "installing playwright-core@$playwright_version -> $pw" >&2
+    rm -rf "$pw"
+    mkdir -p "$pw"
+    (cd "$pw" && npm install --silent --no-audit --no-fund --no-save "playwright-core@$playwright_version" >/dev/null)
 fi
 
 expected="$data/chat-expected.json"

@@ -50,6 +50,9 @@ enum Command {
     /// endpoint.
     #[command(subcommand)]
     Bench(commands::bench::BenchCommand),
+    /// Capacity planning: the nodes a workload needs, from measured profiles (`plan measure`
+    /// measures this machine's).
+    Plan(commands::plan::PlanArgs),
 }
 
 fn main() {
@@ -71,6 +74,7 @@ fn main() {
         Command::Router(args) => commands::router::run(args),
         Command::Cluster(cmd) => commands::cluster::run(cmd),
         Command::Bench(cmd) => commands::bench::run(cmd),
+        Command::Plan(args) => commands::plan::run(args),
     };
     if let Err(e) = result {
         eprintln!("error: {}", report(&e));
@@ -111,6 +115,7 @@ impl Command {
             | Command::Generate(_)
             | Command::Eval(_)
             | Command::Keys(_)
+            | Command::Plan(_)
             | Command::Kernels(_) => false,
         }
     }

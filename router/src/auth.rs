@@ -415,12 +415,14 @@ impl KeysFileWatch {
     }
 }
 
-/// Paths anyone may read: liveness, readiness, metrics and the API description.
+/// Paths anyone may read: liveness, readiness, metrics, the API description, and the
+/// dashboard (which shows what /metrics does, and plans from shipped profiles).
 fn is_public(path: &str) -> bool {
     matches!(
         path,
         "/health" | "/ping" | "/ready" | "/metrics" | "/openapi.json"
-    )
+    ) || path == "/dashboard"
+        || path.starts_with("/dashboard/")
 }
 
 /// The key a client presented: `Authorization: Bearer <key>` or `x-api-key: <key>`.

@@ -8,11 +8,13 @@ pub mod body;
 pub mod cluster;
 pub mod converse;
 pub mod cors;
+pub mod dashboard;
 pub mod error;
 pub mod metrics;
 pub mod openai;
 pub mod openapi;
 pub mod parking;
+pub mod plan;
 pub mod process_metrics;
 pub mod request_id;
 pub mod routing;
@@ -154,6 +156,7 @@ pub fn build_app_live(state: AppState, access: &Access, keys: Arc<LiveKeys>) -> 
             ApiError::not_found(format!("no route for {uri}"))
         })
         .merge(metrics::routes())
+        .merge(dashboard::routes())
         .merge(openapi::routes())
         .layer(from_fn_with_state(admission, admission::admit))
         .layer(from_fn_with_state(keys, auth::require_key))

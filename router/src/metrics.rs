@@ -169,6 +169,34 @@ impl Histogram {
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The `q` quantile as Prometheus' `histogram_quantile` estimates it: linear inside the
+    /// bucket it falls in (the last finite bound when it falls in +Inf); `None` before any
+    /// observation.
+    fn quantile(&self, q: f64) -> Option<f64> {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.load(Ordering::Relaxed))
+            .collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = q * total as f64;
+        let mut below = 0u64;
+        for (i, &n) in counts.iter().enumerate() {
+            if (below + n) as f64 >= rank && n > 0 {
+                let Some(&upper) = self.bounds.get(i) else {
+                    return self.bounds.last().copied();
+                };
+                let lower = if i == 0 { 0.0 } else { self.bounds[i - 1] };
+                return Some(lower + (upper - lower) * (rank - below as f64) / n as f64);
+            }
+            below += n;
+        }
+        self.bounds.last().copied()
+    }
+
     fn render(&self, out: &mut String, name: &str, help: &str) {
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
@@ -237,6 +265,35 @@ impl TokenRate {
             .sum();
         total as f64 / window as f64
     }
+}
+
+/// Percentiles of a latency histogram, milliseconds (estimated inside buckets).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Quantiles {
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p99: Option<f64>,
+}
+
+/// Counters and latency percentiles since the server started ([`Metrics::summary`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct MetricsSummary {
+    /// Requests answered (every route, the dashboard's own included), and those answered
+    /// with an error status.
+    pub requests: u64,
+    pub failed_requests: u64,
+    pub inflight: i64,
+    pub queued: i64,
+    /// Generations finished (what the token counts below add up over).
+    pub generations: u64,
+    pub prompt_tokens: u64,
+    pub cached_prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub prefix_hit_ratio: f64,
+    /// Tokens streamed per second over the last seconds.
+    pub tokens_per_s: f64,
+    pub ttft_ms: Quantiles,
+    pub itl_ms: Quantiles,
 }
 
 /// Cached KV blocks on each tier, from the engine's dump.
@@ -315,6 +372,38 @@ impl Metrics {
     pub fn observe_inter_token(&self, gap: Duration) {
         self.inter_token.observe(gap);
         self.token_rate.add_at(self.token_rate.now(), 1);
+    }
+
+    /// The figures the dashboard shows, read now.
+    pub fn summary(&self) -> MetricsSummary {
+        let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut total, mut failed) = (0, 0);
+        for ((_, status), n) in &requests.by_surface {
+            total += n;
+            if *status >= 400 {
+                failed += n;
+            }
+        }
+        drop(requests);
+        let ms = |h: &Histogram| Quantiles {
+            p50: h.quantile(0.5).map(|s| s * 1e3),
+            p90: h.quantile(0.9).map(|s| s * 1e3),
+            p99: h.quantile(0.99).map(|s| s * 1e3),
+        };
+        MetricsSummary {
+            requests: total,
+            failed_requests: failed,
+            inflight: self.inflight.load(Ordering::Relaxed),
+            queued: self.queued.load(Ordering::Relaxed),
+            generations: self.generation_lengths.count.load(Ordering::Relaxed),
+            prompt_tokens: self.prompt_tokens.load(Ordering::Relaxed),
+            cached_prompt_tokens: self.cached_prompt_tokens.load(Ordering::Relaxed),
+            generated_tokens: self.generated_tokens.load(Ordering::Relaxed),
+            prefix_hit_ratio: self.prefix_hit_ratio(),
+            tokens_per_s: self.token_rate.per_second_at(self.token_rate.now()),
+            ttft_ms: ms(&self.ttft),
+            itl_ms: ms(&self.inter_token),
+        }
     }
 
     /// cached / prompt tokens of finished generations; 0 before any.

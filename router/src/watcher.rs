@@ -117,6 +117,7 @@ pub fn sync(cluster: &Arc<Cluster>, state: &ClusterState, model: &str) {
         }
     }
     cluster.set_ring_epoch(state.ring().epoch());
+    cluster.set_members(crate::cluster::MemberView::of(state, model));
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ pub mod kernels;
 pub mod keys;
 pub mod model;
 pub mod node;
+pub mod plan;
 pub mod quantize;
 pub mod router;
 pub mod serve;

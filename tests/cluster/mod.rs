@@ -323,6 +323,17 @@ pub fn deploy_local_with(
     router_args: &str,
     init_args: &str,
 ) -> (impl Drop, u16) {
+    deploy_local_env(dir, model, (nodes, routers), (router_args, init_args), &[])
+}
+
+/// [`deploy_local_with`] with `env` set for every process of the cluster.
+pub fn deploy_local_env(
+    dir: &Path,
+    model: &Path,
+    (nodes, routers): (usize, usize),
+    (router_args, init_args): (&str, &str),
+    env: &[(&str, &str)],
+) -> (impl Drop, u16) {
     let base: u16 = {
         let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         socket.local_addr().unwrap().port() % 20_000 + 30_000
@@ -346,6 +357,7 @@ pub fn deploy_local_with(
         &base.to_string(),
     ])
     .env("STRATA", env!("CARGO_BIN_EXE_strata"))
+    .envs(env.iter().copied())
     .output()
     .unwrap();
     struct Down(std::path::PathBuf);

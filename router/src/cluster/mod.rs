@@ -28,6 +28,9 @@ use tokio::sync::oneshot;
 
 mod relay;
 mod supervisor;
+mod views;
+
+pub use views::{MemberView, NodeView};
 
 use supervisor::{Supervisor, dial};
 
@@ -196,6 +199,8 @@ pub struct Cluster {
     server_name: String,
     /// The ownership ring's epoch as the topology group last announced it (0 without one).
     ring_epoch: AtomicU64,
+    /// The topology group's members as the watcher last saw them (for the dashboard).
+    members: RwLock<Vec<MemberView>>,
     index: Arc<RwLock<PrefixIndex>>,
     router: Mutex<Router>,
     next_id: AtomicU64,
@@ -269,6 +274,7 @@ impl Cluster {
             endpoint: endpoint.clone(),
             server_name: server_name.to_string(),
             ring_epoch: AtomicU64::new(0),
+            members: RwLock::new(Vec::new()),
             router: Mutex::new(router),
             next_id: AtomicU64::new(1),
             cancels: Mutex::new(HashMap::new()),

@@ -1,0 +1,157 @@
+//! The operator's dashboard, served by routers and by `strata serve`: one self-contained page
+//! (`/dashboard`, its script and style embedded in the binary, nothing fetched from elsewhere)
+//! fed by a JSON snapshot (`/dashboard/state`), and the capacity planner behind it
+//! (`/dashboard/profiles`, `POST /dashboard/plan`: the same answers as `strata plan`).
+
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::cluster::{MemberView, NodeView};
+use crate::metrics::MetricsSummary;
+use crate::plan::{self, Profile, Workload};
+use crate::state::{AppState, EngineHandle, unix_now};
+
+const PAGE: &str = include_str!("../assets/dashboard.html");
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/dashboard", get(page))
+        .route("/dashboard/state", get(snapshot))
+        .route("/dashboard/profiles", get(profiles))
+        .route("/dashboard/plan", post(plan_request))
+}
+
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // Everything the page needs is in it: no other origin may be reached from it.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; img-src data:",
+            ),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        PAGE,
+    )
+        .into_response()
+}
+
+/// What `/dashboard/state` answers.
+#[derive(Debug, Serialize)]
+pub struct Snapshot {
+    pub model: String,
+    /// `router` (nodes behind it) or `server` (the engine in this process).
+    pub role: &'static str,
+    pub uptime_s: u64,
+    /// Unix time of the snapshot, milliseconds.
+    pub at_ms: u128,
+    pub metrics: MetricsSummary,
+    pub nodes: Vec<NodeView>,
+    pub members: Vec<MemberView>,
+    pub ring_epoch: Option<u64>,
+}
+
+async fn snapshot(State(state): State<AppState>) -> Json<Snapshot> {
+    let (role, nodes, members, ring_epoch) = match &state.engine {
+        EngineHandle::Local(engine) => (
+            "server",
+            vec![NodeView {
+                addr: "local".into(),
+                alive: true,
+                routed: 0,
+                load: Some(engine.load()),
+            }],
+            Vec::new(),
+            None,
+        ),
+        EngineHandle::Cluster(cluster) => (
+            "router",
+            cluster.node_views(),
+            cluster.members(),
+            Some(cluster.ring_epoch()),
+        ),
+    };
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    Json(Snapshot {
+        model: state.name.clone(),
+        role,
+        uptime_s: unix_now().saturating_sub(state.created),
+        at_ms,
+        metrics: state.metrics.summary(),
+        nodes,
+        members,
+        ring_epoch,
+    })
+}
+
+async fn profiles() -> Json<Vec<Profile>> {
+    Json(
+        plan::builtin_names()
+            .into_iter()
+            .filter_map(plan::builtin)
+            .collect(),
+    )
+}
+
+/// `POST /dashboard/plan`: a shipped profile (by name) or one given whole, a workload, and
+/// optionally a node count to evaluate instead of sizing.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanRequest {
+    #[serde(default)]
+    profile: Option<String>,
+    #[serde(default)]
+    profile_data: Option<Profile>,
+    workload: Workload,
+    #[serde(default)]
+    nodes: Option<usize>,
+}
+
+async fn plan_request(body: axum::body::Bytes) -> Response {
+    let bad = |message: String| {
+        (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": {"message": message, "type": "invalid_request_error"}})),
+        )
+            .into_response()
+    };
+    let request: PlanRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad(format!("the plan request does not parse: {e}")),
+    };
+    let profile = match (request.profile, request.profile_data) {
+        (Some(name), None) => match plan::builtin(&name) {
+            Some(p) => p,
+            None => {
+                return bad(format!(
+                    "no shipped profile `{name}` (there are: {})",
+                    plan::builtin_names().join(", ")
+                ));
+            }
+        },
+        (None, Some(p)) => p,
+        _ => return bad("give one of `profile` (a name) and `profile_data`".into()),
+    };
+    let answer = match request.nodes {
+        Some(n) => profile.evaluate(&request.workload, n),
+        None => profile.size(&request.workload),
+    };
+    match answer {
+        Ok(plan) => Json(plan).into_response(),
+        Err(e @ plan::PlanError::Unreachable { .. }) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"error": {"message": e.to_string(), "type": "unreachable_targets"}})),
+        )
+            .into_response(),
+        Err(e) => bad(e.to_string()),
+    }
+}
