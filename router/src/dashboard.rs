@@ -102,15 +102,13 @@ async fn profiles() -> Json<Vec<Profile>> {
     )
 }
 
-/// `POST /dashboard/plan`: a shipped profile (by name) or one given whole, a workload, and
-/// optionally a node count to evaluate instead of sizing.
+/// `POST /dashboard/plan`: a shipped profile (by name; a measured profile file is
+/// `strata plan --profile FILE`'s), a workload, and optionally a node count to evaluate instead
+/// of sizing.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PlanRequest {
-    #[serde(default)]
-    profile: Option<String>,
-    #[serde(default)]
-    profile_data: Option<Profile>,
+    profile: String,
     workload: Workload,
     #[serde(default)]
     nodes: Option<usize>,
@@ -128,18 +126,12 @@ async fn plan_request(body: axum::body::Bytes) -> Response {
         Ok(r) => r,
         Err(e) => return bad(format!("the plan request does not parse: {e}")),
     };
-    let profile = match (request.profile, request.profile_data) {
-        (Some(name), None) => match plan::builtin(&name) {
-            Some(p) => p,
-            None => {
-                return bad(format!(
-                    "no shipped profile `{name}` (there are: {})",
-                    plan::builtin_names().join(", ")
-                ));
-            }
-        },
-        (None, Some(p)) => p,
-        _ => return bad("give one of `profile` (a name) and `profile_data`".into()),
+    let Some(profile) = plan::builtin(&request.profile) else {
+        return bad(format!(
+            "no shipped profile `{}` (there are: {})",
+            request.profile,
+            plan::builtin_names().join(", ")
+        ));
     };
     let answer = match request.nodes {
         Some(n) => profile.evaluate(&request.workload, n),
@@ -147,11 +139,32 @@ async fn plan_request(body: axum::body::Bytes) -> Response {
     };
     match answer {
         Ok(plan) => Json(plan).into_response(),
-        Err(e @ plan::PlanError::Unreachable { .. }) => (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            Json(json!({"error": {"message": e.to_string(), "type": "unreachable_targets"}})),
-        )
-            .into_response(),
+        // A valid question whose answer is "no cluster size": said in the answer, not as an error.
+        Err(e @ plan::PlanError::Unreachable { .. }) => Json(json!({
+            "profile": profile.name,
+            "workload": request.workload,
+            "cluster": null,
+            "sources": [],
+            "unreachable": e.to_string(),
+        }))
+        .into_response(),
         Err(e) => bad(e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_api_document_lists_the_shipped_profiles() {
+        let doc: serde_json::Value = serde_json::from_str(crate::openapi::DOCUMENT).unwrap();
+        let listed = &doc["paths"]["/dashboard/plan"]["post"]["requestBody"]["content"]["application/json"]
+            ["schema"]["properties"]["profile"]["enum"];
+        let listed: Vec<&str> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        assert_eq!(listed, super::plan::builtin_names());
     }
 }

@@ -25,6 +25,7 @@ pub use profiles::{builtin, builtin_names};
 /// Where a figure came from: a receipt under docs/receipts and the JSON pointer into it, or a
 /// measurement made by `strata plan measure` (`receipt` names the run).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Source {
     pub receipt: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -33,6 +34,7 @@ pub struct Source {
 
 /// One measured decode step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct DecodePoint {
     /// Sequences in the step.
     pub batch: usize,
@@ -43,6 +45,7 @@ pub struct DecodePoint {
 
 /// The measured prefill rate.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Prefill {
     /// The prompt length it was measured at.
     pub prompt_tokens: usize,
@@ -52,6 +55,7 @@ pub struct Prefill {
 
 /// What one node (one engine: a GPU, a tensor-parallel group, or the CPU) was measured to do.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Profile {
     pub name: String,
     /// The device in words ("NVIDIA H200", "cpu").
@@ -79,6 +83,7 @@ pub enum Load {
 
 /// What the cluster must serve.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Workload {
     pub load: Load,
     /// Mean prompt tokens per request.
@@ -187,8 +192,8 @@ impl Workload {
         if !(self.output_tokens.is_finite() && self.output_tokens >= 1.0) {
             return bad("output tokens must be at least 1");
         }
-        if !(0.0..1.0).contains(&self.prefix_share) {
-            return bad("the prefix share must be in [0, 1)");
+        if !(0.0..=1.0).contains(&self.prefix_share) {
+            return bad("the prefix share must be in [0, 1]");
         }
         for (name, target) in [("ttft_ms", self.ttft_ms), ("itl_ms", self.itl_ms)] {
             if let Some(t) = target
@@ -412,7 +417,7 @@ impl Profile {
         };
         ClusterState {
             nodes,
-            gpus: nodes * self.gpus_per_node,
+            gpus: nodes.saturating_mul(self.gpus_per_node),
             output_tokens_per_s: per_node.output_tokens_per_s * nodes as f64,
             per_node,
             meets_targets: meets,

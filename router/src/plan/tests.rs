@@ -145,7 +145,7 @@ fn unreachable_targets_and_bad_input_are_refused_by_name() {
         assert!(e.contains(what), "{e}");
     }
     let mut w = work(Load::Rate(1.0));
-    w.prefix_share = 1.0;
+    w.prefix_share = 1.5;
     assert!(p.size(&w).unwrap_err().to_string().contains("prefix share"));
     let broken = profile(&[(16, 5.0), (1, 4.0)], 1e5);
     assert!(
