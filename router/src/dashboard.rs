@@ -110,8 +110,9 @@ async fn profiles() -> Json<Vec<Profile>> {
 struct PlanRequest {
     profile: String,
     workload: Workload,
+    /// A whole number (JSON Schema's integer: `2.0` is one).
     #[serde(default)]
-    nodes: Option<usize>,
+    nodes: Option<f64>,
 }
 
 async fn plan_request(body: axum::body::Bytes) -> Response {
@@ -133,7 +134,19 @@ async fn plan_request(body: axum::body::Bytes) -> Response {
             plan::builtin_names().join(", ")
         ));
     };
-    let answer = match request.nodes {
+    let nodes = match request.nodes {
+        Some(n) if n.fract() == 0.0 && (1.0..=plan::MAX_NODES as f64).contains(&n) => {
+            Some(n as usize)
+        }
+        Some(n) => {
+            return bad(format!(
+                "nodes must be a whole number from 1 to {} (got {n})",
+                plan::MAX_NODES
+            ));
+        }
+        None => None,
+    };
+    let answer = match nodes {
         Some(n) => profile.evaluate(&request.workload, n),
         None => profile.size(&request.workload),
     };
