@@ -372,3 +372,29 @@ scale_bf16(__nv_bfloat16* __restrict__ x, u64 chunks, float scale) {
         store16(x + i * 8, pack8(v));
     }
 }
+
+// A KV block's parts between one contiguous staging buffer and the per-layer caches it lives in:
+// part p (blockIdx.y) is `vecs` 16-byte vectors at staging + p * vecs and at bases[p] + offset.
+// One launch moves a whole block, where one copy per part would pay the driver's per-call cost
+// 2 x layers times (docs/DECISIONS.md, "Host-tier restores are bound by per-layer copies").
+extern "C" __global__ void __launch_bounds__(256)
+kv_scatter(const uint4* __restrict__ staging, const u64* __restrict__ bases, u64 offset, u64 vecs) {
+    const u64 part = blockIdx.y;
+    uint4* dst = reinterpret_cast<uint4*>(bases[part] + offset);
+    const uint4* src = staging + part * vecs;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < vecs;
+         i += (u64)gridDim.x * blockDim.x) {
+        dst[i] = src[i];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+kv_gather(uint4* __restrict__ staging, const u64* __restrict__ bases, u64 offset, u64 vecs) {
+    const u64 part = blockIdx.y;
+    const uint4* src = reinterpret_cast<const uint4*>(bases[part] + offset);
+    uint4* dst = staging + part * vecs;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < vecs;
+         i += (u64)gridDim.x * blockDim.x) {
+        dst[i] = src[i];
+    }
+}

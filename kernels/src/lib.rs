@@ -20,6 +20,7 @@ pub mod compile;
 mod elementwise;
 pub mod gemm;
 mod gemv;
+mod kv_copy;
 mod launch;
 pub mod libs;
 mod sampling;
@@ -48,6 +49,7 @@ pub use check::{FunctionResources, Report, check};
 pub use elementwise::{GateActivation, NormWeight, RopeKvShape};
 pub use gemm::{GemmOut, GemmShape, LtGemm};
 pub use gemv::{DEFAULT_VARIANT, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvOut, GemvVariant};
+pub use kv_copy::KvParts;
 pub use sampling::{
     NO_TOKEN, SAMPLE_CANDIDATE_WORDS, SAMPLE_HEAD_WORDS, SAMPLE_PLAN_WORDS, SHAPE_ENTRY_WORDS,
     SampleHead, SamplePlan, ShapeOp,

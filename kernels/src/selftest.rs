@@ -58,6 +58,7 @@ pub fn selftest_with_seed(
         ("gemv shards", selftest_tp::check_gemv_shards),
         ("gemm slices", selftest_tp::check_gemm_slices),
         ("embed rows", selftest_tp::check_embed_rows),
+        ("kv_scatter/kv_gather", crate::kv_copy::check),
     ];
     for (name, check) in checks {
         match check(kernels, stream, &mut rng) {

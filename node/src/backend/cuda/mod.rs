@@ -38,6 +38,7 @@ use strata_model::rope::Rope;
 use strata_model::weights::{Checkpoint, WeightError};
 
 mod forward;
+mod kv_copy;
 mod matmul;
 mod readback;
 mod row_parallel;
@@ -226,6 +227,8 @@ pub struct CudaBackend {
     weights: Weights,
     k_cache: Vec<CudaSlice<bf16>>,
     v_cache: Vec<CudaSlice<bf16>>,
+    /// Moves whole blocks between the caches and host memory (the tiers, KV fetches).
+    kv_copy: kv_copy::BlockCopy,
     cos_sin: CudaSlice<f32>,
     /// Gemma 3's sliding-window layers rotate by their own base.
     cos_sin_local: Option<CudaSlice<f32>>,
@@ -379,6 +382,13 @@ impl CudaBackend {
             k_cache.push(stream.alloc_zeros::<bf16>(allocated * options.block_size * kv_dim)?);
             v_cache.push(stream.alloc_zeros::<bf16>(allocated * options.block_size * kv_dim)?);
         }
+        let kv_copy = kv_copy::BlockCopy::new(
+            &stream,
+            &k_cache,
+            &v_cache,
+            options.block_size * kv_dim,
+            allocated,
+        )?;
         let mut backend = Self {
             config: config.clone(),
             shard,
@@ -390,6 +400,7 @@ impl CudaBackend {
             weights,
             k_cache,
             v_cache,
+            kv_copy,
             cos_sin,
             cos_sin_local,
             max_positions,
@@ -955,76 +966,14 @@ impl KvBlockIo for CudaBackend {
         self.config.num_layers * 2 * self.block_size * self.shard.kv_rows.len() * 2
     }
 
-    /// Layout: `[layer][k|v][slot][kv_dim]` bf16, little-endian. Every layer's copy is queued
-    /// before one synchronization. On a little-endian host with `out` aligned the values are
-    /// copied straight into it (a page-locked host tier slot: DMA, no staging).
+    /// Layout: `[layer][k|v][slot][kv_dim]` bf16, little-endian ([`kv_copy`]).
     fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
-        let n = self.block_size * self.shard.kv_rows.len();
-        let start = id as usize * n;
-        let failed = |e: &dyn std::fmt::Display| KvError::Copy {
-            id,
-            detail: format!("device to host: {e}"),
-        };
-        let parts = self
-            .k_cache
-            .iter()
-            .zip(&self.v_cache)
-            .flat_map(|(k, v)| [k, v]);
-        if cfg!(target_endian = "little")
-            && let Ok(values) = bytemuck::try_cast_slice_mut::<u8, bf16>(out)
-        {
-            for (cache, part) in parts.zip(values.chunks_exact_mut(n)) {
-                self.stream
-                    .memcpy_dtoh(&cache.slice(start..start + n), part)
-                    .map_err(|e| failed(&e))?;
-            }
-            return self.stream.synchronize().map_err(|e| failed(&e));
-        }
-        let mut host = vec![bf16::ZERO; n * 2 * self.config.num_layers];
-        for (cache, part) in parts.zip(host.chunks_exact_mut(n)) {
-            self.stream
-                .memcpy_dtoh(&cache.slice(start..start + n), part)
-                .map_err(|e| failed(&e))?;
-        }
-        self.stream.synchronize().map_err(|e| failed(&e))?;
-        super::to_le_bytes(&host, out);
-        Ok(())
+        self.kv_copy.export(&self.kernels, &self.stream, id, out)
     }
 
-    /// The copies are queued on the device's stream, ahead of the next step, without waiting:
-    /// from page-locked memory (the host tier's slots) they are DMA and `data` must stay as it
-    /// is until they ran, which the host tier guarantees (a slot is written again only by a
-    /// later copy on this stream); from pageable memory the driver stages the bytes before each
-    /// call returns. On a little-endian host with `data` aligned the values are copied from
-    /// where they lie, else from a converted copy.
+    /// Queued on the device's stream without waiting ([`kv_copy`]).
     fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
-        let n = self.block_size * self.shard.kv_rows.len();
-        let start = id as usize * n;
-        let failed = |e: &dyn std::fmt::Display| KvError::Copy {
-            id,
-            detail: format!("host to device: {e}"),
-        };
-        let converted: Vec<bf16>;
-        let values: &[bf16] = match bytemuck::try_cast_slice::<u8, bf16>(data) {
-            Ok(values) if cfg!(target_endian = "little") => values,
-            _ => {
-                let mut host = vec![bf16::ZERO; n * 2 * self.config.num_layers];
-                super::from_le_bytes(data, &mut host);
-                converted = host;
-                &converted
-            }
-        };
-        let parts = self
-            .k_cache
-            .iter_mut()
-            .zip(self.v_cache.iter_mut())
-            .flat_map(|(k, v)| [k, v]);
-        for (cache, part) in parts.zip(values.chunks_exact(n)) {
-            self.stream
-                .memcpy_htod(part, &mut cache.slice_mut(start..start + n))
-                .map_err(|e| failed(&e))?;
-        }
-        Ok(())
+        self.kv_copy.import(&self.kernels, &self.stream, id, data)
     }
 
     /// Page-locked (portable: every device's context may copy from it), zeroed once, so the
