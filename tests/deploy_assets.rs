@@ -1,14 +1,38 @@
-//! The deployment files under deploy/ checked by the tools made for them: the systemd units by
-//! `systemd-analyze verify` (their ExecStart pointed at the built binary, whose flags must accept
-//! the units' arguments), with a canary unit carrying a bad directive that must be reported; the
-//! Grafana dashboard's structure (its metric names are checked against live servers by
-//! tests/cluster_serving.rs).
+//! The deployment files under deploy/ checked by the tools made for them, each with a canary the
+//! tool must reject:
+//! - the systemd units by `systemd-analyze verify` (their ExecStart pointed at the built binary,
+//!   whose flags must accept the units' arguments);
+//! - the Kubernetes manifests by kubernetes-validate (strict: unknown fields refused) against the
+//!   Kubernetes schemas it bundles, and every `strata` command they run, probes and the member
+//!   start script included, by the binary's own parser (kubernetes.rs);
+//! - the Dockerfile by hadolint, and its stages against the images the manifests name;
+//! - the Grafana dashboard by TypeScript's compiler against `@grafana/schema`'s `Dashboard` type
+//!   (generated from Grafana's dashboard schema), and its structure (its metric names are checked
+//!   against live servers by tests/cluster_serving.rs).
+//!
+//! The tools are installed by scripts/fetch-test-data.sh under target/test-data.
+
+#[path = "deploy_assets/docker.rs"]
+mod docker;
+#[path = "deploy_assets/kubernetes.rs"]
+mod kubernetes;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+}
+
+/// `target/test-data/<dir>`, which scripts/fetch-test-data.sh fills.
+fn test_data(dir: &str) -> PathBuf {
+    let path = repo().join("target/test-data").join(dir);
+    assert!(
+        path.is_dir(),
+        "{} is missing: run scripts/fetch-test-data.sh from the repository root",
+        path.display()
+    );
+    path
 }
 
 const UNITS: [&str; 3] = [
@@ -114,4 +138,73 @@ fn the_grafana_dashboard_is_well_formed() {
         .map(|v| v["name"].as_str().unwrap())
         .collect();
     assert_eq!(vars, ["datasource", "model"]);
+}
+
+/// TypeScript's verdict on `dashboard` as a value of `@grafana/schema`'s `Dashboard`: whether it
+/// compiles, and the compiler's messages. An object literal meets excess-property checks, so a
+/// field the schema lacks is an error, as is a value of the wrong type.
+fn typecheck_dashboard(dashboard: &serde_json::Value) -> (bool, String) {
+    let packages = test_data("grafana-schema").join("node_modules");
+    let tmp = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(&packages, tmp.path().join("node_modules")).unwrap();
+    let source = format!(
+        "import type {{ Dashboard }} from \"@grafana/schema\";\n\
+         export const dashboard: Dashboard = {};\n",
+        serde_json::to_string_pretty(dashboard).unwrap()
+    );
+    std::fs::write(tmp.path().join("dashboard.ts"), source).unwrap();
+    // The package's own declarations are not checked (--skipLibCheck), only the dashboard.
+    let out = Command::new("node")
+        .arg(packages.join("typescript/bin/tsc"))
+        .args([
+            "--noEmit",
+            "--strict",
+            "--skipLibCheck",
+            "--pretty",
+            "false",
+            "--target",
+            "es2022",
+            "--module",
+            "nodenext",
+            "--moduleResolution",
+            "nodenext",
+            "dashboard.ts",
+        ])
+        .current_dir(tmp.path())
+        .output()
+        .expect("run node");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), printed)
+}
+
+#[test]
+fn the_grafana_dashboard_matches_grafanas_schema() {
+    let text =
+        std::fs::read_to_string(repo().join("deploy/grafana/strata-dashboard.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let (ok, printed) = typecheck_dashboard(&dashboard);
+    assert!(ok, "{printed}");
+
+    // Canaries: a field the schema does not have, and a panel position given as text.
+    let mut unknown = dashboard.clone();
+    unknown["refreshInterval"] = "10s".into();
+    let mut mistyped = dashboard.clone();
+    mistyped["panels"][0]["gridPos"]["w"] = "12".into();
+    for (canary, finding) in [
+        (
+            unknown,
+            "refreshInterval\"' does not exist in type 'Dashboard'",
+        ),
+        (mistyped, "Type 'string' is not assignable to type 'number'"),
+    ] {
+        let (ok, printed) = typecheck_dashboard(&canary);
+        assert!(
+            !ok && printed.contains(finding),
+            "the canary passed: {printed}"
+        );
+    }
 }

@@ -225,6 +225,8 @@ fn sigterm_finishes_the_stream_in_flight_then_exits_cleanly() {
         "0",
         "--keys-file",
         tmp.path().join("keys.json").to_str().unwrap(),
+        "--drain-delay-s",
+        "2",
     ]);
     let addr = server.addr;
 
@@ -253,7 +255,11 @@ fn sigterm_finishes_the_stream_in_flight_then_exits_cleanly() {
 
     server.signal("TERM");
     server.wait_for_log("SIGTERM", Duration::from_secs(10));
-    // New connections are refused from now on, while the stream goes on.
+    // First the drain: still accepting, but no longer ready.
+    let (status, ready) = http(addr, "GET", "/ready", None, "");
+    assert_eq!(status, 503, "{ready}");
+    assert!(ready.contains("draining"), "{ready}");
+    // Then new connections are refused, while the stream goes on.
     let refused_at = Instant::now();
     while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
         assert!(
@@ -767,6 +773,8 @@ fn sigterm_parks_the_device_cache_on_disk_for_the_next_start() {
         disk.to_str().unwrap(),
         "--kv-disk-mib",
         "16",
+        "--drain-delay-s",
+        "0",
     ];
     let document = document(0);
     let body = serde_json::json!({

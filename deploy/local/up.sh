@@ -111,6 +111,9 @@ if [[ ! -e $dir/router-identity/operator.pem ]]; then
 fi
 members=""
 for i in $(seq 1 "$nodes"); do members+="${members:+,}127.0.0.1:$(member_port "$i")"; done
+# No load balancer checks a local cluster's routers: they stop at once on SIGTERM (down.sh)
+# rather than draining first, unless --router-args gives a delay.
+[[ $router_args == *--drain-delay-s* ]] || router_args="--drain-delay-s 0 $router_args"
 for j in $(seq 1 "$routers"); do
     # shellcheck disable=SC2086
     spawn "router-$j" "$strata" router --model "$model" --cluster "$members" \

@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod converse;
 pub mod cors;
 pub mod dashboard;
+pub mod drain;
 pub mod error;
 pub mod metrics;
 pub mod openai;
@@ -38,6 +39,7 @@ use tokio::net::{TcpListener, TcpStream};
 use crate::admission::{Admission, AdmissionLimits};
 use crate::auth::{ApiKey, KeyRing, KeyStore, KeysFileWatch, LiveKeys};
 use crate::cors::AllowedOrigins;
+use crate::drain::StopSignals;
 use crate::error::ApiError;
 use crate::request_id::RequestIds;
 pub use crate::serving_options::{OptionsError, ServingOptions};
@@ -214,19 +216,21 @@ fn set_no_delay(tcp: &mut TcpStream) {
 pub const KEYS_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// `strata serve`: load, bind, announce, serve until Ctrl-C or SIGTERM, then let in-flight
-/// requests (streams included) finish. With `keys_file`, keys added to or revoked from it apply
-/// within [`KEYS_POLL_INTERVAL`].
+/// requests (streams included) finish; SIGTERM first drains for `drain_delay` ([`drain`]). With
+/// `keys_file`, keys added to or revoked from it apply within [`KEYS_POLL_INTERVAL`].
 pub async fn serve(
     config: ServeConfig,
     access: Access,
     keys_file: Option<PathBuf>,
+    drain_delay: Duration,
 ) -> Result<(), ServeError> {
     // Installed before the port opens: a SIGTERM from then on drains instead of killing.
-    let shutdown = shutdown_signal()?;
+    let signals = StopSignals::install()?;
     // Bound before the model loads, so that a taken port is reported at once, not after a load
     // of minutes; connections wait in the backlog until the model is up.
     let listener = bind(config.addr).await?;
     let state = load_state(&config)?;
+    let shutdown = drain::stop_after_drain(signals, state.draining.clone(), drain_delay);
     serve_listener(state, listener, access, keys_file, shutdown).await
 }
 
@@ -320,30 +324,6 @@ fn announce_access(access: &Access, addr: SocketAddr) {
              address can use the model",
             addr.ip()
         );
-    }
-}
-
-/// Resolves on the first Ctrl-C or SIGTERM. The handlers are installed now, not on first poll.
-pub fn shutdown_signal() -> std::io::Result<impl Future<Output = ()> + Send + 'static> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut interrupt = signal(SignalKind::interrupt())?;
-        let mut terminate = signal(SignalKind::terminate())?;
-        Ok(async move {
-            let name = tokio::select! {
-                _ = interrupt.recv() => "SIGINT",
-                _ = terminate.recv() => "SIGTERM",
-            };
-            tracing::info!("{name}: no new connections; finishing the requests in flight");
-        })
-    }
-    #[cfg(not(unix))]
-    {
-        Ok(async {
-            let _ = tokio::signal::ctrl_c().await;
-            tracing::info!("Ctrl-C: no new connections; finishing the requests in flight");
-        })
     }
 }
 

@@ -564,9 +564,18 @@ pub fn routes() -> Router<AppState> {
 
 /// Ready to take requests: the server binds only after the model is loaded and its engine
 /// started, so a local engine is ready once it answers; a router is ready while some node is
-/// reachable, and otherwise answers 503 (with `Retry-After`, which the admission layer adds to
-/// every 503) so a load balancer sends its traffic to another router.
+/// reachable. Otherwise, and while draining before a shutdown ([`crate::drain`]), it answers 503
+/// (with `Retry-After`, which the admission layer adds to every 503) so a load balancer sends its
+/// traffic to another router.
 async fn ready(State(state): State<AppState>) -> Response {
+    if state.draining.is_draining() {
+        return (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "draining", "model": state.name,
+                        "reason": "shutting down: finishing the requests in flight"})),
+        )
+            .into_response();
+    }
     if let crate::state::EngineHandle::Cluster(cluster) = &state.engine
         && !cluster.has_available_node()
     {

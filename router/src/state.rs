@@ -44,6 +44,8 @@ pub struct ServedModel {
     max_model_len: Option<usize>,
     /// Contexts primed through `/v1/cache` and still pinned.
     pub primed: crate::openai::cache::PrimedContexts,
+    /// Set once SIGTERM starts the drain: `/ready` then answers 503.
+    pub draining: crate::drain::Draining,
 }
 
 impl ServedModel {
@@ -77,6 +79,7 @@ impl ServedModel {
             token_bytes,
             max_model_len: None,
             primed: Default::default(),
+            draining: Default::default(),
         }
     }
 

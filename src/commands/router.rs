@@ -15,6 +15,7 @@ use strata_quic::tls::{live_client_config, set_liveness};
 use strata_router::ServedModel;
 use strata_router::auth::KeyStore;
 use strata_router::cluster::{Cluster, ClusterOptions};
+use strata_router::drain::{StopSignals, stop_after_drain};
 use strata_router::routing::{Policy, Router, RoutingSettings};
 use strata_router::watcher;
 use strata_topology::state::ClusterState;
@@ -79,6 +80,12 @@ pub struct RouterArgs {
     /// Largest request body, in bytes; larger is a 413 [default: 4194304].
     #[arg(long)]
     max_body_bytes: Option<usize>,
+    /// On SIGTERM: seconds the router goes on serving while `GET /ready` answers 503, so that a
+    /// load balancer checking it takes the router out before it stops accepting; then the
+    /// requests in flight finish. Make it longer than the balancer's check interval times its
+    /// failure count. Ctrl-C skips it.
+    #[arg(long, default_value_t = strata_router::drain::DEFAULT_DRAIN_DELAY_S)]
+    drain_delay_s: u64,
     #[command(flatten)]
     serving: ServingSettings,
 }
@@ -219,7 +226,7 @@ pub fn run(args: RouterArgs) -> Result<()> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
-        let shutdown = strata_router::shutdown_signal()?;
+        let signals = StopSignals::install()?;
         let mut endpoint =
             quinn::Endpoint::client(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0))
                 .context("opening the QUIC endpoint")?;
@@ -284,6 +291,8 @@ pub fn run(args: RouterArgs) -> Result<()> {
         tracing::info!("routing over {} node(s)", nodes.len());
         let served = ServedModel::new(served_name, "strata".into(), cluster, parts);
         let state = std::sync::Arc::new(served.serving(&options)?);
+        let drain_delay = Duration::from_secs(args.drain_delay_s);
+        let shutdown = stop_after_drain(signals, state.draining.clone(), drain_delay);
         let addr = SocketAddr::new(args.host, args.port);
         strata_router::serve_state(state, addr, access, args.keys_file, shutdown).await?;
         Ok(())

@@ -4,6 +4,7 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -11,6 +12,7 @@ use serde::Deserialize;
 use strata_router::ServeConfig;
 use strata_router::admission::AdmissionLimits;
 use strata_router::auth::KeyStore;
+use strata_router::drain::DEFAULT_DRAIN_DELAY_S;
 
 use super::engine_args::EngineSettings;
 use super::generate::{default_cache_dir, default_model};
@@ -69,6 +71,11 @@ struct ServeSettings {
     /// Largest request body, in bytes; larger is a 413 [default: 4194304].
     #[arg(long)]
     max_body_bytes: Option<usize>,
+    /// On SIGTERM: seconds the server goes on serving while `GET /ready` answers 503, so that a
+    /// load balancer checking it takes the server out before it stops accepting; then the
+    /// requests in flight finish. Ctrl-C skips it [default: 5].
+    #[arg(long)]
+    drain_delay_s: Option<u64>,
     #[command(flatten)]
     #[serde(flatten)]
     serving: ServingSettings,
@@ -134,6 +141,7 @@ impl ServeSettings {
             max_inflight: self.max_inflight.or(fallback.max_inflight),
             max_queued: self.max_queued.or(fallback.max_queued),
             max_body_bytes: self.max_body_bytes.or(fallback.max_body_bytes),
+            drain_delay_s: self.drain_delay_s.or(fallback.drain_delay_s),
             serving: self.serving.or(fallback.serving),
         }
     }
@@ -191,7 +199,13 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(strata_router::serve(config, access, Some(keys_file)))?;
+    let drain_delay = Duration::from_secs(settings.drain_delay_s.unwrap_or(DEFAULT_DRAIN_DELAY_S));
+    runtime.block_on(strata_router::serve(
+        config,
+        access,
+        Some(keys_file),
+        drain_delay,
+    ))?;
     Ok(())
 }
 
@@ -250,6 +264,7 @@ mod tests {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/serve.example.toml");
         let settings = ServeSettings::from_file(&path).unwrap();
         assert_eq!(settings.port, Some(8080));
+        assert_eq!(settings.drain_delay_s, Some(DEFAULT_DRAIN_DELAY_S));
         assert!(settings.keys_file.unwrap().is_absolute());
     }
 }
