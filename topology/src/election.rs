@@ -12,27 +12,32 @@
 //!   snapshot accepted, a vote granted);
 //! - a voter that has not for the leader lease plus a random election timeout (openraft's own
 //!   rule for a follower that knew a leader) sends `PreVote` to the other voters;
-//! - a voter grants it only if it is not the leader and has not heard from one for the leader
-//!   lease itself — then its lease no longer refuses the real vote either;
+//! - a voter grants it only if it is not the leader, has not heard from one for the leader
+//!   lease itself — then its lease no longer refuses the real vote either — and has applied no
+//!   more of the log than the asker (its last applied log id is not greater);
 //! - with a majority of grants (its own included) the member stands; otherwise it waits another
 //!   timeout. A pre-vote changes no state anywhere: terms rise only in elections that can be
 //!   won by a member that lost touch along with a majority.
 //!
-//! The pre-vote does not compare logs: the real vote that follows does, and a pre-vote granted
-//! to a member with a shorter log costs at most one election among members that all lost the
-//! leader anyway.
+//! The pre-vote compares what each member has applied, not its whole log (openraft does not
+//! expose the last log id; the real vote that follows compares logs). Without that comparison a
+//! member back from a long absence, far behind, was granted pre-votes and stood again and again
+//! at the same terms as the up-to-date members, whose candidacies its own kept deposing: under
+//! load a group went a minute without a leader (tests/cluster_processes.rs, certificates renewed
+//! after members were down). With it the member that applied the most is refused by nobody who
+//! lost the leader, so some member can always stand; the others wait for it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use openraft::ServerState;
+use openraft::{LogId, ServerState};
 use ring::rand::SecureRandom;
 
-use crate::Raft;
 use crate::server::Timing;
 use crate::transport::Client;
 use crate::transport::wire::{Request, Response};
+use crate::{NodeId, Raft};
 
 /// When this member last heard from a leader.
 #[derive(Debug)]
@@ -65,10 +70,27 @@ impl LeaderContact {
     }
 }
 
-/// Whether this member grants a pre-vote: it does not lead and has not heard from a leader for
-/// `lease`.
-pub fn grants_pre_vote(raft: &Raft, contact: &LeaderContact, lease: Duration) -> bool {
-    raft.metrics().borrow().state != ServerState::Leader && contact.since() >= lease
+/// Whether this member grants a pre-vote: it does not lead, has not heard from a leader for
+/// `lease`, and the asker has applied at least what it has ([`applied_allows`]).
+pub fn grants_pre_vote(
+    raft: &Raft,
+    contact: &LeaderContact,
+    lease: Duration,
+    asker_applied: Option<LogId<NodeId>>,
+) -> bool {
+    let metrics = raft.metrics().borrow().clone();
+    metrics.state != ServerState::Leader
+        && contact.since() >= lease
+        && applied_allows(asker_applied, metrics.last_applied)
+}
+
+/// The asker's last applied log id against this member's: not behind it. An asker that sent
+/// none (an older member, or one that applied nothing) is answered by the lease alone.
+pub fn applied_allows(asker: Option<LogId<NodeId>>, mine: Option<LogId<NodeId>>) -> bool {
+    match asker {
+        None => true,
+        Some(asker) => mine.is_none_or(|mine| asker >= mine),
+    }
 }
 
 /// How often [`drive`] looks.
@@ -105,6 +127,7 @@ pub async fn drive(raft: Raft, client: Client, contact: Arc<LeaderContact>, timi
             .collect();
         let request = Request::PreVote {
             term: metrics.current_term + 1,
+            last_applied: metrics.last_applied,
         };
         let granted = 1 + pre_votes(&client, &others, &request, voters.len(), answer_within).await;
         let stand = 2 * granted > voters.len();
@@ -174,6 +197,27 @@ fn random_timeout(timing: &Timing) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn log(term: u64, leader: NodeId, index: u64) -> Option<LogId<NodeId>> {
+        Some(LogId::new(
+            openraft::CommittedLeaderId::new(term, leader),
+            index,
+        ))
+    }
+
+    #[test]
+    fn a_pre_vote_needs_the_asker_to_have_applied_as_much() {
+        // The case that kept a group leaderless: an asker back from an absence, far behind.
+        assert!(!applied_allows(log(1, 1, 18), log(33, 1, 52)));
+        assert!(!applied_allows(log(33, 1, 51), log(33, 1, 52)));
+        assert!(applied_allows(log(33, 1, 52), log(33, 1, 52)));
+        assert!(applied_allows(log(34, 2, 53), log(33, 1, 52)));
+        // A later term wins over a longer index, as raft orders logs.
+        assert!(applied_allows(log(34, 2, 40), log(33, 1, 52)));
+        // Nothing applied here; an asker that sent nothing (an older member) keeps the old rule.
+        assert!(applied_allows(log(1, 1, 1), None));
+        assert!(applied_allows(None, log(33, 1, 52)));
+    }
 
     #[test]
     fn contact_counts_from_the_last_time_heard() {

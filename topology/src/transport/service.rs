@@ -311,8 +311,8 @@ async fn answer(
             }
             Response::InstallSnapshot(answer)
         }
-        Request::PreVote { term } => {
-            let granted = grants_pre_vote(raft, &service.contact, service.lease);
+        Request::PreVote { term, last_applied } => {
+            let granted = grants_pre_vote(raft, &service.contact, service.lease, last_applied);
             tracing::debug!(by = %describe(peer), term, granted, "pre-vote");
             Response::PreVote { granted }
         }

@@ -48,8 +48,12 @@ pub enum Request {
         csr_pem: String,
     },
     /// Would you vote for me in `term`? (`election`: asked before standing; changes nothing.)
+    /// `last_applied`: the asker's last applied log id (absent from members before it was
+    /// added, which are answered by the lease alone).
     PreVote {
         term: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        last_applied: Option<LogId<NodeId>>,
     },
 }
 
