@@ -257,6 +257,9 @@ pub struct EngineLoad {
     /// Copies between tiers that failed (each cost a cached block or one request).
     #[serde(default)]
     pub tier_copy_failures: u64,
+    /// Cached blocks on the device (held by no sequence), on the host tier and on the disk tier.
+    #[serde(default)]
+    pub cached_blocks: [u64; 3],
 }
 
 /// Where the engine thread's steps spent their time, summed over every step that computed
@@ -347,6 +350,7 @@ impl Scheduler {
             restore_ns: traffic.restore_ns,
             demoted_blocks: traffic.demoted,
             tier_copy_failures: self.blocks.lower_tier_failures(),
+            cached_blocks: self.blocks.cached_by_tier().map(|n| n as u64),
         }
     }
 

@@ -214,6 +214,15 @@ impl BlockManager {
         self.free.len() + self.cached.len()
     }
 
+    /// Cached blocks on each tier: device blocks no sequence holds, host and disk blocks.
+    pub fn cached_by_tier(&self) -> [usize; 3] {
+        [
+            self.cached.len(),
+            self.host.len(),
+            self.disk.as_ref().map_or(0, DiskTier::len),
+        ]
+    }
+
     /// Device blocks with refcount > 0.
     pub fn referenced_blocks(&self) -> usize {
         self.blocks.len() - self.available()
