@@ -847,6 +847,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn quantiles_interpolate_inside_buckets_as_prometheus_does() {
+        let h = Histogram::new(&[1.0, 2.0, 4.0]);
+        assert_eq!(h.quantile(0.5), None);
+        // 2 in (0, 1], 6 in (1, 2], 2 in (2, 4]: rank 5 of 10 is 3 into the second bucket.
+        for v in [0.5, 0.5, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5, 3.0, 3.0] {
+            h.observe_value(v);
+        }
+        assert_eq!(h.quantile(0.5), Some(1.0 + 3.0 / 6.0));
+        assert_eq!(h.quantile(0.9), Some(2.0 + 2.0 * 1.0 / 2.0));
+        assert_eq!(h.quantile(0.1), Some(0.5));
+        // Beyond the last finite bound: that bound.
+        h.observe_value(100.0);
+        assert_eq!(h.quantile(1.0), Some(4.0));
+        let m = Metrics::default();
+        m.observe_ttft(Duration::from_millis(30));
+        m.record_usage(10, 4, 3);
+        let s = m.summary();
+        assert_eq!(
+            (s.generations, s.prompt_tokens, s.generated_tokens),
+            (1, 10, 3)
+        );
+        // 30 ms lies in (25, 50] ms: the median is interpolated inside it.
+        let p50 = s.ttft_ms.p50.unwrap();
+        assert!((p50 - 37.5).abs() < 1e-9, "{p50}");
+    }
+
+    #[test]
     fn exposition_holds_every_family() {
         let m = Metrics::default();
         m.record_request("/v1/completions", Surface::OpenAi, 200);
