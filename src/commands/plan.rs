@@ -254,6 +254,9 @@ fn measure(args: MeasureArgs) -> Result<()> {
     }
     let (engine, parts) = start_engine(&dir, &spec)?;
     let vocab = parts.tokenizer.vocab_size() as u32;
+    if vocab <= 10 {
+        bail!("the model's vocabulary ({vocab} tokens) is too small to draw distinct prompts");
+    }
     let mut prompts = PromptSource::new(vocab, args.prompt_tokens);
     let run = format!("strata plan measure ({})", now_utc());
 
