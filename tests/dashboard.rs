@@ -23,27 +23,7 @@ fn repo() -> PathBuf {
 
 /// A Qwen3 big enough that a CPU step is compute, not overhead (4 layers, hidden 512).
 fn synth_model(dir: &Path) {
-    let out = strata(&[
-        "model",
-        "synth",
-        "--arch",
-        "qwen3",
-        "--out",
-        dir.to_str().unwrap(),
-        "--layers",
-        "4",
-        "--hidden",
-        "512",
-        "--heads",
-        "8",
-        "--kv-heads",
-        "2",
-        "--intermediate",
-        "1536",
-        "--max-position",
-        "4096",
-    ]);
-    assert!(out.status.success(), "{out:?}");
+    cluster::synth_sized(dir, 4, 512, 8, 2, 1536);
 }
 
 /// The pid up.sh recorded for process `name` (e.g. `node-2`).

@@ -258,7 +258,7 @@ fn measure(args: MeasureArgs) -> Result<()> {
         bail!("the model's vocabulary ({vocab} tokens) is too small to draw distinct prompts");
     }
     let mut prompts = PromptSource::new(vocab, args.prompt_tokens);
-    let run = format!("strata plan measure ({})", now_utc());
+    let run = format!("strata plan measure ({})", now_unix());
 
     // Warm-up, then the prefill rate: the median of three prompts' time to first token.
     generate(&engine, vec![prompts.next()], 2)?;
@@ -289,7 +289,7 @@ fn measure(args: MeasureArgs) -> Result<()> {
     for &batch in &batches {
         let prompts: Vec<Vec<u32>> = (0..batch).map(|_| prompts.next()).collect();
         let t = generate(&engine, prompts, args.steps)?;
-        let step_ms = t.decode_step().as_secs_f64() * 1e3;
+        let step_ms = t.step.as_secs_f64() * 1e3;
         if step_ms <= 0.0 {
             bail!("batch {batch}: too few steps in the decode window; raise --steps");
         }
@@ -356,12 +356,6 @@ impl PromptSource {
 struct Timings {
     first_token: Vec<Duration>,
     step: Duration,
-}
-
-impl Timings {
-    fn decode_step(&self) -> Duration {
-        self.step
-    }
 }
 
 /// Runs `prompts` at once for `max_tokens` greedy tokens each (end of sequence ignored).
@@ -432,7 +426,7 @@ fn generate(engine: &Engine, prompts: Vec<Vec<u32>>, max_tokens: u32) -> Result<
     Ok(Timings { first_token, step })
 }
 
-fn now_utc() -> String {
+fn now_unix() -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

@@ -79,6 +79,19 @@ pub fn strata(args: &[&str]) -> std::process::Output {
 
 /// A tiny Qwen3 with a window of 4096 tokens.
 pub fn synth(dir: &Path) {
+    synth_sized(dir, 2, 64, 4, 2, 128);
+}
+
+/// A Qwen3 of `layers` layers, `hidden` wide, `heads` / `kv_heads` heads and an MLP of
+/// `intermediate`, with a window of 4096 tokens.
+pub fn synth_sized(
+    dir: &Path,
+    layers: usize,
+    hidden: usize,
+    heads: usize,
+    kv_heads: usize,
+    intermediate: usize,
+) {
     let out = strata(&[
         "model",
         "synth",
@@ -87,15 +100,15 @@ pub fn synth(dir: &Path) {
         "--out",
         dir.to_str().unwrap(),
         "--layers",
-        "2",
+        &layers.to_string(),
         "--hidden",
-        "64",
+        &hidden.to_string(),
         "--heads",
-        "4",
+        &heads.to_string(),
         "--kv-heads",
-        "2",
+        &kv_heads.to_string(),
         "--intermediate",
-        "128",
+        &intermediate.to_string(),
         "--max-position",
         "4096",
     ]);
