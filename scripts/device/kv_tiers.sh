@@ -97,10 +97,54 @@ if wanted disk; then
     drive disk --context "$CONTEXT" || failed=1
     kill -9 $SERVER
     wait $SERVER 2>/dev/null
+    # The restarted server reads its blocks from the disk, not the page cache, where allowed.
+    sync
+    if echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then echo true; else echo false; fi >"$OUT/caches_dropped.txt"
+    cat "$MODEL"/*.safetensors >/dev/null
     serve disk-restarted --kv-cache-mib 8192 --kv-disk-dir "$DISK" --kv-disk-mib 32768 || exit 1
     drive disk-restarted --context "$CONTEXT" || failed=1
     kill $SERVER
     wait $SERVER 2>/dev/null
+fi
+
+if wanted disk; then
+    # The disk's own rates beside the tier's: one 4 GiB file read sequentially (16 MiB reads),
+    # and the tier's file layout (2 MiB files) read by 8 threads, page cache dropped first where
+    # allowed.
+    python3 - "$OUT" "$DISK" <<'PY' || failed=1
+import json, os, pathlib, sys, time
+from concurrent.futures import ThreadPoolExecutor
+out, disk = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+def drop():
+    os.sync()
+    try:
+        pathlib.Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+big = disk.parent / "strata-disk-rate.bin"
+with open(big, "wb") as f:
+    block = os.urandom(16 << 20)
+    for _ in range(256):
+        f.write(block)
+dropped = drop()
+start = time.perf_counter()
+with open(big, "rb", buffering=0) as f:
+    while f.read(16 << 20):
+        pass
+sequential = (256 << 24) / (time.perf_counter() - start) / 1e9
+big.unlink()
+files = [p for p in disk.rglob("*") if p.is_file() and len(p.name) == 32]
+drop()
+start = time.perf_counter()
+with ThreadPoolExecutor(8) as pool:
+    total = sum(pool.map(lambda p: len(p.read_bytes()), files))
+parallel = total / (time.perf_counter() - start) / 1e9 if files else 0
+rates = {"caches_dropped": dropped, "sequential_16mib_gbs": round(sequential, 2),
+         "block_files": len(files), "block_files_8_threads_gbs": round(parallel, 2)}
+print("disk rates:", rates)
+(out / "disk-rates.json").write_text(json.dumps(rates, indent=2))
+PY
 fi
 
 if wanted long; then
@@ -117,6 +161,10 @@ phases = {p: json.loads((out / f"{p}.json").read_text())
           for p in ("host", "disk", "disk-restarted", "long") if (out / f"{p}.json").exists()}
 receipt = {"machine": (out / "machine.txt").read_text().splitlines(),
            "pinned_h2d_gbs": float((out / "pinned_gbs.txt").read_text()), "phases": phases}
+for extra in ("disk-rates", "caches_dropped"):
+    for path in (out / f"{extra}.json", out / f"{extra}.txt"):
+        if path.exists():
+            receipt[extra] = json.loads(path.read_text())
 (out / "receipt.json").write_text(json.dumps(receipt, indent=2))
 for name, p in phases.items():
     print(f"{name:16} " + "  ".join(f"{k}={v}" for k, v in p.items() if not isinstance(v, (list, dict))))

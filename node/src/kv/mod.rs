@@ -49,6 +49,8 @@ pub enum KvError {
     BadCommit { id: BlockId, reason: &'static str },
     #[error("copying KV block {id} failed: {detail}")]
     Copy { id: BlockId, detail: String },
+    #[error("waiting for queued KV block copies to host memory failed: {0}")]
+    Settle(String),
     #[error(
         "pinning needs {needed} KV blocks pinned in all, but the lowest KV tier holds {room}: \
          unpin a cached context, or give the node a larger host or disk tier"

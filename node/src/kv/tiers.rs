@@ -206,18 +206,18 @@ impl HostTier {
     }
 
     /// A slot for a block about to be copied in: a free one, else that of the least recently
-    /// used block `evictable` accepts (pinned blocks go last), whose hash and bytes come back
-    /// for the tier below. `None` with a capacity of 0.
+    /// used block `evictable` accepts (pinned blocks go last), whose hash comes back: its bytes
+    /// are still in the slot, for the tier below. `None` with a capacity of 0.
     pub fn reserve(
         &mut self,
         evictable: impl Fn(&BlockHash) -> bool,
-    ) -> Option<(u32, Option<Evicted>)> {
+    ) -> Option<(u32, Option<BlockHash>)> {
         if let Some(slot) = self.free.pop() {
             return Some((slot, None));
         }
         let victim = self.lru.pop_oldest_preferring(evictable, true)?;
         let slot = self.slot_of.remove(&victim)?;
-        Some((slot, Some((victim, self.slot(slot).to_vec()))))
+        Some((slot, Some(victim)))
     }
 
     /// Makes the block copied into `slot` the cached copy of `hash`, most recently used.
@@ -258,6 +258,7 @@ impl HostTier {
         let Some((slot, victim)) = self.reserve(evictable) else {
             return Some((hash, bytes));
         };
+        let victim = victim.map(|victim| (victim, self.slot(slot).to_vec()));
         self.slot_mut(slot).copy_from_slice(&bytes);
         self.commit(hash, slot);
         victim
@@ -505,23 +506,39 @@ impl DiskTier {
     /// Reads the block into `out` like [`DiskTier::read`], leaving its recency as it is.
     pub fn read_only(&self, hash: BlockHash, out: &mut Vec<u8>) -> Result<(), KvError> {
         let path = self.block_path(hash);
-        let mut bytes = fs::read(&path).map_err(|source| KvError::Io {
+        let io = |source| KvError::Io {
             path: path.clone(),
             source,
-        })?;
-        if bytes.len() != HEADER_BYTES + self.block_bytes {
+        };
+        // Header and bytes read into their own buffers: no copy to strip the header after.
+        let mut file = fs::File::open(&path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        if len != (HEADER_BYTES + self.block_bytes) as u64 {
             return Err(KvError::ShortBlock {
                 path,
                 expected: HEADER_BYTES + self.block_bytes,
-                actual: bytes.len() as u64,
+                actual: len,
             });
         }
-        let checksum = parse_header(&bytes).map(|(_, c)| c);
-        if checksum != Some(xxhash_rust::xxh3::xxh3_64(&bytes[HEADER_BYTES..])) {
+        let mut header = [0u8; HEADER_BYTES];
+        file.read_exact(&mut header).map_err(io)?;
+        out.clear();
+        out.reserve_exact(self.block_bytes);
+        let read = file
+            .take(self.block_bytes as u64)
+            .read_to_end(out)
+            .map_err(io)?;
+        if read != self.block_bytes {
+            return Err(KvError::ShortBlock {
+                path,
+                expected: HEADER_BYTES + self.block_bytes,
+                actual: (HEADER_BYTES + read) as u64,
+            });
+        }
+        let checksum = parse_header(&header).map(|(_, c)| c);
+        if checksum != Some(xxhash_rust::xxh3::xxh3_64(out)) {
             return Err(KvError::Corrupt { path });
         }
-        bytes.drain(..HEADER_BYTES);
-        *out = bytes;
         Ok(())
     }
 

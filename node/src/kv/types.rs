@@ -46,6 +46,16 @@ pub trait KvBlockIo {
     fn block_bytes(&self) -> usize;
     /// Copies block `id` out into `out` (`block_bytes()` long).
     fn export_block(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError>;
+    /// Starts copying block `id` out into `out`, memory from [`KvBlockIo::host_memory`] that
+    /// stays valid: `out` holds the bytes once [`KvBlockIo::settle`] returned, and its bytes are
+    /// not read on the host before. By default the copy is done before this returns.
+    fn export_block_queued(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
+        self.export_block(id, out)
+    }
+    /// Waits until every queued export's bytes are in host memory.
+    fn settle(&self) -> Result<(), KvError> {
+        Ok(())
+    }
     /// Overwrites block `id` with `data` (`block_bytes()` long).
     fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError>;
     /// The host tier's memory, `bytes` long, allocated once: plain memory by default; the CUDA

@@ -307,9 +307,12 @@ impl CudaBackend {
         };
         strata_kernels::libs::ensure_driver()?;
         let ctx = CudaContext::new(options.device)?;
-        // One stream does all the work, so cudarc's cross-stream event tracking is not needed;
-        // a stream of our own (not the legacy default stream) is what graph capture requires.
-        // SAFETY: every buffer of this context is used on `stream` only.
+        // One stream does the compute; the KV block copies' streams order themselves against it
+        // with events of their own (`kv_copy`), so cudarc's cross-stream event tracking is not
+        // needed. A stream of our own (not the legacy default stream) is what graph capture
+        // requires.
+        // SAFETY: every buffer of this context is used on `stream` only, but the block copies'
+        // staging buffers, which `kv_copy` orders explicitly.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let kernels = Kernels::load(&ctx, options.kernel_cache.as_deref())?;
@@ -971,7 +974,18 @@ impl KvBlockIo for CudaBackend {
         self.kv_copy.export(&self.kernels, &self.stream, id, out)
     }
 
-    /// Queued on the device's stream without waiting ([`kv_copy`]).
+    /// Queued on the copy stream out without waiting ([`kv_copy`]).
+    fn export_block_queued(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
+        self.kv_copy
+            .export_queued(&self.kernels, &self.stream, id, out)
+    }
+
+    fn settle(&self) -> Result<(), KvError> {
+        self.kv_copy.settle()
+    }
+
+    /// Queued on the copy stream in without waiting; the device's stream waits for it
+    /// ([`kv_copy`]).
     fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
         self.kv_copy.import(&self.kernels, &self.stream, id, data)
     }

@@ -198,6 +198,23 @@ impl KvBlockIo for CudaTpBackend {
         Ok(())
     }
 
+    fn export_block_queued(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
+        let mut at = 0;
+        for rank in &self.ranks {
+            let backend = lock(&rank.backend);
+            let n = backend.block_bytes();
+            backend.export_block_queued(id, &mut out[at..at + n])?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    fn settle(&self) -> Result<(), KvError> {
+        self.ranks
+            .iter()
+            .try_for_each(|rank| lock(&rank.backend).settle())
+    }
+
     /// Page-locked on rank 0's context, portable: every rank copies its part of a block from it.
     fn host_memory(&mut self, bytes: usize) -> Result<Box<dyn HostMemory>, KvError> {
         let context = lock(&self.ranks[0].backend).stream().context().clone();

@@ -1,3 +1,4 @@
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use rand_chacha::ChaCha8Rng;
@@ -12,12 +13,26 @@ const BYTES: usize = 24;
 /// Device pool in memory: one byte vector per block.
 struct FakeIo {
     blocks: Vec<Vec<u8>>,
+    /// Deferred mode, like the CUDA backend's queued exports: the destination reads as poison
+    /// until a settle writes the bytes (address, bytes, in queue order); an import from an
+    /// address with a queued export sees that export's bytes, as the copy stream waits for it.
+    queued: Option<RefCell<Vec<(usize, Vec<u8>)>>>,
 }
+
+const POISON: u8 = 0xEE;
 
 impl FakeIo {
     fn new(blocks: usize) -> Self {
         Self {
             blocks: vec![vec![0; BYTES]; blocks],
+            queued: None,
+        }
+    }
+
+    fn deferred(blocks: usize) -> Self {
+        Self {
+            queued: Some(RefCell::default()),
+            ..Self::new(blocks)
         }
     }
 }
@@ -30,10 +45,53 @@ impl KvBlockIo for FakeIo {
         out.copy_from_slice(&self.blocks[id as usize]);
         Ok(())
     }
-    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
-        self.blocks[id as usize].copy_from_slice(data);
+    fn export_block_queued(&self, id: BlockId, out: &mut [u8]) -> Result<(), KvError> {
+        let Some(queued) = &self.queued else {
+            return self.export_block(id, out);
+        };
+        let mut queued = queued.borrow_mut();
+        let at = out.as_ptr() as usize;
+        queued.retain(|(a, _)| *a != at);
+        queued.push((at, self.blocks[id as usize].clone()));
+        out.fill(POISON);
         Ok(())
     }
+    fn settle(&self) -> Result<(), KvError> {
+        let queued: Vec<_> = self
+            .queued
+            .iter()
+            .flat_map(|q| std::mem::take(&mut *q.borrow_mut()))
+            .collect();
+        for (at, bytes) in queued {
+            // SAFETY: `at` is a host tier slot of `BYTES` bytes: the tier's arena is allocated
+            // once and outlives this io in every test; nothing else writes the slot meanwhile
+            // (a later export into it replaced this entry).
+            unsafe { std::slice::from_raw_parts_mut(at as *mut u8, BYTES) }.copy_from_slice(&bytes);
+        }
+        Ok(())
+    }
+    fn import_block(&mut self, id: BlockId, data: &[u8]) -> Result<(), KvError> {
+        let at = data.as_ptr() as usize;
+        let pending = self.queued.as_ref().and_then(|q| {
+            let q = q.borrow();
+            q.iter().rev().find(|(a, _)| *a == at).map(|(_, b)| b.clone())
+        });
+        self.blocks[id as usize].copy_from_slice(pending.as_deref().unwrap_or(data));
+        Ok(())
+    }
+}
+
+#[test]
+fn deferred_fake_io_hides_exported_bytes_until_settled() {
+    let mut io = FakeIo::deferred(2);
+    io.blocks[0] = vec![7; BYTES];
+    let mut slot = vec![0u8; BYTES];
+    io.export_block_queued(0, &mut slot).unwrap();
+    assert_eq!(slot, vec![POISON; BYTES], "read before the settle: not there yet");
+    io.import_block(1, &slot).unwrap();
+    assert_eq!(io.blocks[1], vec![7; BYTES], "an import waits for the queued export");
+    io.settle().unwrap();
+    assert_eq!(slot, vec![7; BYTES]);
 }
 
 /// The KV bytes a block with this hash holds, distinct per hash.
@@ -164,9 +222,18 @@ fn eviction_follows_lru_order() {
 
 #[test]
 fn demotion_to_host_then_disk_and_promotion_restores_bytes() {
+    demote_and_promote(FakeIo::new(2));
+}
+
+#[test]
+fn demotion_and_promotion_restore_bytes_with_queued_exports() {
+    demote_and_promote(FakeIo::deferred(2));
+}
+
+fn demote_and_promote(mut io: FakeIo) {
     let dir = tempfile::tempdir().unwrap();
     let disk = Some((dir.path().join("kv"), 2));
-    let (mut bm, mut io) = (manager(2, 1, disk), FakeIo::new(2));
+    let mut bm = manager(2, 1, disk);
     let chain = hashes(&(0..8).collect::<Vec<_>>(), 5);
     let ids = prefill(&mut bm, &mut io, &chain);
     release_all(&mut bm, &ids);
@@ -336,11 +403,17 @@ struct FakeSeq {
 
 #[test]
 fn randomized_workload_keeps_invariants() {
+    randomized_workload(FakeIo::new(24));
+}
+
+#[test]
+fn randomized_workload_keeps_invariants_with_queued_exports() {
+    randomized_workload(FakeIo::deferred(24));
+}
+
+fn randomized_workload(mut io: FakeIo) {
     let dir = tempfile::tempdir().unwrap();
-    let (mut bm, mut io) = (
-        manager(24, 8, Some((dir.path().into(), 8))),
-        FakeIo::new(24),
-    );
+    let mut bm = manager(24, 8, Some((dir.path().into(), 8)));
     let mut rng = ChaCha8Rng::seed_from_u64(0x5742_7a7a);
     let mut rx = bm.subscribe();
     let mut replica = KvReplica::default();
