@@ -73,6 +73,38 @@ PY
 )
 echo "pinned host-to-device: $PINNED_GBS GB/s"
 echo "$PINNED_GBS" >"$OUT/pinned_gbs.txt"
+# Both directions at once, as a restore into a full device cache moves them (one block out to
+# the host tier for each block in): 1 GiB each way on two streams, 10 times.
+python3 - "$OUT" <<'PY'
+import json, pathlib, sys, torch
+up_host = torch.empty(1 << 30, dtype=torch.uint8).pin_memory()
+down_host = torch.empty_like(up_host).pin_memory()
+up_dev, down_dev = torch.empty_like(up_host, device="cuda"), torch.empty_like(up_host, device="cuda")
+up, down = torch.cuda.Stream(), torch.cuda.Stream()
+def both(n):
+    for _ in range(n):
+        with torch.cuda.stream(up):
+            up_dev.copy_(up_host, non_blocking=True)
+        with torch.cuda.stream(down):
+            down_host.copy_(down_dev, non_blocking=True)
+both(2)
+torch.cuda.synchronize()
+start = torch.cuda.Event(enable_timing=True)
+start.record()
+ends = []
+for stream in (up, down):
+    stream.wait_event(start)
+both(10)
+for stream in (up, down):
+    e = torch.cuda.Event(enable_timing=True)
+    e.record(stream)
+    ends.append(e)
+torch.cuda.synchronize()
+h2d, d2h = (round(10 * (1 << 30) / (start.elapsed_time(e) / 1e3) / 1e9, 2) for e in ends)
+rates = {"h2d_gbs": h2d, "d2h_gbs": d2h}
+print("pinned both directions at once:", rates)
+(pathlib.Path(sys.argv[1]) / "pinned_bidirectional.json").write_text(json.dumps(rates))
+PY
 
 drive() { # phase args...
     local phase=$1
@@ -161,7 +193,7 @@ phases = {p: json.loads((out / f"{p}.json").read_text())
           for p in ("host", "disk", "disk-restarted", "long") if (out / f"{p}.json").exists()}
 receipt = {"machine": (out / "machine.txt").read_text().splitlines(),
            "pinned_h2d_gbs": float((out / "pinned_gbs.txt").read_text()), "phases": phases}
-for extra in ("disk-rates", "caches_dropped"):
+for extra in ("pinned_bidirectional", "disk-rates", "caches_dropped"):
     for path in (out / f"{extra}.json", out / f"{extra}.txt"):
         if path.exists():
             receipt[extra] = json.loads(path.read_text())

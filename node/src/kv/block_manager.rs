@@ -14,15 +14,12 @@ use tokio::sync::broadcast;
 
 use super::KvError;
 use super::events::{KvDump, KvEvent, KvEventKind, KvEventLog};
+use super::read_ahead::{Fetch, with_read_ahead};
 use super::tiers::{DiskTier, HostMemory, HostTier, LruOrder};
 use super::types::{BlockHash, BlockHashMap, BlockId, KvBlockIo, Tier};
 
 /// How many events a subscriber may fall behind before it must resynchronise from a dump.
 const EVENT_CHANNEL_CAPACITY: usize = 4096;
-/// Disk blocks read ahead of a restore at once (2 MiB each for Llama-3.1-8B), and the threads
-/// reading them.
-const READ_AHEAD: usize = 32;
-const READ_THREADS: usize = 8;
 
 /// Sizes of the pool and its tiers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -329,20 +326,28 @@ impl BlockManager {
         hashes: &[BlockHash],
         io: &mut dyn KvBlockIo,
     ) -> Result<Vec<BlockId>, KvError> {
+        let files = self.disk_run(hashes);
+        let block_bytes = self.block_bytes;
+        with_read_ahead(files, block_bytes, |fetch| {
+            self.acquire_with(hashes, io, fetch)
+        })
+    }
+
+    fn acquire_with(
+        &mut self,
+        hashes: &[BlockHash],
+        io: &mut dyn KvBlockIo,
+        fetch: &mut Fetch<'_>,
+    ) -> Result<Vec<BlockId>, KvError> {
         let mut acquired = Vec::new();
-        let mut read_ahead = BlockHashMap::default();
-        for (i, &hash) in hashes.iter().enumerate() {
-            let location = self.index.get(&hash).map(|e| e.location);
-            if location == Some(Location::Disk) && !read_ahead.contains_key(&hash) {
-                read_ahead = self.read_ahead(&hashes[i..]);
-            }
-            let id = match location {
+        for &hash in hashes {
+            let id = match self.index.get(&hash).map(|e| e.location) {
                 None => None,
                 Some(Location::Device(id)) => {
                     self.reference(id);
                     Some(id)
                 }
-                Some(lower) => match self.promote(hash, lower.tier(), io, &mut read_ahead) {
+                Some(lower) => match self.promote(hash, lower.tier(), io, fetch) {
                     Ok(id) => id,
                     Err(e) => {
                         for id in acquired {
@@ -360,41 +365,17 @@ impl BlockManager {
         Ok(acquired)
     }
 
-    /// Reads the disk tier's next blocks among the leading cached run of `hashes` (up to
-    /// [`READ_AHEAD`]) on several threads: one file after another leaves a disk's queue nearly
-    /// empty, which caps the rate far below what the device reads.
-    fn read_ahead(&self, hashes: &[BlockHash]) -> BlockHashMap<Result<Vec<u8>, KvError>> {
+    /// The disk blocks of the leading cached run of `hashes`, in order, with their files.
+    fn disk_run(&self, hashes: &[BlockHash]) -> Vec<(BlockHash, PathBuf)> {
         let Some(disk) = self.disk.as_ref() else {
-            return BlockHashMap::default();
+            return Vec::new();
         };
-        let on_disk: Vec<BlockHash> = hashes
+        hashes
             .iter()
             .map_while(|h| self.index.get(h).map(|e| (*h, e.location)))
             .filter(|(_, location)| *location == Location::Disk)
-            .map(|(h, _)| h)
-            .take(READ_AHEAD)
-            .collect();
-        let per_thread = on_disk.len().div_ceil(READ_THREADS).max(1);
-        std::thread::scope(|scope| {
-            let readers: Vec<_> = on_disk
-                .chunks(per_thread)
-                .map(|chunk| {
-                    scope.spawn(move || {
-                        chunk
-                            .iter()
-                            .map(|&hash| {
-                                let mut bytes = Vec::new();
-                                (hash, disk.read_only(hash, &mut bytes).map(|()| bytes))
-                            })
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            readers
-                .into_iter()
-                .flat_map(|reader| reader.join().unwrap_or_default())
-                .collect()
-        })
+            .map(|(h, _)| (h, disk.block_path(h)))
+            .collect()
     }
 
     /// A block with refcount 1 to write new KV into: a free one, else the least recently used
@@ -807,7 +788,7 @@ impl BlockManager {
         hash: BlockHash,
         from: Tier,
         io: &mut dyn KvBlockIo,
-        read_ahead: &mut BlockHashMap<Result<Vec<u8>, KvError>>,
+        fetch: &mut Fetch<'_>,
     ) -> Result<Option<BlockId>, KvError> {
         if self.available() == 0 {
             return Ok(None);
@@ -819,7 +800,7 @@ impl BlockManager {
         let source = match from {
             Tier::Host => self.host.detach(hash).map(Source::Slot),
             Tier::Disk => self.disk.as_mut().and_then(|disk| {
-                let read = read_ahead.remove(&hash).unwrap_or_else(|| {
+                let read = fetch(hash).unwrap_or_else(|| {
                     let mut bytes = Vec::new();
                     disk.read_only(hash, &mut bytes).map(|()| bytes)
                 });

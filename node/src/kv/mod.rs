@@ -7,6 +7,7 @@
 pub mod block_manager;
 pub mod events;
 pub mod hash;
+mod read_ahead;
 pub mod tiers;
 pub mod types;
 

@@ -340,6 +340,47 @@ fn parse_header(h: &[u8]) -> Option<(Option<BlockHash>, u64)> {
     Some(((h[8] == 1).then_some(BlockHash(parent)), checksum))
 }
 
+/// Reads the block file at `path` (a header, then `block_bytes` bytes) into `out`: a missing
+/// file is an `Io` error (NotFound); a file of the wrong length is `ShortBlock`; bytes that do
+/// not match their checksum are `Corrupt`.
+pub(crate) fn read_block_file(
+    path: &Path,
+    block_bytes: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), KvError> {
+    let io = |source| KvError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let short = |actual: u64| KvError::ShortBlock {
+        path: path.to_path_buf(),
+        expected: HEADER_BYTES + block_bytes,
+        actual,
+    };
+    // Header and bytes read into their own buffers: no copy to strip the header after, and the
+    // block's buffer is not zeroed first.
+    let mut file = fs::File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len != (HEADER_BYTES + block_bytes) as u64 {
+        return Err(short(len));
+    }
+    let mut header = [0u8; HEADER_BYTES];
+    file.read_exact(&mut header).map_err(io)?;
+    out.clear();
+    out.reserve_exact(block_bytes);
+    let read = file.take(block_bytes as u64).read_to_end(out).map_err(io)?;
+    if read != block_bytes {
+        return Err(short((HEADER_BYTES + read) as u64));
+    }
+    let checksum = parse_header(&header).map(|(_, c)| c);
+    if checksum != Some(xxhash_rust::xxh3::xxh3_64(out)) {
+        return Err(KvError::Corrupt {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
 /// A block the disk tier found at open: its hash and its parent in the chain.
 pub type RestoredBlock = (BlockHash, Option<BlockHash>);
 
@@ -505,41 +546,7 @@ impl DiskTier {
 
     /// Reads the block into `out` like [`DiskTier::read`], leaving its recency as it is.
     pub fn read_only(&self, hash: BlockHash, out: &mut Vec<u8>) -> Result<(), KvError> {
-        let path = self.block_path(hash);
-        let io = |source| KvError::Io {
-            path: path.clone(),
-            source,
-        };
-        // Header and bytes read into their own buffers: no copy to strip the header after.
-        let mut file = fs::File::open(&path).map_err(io)?;
-        let len = file.metadata().map_err(io)?.len();
-        if len != (HEADER_BYTES + self.block_bytes) as u64 {
-            return Err(KvError::ShortBlock {
-                path,
-                expected: HEADER_BYTES + self.block_bytes,
-                actual: len,
-            });
-        }
-        let mut header = [0u8; HEADER_BYTES];
-        file.read_exact(&mut header).map_err(io)?;
-        out.clear();
-        out.reserve_exact(self.block_bytes);
-        let read = file
-            .take(self.block_bytes as u64)
-            .read_to_end(out)
-            .map_err(io)?;
-        if read != self.block_bytes {
-            return Err(KvError::ShortBlock {
-                path,
-                expected: HEADER_BYTES + self.block_bytes,
-                actual: (HEADER_BYTES + read) as u64,
-            });
-        }
-        let checksum = parse_header(&header).map(|(_, c)| c);
-        if checksum != Some(xxhash_rust::xxh3::xxh3_64(out)) {
-            return Err(KvError::Corrupt { path });
-        }
-        Ok(())
+        read_block_file(&self.block_path(hash), self.block_bytes, out)
     }
 
     /// Forgets the block and deletes its file; returns whether it was held.

@@ -85,7 +85,9 @@ impl BlockCopy {
         let block_bytes = bases.len() * part_bytes;
         let ctx = stream.context();
         let buffers = || -> Result<Vec<CudaSlice<u8>>, DriverError> {
-            (0..RING).map(|_| stream.alloc_zeros::<u8>(block_bytes)).collect()
+            (0..RING)
+                .map(|_| stream.alloc_zeros::<u8>(block_bytes))
+                .collect()
         };
         let events = || -> Result<Vec<CudaEvent>, DriverError> {
             (0..RING).map(|_| ctx.new_event(None)).collect()

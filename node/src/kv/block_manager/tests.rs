@@ -74,7 +74,10 @@ impl KvBlockIo for FakeIo {
         let at = data.as_ptr() as usize;
         let pending = self.queued.as_ref().and_then(|q| {
             let q = q.borrow();
-            q.iter().rev().find(|(a, _)| *a == at).map(|(_, b)| b.clone())
+            q.iter()
+                .rev()
+                .find(|(a, _)| *a == at)
+                .map(|(_, b)| b.clone())
         });
         self.blocks[id as usize].copy_from_slice(pending.as_deref().unwrap_or(data));
         Ok(())
@@ -87,9 +90,17 @@ fn deferred_fake_io_hides_exported_bytes_until_settled() {
     io.blocks[0] = vec![7; BYTES];
     let mut slot = vec![0u8; BYTES];
     io.export_block_queued(0, &mut slot).unwrap();
-    assert_eq!(slot, vec![POISON; BYTES], "read before the settle: not there yet");
+    assert_eq!(
+        slot,
+        vec![POISON; BYTES],
+        "read before the settle: not there yet"
+    );
     io.import_block(1, &slot).unwrap();
-    assert_eq!(io.blocks[1], vec![7; BYTES], "an import waits for the queued export");
+    assert_eq!(
+        io.blocks[1],
+        vec![7; BYTES],
+        "an import waits for the queued export"
+    );
     io.settle().unwrap();
     assert_eq!(slot, vec![7; BYTES]);
 }
