@@ -296,6 +296,75 @@ struct Fmt<14> {
     }
 };
 
+// Formats of quantized safetensors checkpoints, in strata's own device blocks of 64 weights
+// (src/blocks.rs writes them from the checkpoint's parts; ids from 1000 on are no ggml types).
+// Each decodes to the f32 the CPU reference computes (model/src/weights/quant.rs: the same IEEE
+// single-precision operations, no fused multiply-add), rounded once to bf16.
+
+// An e4m3 byte (float8_e4m3fn, finite: loaders refuse NaN scales) as a float, exactly.
+__device__ __forceinline__ float e4m3_of(u32 b) {
+    const u32 sign = (b & 0x80u) << 24, exponent = (b >> 3) & 15u, mantissa = b & 7u;
+    const float magnitude = exponent == 0
+                                ? __fmul_rn(int_of<0>(mantissa), 0.001953125f)  // m * 2^-9
+                                : __uint_as_float(((exponent + 120u) << 23) | (mantissa << 20));
+    return __uint_as_float(__float_as_uint(magnitude) | sign);
+}
+
+// An e2m1 nibble (the low four bits of q) as a float, exactly: 0, 0.5, 1, 1.5, 2, 3, 4, 6, signed.
+__device__ __forceinline__ float e2m1_of(u32 q) {
+    const u32 e = (q >> 1) & 3u, m = q & 1u;
+    const u32 bits = e != 0 ? ((e + 126u) << 23) | (m << 22) : (m != 0 ? 0x3F000000u : 0u);
+    return __uint_as_float(bits | ((q & 8u) << 28));
+}
+
+// NVFP4 [tensor scale f32, 4 e4m3 group scales, 32 bytes of e2m1 pairs (the even weight in the
+// low nibble)]: q * (g / t) (compressed-tensors, DIVIDE) or q * (g * t) (ModelOpt).
+template <bool DIVIDE>
+struct Nvfp4Fmt {
+    static constexpr u32 QK = 64, BYTES = 40;
+    struct Raw {
+        uint2 tg;
+        u32 q;
+    };
+    static __device__ __forceinline__ Raw fetch(const u8* b, u32 e) {
+        return Raw{ld64(b), ld32(b + 8 + e / 2)};
+    }
+    static __device__ __forceinline__ uint4 decode(const Raw& r, u32 e) {
+        const float t = __uint_as_float(r.tg.x);
+        const float g = e4m3_of((r.tg.y >> (8 * (e / 16))) & 0xffu);
+        const float scale = DIVIDE ? __fdiv_rn(g, t) : __fmul_rn(g, t);
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(e2m1_of(r.q >> (4 * i)), scale);
+        return pack8_bf16(v);
+    }
+};
+template <>
+struct Fmt<1001> : Nvfp4Fmt<true> {};
+template <>
+struct Fmt<1002> : Nvfp4Fmt<false> {};
+
+// FP8 [scale f32, 64 e4m3 weights]: q * s, the scale of the block's row and columns (one per
+// tensor, per row, or per 128 x 128 block in the checkpoint).
+template <>
+struct Fmt<1003> {
+    static constexpr u32 QK = 64, BYTES = 68;
+    struct Raw {
+        u32 s, lo, hi;
+    };
+    static __device__ __forceinline__ Raw fetch(const u8* b, u32 e) {
+        return Raw{ld32(b), ld32(b + 4 + e), ld32(b + 8 + e)};
+    }
+    static __device__ __forceinline__ uint4 decode(const Raw& r, u32) {
+        const float s = __uint_as_float(r.s);
+        const uint2 q = make_uint2(r.lo, r.hi);
+        float v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(e4m3_of(byte_of(q, i)), s);
+        return pack8_bf16(v);
+    }
+};
+
 template <int F>
 struct BlockW {
     typedef typename Fmt<F>::Raw Raw;
@@ -332,4 +401,7 @@ __device__ __forceinline__ u64 block_row_bytes(u32 k) {
     MACRO(8, q8_0)                   \
     MACRO(12, q4_k)                  \
     MACRO(13, q5_k)                  \
-    MACRO(14, q6_k)
+    MACRO(14, q6_k)                  \
+    MACRO(1001, nvfp4)               \
+    MACRO(1002, nvfp4_modelopt)      \
+    MACRO(1003, fp8)

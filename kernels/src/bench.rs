@@ -17,8 +17,10 @@ use half::bf16;
 
 use crate::gemm::{GemmOut, LtGemm};
 use crate::selftest::{Rng, upload};
+use crate::selftest_blocks::random_blocks;
 use crate::{
-    AttentionHeads, GemvVariant, KernelError, Kernels, PagedKv, PrefillChunk, PrefillVariant,
+    AttentionHeads, BlockFormat, GemvVariant, KernelError, Kernels, PagedKv, PrefillChunk,
+    PrefillVariant,
 };
 
 /// One timed shape.
@@ -89,6 +91,73 @@ pub fn gemv_timings(
         };
         report(&timing);
         out.push(timing);
+    }
+    Ok(out)
+}
+
+/// One timed block-format GEMV shape: [`Kernels::gemv_blocks`] over random blocks.
+#[derive(Debug, Clone)]
+pub struct BlockGemvTiming {
+    pub format: BlockFormat,
+    pub variant: GemvVariant,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Median time per launch, microseconds.
+    pub micros: f64,
+    /// Bytes that must move per launch (the blocks, x, bf16 y) over the median time, GB/s.
+    pub gbytes_per_s: f64,
+}
+
+/// Times the block-format GEMV (bf16 out) for each format, `(m, n, k)` and variant, like
+/// [`gemv_timings`] (weights rotated past the L2 cache, batches, median), handing each timing to
+/// `report`.
+pub fn gemv_block_timings(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    formats: &[BlockFormat],
+    shapes: &[(usize, usize, usize)],
+    variants: &[GemvVariant],
+    report: &mut dyn FnMut(&BlockGemvTiming),
+) -> Result<Vec<BlockGemvTiming>, KernelError> {
+    let mut rng = Rng::new(0xb10c);
+    let mut out = Vec::new();
+    for &format in formats {
+        let mut cache: HashMap<(usize, usize), Vec<CudaSlice<u8>>> = HashMap::new();
+        for &(m, n, k) in shapes {
+            let weights = match cache.entry((n, k)) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => {
+                    let host = format.to_device(&random_blocks(&mut rng, format, n, k));
+                    let copies = ROTATION_BYTES.div_ceil(host.len()).clamp(2, 16);
+                    let copies: Result<Vec<_>, _> =
+                        (0..copies).map(|_| upload(stream, &host)).collect();
+                    e.insert(copies?)
+                }
+            };
+            let copies = weights.len();
+            let x = upload(stream, &rng.bf16_vec(m * k, 1.0, 0.0))?;
+            let mut y = stream.alloc_zeros::<bf16>(m * n)?;
+            for &variant in variants {
+                let mut launch = |i: usize| -> Result<(), KernelError> {
+                    let w = &weights[i % copies];
+                    kernels.gemv_blocks(variant, stream, &mut y, &x, w, format, (m, n, k))
+                };
+                let micros = median_micros(stream, &mut launch)?;
+                let bytes = n * format.row_bytes(k) + (m * k + m * n) * 2;
+                let timing = BlockGemvTiming {
+                    format,
+                    variant,
+                    m,
+                    n,
+                    k,
+                    micros,
+                    gbytes_per_s: bytes as f64 / (micros * 1e-6) / 1e9,
+                };
+                report(&timing);
+                out.push(timing);
+            }
+        }
     }
     Ok(out)
 }

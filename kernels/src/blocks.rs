@@ -26,6 +26,14 @@ pub enum BlockFormat {
     Q4_K,
     Q5_K,
     Q6_K,
+    /// NVFP4 as compressed-tensors stores it (group scales divided by the tensor scale), in
+    /// strata's device blocks ([`BlockFormat::nvfp4_blocks`]).
+    Nvfp4,
+    /// NVFP4 as ModelOpt stores it (group scales multiplied by the tensor scale).
+    Nvfp4Modelopt,
+    /// FP8 e4m3 with one scale per tensor, row or 128 × 128 block, in strata's device blocks
+    /// ([`BlockFormat::fp8_blocks`]).
+    Fp8,
 }
 
 impl BlockFormat {
@@ -40,12 +48,25 @@ impl BlockFormat {
         BlockFormat::Q6_K,
     ];
 
+    /// The formats of quantized safetensors checkpoints, kept in strata's own device blocks.
+    pub const SAFETENSORS: [BlockFormat; 3] = [
+        BlockFormat::Nvfp4,
+        BlockFormat::Nvfp4Modelopt,
+        BlockFormat::Fp8,
+    ];
+
+    /// Every format the kernels take: the GGUF ones, then the safetensors ones.
+    pub fn every() -> impl Iterator<Item = BlockFormat> {
+        Self::ALL.into_iter().chain(Self::SAFETENSORS)
+    }
+
     /// The format of ggml type number `id` (the GGUF tensor-info type), if the kernels take it.
     pub fn from_ggml_type(id: u32) -> Option<Self> {
         Self::ALL.into_iter().find(|f| f.ggml_type() == id)
     }
 
-    /// The ggml type number (the template argument of `BlockW` in `cuda/blocks.cuh`).
+    /// The ggml type number (the template argument of `BlockW` in `cuda/blocks.cuh`); the
+    /// safetensors formats take numbers from 1001 on, which no ggml type has.
     pub fn ggml_type(self) -> u32 {
         match self {
             BlockFormat::Q4_0 => 2,
@@ -56,6 +77,9 @@ impl BlockFormat {
             BlockFormat::Q4_K => 12,
             BlockFormat::Q5_K => 13,
             BlockFormat::Q6_K => 14,
+            BlockFormat::Nvfp4 => 1001,
+            BlockFormat::Nvfp4Modelopt => 1002,
+            BlockFormat::Fp8 => 1003,
         }
     }
 
@@ -70,6 +94,9 @@ impl BlockFormat {
             BlockFormat::Q4_K => "q4_k",
             BlockFormat::Q5_K => "q5_k",
             BlockFormat::Q6_K => "q6_k",
+            BlockFormat::Nvfp4 => "nvfp4",
+            BlockFormat::Nvfp4Modelopt => "nvfp4_modelopt",
+            BlockFormat::Fp8 => "fp8",
         }
     }
 
@@ -85,6 +112,9 @@ impl BlockFormat {
             BlockFormat::Q4_K => "gemv_blocks_q4_k",
             BlockFormat::Q5_K => "gemv_blocks_q5_k",
             BlockFormat::Q6_K => "gemv_blocks_q6_k",
+            BlockFormat::Nvfp4 => "gemv_blocks_nvfp4",
+            BlockFormat::Nvfp4Modelopt => "gemv_blocks_nvfp4_modelopt",
+            BlockFormat::Fp8 => "gemv_blocks_fp8",
         }
     }
 
@@ -92,11 +122,12 @@ impl BlockFormat {
     pub fn block_elems(self) -> usize {
         match self {
             BlockFormat::Q4_K | BlockFormat::Q5_K | BlockFormat::Q6_K => 256,
+            BlockFormat::Nvfp4 | BlockFormat::Nvfp4Modelopt | BlockFormat::Fp8 => 64,
             _ => 32,
         }
     }
 
-    /// Bytes per block in a GGUF file.
+    /// Bytes per block in a GGUF file (for the safetensors formats: in the device layout).
     pub fn block_bytes(self) -> usize {
         match self {
             BlockFormat::Q4_0 => 18,
@@ -107,6 +138,8 @@ impl BlockFormat {
             BlockFormat::Q4_K => 144,
             BlockFormat::Q5_K => 176,
             BlockFormat::Q6_K => 210,
+            BlockFormat::Nvfp4 | BlockFormat::Nvfp4Modelopt => 40,
+            BlockFormat::Fp8 => 68,
         }
     }
 
@@ -148,6 +181,62 @@ impl BlockFormat {
             }
         }
         out
+    }
+}
+
+impl BlockFormat {
+    /// A `[rows, cols]` NVFP4 weight in device blocks ([`BlockFormat::Nvfp4`] or
+    /// [`BlockFormat::Nvfp4Modelopt`]): `packed` is `[rows, cols / 2]` (two e2m1 a byte, the even
+    /// column in the low nibble), `group_scales` `[rows, cols / 16]` e4m3 bytes, `tensor_scale`
+    /// the f32 tensor scale. Each 64 weights of a row become a block: the tensor scale, their 4
+    /// group scales, their 32 bytes. `None` unless `cols` is a multiple of 64 and the parts
+    /// have those sizes.
+    pub fn nvfp4_blocks(
+        packed: &[u8],
+        group_scales: &[u8],
+        tensor_scale: f32,
+        (rows, cols): (usize, usize),
+    ) -> Option<Vec<u8>> {
+        if !cols.is_multiple_of(64)
+            || packed.len() != rows * cols / 2
+            || group_scales.len() != rows * cols / 16
+        {
+            return None;
+        }
+        let mut out = Vec::with_capacity(rows * cols / 64 * 40);
+        for (data, scales) in packed.chunks_exact(32).zip(group_scales.chunks_exact(4)) {
+            out.extend_from_slice(&tensor_scale.to_le_bytes());
+            out.extend_from_slice(scales);
+            out.extend_from_slice(data);
+        }
+        Some(out)
+    }
+
+    /// A `[rows, cols]` FP8 weight in device blocks ([`BlockFormat::Fp8`]): `data` is its e4m3
+    /// bytes, one scale for each `scale_cols` columns of a row (`cols` for a scale per tensor or
+    /// per row, 128 for 128 × 128 blocks), `scale(r, c)` the f32 scale of row `r`, column `c`.
+    /// `None` unless `cols` and `scale_cols` are multiples of 64 (a device block has one scale)
+    /// and `data` has `rows × cols` bytes.
+    pub fn fp8_blocks(
+        data: &[u8],
+        (rows, cols): (usize, usize),
+        scale_cols: usize,
+        scale: impl Fn(usize, usize) -> f32,
+    ) -> Option<Vec<u8>> {
+        if !cols.is_multiple_of(64)
+            || scale_cols == 0
+            || !scale_cols.is_multiple_of(64)
+            || data.len() != rows * cols
+        {
+            return None;
+        }
+        let mut out = Vec::with_capacity(rows * cols / 64 * 68);
+        for (i, chunk) in data.chunks_exact(64).enumerate() {
+            let (r, c) = (i / (cols / 64), i % (cols / 64) * 64);
+            out.extend_from_slice(&scale(r, c).to_le_bytes());
+            out.extend_from_slice(chunk);
+        }
+        Some(out)
     }
 }
 
@@ -367,7 +456,7 @@ mod tests {
 
     #[test]
     fn every_format_has_its_own_module_built_for_it_alone() {
-        for format in BlockFormat::ALL {
+        for format in BlockFormat::every() {
             let source = crate::SOURCES
                 .iter()
                 .find(|s| s.module == format.module())
@@ -379,7 +468,7 @@ mod tests {
         let blocks = crate::SOURCES
             .iter()
             .filter(|s| s.module.starts_with("gemv_blocks_"));
-        assert_eq!(blocks.count(), BlockFormat::ALL.len());
+        assert_eq!(blocks.count(), BlockFormat::every().count());
     }
 
     #[test]
@@ -388,6 +477,11 @@ mod tests {
             assert_eq!(BlockFormat::from_ggml_type(f.ggml_type()), Some(f));
         }
         assert_eq!(BlockFormat::from_ggml_type(0), None); // F32 is not a block format
+        for f in BlockFormat::SAFETENSORS {
+            // Not ggml types: a GGUF tensor never takes these kernels.
+            assert_eq!(BlockFormat::from_ggml_type(f.ggml_type()), None);
+            assert_eq!(f.device_block_bytes(), f.block_bytes());
+        }
         assert_eq!(BlockFormat::Q4_K.row_bytes(4096), 16 * 144);
         assert_eq!(BlockFormat::Q8_0.row_bytes(576), 18 * 36);
         assert_eq!(BlockFormat::Q6_K.row_bytes(512), 2 * 224);

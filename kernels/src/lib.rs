@@ -99,6 +99,9 @@ pub const SOURCES: &[Source] = &[
     block_source!("gemv_blocks_q4_k", "MACRO(12, q4_k)"),
     block_source!("gemv_blocks_q5_k", "MACRO(13, q5_k)"),
     block_source!("gemv_blocks_q6_k", "MACRO(14, q6_k)"),
+    block_source!("gemv_blocks_nvfp4", "MACRO(1001, nvfp4)"),
+    block_source!("gemv_blocks_nvfp4_modelopt", "MACRO(1002, nvfp4_modelopt)"),
+    block_source!("gemv_blocks_fp8", "MACRO(1003, fp8)"),
     Source {
         module: "sampling",
         text: include_str!("../cuda/sampling.cu"),

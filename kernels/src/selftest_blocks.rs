@@ -26,16 +26,48 @@ fn scale_offsets(format: BlockFormat) -> &'static [usize] {
         BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q8_0 => &[0],
         BlockFormat::Q4_1 | BlockFormat::Q5_1 | BlockFormat::Q4_K | BlockFormat::Q5_K => &[0, 2],
         BlockFormat::Q6_K => &[208],
+        // The f32 tensor / block scale's two high bytes (the canary flips an exponent bit).
+        BlockFormat::Nvfp4 | BlockFormat::Nvfp4Modelopt | BlockFormat::Fp8 => &[2],
     }
+}
+
+/// A random finite e4m3 byte of magnitude 2^-6 .. 2^2 (either sign).
+fn e4m3_byte(rng: &mut Rng) -> u8 {
+    let exponent = 1 + rng.below(9) as u8;
+    (rng.next_u64() as u8 & 0x87) | (exponent << 3)
 }
 
 /// `n` rows of `k` weights of random blocks (file layout): random quant bytes, scales drawn as f16 of
 /// magnitude 1e-3 .. 3e-2 (either sign), so every weight is finite and of a model's size.
-fn random_blocks(rng: &mut Rng, format: BlockFormat, n: usize, k: usize) -> Vec<u8> {
+pub(crate) fn random_blocks(rng: &mut Rng, format: BlockFormat, n: usize, k: usize) -> Vec<u8> {
     let mut bytes: Vec<u8> = (0..n * k / format.block_elems() * format.block_bytes())
         .map(|_| rng.next_u64() as u8)
         .collect();
     for block in bytes.chunks_exact_mut(format.block_bytes()) {
+        match format {
+            // Tensor scale 0.5 .. 2 (the group scales are divided by it or multiplied), finite
+            // group scales.
+            BlockFormat::Nvfp4 | BlockFormat::Nvfp4Modelopt => {
+                let t = (0.5 + 1.5 * rng.unit()) as f32;
+                block[..4].copy_from_slice(&t.to_le_bytes());
+                for g in &mut block[4..8] {
+                    *g = e4m3_byte(rng);
+                }
+                continue;
+            }
+            // Scale 1e-3 .. 3e-2, finite weights (no e4m3 NaN).
+            BlockFormat::Fp8 => {
+                let scale = (1e-3 + 2.9e-2 * rng.unit()) as f32;
+                block[..4].copy_from_slice(&scale.to_le_bytes());
+                for q in &mut block[4..] {
+                    if *q & 0x7f == 0x7f {
+                        *q &= 0xfe;
+                    }
+                }
+                continue;
+            }
+            _ => {}
+        }
         for &at in scale_offsets(format) {
             let magnitude = 1e-3 + 2.9e-2 * rng.unit();
             let sign = if rng.next_u64() & 1 == 0 { 1.0 } else { -1.0 };
@@ -62,7 +94,7 @@ pub fn check_blocks(
 ) -> Vec<CheckResult> {
     let mut rng = Rng::new(seed);
     let mut results = Vec::new();
-    for format in BlockFormat::ALL {
+    for format in BlockFormat::every() {
         match check_format(kernels, s, &mut rng, format, reference) {
             Ok(mut r) => results.append(&mut r),
             Err(e) => results.push(CheckResult::error(

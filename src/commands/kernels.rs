@@ -102,6 +102,44 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
         shapes.into_iter().partition(|&(m, ..)| m <= GEMV_FMA_MAX_M);
     strata_kernels::bench::gemv_timings(&kernels, &stream, &narrow, &variants, &mut print)?;
     strata_kernels::bench::gemv_timings(&kernels, &stream, &wide, &variants[1..], &mut print)?;
+    // The block formats on the same projections (bf16 out), where the weights are the bytes
+    // that move: GGUF's Q4_K and Q8_0 beside the safetensors NVFP4 and FP8.
+    println!(
+        "\n{:<14} {:<7} {:>3} {:>7} {:>6} {:>9} {:>8}",
+        "format", "variant", "m", "n", "k", "us", "GB/s"
+    );
+    let formats = [
+        BlockFormat::Q4_K,
+        BlockFormat::Q8_0,
+        BlockFormat::Nvfp4,
+        BlockFormat::Fp8,
+    ];
+    let block_shapes: Vec<_> = rows
+        .iter()
+        .filter(|&&m| m <= 64)
+        .flat_map(|&m| {
+            [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)].map(|(n, k)| (m, n, k))
+        })
+        .collect();
+    strata_kernels::bench::gemv_block_timings(
+        &kernels,
+        &stream,
+        &formats,
+        &block_shapes,
+        &[GemvVariant::Mma, GemvVariant::Mma2],
+        &mut |t| {
+            println!(
+                "{:<14} {:<7} {:>3} {:>7} {:>6} {:>9.2} {:>8.0}",
+                t.format.kernel_name(),
+                format!("{:?}", t.variant),
+                t.m,
+                t.n,
+                t.k,
+                t.micros,
+                t.gbytes_per_s
+            );
+        },
+    )?;
     // The same shapes through the pinned cuBLASLt GEMM (batch-invariant too, `check_gemm`): what
     // decode rows would cost on the prompt rows' kernel.
     let all: Vec<_> = narrow.iter().chain(&wide).copied().collect();
@@ -174,11 +212,49 @@ fn run_selftest(device: usize, seed: Option<u64>, cache_dir: Option<PathBuf>) ->
     Ok(())
 }
 
-/// The checkpoint loader's dequantizer (bit-exact against the `gguf` package): the reference of
-/// the block-format kernels. Panics only on a length the self-test itself got wrong.
+/// The reference of the block-format kernels: for GGUF formats the checkpoint loader's
+/// dequantizer (bit-exact against the `gguf` package); for the safetensors formats
+/// [`safetensors_blocks_f32`]. Panics only on a length the self-test itself got wrong.
 fn cpu_dequantize(format: BlockFormat, bytes: &[u8], n: usize) -> Vec<f32> {
-    let ty = GgmlType::from_id(format.ggml_type()).expect("every block format is a ggml type");
+    if BlockFormat::SAFETENSORS.contains(&format) {
+        let values = safetensors_blocks_f32(format, bytes);
+        assert_eq!(values.len(), n, "whole blocks");
+        return values;
+    }
+    let ty = GgmlType::from_id(format.ggml_type()).expect("every GGUF block format is a ggml type");
     strata_model::gguf::dequantize(ty, bytes, n as u64).expect("whole blocks of a known type")
+}
+
+/// Strata's device blocks of a quantized safetensors weight ([`BlockFormat::nvfp4_blocks`],
+/// [`BlockFormat::fp8_blocks`]) as f32: the loader's decoders and the loader's arithmetic
+/// (`model/src/weights/quant.rs`: `q * (g / t)`, `q * (g * t)`, `q * s`, each an f32 operation).
+fn safetensors_blocks_f32(format: BlockFormat, bytes: &[u8]) -> Vec<f32> {
+    use strata_model::weights::{e2m1_to_f32, e4m3_to_f32};
+    let f32_at = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let mut out = Vec::with_capacity(bytes.len() / format.block_bytes() * 64);
+    for block in bytes.chunks_exact(format.block_bytes()) {
+        match format {
+            BlockFormat::Nvfp4 | BlockFormat::Nvfp4Modelopt => {
+                let t = f32_at(&block[..4]);
+                for (i, &byte) in block[8..].iter().enumerate() {
+                    let g = e4m3_to_f32(block[4 + i / 8]);
+                    let scale = if format == BlockFormat::Nvfp4 {
+                        g / t
+                    } else {
+                        g * t
+                    };
+                    for nibble in [byte & 0x0f, byte >> 4] {
+                        out.push(e2m1_to_f32(nibble) * scale);
+                    }
+                }
+            }
+            _ => {
+                let s = f32_at(&block[..4]);
+                out.extend(block[4..].iter().map(|&q| e4m3_to_f32(q) * s));
+            }
+        }
+    }
+    out
 }
 
 fn print_table(results: &[CheckResult]) {
@@ -198,5 +274,150 @@ fn print_table(results: &[CheckResult]) {
             r.case,
             r.detail
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::path::Path;
+
+    use half::bf16;
+    use strata_model::weights::e4m3_to_f32;
+
+    use super::*;
+
+    /// A safetensors file's tensors: name → (dtype, shape, bytes).
+    fn tensors(path: &Path) -> HashMap<String, (String, Vec<usize>, Vec<u8>)> {
+        let file = std::fs::read(path).unwrap();
+        let len = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&file[8..8 + len]).unwrap();
+        let data = &file[8 + len..];
+        header
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(name, _)| *name != "__metadata__")
+            .map(|(name, t)| {
+                let offsets: Vec<usize> =
+                    serde_json::from_value(t["data_offsets"].clone()).unwrap();
+                let shape: Vec<usize> = serde_json::from_value(t["shape"].clone()).unwrap();
+                let dtype = t["dtype"].as_str().unwrap().to_string();
+                (
+                    name.clone(),
+                    (dtype, shape, data[offsets[0]..offsets[1]].to_vec()),
+                )
+            })
+            .collect()
+    }
+
+    fn scale_values(dtype: &str, bytes: &[u8]) -> Vec<f32> {
+        match dtype {
+            "F32" => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect(),
+            "BF16" => bytes
+                .chunks_exact(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            "F8_E4M3" => bytes.iter().map(|&b| e4m3_to_f32(b)).collect(),
+            other => panic!("scale dtype {other}"),
+        }
+    }
+
+    /// Every quantized Linear of a checkpoint compressed-tensors wrote, put in the device blocks
+    /// and read back by the kernels' reference, rounded to bf16: the bits compressed-tensors
+    /// itself dequantizes to (`tests/oracle/quant`). Returns how many weights differ, how many
+    /// were compared, and how many weights the device blocks refused.
+    fn against_the_library(
+        scheme: &str,
+        format: BlockFormat,
+        tamper: bool,
+    ) -> (usize, usize, usize) {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/quant");
+        let stored = tensors(&root.join(format!("ct-{scheme}/model.safetensors")));
+        let library = tensors(&root.join(format!("ct-{scheme}.dequantized.safetensors")));
+        let (mut differ, mut compared, mut refused) = (0, 0, 0);
+        for (name, (_, shape, want)) in &library {
+            let base = name.trim_end_matches(".weight");
+            let (rows, cols) = (shape[0], shape.get(1).copied().unwrap_or(1));
+            let blocks = if format == BlockFormat::Fp8 {
+                let Some((dtype, _, data)) = stored.get(name).filter(|t| t.0 == "F8_E4M3") else {
+                    continue;
+                };
+                assert_eq!(dtype, "F8_E4M3");
+                let (sdtype, sshape, sbytes) = &stored[&format!("{base}.weight_scale")];
+                let s = scale_values(sdtype, sbytes);
+                let per_block = sshape.len() == 2 && sshape[1] > 1;
+                let scale_cols = if per_block { cols / sshape[1] } else { cols };
+                let blocks =
+                    BlockFormat::fp8_blocks(data, (rows, cols), scale_cols, |r, c| match s.len() {
+                        1 => s[0],
+                        n if n == rows && !per_block => s[r],
+                        _ => s[r / (rows / sshape[0]) * sshape[1] + c / scale_cols],
+                    });
+                match blocks {
+                    Some(blocks) => blocks,
+                    None => {
+                        refused += 1;
+                        continue;
+                    }
+                }
+            } else {
+                let Some((_, _, packed)) = stored.get(&format!("{base}.weight_packed")) else {
+                    continue;
+                };
+                let (_, _, groups) = &stored[&format!("{base}.weight_scale")];
+                let (tdtype, _, t) = &stored[&format!("{base}.weight_global_scale")];
+                let t = scale_values(tdtype, t)[0];
+                BlockFormat::nvfp4_blocks(packed, groups, t, (rows, cols)).unwrap()
+            };
+            let mut blocks = blocks;
+            if tamper {
+                blocks[3] ^= 0x04; // the first block's scale, an exponent bit
+            }
+            let got: Vec<u16> = safetensors_blocks_f32(format, &blocks)
+                .into_iter()
+                .map(|v| bf16::from_f32(v).to_bits())
+                .collect();
+            let want: Vec<u16> = want
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            assert_eq!(got.len(), want.len(), "{name}");
+            differ += got.iter().zip(&want).filter(|(a, b)| a != b).count();
+            compared += got.len();
+        }
+        (differ, compared, refused)
+    }
+
+    #[test]
+    fn device_blocks_of_library_written_checkpoints_read_back_to_the_librarys_bits() {
+        for (scheme, format) in [
+            ("nvfp4", BlockFormat::Nvfp4),
+            ("fp8-tensor", BlockFormat::Fp8),
+            ("fp8-channel", BlockFormat::Fp8),
+        ] {
+            let (differ, compared, refused) = against_the_library(scheme, format, false);
+            assert!(
+                compared >= 7 * 4096,
+                "{scheme}: only {compared} weights compared"
+            );
+            assert_eq!((differ, refused), (0, 0), "{scheme}: of {compared}");
+            // Canary: one block's scale changed must show.
+            let (differ, _, _) = against_the_library(scheme, format, true);
+            assert!(differ > 0, "{scheme}: a changed scale went unseen");
+        }
+        // 32 x 32 FP8 blocks do not fit a device block's one scale per 64 columns: refused (such
+        // a weight is widened to bf16), never read with the wrong scale.
+        let (_, compared, refused) = against_the_library("fp8-block", BlockFormat::Fp8, false);
+        assert!(
+            compared == 0 && refused > 0,
+            "{compared} compared, {refused} refused"
+        );
+        // Canary: compressed-tensors' NVFP4 read as ModelOpt's (tensor scale multiplied).
+        let (differ, compared, _) = against_the_library("nvfp4", BlockFormat::Nvfp4Modelopt, false);
+        assert!(differ > compared / 2, "{differ} of {compared}");
     }
 }
