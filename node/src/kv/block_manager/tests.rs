@@ -16,8 +16,11 @@ struct FakeIo {
     /// Deferred mode, like the CUDA backend's queued exports: the destination reads as poison
     /// until a settle writes the bytes (address, bytes, in queue order); an import from an
     /// address with a queued export sees that export's bytes, as the copy stream waits for it.
-    queued: Option<RefCell<Vec<(usize, Vec<u8>)>>>,
+    queued: Option<RefCell<Vec<QueuedExport>>>,
 }
+
+/// A queued export: the destination's address and the bytes a settle writes there.
+type QueuedExport = (usize, Vec<u8>);
 
 const POISON: u8 = 0xEE;
 
