@@ -310,21 +310,6 @@ __device__ __forceinline__ float e4m3_of(u32 b) {
     return __uint_as_float(__float_as_uint(magnitude) | sign);
 }
 
-// Bytes 2j and 2j + 1 of a word (j = 0, 1: `pair`) as floats, exactly: e4m3 widens to half
-// without rounding, half to single too. One conversion instruction for two bytes from sm_89 on.
-__device__ __forceinline__ void e4m3x2_of(u32 word, int pair, float& lo, float& hi) {
-#if __CUDA_ARCH__ >= 890
-    const unsigned short bytes = (unsigned short)(word >> (16 * pair));
-    u32 halves;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(bytes));
-    lo = f16_of(halves, false);
-    hi = f16_of(halves, true);
-#else
-    lo = e4m3_of((word >> (16 * pair)) & 0xffu);
-    hi = e4m3_of((word >> (16 * pair + 8)) & 0xffu);
-#endif
-}
-
 // An e2m1 nibble (the low four bits of q) as a float, exactly: 0, 0.5, 1, 1.5, 2, 3, 4, 6, signed.
 __device__ __forceinline__ float e2m1_of(u32 q) {
     const u32 e = (q >> 1) & 3u, m = q & 1u;
@@ -372,14 +357,10 @@ struct Fmt<1003> {
     }
     static __device__ __forceinline__ uint4 decode(const Raw& r, u32) {
         const float s = __uint_as_float(r.s);
+        const uint2 q = make_uint2(r.lo, r.hi);
         float v[8];
 #pragma unroll
-        for (int i = 0; i < 4; i += 2) {
-            e4m3x2_of(r.lo, i / 2, v[i], v[i + 1]);
-            e4m3x2_of(r.hi, i / 2, v[i + 4], v[i + 5]);
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], s);
+        for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(e4m3_of(byte_of(q, i)), s);
         return pack8_bf16(v);
     }
 };
