@@ -310,15 +310,19 @@ __device__ __forceinline__ float e4m3_of(u32 b) {
     return __uint_as_float(__float_as_uint(magnitude) | sign);
 }
 
-// An e2m1 nibble (the low four bits of q) as a float, exactly: 0, 0.5, 1, 1.5, 2, 3, 4, 6, signed.
+// An e2m1 nibble (the low four bits of q) as a float, exactly: 0, 0.5, 1, 1.5, 2, 3, 4, 6, signed;
+// the code 0b1000 is -0 with SIGNED_ZERO, else +0 (ModelOpt's table has no negative zero).
+template <bool SIGNED_ZERO>
 __device__ __forceinline__ float e2m1_of(u32 q) {
     const u32 e = (q >> 1) & 3u, m = q & 1u;
     const u32 bits = e != 0 ? ((e + 126u) << 23) | (m << 22) : (m != 0 ? 0x3F000000u : 0u);
-    return __uint_as_float(bits | ((q & 8u) << 28));
+    const u32 sign = (q & 8u) << 28;
+    return __uint_as_float(bits | (SIGNED_ZERO || bits != 0 ? sign : 0u));
 }
 
 // NVFP4 [tensor scale f32, 4 e4m3 group scales, 32 bytes of e2m1 pairs (the even weight in the
-// low nibble)]: q * (g / t) (compressed-tensors, DIVIDE) or q * (g * t) (ModelOpt).
+// low nibble)]: q * (g / t) (compressed-tensors, DIVIDE) or q * (g * t) (ModelOpt, whose e2m1
+// has no negative zero).
 template <bool DIVIDE>
 struct Nvfp4Fmt {
     static constexpr u32 QK = 64, BYTES = 40;
@@ -335,7 +339,7 @@ struct Nvfp4Fmt {
         const float scale = DIVIDE ? __fdiv_rn(g, t) : __fmul_rn(g, t);
         float v[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(e2m1_of(r.q >> (4 * i)), scale);
+        for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(e2m1_of<DIVIDE>(r.q >> (4 * i)), scale);
         return pack8_bf16(v);
     }
 };

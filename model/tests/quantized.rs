@@ -1,5 +1,6 @@
 //! Quantized checkpoints written by compressed-tensors (tests/oracle/quant, made by
-//! make_compressed_tensors.py): FP8 per tensor, per channel and per 32x32 block, and NVFP4. Every
+//! make_compressed_tensors.py): FP8 per tensor, per channel and per 32x32 block, and NVFP4; and by
+//! NVIDIA ModelOpt (make_modelopt.py): NVFP4 and FP8. Every
 //! quantized Linear must read back as the values the library dequantized the same file to, bit for
 //! bit once rounded to the library's bf16; the model loads and runs; bad files are refused naming
 //! the tensor. The canary reads the NVFP4 file under ModelOpt's names (its tensor scale multiplied,
@@ -109,6 +110,47 @@ fn rewritten(
         .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
         .collect();
     safetensors::serialize_to_file(views, None, &out.join("model.safetensors")).unwrap();
+}
+
+/// Checkpoints NVIDIA ModelOpt 0.47 quantized and exported itself (make_modelopt.py), against the
+/// values ModelOpt's own dequantizers compute from the exported tensors.
+#[test]
+fn modelopt_checkpoints_dequantize_to_the_librarys_values() {
+    for scheme in ["nvfp4", "fp8"] {
+        let dir = fixtures().join(format!("modelopt-{scheme}"));
+        let want = library_weights_at(
+            &fixtures().join(format!("modelopt-{scheme}.dequantized.safetensors")),
+        );
+        assert_eq!(want.len(), 14, "{scheme}: every Linear but the LM head");
+        assert_eq!(mismatches(&dir, &want), 0, "{scheme}");
+        let model = CpuModel::load(&dir).unwrap_or_else(|e| panic!("{scheme}: {e}"));
+        let mut cache = model.new_cache();
+        let logits = model
+            .forward(&[1, 5, 9, 14], &mut cache, LogitRows::Last)
+            .unwrap();
+        assert!(logits.iter().all(|v| v.is_finite()), "{scheme}");
+    }
+}
+
+#[test]
+fn canary_the_negative_zero_code_read_with_its_sign_breaks_the_modelopt_match() {
+    // ModelOpt's NVFP4 file holds the code 0b1000 (its exporter writes it); ModelOpt reads it as
+    // +0. Decoding it as -0, as compressed-tensors does, must show in the comparison.
+    let want = library_weights_at(&fixtures().join("modelopt-nvfp4.dequantized.safetensors"));
+    let ckpt = Checkpoint::open(&fixtures().join("modelopt-nvfp4")).unwrap();
+    let mut signed = 0;
+    for (name, bits) in &want {
+        let t = ckpt.get(name).unwrap();
+        for (b, &w) in t.bytes.chunks_exact(4).zip(bits) {
+            let v = f32::from_le_bytes(b.try_into().unwrap());
+            let as_signed = if v == 0.0 { -0.0f32 } else { v };
+            signed += usize::from(half::bf16::from_f32(as_signed).to_bits() != w);
+        }
+    }
+    assert!(
+        signed > 0,
+        "no zero code in the fixture: the canary cannot fail"
+    );
 }
 
 #[test]

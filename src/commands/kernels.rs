@@ -227,9 +227,10 @@ fn cpu_dequantize(format: BlockFormat, bytes: &[u8], n: usize) -> Vec<f32> {
 
 /// Strata's device blocks of a quantized safetensors weight ([`BlockFormat::nvfp4_blocks`],
 /// [`BlockFormat::fp8_blocks`]) as f32: the loader's decoders and the loader's arithmetic
-/// (`model/src/weights/quant.rs`: `q * (g / t)`, `q * (g * t)`, `q * s`, each an f32 operation).
+/// (`model/src/weights/quant.rs`: `q * (g / t)`, `q * (g * t)` with ModelOpt's unsigned zero,
+/// `q * s`, each an f32 operation).
 fn safetensors_blocks_f32(format: BlockFormat, bytes: &[u8]) -> Vec<f32> {
-    use strata_model::weights::{e2m1_to_f32, e4m3_to_f32};
+    use strata_model::weights::{e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32};
     let f32_at = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     let mut out = Vec::with_capacity(bytes.len() / format.block_bytes() * 64);
     for block in bytes.chunks_exact(format.block_bytes()) {
@@ -238,13 +239,13 @@ fn safetensors_blocks_f32(format: BlockFormat, bytes: &[u8]) -> Vec<f32> {
                 let t = f32_at(&block[..4]);
                 for (i, &byte) in block[8..].iter().enumerate() {
                     let g = e4m3_to_f32(block[4 + i / 8]);
-                    let scale = if format == BlockFormat::Nvfp4 {
-                        g / t
+                    let (scale, decode): (f32, fn(u8) -> f32) = if format == BlockFormat::Nvfp4 {
+                        (g / t, e2m1_to_f32)
                     } else {
-                        g * t
+                        (g * t, e2m1_to_f32_modelopt)
                     };
                     for nibble in [byte & 0x0f, byte >> 4] {
-                        out.push(e2m1_to_f32(nibble) * scale);
+                        out.push(decode(nibble) * scale);
                     }
                 }
             }

@@ -22,7 +22,7 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
-pub use quant::{e2m1_to_f32, e4m3_to_f32};
+pub use quant::{e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32};
 
 pub use layout::{
     EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorSpec, expected_tensors, is_ignorable,

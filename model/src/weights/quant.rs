@@ -75,6 +75,16 @@ pub fn e2m1_to_f32(nibble: u8) -> f32 {
     }
 }
 
+/// e2m1 as NVIDIA ModelOpt decodes it: its table has no negative zero, so the code `0b1000` is
+/// +0 (what its exporter writes for a value that rounded to zero from below).
+pub fn e2m1_to_f32_modelopt(nibble: u8) -> f32 {
+    if nibble & 0x0f == 0x08 {
+        0.0
+    } else {
+        e2m1_to_f32(nibble)
+    }
+}
+
 /// A scale tensor's values as f32 (stored as f32, bf16, f16 or e4m3), refused if one is not
 /// finite.
 fn scales(part: &Part, bytes: &[u8]) -> Result<Vec<f32>, String> {
@@ -193,8 +203,15 @@ pub(super) fn dequantize(
                 for (pair, &byte) in row.iter().enumerate() {
                     let s = g[r * (cols / 16) + pair * 2 / 16];
                     let scale = if *divide { s / t } else { s * t };
+                    // Each producer's own decoding: compressed-tensors keeps the sign of zero,
+                    // ModelOpt does not.
+                    let decode = if *divide {
+                        e2m1_to_f32
+                    } else {
+                        e2m1_to_f32_modelopt
+                    };
                     for nibble in [byte & 0x0f, byte >> 4] {
-                        let v = e2m1_to_f32(nibble) * scale;
+                        let v = decode(nibble) * scale;
                         out.extend_from_slice(&v.to_le_bytes());
                     }
                 }
