@@ -61,6 +61,18 @@ fn mismatches(dir: &Path, want: &HashMap<String, Vec<u16>>) -> usize {
     differing
 }
 
+/// Every library tensor of `want` reads back from the checkpoint in `dir` bit for bit, and the
+/// model loads (the architecture's tensors, nothing unexpected) and runs.
+fn reads_back_and_runs(dir: &Path, want: &HashMap<String, Vec<u16>>, scheme: &str) {
+    assert_eq!(mismatches(dir, want), 0, "{scheme}");
+    let model = CpuModel::load(dir).unwrap_or_else(|e| panic!("{scheme}: {e}"));
+    let mut cache = model.new_cache();
+    let logits = model
+        .forward(&[1, 5, 9, 14], &mut cache, LogitRows::Last)
+        .unwrap();
+    assert!(logits.iter().all(|v| v.is_finite()), "{scheme}");
+}
+
 #[test]
 fn compressed_tensors_checkpoints_dequantize_to_the_librarys_values() {
     for scheme in SCHEMES {
@@ -71,14 +83,7 @@ fn compressed_tensors_checkpoints_dequantize_to_the_librarys_values() {
             14,
             "{scheme}: every Linear but the LM head is quantized"
         );
-        assert_eq!(mismatches(&dir, &want), 0, "{scheme}");
-        // The model loads (the architecture's tensors, nothing unexpected) and runs.
-        let model = CpuModel::load(&dir).unwrap_or_else(|e| panic!("{scheme}: {e}"));
-        let mut cache = model.new_cache();
-        let logits = model
-            .forward(&[1, 5, 9, 14], &mut cache, LogitRows::Last)
-            .unwrap();
-        assert!(logits.iter().all(|v| v.is_finite()), "{scheme}");
+        reads_back_and_runs(&dir, &want, scheme);
     }
 }
 
@@ -122,13 +127,7 @@ fn modelopt_checkpoints_dequantize_to_the_librarys_values() {
             &fixtures().join(format!("modelopt-{scheme}.dequantized.safetensors")),
         );
         assert_eq!(want.len(), 14, "{scheme}: every Linear but the LM head");
-        assert_eq!(mismatches(&dir, &want), 0, "{scheme}");
-        let model = CpuModel::load(&dir).unwrap_or_else(|e| panic!("{scheme}: {e}"));
-        let mut cache = model.new_cache();
-        let logits = model
-            .forward(&[1, 5, 9, 14], &mut cache, LogitRows::Last)
-            .unwrap();
-        assert!(logits.iter().all(|v| v.is_finite()), "{scheme}");
+        reads_back_and_runs(&dir, &want, scheme);
     }
 }
 
