@@ -414,6 +414,7 @@ fn print_status(view: &ClusterView, as_json: bool) -> Result<()> {
     let value = json!({
         "leader": view.leader,
         "voters": view.voters,
+        "changing": view.changing,
         "learners": learners,
         "last_applied": view.last_applied.map(|l| l.index),
         "term": view.last_applied.map(|l| l.leader_id.term),
@@ -436,7 +437,15 @@ fn print_status(view: &ClusterView, as_json: bool) -> Result<()> {
         "leader       {}",
         view.leader.map_or("none".into(), |l| l.to_string())
     );
-    println!("voters       {}", ids(&view.voters));
+    println!(
+        "voters       {}{}",
+        ids(&view.voters),
+        if view.changing {
+            "  (membership change under way: joint configuration)"
+        } else {
+            ""
+        }
+    );
     println!("learners     {}", ids(&learners));
     println!(
         "applied      {}",

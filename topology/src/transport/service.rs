@@ -435,6 +435,7 @@ pub fn view(service: &Service) -> ClusterView {
             leader,
             last_applied: applied.last_applied,
             voters: membership.voter_ids().collect::<BTreeSet<_>>(),
+            changing: membership.get_joint_config().len() > 1,
             nodes: membership
                 .nodes()
                 .map(|(id, n)| (*id, n.addr.clone()))

@@ -114,6 +114,11 @@ pub struct ClusterView {
     pub leader: Option<NodeId>,
     pub last_applied: Option<LogId<NodeId>>,
     pub voters: BTreeSet<NodeId>,
+    /// A membership change is under way: raft runs on a joint configuration (old and new voter
+    /// sets, each needing its own majority) until the new one alone is committed. `voters` is
+    /// then the union of both sets.
+    #[serde(default)]
+    pub changing: bool,
     /// Every raft node (voters and learners) with its address.
     pub nodes: BTreeMap<NodeId, String>,
     pub cluster: ClusterState,
