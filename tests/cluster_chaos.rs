@@ -251,11 +251,33 @@ impl GroupHistory {
         assert!(writes > 10, "too few writes reached the group: {writes}");
         let lost = lost_writes(&history, &view);
         assert!(lost.is_empty(), "acknowledged writes lost: {lost:?}");
-        assert_eq!(
-            check(&SetModel, &history, CHECK_BUDGET),
-            Verdict::Linearizable,
-            "the group's history is not linearizable"
-        );
+        let verdict = check(&SetModel, &history, CHECK_BUDGET);
+        if let Verdict::Violation { key } = &verdict {
+            // What a failure needs to be understood: every operation on the key, on the
+            // journal's clock (it starts when the recording does).
+            let ops: Vec<String> = history
+                .iter()
+                .filter(|op| match &op.input {
+                    history::SetInput::Add(k)
+                    | history::SetInput::Remove(k)
+                    | history::SetInput::Contains(k) => k == key,
+                })
+                .map(|op| format!("{op:?}"))
+                .collect();
+            let written = history
+                .iter()
+                .any(|op| matches!(&op.input, history::SetInput::Add(k) if k == key));
+            panic!(
+                "the group's history is not linearizable on {key}{}:\n{}",
+                if written {
+                    ""
+                } else {
+                    " (its write was refused as not the leader's, or never sent, so left out)"
+                },
+                ops.join("\n")
+            );
+        }
+        assert_eq!(verdict, Verdict::Linearizable);
         assert!(
             canary_caught(&history),
             "the checker's canary was not caught"
