@@ -288,7 +288,7 @@ fn strata_quantize_writes_files_transformers_dequantizes_as_strata_does() {
         ("mixed", Plan::Mixed),
     ] {
         let out = tmp.path().join(label);
-        let reports = quantize(&source, &out, plan, |_| {}).unwrap();
+        let reports = quantize(&source, &out, plan, None, |_| {}).unwrap();
         assert_eq!(reports.len(), 14, "{label}");
         assert!(
             reports.iter().all(|r| r.relative_rms_error < 0.2),
@@ -311,6 +311,7 @@ fn strata_quantize_writes_files_transformers_dequantizes_as_strata_does() {
         &tmp.path().join("fp8"),
         &tmp.path().join("again"),
         Plan::Fp8,
+        None,
         |_| {},
     )
     .unwrap_err();
@@ -336,7 +337,7 @@ fn a_real_gguf_model_quantizes_into_a_directory_that_loads_and_agrees_with_it() 
     let tmp = tempfile::tempdir().unwrap();
     let gguf = real_model("SmolLM2-135M-Instruct.Q4_1.gguf");
     let out = tmp.path().join("smollm2-fp8");
-    let reports = quantize(&gguf, &out, Plan::Fp8, |_| {}).unwrap();
+    let reports = quantize(&gguf, &out, Plan::Fp8, None, |_| {}).unwrap();
     assert_eq!(reports.len(), 30 * 7);
     for file in [
         "config.json",
@@ -371,8 +372,153 @@ fn a_real_gguf_model_quantizes_into_a_directory_that_loads_and_agrees_with_it() 
         &real_model("gemma-3-270m-q4_k_m.gguf"),
         &tmp.path().join("g"),
         Plan::Fp8,
+        None,
         |_| {},
     )
     .unwrap_err();
     assert!(err.to_string().contains("gemma3"), "{err}");
+}
+
+/// `strata quantize --calibrate` against tests/oracle/quant/calibration.json (check_calibration.py:
+/// transformers runs the same model on the same text, compressed-tensors derives the scales, and
+/// transformers loads the files strata wrote). The token ids are equal, each Linear input's range
+/// is transformers' up to f32 summation order, the scale formulas are the library's bit for bit,
+/// and the scales the library loaded are the ones strata writes. Ranges of different inputs of a
+/// layer are far apart (checked), so a projection measured at the wrong place fails.
+#[test]
+fn calibrated_activation_scales_are_transformers_ranges_through_the_librarys_formulas() {
+    use serde_json::Value;
+    use strata_model::cpu::LinearInput;
+    use strata_model::quantize::{
+        Calibration, Plan, fp8_input_scale, nvfp4_input_global_scale, quantize, sequences,
+    };
+    use strata_model::tokenizer::Tokenizer;
+    const TOLERANCE: f32 = 1e-5;
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("calibration.json")).unwrap(),
+    )
+    .unwrap();
+    let f32_of = |v: &Value| v.as_f64().unwrap() as f32;
+    let tmp = tempfile::tempdir().unwrap();
+    let source = synthesized_source(tmp.path());
+    let text = std::fs::read_to_string(fixtures().join("calibration.txt")).unwrap();
+    let tokens = Tokenizer::from_dir(&source)
+        .unwrap()
+        .encode(&text, true)
+        .unwrap();
+    let runs = sequences(&tokens, 128, 4);
+    let want: Vec<Vec<u32>> = serde_json::from_value(fixture["sequences"].clone()).unwrap();
+    assert_eq!(
+        runs, want,
+        "strata and transformers cut the text into other tokens"
+    );
+    let model = CpuModel::load(&source).unwrap();
+    let calibration = Calibration::measure(&model, &runs).unwrap();
+    assert_eq!(calibration.tokens, runs.iter().map(Vec::len).sum::<usize>());
+
+    let linears = fixture["linears"].as_object().unwrap();
+    assert_eq!(linears.len(), 14);
+    let site = |name: &str| {
+        // model.layers.{i}.{self_attn|mlp}.{role}_proj
+        let parts: Vec<&str> = name.split('.').collect();
+        let layer: usize = parts[2].parse().unwrap();
+        let role = parts[4].strip_suffix("_proj").unwrap();
+        (layer, LinearInput::of(role).unwrap())
+    };
+    let relative = |a: f32, b: f32| ((a - b) / b).abs();
+    for (name, lib) in linears {
+        let (layer, input) = site(name);
+        let ours = calibration.amax(layer, input).unwrap();
+        let theirs = f32_of(&lib["amax"]);
+        assert!(
+            relative(ours, theirs) <= TOLERANCE,
+            "{name}: strata {ours}, transformers {theirs}"
+        );
+        assert_eq!(
+            fp8_input_scale(theirs).to_bits(),
+            f32_of(&lib["fp8_input_scale"]).to_bits(),
+            "{name}"
+        );
+        assert_eq!(
+            nvfp4_input_global_scale(theirs).to_bits(),
+            f32_of(&lib["nvfp4_input_global_scale"]).to_bits(),
+            "{name}"
+        );
+    }
+    // The canary's premise: the four inputs of a layer are told apart by far more than the
+    // tolerance.
+    for layer in 0..2 {
+        let ranges: Vec<f32> = [
+            LinearInput::Attention,
+            LinearInput::Output,
+            LinearInput::Mlp,
+            LinearInput::Down,
+        ]
+        .iter()
+        .map(|&i| calibration.amax(layer, i).unwrap())
+        .collect();
+        for (i, a) in ranges.iter().enumerate() {
+            for b in &ranges[i + 1..] {
+                assert!(
+                    relative(*a, *b) > 100.0 * TOLERANCE,
+                    "layer {layer}: {ranges:?}"
+                );
+            }
+        }
+    }
+
+    // The files: what transformers loaded from them is what strata writes again.
+    for (plan, label, key) in [
+        (Plan::Fp8, "fp8", "input_scale"),
+        (Plan::Nvfp4, "nvfp4", "input_global_scale"),
+    ] {
+        let out = tmp.path().join(format!("{label}-calibrated"));
+        let reports = quantize(&source, &out, plan, Some(&calibration), |_| {}).unwrap();
+        assert!(reports.iter().all(|r| r.input_amax.is_some()), "{label}");
+        let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let loaded = fixture["loaded"][label].as_object().unwrap();
+        assert_eq!(loaded.len(), 14, "{label}");
+        for (module, value) in loaded {
+            let t = st.tensor(&format!("{module}.{key}")).unwrap();
+            assert_eq!((t.dtype(), t.shape()), (Dtype::F32, &[1][..]), "{module}");
+            let written = f32::from_le_bytes(t.data().try_into().unwrap());
+            assert_eq!(
+                written.to_bits(),
+                f32_of(value).to_bits(),
+                "{label} {module}"
+            );
+        }
+        let config: Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap())
+                .unwrap();
+        let inputs =
+            &config["quantization_config"]["config_groups"]["group_0"]["input_activations"];
+        assert_eq!(
+            inputs["dynamic"],
+            if label == "fp8" {
+                Value::Bool(false)
+            } else {
+                "local".into()
+            }
+        );
+        // strata reads its calibrated file (activation scales set aside: weight-only arithmetic).
+        let plain = tmp.path().join(format!("{label}-plain"));
+        quantize(&source, &plain, plan, None, |_| {}).unwrap();
+        let logits = |dir: &Path| {
+            let m = CpuModel::load(dir).unwrap();
+            m.forward(&runs[0][..8], &mut m.new_cache(), LogitRows::Last)
+                .unwrap()
+        };
+        assert_eq!(logits(&out), logits(&plain), "{label}");
+    }
+    let err = quantize(
+        &source,
+        &tmp.path().join("block"),
+        Plan::Fp8Block,
+        Some(&calibration),
+        |_| {},
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("fp8-block"), "{err}");
 }

@@ -3,9 +3,11 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use strata_model::quantize::{Plan, quantize};
+use strata_model::cpu::CpuModel;
+use strata_model::quantize::{Calibration, Plan, quantize, sequences};
+use strata_model::tokenizer::Tokenizer;
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum PlanArg {
@@ -45,15 +47,69 @@ pub struct QuantizeArgs {
     /// tokenizer and generation files).
     #[arg(long)]
     out: PathBuf,
+    /// UTF-8 text to calibrate activation scales on: the CPU reference runs it and each Linear
+    /// input's largest magnitude sets a static FP8 input scale (per tensor) or an NVFP4 input
+    /// global scale, written with the weights for engines that quantize activations (W8A8,
+    /// W4A4). Not for `fp8-block`, whose activations engines quantize at run time.
+    #[arg(long)]
+    calibrate: Option<PathBuf>,
+    /// Tokens per calibration sequence (each starts at position 0).
+    #[arg(long, default_value_t = 512, requires = "calibrate")]
+    calibration_context: usize,
+    /// Calibration sequences at most: the text's first N.
+    #[arg(long, default_value_t = 16, requires = "calibrate")]
+    calibration_sequences: usize,
+}
+
+/// Activation ranges of the checkpoint at `args.model` over the `--calibrate` text.
+fn calibrate(args: &QuantizeArgs, text: &std::path::Path) -> Result<Calibration> {
+    let text = std::fs::read_to_string(text)
+        .with_context(|| format!("reading the calibration text {}", text.display()))?;
+    let tokenizer = Tokenizer::from_dir(&args.model)?;
+    let tokens = tokenizer.encode(&text, true)?;
+    let runs = sequences(
+        &tokens,
+        args.calibration_context,
+        args.calibration_sequences,
+    );
+    anyhow::ensure!(
+        !runs.is_empty(),
+        "the calibration text is {} tokens: nothing to calibrate on",
+        tokens.len()
+    );
+    let model = CpuModel::load(&args.model)?;
+    let started = std::time::Instant::now();
+    let calibration = Calibration::measure(&model, &runs)?;
+    println!(
+        "calibrated on {} tokens in {} sequences ({:.1} s, CPU reference)",
+        calibration.tokens,
+        calibration.sequences,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(calibration)
 }
 
 pub fn run(args: QuantizeArgs) -> Result<()> {
-    let reports = quantize(&args.model, &args.out, args.plan.into(), |r| {
-        println!(
-            "{:<48} {:<20} relative RMS error {:.3e}",
-            r.name, r.format, r.relative_rms_error
-        );
-    })?;
+    let calibration = match &args.calibrate {
+        Some(text) => Some(calibrate(&args, text)?),
+        None => None,
+    };
+    let reports = quantize(
+        &args.model,
+        &args.out,
+        args.plan.into(),
+        calibration.as_ref(),
+        |r| {
+            let input = r
+                .input_amax
+                .map(|a| format!("  input amax {a:.4}"))
+                .unwrap_or_default();
+            println!(
+                "{:<48} {:<20} relative RMS error {:.3e}{input}",
+                r.name, r.format, r.relative_rms_error
+            );
+        },
+    )?;
     let worst = reports
         .iter()
         .map(|r| r.relative_rms_error)

@@ -53,6 +53,35 @@ pub enum ForwardError {
     Empty,
 }
 
+/// The input a decoder block's Linear projections read: what calibration observes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LinearInput {
+    /// The input-normed rows q, k and v read.
+    Attention,
+    /// The attention output o reads.
+    Output,
+    /// The post-attention-normed rows gate and up read.
+    Mlp,
+    /// The gated activation down reads.
+    Down,
+}
+
+impl LinearInput {
+    /// The input the projection of `role` (`q`, `k`, `v`, `o`, `gate`, `up`, `down`) reads.
+    pub fn of(role: &str) -> Option<Self> {
+        Some(match role {
+            "q" | "k" | "v" => Self::Attention,
+            "o" => Self::Output,
+            "gate" | "up" => Self::Mlp,
+            "down" => Self::Down,
+            _ => return None,
+        })
+    }
+}
+
+/// What a pass shows an observer: the layer, which input, and its rows (`n × width`).
+pub type Observer<'a> = dyn FnMut(usize, LinearInput, &[f32]) + 'a;
+
 /// Which positions of a forward pass get logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogitRows {
@@ -257,6 +286,32 @@ impl CpuModel {
         hidden: &[LogitRows],
         kv: &mut dyn KvAccess,
     ) -> Result<PassRows, ForwardError> {
+        self.pass(chunks, hidden, kv, &mut |_, _, _| {})
+    }
+
+    /// Runs `tokens` as one fresh sequence, showing `observe` every Linear projection's input
+    /// rows, layer by layer (what `strata quantize --calibrate` measures activations with).
+    pub fn observe_linear_inputs(
+        &self,
+        tokens: &[u32],
+        observe: &mut Observer<'_>,
+    ) -> Result<(), ForwardError> {
+        let chunk = SeqChunk {
+            tokens,
+            first_position: 0,
+            logits: LogitRows::None,
+        };
+        let mut cache = self.new_cache();
+        self.pass(&[chunk], &[], &mut cache, observe).map(|_| ())
+    }
+
+    fn pass(
+        &self,
+        chunks: &[SeqChunk<'_>],
+        hidden: &[LogitRows],
+        kv: &mut dyn KvAccess,
+        observe: &mut Observer<'_>,
+    ) -> Result<PassRows, ForwardError> {
         let c = &self.config;
         let (tokens, queries) = validate_chunks(c, chunks)?;
         let h = c.hidden_size;
@@ -278,7 +333,10 @@ impl CpuModel {
         };
         for (i, layer) in self.weights.layers.iter().enumerate() {
             let rope = tables.for_layer(c, i);
-            let Ok(()) = decoder_layer(c, heads, i, layer, &mut x, &queries, kv, rope, &whole);
+            let mut seen = |input, rows: &[f32]| observe(i, input, rows);
+            let Ok(()) = decoder_layer(
+                c, heads, i, layer, &mut x, &queries, kv, rope, &whole, &mut seen,
+            );
         }
 
         let keep = logit_rows(chunks, &x, h);
@@ -337,7 +395,8 @@ pub(crate) type RowReduce<'a, E> =
 
 /// One pre-norm decoder block over the weights `w` hold (the whole model's or a rank's),
 /// updating the residual stream `x` (`n × hidden`) in place: the one layer forward of the CPU
-/// reference, alone and under tensor parallelism (`reduce` is the only difference).
+/// reference, alone and under tensor parallelism (`reduce` is the only difference). `observe` is
+/// shown each projection input as it is computed.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decoder_layer<E>(
     c: &ModelConfig,
@@ -349,6 +408,7 @@ pub(crate) fn decoder_layer<E>(
     kv: &mut dyn KvAccess,
     (cos, sin): (&[f32], &[f32]),
     reduce: &RowReduce<'_, E>,
+    observe: &mut dyn FnMut(LinearInput, &[f32]),
 ) -> Result<(), E> {
     let hd = c.head_dim;
     let (h, qd, kvd) = (c.hidden_size, heads.heads * hd, heads.kv_heads * hd);
@@ -356,6 +416,7 @@ pub(crate) fn decoder_layer<E>(
     let eps = c.rms_norm_eps as f32;
 
     let (mut normed, mut q, mut k, v) = project_qkv(w, x, h, qd, kvd, eps);
+    observe(LinearInput::Attention, &normed);
     rotate_and_cache(index, &mut q, &mut k, &v, queries, kv, hd, cos, sin);
 
     let shape = AttentionShape {
@@ -368,6 +429,7 @@ pub(crate) fn decoder_layer<E>(
     let mut attn = vec![0.0; n * qd];
     causal_attention(shape, index, &q, queries, kv, &mut attn);
     let mut o = vec![0.0; n * h];
+    observe(LinearInput::Output, &attn);
     reduce(&attn, &w.o, w.o_bias.as_deref(), qd, &mut o)?;
     if let Some([attn_out, _]) = &w.sandwich {
         ops::rms_norm_in_place(&mut o, attn_out, eps);
@@ -375,6 +437,7 @@ pub(crate) fn decoder_layer<E>(
     ops::add_in_place(x, &o);
 
     rms_norm(x, &w.post_attention_norm, eps, &mut normed);
+    observe(LinearInput::Mlp, &normed);
     let mut gate = vec![0.0; n * heads.inter];
     let mut up = vec![0.0; n * heads.inter];
     linear(&normed, &w.gate, None, h, &mut gate);
@@ -384,6 +447,7 @@ pub(crate) fn decoder_layer<E>(
     } else {
         ops::silu_mul(&mut gate, &up);
     }
+    observe(LinearInput::Down, &gate);
     reduce(&gate, &w.down, None, heads.inter, &mut o)?;
     if let Some([_, mlp_out]) = &w.sandwich {
         ops::rms_norm_in_place(&mut o, mlp_out, eps);

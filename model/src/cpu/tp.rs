@@ -263,7 +263,18 @@ impl TpShard {
         };
         for (i, layer) in self.layers.iter().enumerate() {
             let rope = tables.for_layer(c, i);
-            decoder_layer(c, heads, i, layer, &mut x, &queries, kv, rope, &reduce)?;
+            decoder_layer(
+                c,
+                heads,
+                i,
+                layer,
+                &mut x,
+                &queries,
+                kv,
+                rope,
+                &reduce,
+                &mut |_, _| {},
+            )?;
         }
 
         let keep = super::logit_rows(chunks, &x, h);

@@ -8,6 +8,14 @@
 //! whichever reconstructs the group with the lower squared error), and `mixed` (attention FP8 per
 //! channel, MLP NVFP4 4o6). Embeddings, norms and the LM head stay bf16. Every rounding is to
 //! nearest, ties to the even code; scales saturate at e4m3's 448.
+//!
+//! With a [`Calibration`] (activations measured on real text, [`calibrate`]) each FP8 per-channel
+//! Linear also gets a static input scale and each NVFP4 Linear an input global scale, under the
+//! `input_activations` schemes compressed-tensors' `FP8` and `NVFP4` presets use.
+
+mod calibrate;
+
+pub use calibrate::{Calibration, fp8_input_scale, nvfp4_input_global_scale, sequences};
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +24,7 @@ use safetensors::tensor::TensorView;
 use serde_json::{Value, json};
 
 use crate::config::ModelConfig;
+use crate::cpu::LinearInput;
 use crate::weights::{Checkpoint, LayerNames, e2m1_to_f32, e4m3_to_f32, expected_tensors};
 
 /// e4m3's largest finite magnitude, and e2m1's.
@@ -78,6 +87,8 @@ pub struct TensorReport {
     pub name: String,
     pub format: &'static str,
     pub relative_rms_error: f64,
+    /// The input's largest magnitude over the calibration text, when calibrated.
+    pub input_amax: Option<f32>,
 }
 
 /// The nearest of `values` (ascending, non-negative) to `x ≥ 0`, ties to the even index.
@@ -283,10 +294,29 @@ fn scheme(format: Format) -> (Value, &'static str) {
     }
 }
 
-fn quantization_config(plan: Plan) -> Value {
+/// compressed-tensors' description of the static activation quantization a calibrated `format`
+/// carries scales for (its `FP8` and `NVFP4` presets).
+fn input_scheme(format: Format) -> Value {
+    match format {
+        Format::Fp8Channel => {
+            json!({"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": true, "dynamic": false, "observer": "static_minmax"})
+        }
+        Format::Nvfp4 { .. } => {
+            json!({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": true, "dynamic": "local", "observer": "static_minmax"})
+        }
+        Format::Fp8Block => Value::Null,
+    }
+}
+
+fn quantization_config(plan: Plan, calibrated: bool) -> Value {
     let group = |targets: Value, format: Format| {
         let (weights, name) = scheme(format);
-        json!({"targets": targets, "weights": weights, "input_activations": null, "output_activations": null, "format": name})
+        let inputs = if calibrated {
+            input_scheme(format)
+        } else {
+            Value::Null
+        };
+        json!({"targets": targets, "weights": weights, "input_activations": inputs, "output_activations": null, "format": name})
     };
     let (groups, format) = match plan {
         Plan::Mixed => (
@@ -323,13 +353,22 @@ const COPIED: [&str; 6] = [
 ];
 
 /// Quantizes the checkpoint directory `input` by `plan` into `out` (created), reporting each
-/// Linear as it is done; returns every report.
+/// Linear as it is done; returns every report. With `calibration` (measured on this same
+/// checkpoint) the files also carry static activation scales.
 pub fn quantize(
     input: &Path,
     out: &Path,
     plan: Plan,
+    calibration: Option<&Calibration>,
     mut report: impl FnMut(&TensorReport),
 ) -> Result<Vec<TensorReport>, QuantizeError> {
+    if calibration.is_some() && plan == Plan::Fp8Block {
+        return Err(QuantizeError::Unsupported(
+            "fp8-block takes no calibration: engines quantize its activations per token group \
+             of 128 at run time"
+                .into(),
+        ));
+    }
     let io = |path: &Path, e: &dyn std::fmt::Display| QuantizeError::Io {
         path: path.to_path_buf(),
         problem: e.to_string(),
@@ -356,16 +395,17 @@ pub fn quantize(
     let mut linears = std::collections::HashMap::new();
     for i in 0..config.num_layers {
         let l = LayerNames::new(i);
-        for (name, attention) in [
-            (l.q, true),
-            (l.k, true),
-            (l.v, true),
-            (l.o, true),
-            (l.gate, false),
-            (l.up, false),
-            (l.down, false),
+        for (name, role) in [
+            (l.q, "q"),
+            (l.k, "k"),
+            (l.v, "v"),
+            (l.o, "o"),
+            (l.gate, "gate"),
+            (l.up, "up"),
+            (l.down, "down"),
         ] {
-            linears.insert(name, attention);
+            let input = LinearInput::of(role).expect("a projection role");
+            linears.insert(name, (i, input));
         }
     }
     let mut stored: Vec<Stored> = Vec::new();
@@ -377,7 +417,7 @@ pub fn quantize(
             .chunks_exact(t.dtype.size())
             .map(|b| t.dtype.widen(b))
             .collect();
-        let Some(&attention) = linears.get(&spec.name) else {
+        let Some(&(layer, input)) = linears.get(&spec.name) else {
             let bf16: Vec<u8> = values
                 .iter()
                 .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
@@ -387,6 +427,7 @@ pub fn quantize(
         };
         let (rows, cols) = (spec.shape[0], spec.shape[1]);
         let base = spec.name.strip_suffix(".weight").unwrap_or(&spec.name);
+        let attention = matches!(input, LinearInput::Attention | LinearInput::Output);
         let format = plan.format(attention);
         if matches!(format, Format::Nvfp4 { .. }) && cols % 16 != 0 {
             return Err(QuantizeError::Unsupported(format!(
@@ -394,10 +435,32 @@ pub fn quantize(
                 spec.name
             )));
         }
-        let (parts, dq) = match format {
+        let (mut parts, dq) = match format {
             Format::Fp8Channel => fp8(base, &values, rows, cols, None),
             Format::Fp8Block => fp8(base, &values, rows, cols, Some(FP8_BLOCK)),
             Format::Nvfp4 { four_over_six } => nvfp4(base, &values, rows, cols, four_over_six),
+        };
+        let input_amax = match calibration {
+            Some(c) => {
+                let amax = c.amax(layer, input).ok_or_else(|| {
+                    QuantizeError::Unsupported(format!(
+                        "{}: the calibration saw no input of this projection",
+                        spec.name
+                    ))
+                })?;
+                let (suffix, scale) = match format {
+                    Format::Nvfp4 { .. } => ("input_global_scale", nvfp4_input_global_scale(amax)),
+                    _ => ("input_scale", fp8_input_scale(amax)),
+                };
+                parts.push((
+                    format!("{base}.{suffix}"),
+                    Dtype::F32,
+                    vec![1],
+                    f32_bytes(&[scale]),
+                ));
+                Some(amax)
+            }
+            None => None,
         };
         let r = TensorReport {
             name: spec.name.clone(),
@@ -412,6 +475,7 @@ pub fn quantize(
                 } => "nvfp4 (4o6)",
             },
             relative_rms_error: relative_rms(&values, &dq),
+            input_amax,
         };
         report(&r);
         reports.push(r);
@@ -430,7 +494,7 @@ pub fn quantize(
     let weights = out.join(crate::weights::SINGLE_FILE);
     safetensors::serialize_to_file(views, None, &weights).map_err(|e| io(&weights, &e))?;
     let mut config_json = raw;
-    config_json["quantization_config"] = quantization_config(plan);
+    config_json["quantization_config"] = quantization_config(plan, calibration.is_some());
     config_json["torch_dtype"] = json!("bfloat16");
     let path = out.join("config.json");
     let text = serde_json::to_string_pretty(&config_json).map_err(|e| io(&path, &e))?;
