@@ -195,6 +195,7 @@ fn build_cuda_backend(
         tp_world: 1,
         sharded_reduction: placement.sharded_reduction,
         widen_blocks: spec.widen_gguf,
+        keep_quantized: spec.keep_quantized,
     };
     let source = WeightSource::Checkpoint(&checkpoint);
     let failed = |e: &dyn std::fmt::Display| ModelLoadError::Device(format!("{label}: {e}"));

@@ -114,6 +114,11 @@ pub struct EngineSpec {
     /// memory, faster decode where the block kernels are slower than bf16:
     /// docs/receipts/gguf-blocks-h200.json).
     pub widen_gguf: bool,
+    /// CUDA: keep an FP8 or NVFP4 safetensors checkpoint's quantized projections in strata's
+    /// device blocks (computing the widened model's bits) instead of widening them to bf16 at
+    /// load: about 1.9x (FP8) and 3.2x (NVFP4) less weight memory, slower decode until the block
+    /// kernels catch up (docs/receipts/quant-blocks-h100.json).
+    pub keep_quantized: bool,
     /// Host and disk tiers under the device's KV cache.
     pub tiers: KvTiers,
 }
@@ -144,6 +149,7 @@ impl EngineSpec {
             kv,
             limits,
             widen_gguf: false,
+            keep_quantized: false,
             tiers: KvTiers::default(),
         }
     }

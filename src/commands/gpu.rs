@@ -58,6 +58,9 @@ pub struct ParityArgs {
     /// The GPU side widens GGUF block weights to bf16 at load (the CPU side is unchanged).
     #[arg(long)]
     widen_gguf: bool,
+    /// The GPU side keeps an FP8 / NVFP4 checkpoint's weights in strata's device blocks.
+    #[arg(long)]
+    keep_quantized: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -88,6 +91,10 @@ pub struct DecodeArgs {
     /// With --model: widen GGUF block weights to bf16 at load (the comparison arm).
     #[arg(long)]
     widen_blocks: bool,
+    /// With --model: keep an FP8 / NVFP4 checkpoint's weights in strata's device blocks
+    /// (widened to bf16 without it).
+    #[arg(long)]
+    keep_quantized: bool,
     #[arg(long, default_value_t = 0)]
     device: usize,
     /// Batch sizes, comma separated.
@@ -210,6 +217,7 @@ fn parity(args: ParityArgs) -> Result<()> {
     let (cpu, _) = start_engine(reference_dir, &fixed_kv(Device::Cpu, 64 << 20))?;
     let gpu_spec = |device| EngineSpec {
         widen_gguf: args.widen_gguf,
+        keep_quantized: args.keep_quantized,
         ..fixed_kv(device, 256 << 20)
     };
     let gpu = match (args.nccl, args.device) {
@@ -374,11 +382,20 @@ fn read_config(path: &Path) -> Result<ModelConfig> {
     ModelConfig::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
+/// How a bench backend holds a checkpoint's quantized weights.
+#[derive(Clone, Copy)]
+struct Holding {
+    /// Widen GGUF block weights to bf16.
+    widen_blocks: bool,
+    /// Keep FP8 / NVFP4 weights in strata's device blocks.
+    keep_quantized: bool,
+}
+
 /// A backend of `config` with synthesized weights, or the weights of `checkpoint` (GGUF block
-/// formats kept, or widened with `widen_blocks`).
+/// formats kept unless widened, FP8 / NVFP4 widened unless kept: `Holding`).
 fn bench_backend(
     config: &ModelConfig,
-    checkpoint: Option<(&strata_model::weights::Checkpoint, bool)>,
+    checkpoint: Option<(&strata_model::weights::Checkpoint, Holding)>,
     device: usize,
     positions: usize,
     kv_tokens: usize,
@@ -398,7 +415,8 @@ fn bench_backend(
         tp_rank: 0,
         tp_world: 1,
         sharded_reduction: sharded,
-        widen_blocks: checkpoint.is_some_and(|(_, widen)| widen),
+        widen_blocks: checkpoint.is_some_and(|(_, h)| h.widen_blocks),
+        keep_quantized: checkpoint.is_some_and(|(_, h)| h.keep_quantized),
     };
     let source = match checkpoint {
         Some((ckpt, _)) => WeightSource::Checkpoint(ckpt),
@@ -588,7 +606,9 @@ fn decode(args: DecodeArgs) -> Result<()> {
             let ckpt = strata_model::weights::Checkpoint::open(model)?;
             (config, Some(ckpt), model.clone())
         }
-        (None, Some(_)) if args.widen_blocks => bail!("--widen-blocks needs --model"),
+        (None, Some(_)) if args.widen_blocks || args.keep_quantized => {
+            bail!("--widen-blocks and --keep-quantized need --model")
+        }
         (None, Some(path)) => (read_config(path)?, None, path.clone()),
         (None, None) => bail!("give --config or --model"),
     };
@@ -603,7 +623,13 @@ fn decode(args: DecodeArgs) -> Result<()> {
     let blocks_per_seq = positions.div_ceil(16);
     let mut backend = bench_backend(
         &config,
-        checkpoint.as_ref().map(|c| (c, args.widen_blocks)),
+        checkpoint.as_ref().map(|c| {
+            let holding = Holding {
+                widen_blocks: args.widen_blocks,
+                keep_quantized: args.keep_quantized,
+            };
+            (c, holding)
+        }),
         args.device,
         positions,
         max_batch * positions,
@@ -729,7 +755,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
     write_json(
         args.json.as_deref(),
         &json!({"config": args.config, "model": args.model, "widen_blocks": args.widen_blocks,
-                "weight_formats": formats, "device": backend.device_name(),
+                "keep_quantized": args.keep_quantized, "weight_formats": formats, "device": backend.device_name(),
                 "weight_bytes": weight_bytes, "context": args.context,
                 "bandwidth_bytes_per_s": args.bandwidth,
                 "includes": "greedy sampling on the device, token ids copied to the host",

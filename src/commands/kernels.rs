@@ -12,6 +12,7 @@ use strata_kernels::{
     BlockFormat, CheckResult, GEMV_FMA_MAX_M, GemvVariant, Kernels, PrefillVariant, libs, selftest,
 };
 use strata_model::gguf::GgmlType;
+use strata_node::backend::safetensors_block_values;
 
 #[derive(Subcommand)]
 pub enum KernelsCommand {
@@ -214,48 +215,15 @@ fn run_selftest(device: usize, seed: Option<u64>, cache_dir: Option<PathBuf>) ->
 
 /// The reference of the block-format kernels: for GGUF formats the checkpoint loader's
 /// dequantizer (bit-exact against the `gguf` package); for the safetensors formats
-/// [`safetensors_blocks_f32`]. Panics only on a length the self-test itself got wrong.
+/// [`safetensors_block_values`]. Panics only on a length the self-test itself got wrong.
 fn cpu_dequantize(format: BlockFormat, bytes: &[u8], n: usize) -> Vec<f32> {
     if BlockFormat::SAFETENSORS.contains(&format) {
-        let values = safetensors_blocks_f32(format, bytes);
+        let values = safetensors_block_values(format, bytes);
         assert_eq!(values.len(), n, "whole blocks");
         return values;
     }
     let ty = GgmlType::from_id(format.ggml_type()).expect("every GGUF block format is a ggml type");
     strata_model::gguf::dequantize(ty, bytes, n as u64).expect("whole blocks of a known type")
-}
-
-/// Strata's device blocks of a quantized safetensors weight ([`BlockFormat::nvfp4_blocks`],
-/// [`BlockFormat::fp8_blocks`]) as f32: the loader's decoders and the loader's arithmetic
-/// (`model/src/weights/quant.rs`: `q * (g / t)`, `q * (g * t)` with ModelOpt's unsigned zero,
-/// `q * s`, each an f32 operation).
-fn safetensors_blocks_f32(format: BlockFormat, bytes: &[u8]) -> Vec<f32> {
-    use strata_model::weights::{e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32};
-    let f32_at = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    let mut out = Vec::with_capacity(bytes.len() / format.block_bytes() * 64);
-    for block in bytes.chunks_exact(format.block_bytes()) {
-        match format {
-            BlockFormat::Nvfp4 | BlockFormat::Nvfp4Modelopt => {
-                let t = f32_at(&block[..4]);
-                for (i, &byte) in block[8..].iter().enumerate() {
-                    let g = e4m3_to_f32(block[4 + i / 8]);
-                    let (scale, decode): (f32, fn(u8) -> f32) = if format == BlockFormat::Nvfp4 {
-                        (g / t, e2m1_to_f32)
-                    } else {
-                        (g * t, e2m1_to_f32_modelopt)
-                    };
-                    for nibble in [byte & 0x0f, byte >> 4] {
-                        out.push(decode(nibble) * scale);
-                    }
-                }
-            }
-            _ => {
-                let s = f32_at(&block[..4]);
-                out.extend(block[4..].iter().map(|&q| e4m3_to_f32(q) * s));
-            }
-        }
-    }
-    out
 }
 
 fn print_table(results: &[CheckResult]) {
@@ -378,7 +346,7 @@ mod tests {
             if tamper {
                 blocks[3] ^= 0x04; // the first block's scale, an exponent bit
             }
-            let got: Vec<u16> = safetensors_blocks_f32(format, &blocks)
+            let got: Vec<u16> = safetensors_block_values(format, &blocks)
                 .into_iter()
                 .map(|v| bf16::from_f32(v).to_bits())
                 .collect();

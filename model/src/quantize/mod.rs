@@ -19,6 +19,7 @@ pub use calibrate::{Calibration, fp8_input_scale, nvfp4_input_global_scale, sequ
 
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
 use safetensors::Dtype;
 use safetensors::tensor::TensorView;
 use serde_json::{Value, json};
@@ -152,26 +153,34 @@ fn fp8(
 ) -> (Vec<Stored>, Vec<f32>) {
     let (bh, bw) = block.map_or((1, cols), |b| (b, b));
     let (sr, sc) = (rows.div_ceil(bh), cols.div_ceil(bw));
+    // Rows of scales, then rows of codes, each on its own thread (the same values in any order).
     let mut scales = vec![0f32; sr * sc];
-    for r in 0..rows {
-        for c in 0..cols {
-            let s = &mut scales[(r / bh) * sc + c / bw];
-            *s = s.max(w[r * cols + c].abs());
-        }
-    }
-    for s in &mut scales {
-        *s = if *s > 0.0 { *s / E4M3_MAX } else { 1.0 };
-    }
-    let mut q = Vec::with_capacity(rows * cols);
-    let mut dq = Vec::with_capacity(rows * cols);
-    for r in 0..rows {
-        for c in 0..cols {
-            let s = scales[(r / bh) * sc + c / bw];
-            let code = f32_to_e4m3(w[r * cols + c] / s);
-            q.push(code);
-            dq.push(e4m3_to_f32(code) * s);
-        }
-    }
+    scales
+        .par_chunks_mut(sc)
+        .enumerate()
+        .for_each(|(i, row_scales)| {
+            for r in i * bh..((i + 1) * bh).min(rows) {
+                for c in 0..cols {
+                    let s = &mut row_scales[c / bw];
+                    *s = s.max(w[r * cols + c].abs());
+                }
+            }
+            for s in row_scales {
+                *s = if *s > 0.0 { *s / E4M3_MAX } else { 1.0 };
+            }
+        });
+    let mut q = vec![0u8; rows * cols];
+    let mut dq = vec![0f32; rows * cols];
+    q.par_chunks_mut(cols)
+        .zip(dq.par_chunks_mut(cols))
+        .enumerate()
+        .for_each(|(r, (q, dq))| {
+            for c in 0..cols {
+                let s = scales[(r / bh) * sc + c / bw];
+                q[c] = f32_to_e4m3(w[r * cols + c] / s);
+                dq[c] = e4m3_to_f32(q[c]) * s;
+            }
+        });
     let scale_shape = if block.is_some() {
         vec![sr, sc]
     } else {
@@ -210,9 +219,15 @@ fn nvfp4(
         1.0
     };
     let mut packed = vec![0u8; rows * cols / 2];
-    let mut group_scales = Vec::with_capacity(rows * cols / 16);
+    let mut group_scales = vec![0u8; rows * cols / 16];
     let mut dq = vec![0f32; rows * cols];
-    for (g, group) in w.chunks_exact(16).enumerate() {
+    // Each group on its own thread (the same values in any order).
+    let groups = w
+        .par_chunks_exact(16)
+        .zip(packed.par_chunks_exact_mut(8))
+        .zip(group_scales.par_iter_mut())
+        .zip(dq.par_chunks_exact_mut(16));
+    groups.for_each(|(((group, packed), group_scale), dq)| {
         let gmax = group.iter().fold(0f32, |m, v| m.max(v.abs()));
         let targets: &[f32] = if four_over_six {
             &[E2M1_MAX, 4.0]
@@ -237,12 +252,12 @@ fn nvfp4(
             }
         }
         let (_, code, codes, values) = best.expect("at least one target");
-        group_scales.push(code);
+        *group_scale = code;
         for (i, pair) in codes.chunks_exact(2).enumerate() {
-            packed[g * 8 + i] = pair[0] | (pair[1] << 4);
+            packed[i] = pair[0] | (pair[1] << 4);
         }
-        dq[g * 16..g * 16 + 16].copy_from_slice(&values);
-    }
+        dq.copy_from_slice(&values);
+    });
     let stored = vec![
         (
             format!("{name}.weight_packed"),

@@ -22,7 +22,7 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
-pub use quant::{e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32};
+pub use quant::{QuantizedLinear, e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32};
 
 pub use layout::{
     EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorSpec, expected_tensors, is_ignorable,
@@ -655,6 +655,33 @@ impl Checkpoint {
             row_bytes: (entry.offsets.1 - entry.offsets.0) / rows,
             unpermute_heads: *unpermute_heads,
         }))
+    }
+
+    /// The tensor called `name` as its stored quantized parts, when it is a quantized Linear of a
+    /// safetensors checkpoint (`None` for any other tensor, which [`Checkpoint::get`] reads):
+    /// for a backend that keeps FP8 and NVFP4 weights quantized. Its values are those
+    /// [`Checkpoint::get`] dequantizes to.
+    pub fn quantized(&self, name: &str) -> Result<Option<QuantizedLinear<'_>>, WeightError> {
+        let entry = self.tensors.get(name).ok_or_else(|| WeightError::Missing {
+            dir: self.dir.clone(),
+            name: name.to_string(),
+        })?;
+        let TensorData::Dequantized { kind, parts, .. } = &entry.data else {
+            return Ok(None);
+        };
+        let bytes: Vec<&[u8]> = parts
+            .iter()
+            .map(|p| {
+                let f = &self.files[p.file];
+                &f.mmap[f.data_start + p.offsets.0..f.data_start + p.offsets.1]
+            })
+            .collect();
+        quant::describe(kind, (entry.shape[0], entry.shape[1]), parts, &bytes)
+            .map(Some)
+            .map_err(|problem| WeightError::Malformed {
+                path: self.files[entry.file].path.clone(),
+                problem: format!("tensor {name}: {problem}"),
+            })
     }
 
     /// The tensor called `name`, checked to have `shape`.

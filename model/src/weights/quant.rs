@@ -122,16 +122,39 @@ fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
-/// The dequantized weight of logical shape `[rows, cols]` as little-endian f32 bytes, from its
-/// stored parts (`bytes[i]` is `parts[i]`'s data): FP8 data then its scale; NVFP4 packed data,
-/// group scales, tensor scale.
-pub(super) fn dequantize(
+/// A quantized Linear's stored parts, checked against its logical shape `[rows, cols]`: what a
+/// backend that keeps the weight quantized needs ([`super::Checkpoint::quantized`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum QuantizedLinear<'a> {
+    /// e4m3 bytes, row-major, and their scales: each covers `block.0` rows × `block.1` columns
+    /// (all of them for a scale per tensor, one row for a scale per row), row-major over the
+    /// grid of blocks.
+    Fp8 {
+        shape: [usize; 2],
+        data: &'a [u8],
+        scales: Vec<f32>,
+        block: (usize, usize),
+    },
+    /// Packed e2m1 pairs (`[rows, cols / 2]`, the even column in the low nibble), e4m3 group
+    /// scales (`[rows, cols / 16]`) and the tensor scale, which the group scales are divided by
+    /// (compressed-tensors) or multiplied by (ModelOpt, whose code 0b1000 reads as +0).
+    Nvfp4 {
+        shape: [usize; 2],
+        packed: &'a [u8],
+        group_scales: &'a [u8],
+        tensor_scale: f32,
+        divide: bool,
+    },
+}
+
+/// Checks a quantized Linear's stored parts (`bytes[i]` is `parts[i]`'s data: FP8 data then its
+/// scale; NVFP4 packed data, group scales, tensor scale) against its logical shape.
+pub(super) fn describe<'a>(
     kind: &QuantKind,
     (rows, cols): (usize, usize),
     parts: &[Part],
-    bytes: &[&[u8]],
-) -> Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(rows * cols * 4);
+    bytes: &[&'a [u8]],
+) -> Result<QuantizedLinear<'a>, String> {
     match kind {
         QuantKind::Fp8 { block } => {
             let (data, scale) = (&parts[0], &parts[1]);
@@ -143,7 +166,7 @@ pub(super) fn dequantize(
             }
             let s = scales(scale, bytes[1])?;
             // Which scale each element takes, from the scale's shape.
-            let (bh, bw) = if s.len() == 1 {
+            let block = if s.len() == 1 {
                 (rows.max(1), cols.max(1))
             } else if s.len() == rows && scale.shape.iter().filter(|&&d| d != 1).count() == 1 {
                 (1, cols.max(1))
@@ -158,13 +181,12 @@ pub(super) fn dequantize(
                     scale.name, scale.shape, block.0, block.1
                 ));
             };
-            let per_row = cols.div_ceil(bw);
-            for (r, row) in bytes[0].chunks_exact(cols).enumerate() {
-                for (c, &q) in row.iter().enumerate() {
-                    let v = e4m3_to_f32(q) * s[(r / bh) * per_row + c / bw];
-                    out.extend_from_slice(&v.to_le_bytes());
-                }
-            }
+            Ok(QuantizedLinear::Fp8 {
+                shape: [rows, cols],
+                data: bytes[0],
+                scales: s,
+                block,
+            })
         }
         QuantKind::Nvfp4 { divide } => {
             let (data, group, tensor) = (&parts[0], &parts[1], &parts[2]);
@@ -194,22 +216,66 @@ pub(super) fn dequantize(
                     tensor.name, tensor.shape
                 ));
             }
-            let g = scales(group, bytes[1])?;
+            // Checked for non-finite values, as every scale.
+            scales(group, bytes[1])?;
             let t = scales(tensor, bytes[2])?[0];
             if t == 0.0 && *divide {
                 return Err(format!("tensor scale {} is zero", tensor.name));
             }
-            for (r, row) in bytes[0].chunks_exact(cols / 2).enumerate() {
+            Ok(QuantizedLinear::Nvfp4 {
+                shape: [rows, cols],
+                packed: bytes[0],
+                group_scales: bytes[1],
+                tensor_scale: t,
+                divide: *divide,
+            })
+        }
+    }
+}
+
+/// The dequantized weight of logical shape `[rows, cols]` as little-endian f32 bytes, from its
+/// stored parts (as [`describe`] takes them).
+pub(super) fn dequantize(
+    kind: &QuantKind,
+    shape: (usize, usize),
+    parts: &[Part],
+    bytes: &[&[u8]],
+) -> Result<Vec<u8>, String> {
+    let (rows, cols) = shape;
+    let mut out = Vec::with_capacity(rows * cols * 4);
+    match describe(kind, shape, parts, bytes)? {
+        QuantizedLinear::Fp8 {
+            data,
+            scales: s,
+            block: (bh, bw),
+            ..
+        } => {
+            let per_row = cols.div_ceil(bw);
+            for (r, row) in data.chunks_exact(cols).enumerate() {
+                for (c, &q) in row.iter().enumerate() {
+                    let v = e4m3_to_f32(q) * s[(r / bh) * per_row + c / bw];
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        QuantizedLinear::Nvfp4 {
+            packed,
+            group_scales,
+            tensor_scale: t,
+            divide,
+            ..
+        } => {
+            // Each producer's own decoding: compressed-tensors keeps the sign of zero, ModelOpt
+            // does not.
+            let decode = if divide {
+                e2m1_to_f32
+            } else {
+                e2m1_to_f32_modelopt
+            };
+            for (r, row) in packed.chunks_exact(cols / 2).enumerate() {
                 for (pair, &byte) in row.iter().enumerate() {
-                    let s = g[r * (cols / 16) + pair * 2 / 16];
-                    let scale = if *divide { s / t } else { s * t };
-                    // Each producer's own decoding: compressed-tensors keeps the sign of zero,
-                    // ModelOpt does not.
-                    let decode = if *divide {
-                        e2m1_to_f32
-                    } else {
-                        e2m1_to_f32_modelopt
-                    };
+                    let g = e4m3_to_f32(group_scales[r * (cols / 16) + pair * 2 / 16]);
+                    let scale = if divide { g / t } else { g * t };
                     for nibble in [byte & 0x0f, byte >> 4] {
                         let v = decode(nibble) * scale;
                         out.extend_from_slice(&v.to_le_bytes());

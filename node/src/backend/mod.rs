@@ -9,6 +9,7 @@ pub use cpu::CpuBackend;
 pub use cpu_tp::CpuTpBackend;
 pub use cuda::{
     CudaBackend, CudaError, CudaOptions, CudaTpBackend, ROW_SHARDS, TpTransport, WeightSource,
+    safetensors_block_values,
 };
 
 use strata_model::ModelConfig;

@@ -40,12 +40,14 @@ use strata_model::weights::{Checkpoint, WeightError};
 mod forward;
 mod kv_copy;
 mod matmul;
+mod quant_blocks;
 mod readback;
 mod row_parallel;
 mod scratch;
 mod tp;
 mod weights;
 
+pub use quant_blocks::safetensors_block_values;
 pub use row_parallel::ROW_SHARDS;
 use row_parallel::gemm_shapes;
 
@@ -125,6 +127,9 @@ pub struct CudaOptions {
     /// Widen GGUF block weights to bf16 at load instead of keeping them in their formats (the
     /// comparison arm of the block kernels: the same bits, more bytes per step).
     pub widen_blocks: bool,
+    /// Keep an FP8 or NVFP4 safetensors checkpoint's projections in strata's device blocks
+    /// (`BlockFormat::SAFETENSORS`) instead of widening them to bf16: the same bits.
+    pub keep_quantized: bool,
 }
 
 /// Device memory kept free beside the weights and the KV cache when the cache is sized from a
@@ -322,6 +327,7 @@ impl CudaBackend {
                 ckpt.validate(config)?;
                 let policy = BlockPolicy {
                     keep: !options.widen_blocks,
+                    keep_quantized: options.keep_quantized,
                     row_kslice: (row_shards > 0).then(|| {
                         (
                             config.q_dim() / ROW_SHARDS,

@@ -15,10 +15,11 @@ use strata_kernels::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, PinnedHos
 use strata_model::ModelConfig;
 use strata_model::cpu::TpLayout;
 use strata_model::weights::{
-    BlockTensor, Checkpoint, EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorRef, WeightDtype,
+    Checkpoint, EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorRef, WeightDtype,
 };
 
 use super::CudaError;
+use super::quant_blocks::{safetensors_blocks, shape_of};
 
 /// A projection's weight on the device, `[n, k]` row-major (the HF Linear layout): bf16, or a
 /// GGUF block format kept as stored (each row `format.row_bytes(k)` bytes), which the block
@@ -293,15 +294,19 @@ pub(super) struct BlockPolicy {
     /// Keep projections stored in a block format the kernels read as stored (else widen
     /// everything to bf16).
     pub(super) keep: bool,
+    /// Keep FP8 and NVFP4 projections of a safetensors checkpoint in strata's device blocks
+    /// (else widen them to bf16).
+    pub(super) keep_quantized: bool,
     /// The row-parallel projections (o, down) are computed as K-slices of this many columns
     /// (the shard order), which must be whole blocks; `None` in the fused order.
     pub(super) row_kslice: Option<(usize, usize)>,
 }
 
-/// Rows `rows` and columns `cols` of a `[n, width]` block tensor as stored, padded with zero rows
-/// (which dequantize to zeros) to `out_rows`; `None` when `cols` does not cut whole blocks.
-fn slice_blocks(
-    t: &BlockTensor<'_>,
+/// Rows `rows` and columns `cols` of a `[n, width]` block tensor (row `r`'s blocks: `row(r)`),
+/// padded with zero rows (which dequantize to zeros) to `out_rows`; `None` when `cols` does not
+/// cut whole blocks.
+fn slice_blocks<'a>(
+    row: impl Fn(usize) -> &'a [u8],
     format: BlockFormat,
     rows: Range<usize>,
     cols: Range<usize>,
@@ -315,7 +320,7 @@ fn slice_blocks(
     let len = out_rows.max(rows.len()) * bytes.len();
     let mut out = Vec::with_capacity(len);
     for r in rows {
-        out.extend_from_slice(&t.row(r)[bytes.clone()]);
+        out.extend_from_slice(&row(r)[bytes.clone()]);
     }
     out.resize(len, 0);
     Some(out)
@@ -370,22 +375,38 @@ pub(super) fn upload_checkpoint(
                   out_rows: usize,
                   align: usize|
      -> Result<Option<(BlockFormat, Vec<u8>)>, CudaError> {
-        if !policy.keep {
-            return Ok(None);
-        }
-        let Some(t) = ckpt.blocks(name)? else {
-            return Ok(None);
+        let fits = |format: BlockFormat, stored: &[usize]| {
+            stored == shape
+                && cols.len().is_multiple_of(32)
+                && align.is_multiple_of(format.block_elems())
         };
-        let Some(format) = BlockFormat::from_ggml_type(t.ty.id()) else {
-            return Ok(None);
-        };
-        if t.shape != shape
-            || !cols.len().is_multiple_of(32)
-            || !align.is_multiple_of(format.block_elems())
+        if policy.keep
+            && let Some(t) = ckpt.blocks(name)?
         {
+            let Some(format) = BlockFormat::from_ggml_type(t.ty.id()) else {
+                return Ok(None);
+            };
+            if !fits(format, t.shape) {
+                return Ok(None);
+            }
+            let sliced = slice_blocks(|r| t.row(r), format, rows.clone(), cols.clone(), out_rows);
+            return Ok(sliced.map(|b| (format, b)));
+        }
+        if !policy.keep_quantized {
             return Ok(None);
         }
-        Ok(slice_blocks(&t, format, rows.clone(), cols.clone(), out_rows).map(|b| (format, b)))
+        let Some(q) = ckpt.quantized(name)? else {
+            return Ok(None);
+        };
+        let Some((format, device)) = safetensors_blocks(&q) else {
+            return Ok(None);
+        };
+        if !fits(format, &shape_of(&q)) {
+            return Ok(None);
+        }
+        let row_bytes = format.row_bytes(shape[1]);
+        let row = |r: usize| &device[r * row_bytes..(r + 1) * row_bytes];
+        Ok(slice_blocks(row, format, rows.clone(), cols.clone(), out_rows).map(|b| (format, b)))
     };
     // Blocks as the file stores them, uploaded in the device layout.
     let upload_blocks = |format: BlockFormat, file: &[u8]| -> Result<Matrix, CudaError> {
@@ -691,13 +712,13 @@ mod tests {
             &bytes,
         );
         let f = BlockFormat::Q8_0;
-        let got = slice_blocks(&blocks, f, 1..3, 32..64, 3).unwrap();
+        let got = slice_blocks(|r| blocks.row(r), f, 1..3, 32..64, 3).unwrap();
         assert_eq!(got.len(), 3 * 34);
         assert!(got[..34].iter().all(|&b| b == 101));
         assert!(got[34..68].iter().all(|&b| b == 201));
         assert!(got[68..].iter().all(|&b| b == 0));
         // Columns that cut a block are not taken as stored.
-        assert!(slice_blocks(&blocks, f, 0..3, 16..64, 0).is_none());
+        assert!(slice_blocks(|r| blocks.row(r), f, 0..3, 16..64, 0).is_none());
     }
 
     #[test]

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# FP8 and NVFP4 checkpoints through the CUDA engine, kept in strata's device blocks
+# (`--keep-quantized`) or widened to bf16 (issue 22's battery), with the carried release binary
+# and the Llama 3.1 tokenizer in .device/llama3_1:
+#   scripts/device/quant_engine.sh OUT_DIR
+# It builds nothing. In order (PARTS picks: selftest, identity, decode):
+#   1. `strata kernels selftest`: every block format's dequantizer, GEMV, shard GEMV and gather
+#      bit for bit against the bf16 kernels on the CPU loader's values (NVFP4 in both
+#      conventions, FP8), with canaries;
+#   2. identity: a small Llama (4 layers, hidden 1024) synthesized, quantized by
+#      `strata quantize` (fp8, nvfp4, mixed); each generates greedily on the GPU with its
+#      weights kept and widened — the texts must be equal (the blocks compute the widened
+#      model's bits) — and passes `strata gpu parity --keep-quantized` against the CPU reference;
+#   3. decode: the Llama-3.1-8B shape synthesized (bf16), quantized to fp8 and nvfp4 (timed),
+#      `strata gpu decode` at BATCHES for bf16, each format kept and each widened, with its
+#      graph == eager checks: tokens/s against bf16 and against each format's byte roofline.
+# Everything lands in OUT_DIR with receipt.json; a short table is printed last.
+set -uo pipefail
+
+OUT=${1:?usage: quant_engine.sh OUT_DIR}
+BIN=${STRATA_BIN:-.device/strata}
+TOKENIZER=${TOKENIZER:-.device/llama3_1}
+BENCH_CONFIG=${BENCH_CONFIG:-configs/llama-3.1-8b.json}
+FILES=${FILES:-${TMPDIR:-/tmp}/strata-quant-engine}
+BATCHES=${BATCHES:-1,8,32,64}
+PARTS=${PARTS:-selftest,identity,decode}
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+mkdir -p "$OUT/logs" "$FILES"
+failed=0
+part() { [[ ,$PARTS, == *,$1,* ]]; }
+# shellcheck source=scripts/device/common.sh
+. "$(dirname "$0")/common.sh"
+record_machine
+
+if part selftest; then
+    "$BIN" kernels selftest >"$OUT/selftest.txt" 2>&1 || failed=1
+    tail -1 "$OUT/selftest.txt"
+fi
+
+if part identity; then
+    SMALL=$FILES/small
+    "$BIN" model synth --arch llama --out "$SMALL" --layers 4 --hidden 1024 --heads 16 \
+        --kv-heads 4 --intermediate 2816 --max-position 2048 --tokenizer "$TOKENIZER" \
+        >"$OUT/logs/synth-small.log" 2>&1 || { echo "synth FAILED"; failed=1; }
+    for plan in fp8 nvfp4 mixed; do
+        "$BIN" quantize --plan $plan --model "$SMALL" --out "$FILES/small-$plan" \
+            >"$OUT/logs/quantize-small-$plan.log" 2>&1 || { echo "quantize $plan FAILED"; failed=1; }
+        same=1
+        for prompt in "The capital of France is" "def fibonacci(n):" "Once upon a time"; do
+            for arm in kept widened; do
+                flag=()
+                [[ $arm == kept ]] && flag=(--keep-quantized)
+                "$BIN" generate --model "$FILES/small-$plan" --device cuda:0 --prompt "$prompt" \
+                    --max-tokens 48 --temperature 0 "${flag[@]}" >"$FILES/gen-$arm.txt" \
+                    2>>"$OUT/logs/generate-$plan.log" || failed=1
+            done
+            cmp -s "$FILES/gen-kept.txt" "$FILES/gen-widened.txt" || same=0
+        done
+        echo "$plan: kept == widened over 3 prompts x 48 tokens: $same" | tee -a "$OUT/identity.txt"
+        [[ $same == 1 ]] || failed=1
+        "$BIN" gpu parity --model "$FILES/small-$plan" --keep-quantized --prompts 8 --tokens 32 \
+            --json "$OUT/parity-$plan.json" 2>&1 | tail -1 | tee -a "$OUT/identity.txt"
+        [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
+    done
+fi
+
+if part decode; then
+    MODEL=$FILES/bf16-8b
+    [[ -f $MODEL/config.json ]] || synth_bench_model
+    for plan in fp8 nvfp4; do
+        start=$(date +%s.%N)
+        "$BIN" quantize --plan $plan --model "$MODEL" --out "$FILES/8b-$plan" \
+            >"$OUT/logs/quantize-8b-$plan.log" 2>&1 || { echo "quantize $plan FAILED"; failed=1; }
+        echo "quantize 8B $plan: $(echo "$(date +%s.%N) - $start" | bc) s" | tee -a "$OUT/quantize.txt"
+    done
+    decode() { # NAME MODEL FLAGS...
+        local name=$1 model=$2
+        shift 2
+        "$BIN" gpu decode --model "$model" --batch "$BATCHES" --context 512 --steps 64 "$@" \
+            --json "$OUT/decode-$name.json" >"$OUT/logs/decode-$name.log" 2>&1 || {
+            echo "decode $name FAILED"
+            tail -5 "$OUT/logs/decode-$name.log"
+            failed=1
+        }
+    }
+    decode bf16 "$MODEL"
+    for plan in fp8 nvfp4; do
+        decode "$plan-kept" "$FILES/8b-$plan" --keep-quantized
+        decode "$plan-widened" "$FILES/8b-$plan"
+    done
+fi
+
+python3 - "$OUT" <<'EOF'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+receipt = {"machine": (out / "machine.txt").read_text().splitlines()}
+for name in ["selftest.txt", "identity.txt", "quantize.txt"]:
+    p = out / name
+    if p.exists():
+        receipt[name.split(".")[0]] = p.read_text().splitlines()[-12:]
+decode = {}
+for p in sorted(out.glob("decode-*.json")):
+    decode[p.stem[len("decode-"):]] = json.loads(p.read_text())
+receipt["decode"] = decode
+(out / "receipt.json").write_text(json.dumps(receipt, indent=1) + "\n")
+for name, d in decode.items():
+    rows = d.get("results") or d.get("batches") or []
+    cells = []
+    for r in rows:
+        if isinstance(r, dict):
+            cells.append(f"b{r.get('batch')}: {r.get('tokens_per_s', r.get('tok_s', '?'))}")
+    print(f"{name:<16} " + "  ".join(str(c) for c in cells))
+EOF
+exit $failed
