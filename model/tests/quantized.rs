@@ -522,3 +522,77 @@ fn calibrated_activation_scales_are_transformers_ranges_through_the_librarys_for
     .unwrap_err();
     assert!(err.to_string().contains("fp8-block"), "{err}");
 }
+
+/// `--quantize-activations` against transformers running the same files through
+/// compressed-tensors' forward (tests/oracle/quant/activation-logits.json, made by
+/// check_activation_logits.py): W8A8 with static (calibrated) and per-token FP8 scales, W4A4
+/// NVFP4. The last position's logits agree to f32 summation order (about 3e-7 of their range;
+/// bound 1e-5); the canary: strata's weight-only arithmetic on the same files is thousands of
+/// times further off (7e-2 to 3e-1), so the agreement comes from quantizing each input as the
+/// library does.
+#[test]
+fn activation_quantized_logits_follow_compressed_tensors_forward() {
+    use serde_json::Value;
+    use strata_model::quantize::{Calibration, Plan, quantize};
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("activation-logits.json")).unwrap(),
+    )
+    .unwrap();
+    let calibration_fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("calibration.json")).unwrap(),
+    )
+    .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let source = synthesized_source(tmp.path());
+    let runs: Vec<Vec<u32>> =
+        serde_json::from_value(calibration_fixture["sequences"].clone()).unwrap();
+    let calibration = Calibration::measure(&CpuModel::load(&source).unwrap(), &runs).unwrap();
+    let sequences: Vec<Vec<u32>> = serde_json::from_value(fixture["sequences"].clone()).unwrap();
+    for (label, plan, calibrated) in [
+        ("fp8-static", Plan::Fp8, true),
+        ("fp8-dynamic", Plan::Fp8Dynamic, false),
+        ("nvfp4-w4a4", Plan::Nvfp4, true),
+    ] {
+        let out = tmp.path().join(label);
+        quantize(
+            &source,
+            &out,
+            plan,
+            calibrated.then_some(&calibration),
+            |_| {},
+        )
+        .unwrap();
+        let want: Vec<Vec<f32>> =
+            serde_json::from_value(fixture["plans"][label]["logits"].clone()).unwrap();
+        let logits = |quantized_inputs: bool| {
+            let mut model = CpuModel::load(&out).unwrap();
+            if quantized_inputs {
+                let ckpt = Checkpoint::open(&out).unwrap();
+                assert_eq!(model.quantize_activations(&ckpt).unwrap(), 14, "{label}");
+            }
+            sequences
+                .iter()
+                .map(|s| {
+                    model
+                        .forward(s, &mut model.new_cache(), LogitRows::Last)
+                        .unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
+        let off = |got: &[Vec<f32>]| {
+            let scale = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
+            got.iter()
+                .flatten()
+                .zip(want.iter().flatten())
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+                / scale
+        };
+        let (quantized, weight_only) = (off(&logits(true)), off(&logits(false)));
+        eprintln!("{label}: activation-quantized {quantized:.2e}, weight-only {weight_only:.2e}");
+        assert!(quantized <= 1e-5, "{label}: {quantized:.2e} off");
+        assert!(
+            weight_only >= 1e3 * quantized,
+            "{label}: weight-only {weight_only:.2e} vs {quantized:.2e}"
+        );
+    }
+}

@@ -74,7 +74,13 @@ pub fn build_backend(dir: &Path, spec: &EngineSpec) -> Result<BuiltBackend, Mode
             if spec.block_size == 0 {
                 return Err(ModelLoadError::BlockSize);
             }
-            let loaded = LoadedModel::load(dir)?;
+            let mut loaded = LoadedModel::load(dir)?;
+            if spec.quantize_activations {
+                let quantized = Checkpoint::open(dir)
+                    .and_then(|ckpt| loaded.model.quantize_activations(&ckpt))
+                    .map_err(LoadError::from)?;
+                tracing::info!("{quantized} projections quantize their inputs (W8A8 / W4A4)");
+            }
             let backend = CpuBackend::new(loaded.model, spec.block_size, cpu_bytes()?);
             let parts = ServingParts {
                 tokenizer: loaded.tokenizer,

@@ -119,6 +119,10 @@ pub struct EngineSpec {
     /// load: about 1.9x (FP8) and 3.2x (NVFP4) less weight memory, slower decode until the block
     /// kernels catch up (docs/receipts/quant-blocks-h100.json).
     pub keep_quantized: bool,
+    /// CPU: compute a quantized checkpoint's activation quantization (W8A8 / W4A4: each
+    /// projection's input quantized as its config asks) instead of weight-only arithmetic — the
+    /// reference the FP8 / FP4 activation kernels are gated against.
+    pub quantize_activations: bool,
     /// Host and disk tiers under the device's KV cache.
     pub tiers: KvTiers,
 }
@@ -150,6 +154,7 @@ impl EngineSpec {
             limits,
             widen_gguf: false,
             keep_quantized: false,
+            quantize_activations: false,
             tiers: KvTiers::default(),
         }
     }
@@ -161,6 +166,13 @@ impl EngineSpec {
         }
         if self.block_size == 0 {
             return Err("block size must be at least 1".into());
+        }
+        if self.quantize_activations && (self.device != Device::Cpu || self.tp > 1) {
+            return Err(
+                "quantize_activations runs on the CPU reference alone (one rank): the CUDA \
+                 activation-quantized kernels are not written yet"
+                    .into(),
+            );
         }
         if self.limits.max_batch_tokens == 0 {
             return Err("max_batch_tokens must be at least 1".into());

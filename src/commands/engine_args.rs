@@ -48,6 +48,11 @@ pub struct EngineSettings {
     /// slower decode today (docs/MODELS.md) [default: false, widened to bf16].
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub keep_quantized: Option<bool>,
+    /// CPU: compute a quantized checkpoint's activation quantization (W8A8 / W4A4, as its
+    /// config asks) instead of weight-only arithmetic: the reference for activation-quantized
+    /// kernels and for quality comparisons (docs/MODELS.md) [default: false].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub quantize_activations: Option<bool>,
     /// Host memory, in MiB, for KV blocks evicted from the device: a later prompt with the
     /// same prefix restores them by copy instead of recomputing [default: 0, no host tier].
     #[arg(long)]
@@ -76,6 +81,7 @@ impl EngineSettings {
             max_running: self.max_running.or(fallback.max_running),
             widen_gguf: self.widen_gguf.or(fallback.widen_gguf),
             keep_quantized: self.keep_quantized.or(fallback.keep_quantized),
+            quantize_activations: self.quantize_activations.or(fallback.quantize_activations),
             kv_host_mib: self.kv_host_mib.or(fallback.kv_host_mib),
             kv_disk_dir: self.kv_disk_dir.or(fallback.kv_disk_dir),
             kv_disk_mib: self.kv_disk_mib.or(fallback.kv_disk_mib),
@@ -116,6 +122,9 @@ impl EngineSettings {
         }
         if let Some(keep) = self.keep_quantized {
             spec.keep_quantized = keep;
+        }
+        if let Some(quantize) = self.quantize_activations {
+            spec.quantize_activations = quantize;
         }
         if let Some(mib) = self.kv_host_mib {
             spec.tiers.host_bytes = mib_bytes("kv_host_mib", mib)?;
@@ -243,6 +252,22 @@ mod tests {
             })
             .contains("not both")
         );
+        for (device, tp) in [("cuda", None), ("cpu", Some(2))] {
+            assert!(
+                err(EngineSettings {
+                    device: Some(device.into()),
+                    tp,
+                    quantize_activations: Some(true),
+                    ..Default::default()
+                })
+                .contains("CPU reference alone")
+            );
+        }
+        let cpu = EngineSettings {
+            quantize_activations: Some(true),
+            ..Default::default()
+        };
+        assert!(cpu.spec().unwrap().quantize_activations);
     }
 
     #[test]

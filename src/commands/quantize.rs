@@ -15,6 +15,9 @@ pub enum PlanArg {
     Fp8,
     /// e4m3 weights, a scale per 128x128 block.
     Fp8Block,
+    /// e4m3 weights per output channel, activations quantized to FP8 per token at run time
+    /// (W8A8, no calibration).
+    Fp8Dynamic,
     /// e2m1 weights, an e4m3 scale per 16 (group max → 6), an f32 tensor scale.
     Nvfp4,
     /// NVFP4 whose group scales map each group's max to 4 or to 6, whichever errs less.
@@ -28,6 +31,7 @@ impl From<PlanArg> for Plan {
         match p {
             PlanArg::Fp8 => Plan::Fp8,
             PlanArg::Fp8Block => Plan::Fp8Block,
+            PlanArg::Fp8Dynamic => Plan::Fp8Dynamic,
             PlanArg::Nvfp4 => Plan::Nvfp4,
             PlanArg::Nvfp4_4o6 => Plan::Nvfp4FourOverSix,
             PlanArg::Mixed => Plan::Mixed,

@@ -16,6 +16,7 @@ mod ops;
 mod tp;
 mod weights;
 
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::path::Path;
 
@@ -244,6 +245,13 @@ impl CpuModel {
         &self.config
     }
 
+    /// Computes the checkpoint's activation quantization (W8A8, W4A4: each projection's input
+    /// quantized and dequantized before its product, `crate::quantize::ActivationQuant`) instead
+    /// of strata's weight-only arithmetic; returns how many projections quantize their input.
+    pub fn quantize_activations(&mut self, ckpt: &Checkpoint) -> Result<usize, WeightError> {
+        self.weights.quantize_activations(ckpt)
+    }
+
     pub fn new_cache(&self) -> KvCache {
         KvCache::new(&self.config)
     }
@@ -430,7 +438,13 @@ pub(crate) fn decoder_layer<E>(
     causal_attention(shape, index, &q, queries, kv, &mut attn);
     let mut o = vec![0.0; n * h];
     observe(LinearInput::Output, &attn);
-    reduce(&attn, &w.o, w.o_bias.as_deref(), qd, &mut o)?;
+    reduce(
+        &input(w, 3, &attn, qd),
+        &w.o,
+        w.o_bias.as_deref(),
+        qd,
+        &mut o,
+    )?;
     if let Some([attn_out, _]) = &w.sandwich {
         ops::rms_norm_in_place(&mut o, attn_out, eps);
     }
@@ -440,20 +454,35 @@ pub(crate) fn decoder_layer<E>(
     observe(LinearInput::Mlp, &normed);
     let mut gate = vec![0.0; n * heads.inter];
     let mut up = vec![0.0; n * heads.inter];
-    linear(&normed, &w.gate, None, h, &mut gate);
-    linear(&normed, &w.up, None, h, &mut up);
+    linear(&input(w, 4, &normed, h), &w.gate, None, h, &mut gate);
+    linear(&input(w, 5, &normed, h), &w.up, None, h, &mut up);
     if c.gemma3.is_some() {
         ops::gelu_tanh_mul(&mut gate, &up);
     } else {
         ops::silu_mul(&mut gate, &up);
     }
     observe(LinearInput::Down, &gate);
-    reduce(&gate, &w.down, None, heads.inter, &mut o)?;
+    reduce(
+        &input(w, 6, &gate, heads.inter),
+        &w.down,
+        None,
+        heads.inter,
+        &mut o,
+    )?;
     if let Some([_, mlp_out]) = &w.sandwich {
         ops::rms_norm_in_place(&mut o, mlp_out, eps);
     }
     ops::add_in_place(x, &o);
     Ok(())
+}
+
+/// The input projection `i` of `w` (`LayerWeights::activations`' order) multiplies: `x` (rows of
+/// `width`) itself, or quantized and dequantized as the checkpoint asks.
+fn input<'a>(w: &LayerWeights, i: usize, x: &'a [f32], width: usize) -> Cow<'a, [f32]> {
+    match &w.activations[i] {
+        Some(quant) => Cow::Owned(quant.apply(x, width)),
+        None => Cow::Borrowed(x),
+    }
 }
 
 /// Checks every chunk against `config` and flattens them: the tokens of the pass and each one's
@@ -531,9 +560,9 @@ pub(crate) fn project_qkv(
     let mut k = vec![0.0; n * kvd];
     let mut v = vec![0.0; n * kvd];
     let bias = |i: usize| w.qkv_bias.as_ref().map(|b| b[i].as_slice());
-    linear(&normed, &w.q, bias(0), h, &mut q);
-    linear(&normed, &w.k, bias(1), h, &mut k);
-    linear(&normed, &w.v, bias(2), h, &mut v);
+    linear(&input(w, 0, &normed, h), &w.q, bias(0), h, &mut q);
+    linear(&input(w, 1, &normed, h), &w.k, bias(1), h, &mut k);
+    linear(&input(w, 2, &normed, h), &w.v, bias(2), h, &mut v);
     if let Some([qn, kn]) = &w.qk_norm {
         ops::rms_norm_in_place(&mut q, qn, eps);
         ops::rms_norm_in_place(&mut k, kn, eps);

@@ -10,6 +10,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use super::ops::Matrix;
 use super::tp::TpLayout;
 use crate::config::ModelConfig;
+use crate::quantize::ActivationQuant;
 use crate::weights::{
     Checkpoint, EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorRef, WeightDtype, WeightError,
 };
@@ -30,6 +31,14 @@ pub struct LayerWeights {
     pub gate: Matrix,
     pub up: Matrix,
     pub down: Matrix,
+    /// How each projection's input is quantized before its product (q, k, v, o, gate, up,
+    /// down): all `None` (weight-only) unless [`CpuWeights::quantize_activations`] set them.
+    pub activations: [Option<ActivationQuant>; 7],
+}
+
+/// The projections of a layer in [`LayerWeights::activations`]' order, by their weight names.
+fn projection_names(n: &LayerNames) -> [&str; 7] {
+    [&n.q, &n.k, &n.v, &n.o, &n.gate, &n.up, &n.down]
 }
 
 pub struct CpuWeights {
@@ -150,6 +159,7 @@ impl CpuWeights {
                 gate: mat(&n.gate, [inter, h], i_rows.clone(), 0..h)?,
                 up: mat(&n.up, [inter, h], i_rows.clone(), 0..h)?,
                 down: mat(&n.down, [h, inter], 0..h, i_rows.clone())?,
+                activations: [None; 7],
             });
             bar.inc(1);
         }
@@ -167,6 +177,22 @@ impl CpuWeights {
             final_norm,
             lm_head,
         })
+    }
+
+    /// Quantizes each projection's input as `ckpt`'s quantization config asks (W8A8 / W4A4
+    /// arithmetic instead of weight-only); returns how many projections quantize their input.
+    /// A scheme strata does not compute, or a static scale missing or not positive, is refused
+    /// naming it.
+    pub fn quantize_activations(&mut self, ckpt: &Checkpoint) -> Result<usize, WeightError> {
+        let mut count = 0;
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            let names = LayerNames::new(i);
+            for (slot, name) in layer.activations.iter_mut().zip(projection_names(&names)) {
+                *slot = ckpt.activation_quant(name)?;
+                count += usize::from(slot.is_some());
+            }
+        }
+        Ok(count)
     }
 
     pub fn lm_head(&self) -> &Matrix {

@@ -13,8 +13,10 @@
 //! Linear also gets a static input scale and each NVFP4 Linear an input global scale, under the
 //! `input_activations` schemes compressed-tensors' `FP8` and `NVFP4` presets use.
 
+mod activations;
 mod calibrate;
 
+pub use activations::ActivationQuant;
 pub use calibrate::{Calibration, fp8_input_scale, nvfp4_input_global_scale, sequences};
 
 use std::path::{Path, PathBuf};
@@ -37,6 +39,8 @@ pub const FP8_BLOCK: usize = 128;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Plan {
     Fp8,
+    /// `fp8` with dynamic per-token FP8 activations (compressed-tensors' `FP8_DYNAMIC`).
+    Fp8Dynamic,
     Fp8Block,
     Nvfp4,
     Nvfp4FourOverSix,
@@ -54,7 +58,7 @@ enum Format {
 impl Plan {
     fn format(self, attention: bool) -> Format {
         match self {
-            Plan::Fp8 => Format::Fp8Channel,
+            Plan::Fp8 | Plan::Fp8Dynamic => Format::Fp8Channel,
             Plan::Fp8Block => Format::Fp8Block,
             Plan::Nvfp4 => Format::Nvfp4 {
                 four_over_six: false,
@@ -317,7 +321,7 @@ fn input_scheme(format: Format) -> Value {
             json!({"num_bits": 8, "type": "float", "strategy": "tensor", "symmetric": true, "dynamic": false, "observer": "static_minmax"})
         }
         Format::Nvfp4 { .. } => {
-            json!({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": true, "dynamic": "local", "observer": "static_minmax"})
+            json!({"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16, "symmetric": true, "dynamic": "local", "scale_dtype": "torch.float8_e4m3fn", "observer": "static_minmax"})
         }
         Format::Fp8Block => Value::Null,
     }
@@ -326,7 +330,9 @@ fn input_scheme(format: Format) -> Value {
 fn quantization_config(plan: Plan, calibrated: bool) -> Value {
     let group = |targets: Value, format: Format| {
         let (weights, name) = scheme(format);
-        let inputs = if calibrated {
+        let inputs = if plan == Plan::Fp8Dynamic {
+            json!({"num_bits": 8, "type": "float", "strategy": "token", "symmetric": true, "dynamic": true})
+        } else if calibrated {
             input_scheme(format)
         } else {
             Value::Null
@@ -381,6 +387,13 @@ pub fn quantize(
         return Err(QuantizeError::Unsupported(
             "fp8-block takes no calibration: engines quantize its activations per token group \
              of 128 at run time"
+                .into(),
+        ));
+    }
+    if calibration.is_some() && plan == Plan::Fp8Dynamic {
+        return Err(QuantizeError::Unsupported(
+            "fp8-dynamic takes no calibration: its activation scales are computed per token at \
+             run time"
                 .into(),
         ));
     }

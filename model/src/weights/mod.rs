@@ -9,6 +9,7 @@
 //! order here (see [`crate::gguf`]'s config module). F32, F16 and BF16 tensors are read from the
 //! mapping as they are.
 
+mod activations;
 mod layout;
 mod quant;
 
@@ -169,6 +170,8 @@ pub struct Checkpoint {
     dir: PathBuf,
     files: Vec<ShardFile>,
     tensors: HashMap<String, TensorEntry>,
+    /// What the quantization config asks of each Linear's input, with its static scales.
+    activations: activations::ActivationSchemes,
 }
 
 /// A borrowed view of one tensor's bytes in the mapping.
@@ -199,6 +202,7 @@ impl Checkpoint {
             dir: dir.to_path_buf(),
             files: Vec::new(),
             tensors: HashMap::new(),
+            activations: activations::ActivationSchemes::default(),
         };
         if index_path.exists() {
             let text = std::fs::read_to_string(&index_path).map_err(|source| WeightError::Io {
@@ -250,6 +254,12 @@ impl Checkpoint {
                 dir: dir.to_path_buf(),
             });
         }
+        let config = std::fs::read_to_string(dir.join("config.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+        checkpoint.activations = activations::ActivationSchemes::from_config(
+            config.as_ref().and_then(|c| c.get("quantization_config")),
+        );
         checkpoint.fold_quantized()?;
         Ok(checkpoint)
     }
@@ -375,7 +385,34 @@ impl Checkpoint {
                 ));
             }
             for aside in quant::SET_ASIDE {
-                self.tensors.remove(&format!("{base}{aside}"));
+                let Some(entry) = self.tensors.remove(&format!("{base}{aside}")) else {
+                    continue;
+                };
+                // Static input scales are kept for an engine that quantizes activations.
+                if !matches!(aside, ".input_scale" | ".input_global_scale") {
+                    continue;
+                }
+                let part = quant::Part {
+                    file: entry.file,
+                    offsets: entry.offsets,
+                    dtype: match entry.data {
+                        TensorData::Mapped(dtype) => dtype,
+                        _ => continue,
+                    },
+                    shape: entry.shape,
+                    name: format!("{base}{aside}"),
+                };
+                let f = &self.files[part.file];
+                let bytes = &f.mmap[f.data_start + part.offsets.0..f.data_start + part.offsets.1];
+                // A weight-only engine never reads it: a bad one is refused only when asked
+                // for (`activation_quant`), as not positive and finite.
+                let value = quant::scale_value(&part, bytes).unwrap_or(f32::NAN);
+                let kept = if aside == ".input_scale" {
+                    &mut self.activations.input_scale
+                } else {
+                    &mut self.activations.input_global_scale
+                };
+                kept.insert(base.to_string(), value);
             }
             let (file, offsets) = (parts[0].file, parts[0].offsets);
             self.tensors.insert(
@@ -537,6 +574,7 @@ impl Checkpoint {
                 data_start,
             }],
             tensors,
+            activations: activations::ActivationSchemes::default(),
         })
     }
 
@@ -681,6 +719,23 @@ impl Checkpoint {
             .map_err(|problem| WeightError::Malformed {
                 path: self.files[entry.file].path.clone(),
                 problem: format!("tensor {name}: {problem}"),
+            })
+    }
+
+    /// How the Linear whose weight is `name` quantizes its input, as the checkpoint's
+    /// quantization config says (`None`: weight-only): for an engine computing the
+    /// checkpoint's activation quantization (W8A8, W4A4) rather than strata's weight-only
+    /// default.
+    pub fn activation_quant(
+        &self,
+        name: &str,
+    ) -> Result<Option<crate::quantize::ActivationQuant>, WeightError> {
+        let module = name.strip_suffix(".weight").unwrap_or(name);
+        self.activations
+            .of(module)
+            .map_err(|problem| WeightError::Malformed {
+                path: self.dir.clone(),
+                problem,
             })
     }
 

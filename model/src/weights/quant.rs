@@ -118,6 +118,18 @@ fn scales(part: &Part, bytes: &[u8]) -> Result<Vec<f32>, String> {
     Ok(values)
 }
 
+/// A one-value scale tensor's value (activation scales: `input_scale`, `input_global_scale`).
+pub(super) fn scale_value(part: &Part, bytes: &[u8]) -> Result<f32, String> {
+    let values = scales(part, bytes)?;
+    match values.as_slice() {
+        [value] => Ok(*value),
+        _ => Err(format!(
+            "scale {} must hold one value; it has shape {:?}",
+            part.name, part.shape
+        )),
+    }
+}
+
 fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }

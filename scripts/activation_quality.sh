@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Quality of activation-quantized arithmetic (W8A8, W4A4) on a real model, on the CPU reference,
+# beside the same files' weight-only arithmetic:
+#   scripts/activation_quality.sh MODEL TEXT OUT_DIR [CONTEXT] [CHUNKS]
+# Calibration (static scales) reads the last 64 KB of TEXT; evaluation scores its first CHUNKS
+# chunks of CONTEXT tokens, so the two do not overlap. Arms: fp8 calibrated (W8A16 weight-only,
+# W8A8 static), fp8-dynamic (W8A8 per token), nvfp4 calibrated (W4A16, W4A4). Each is compared
+# with MODEL by `strata eval compare` (both perplexities, KL(baseline ‖ arm), top-1 agreement).
+# Writes OUT_DIR/receipt.json.
+set -euo pipefail
+model=${1:?usage: activation_quality.sh MODEL TEXT OUT_DIR [CONTEXT] [CHUNKS]}
+text=${2:?text}
+out=${3:?out dir}
+context=${4:-512}
+chunks=${5:-8}
+bin=${STRATA:-target/release/strata}
+mkdir -p "$out"
+tail -c 65536 "$text" >"$out/calibration.txt"
+quantize() { # PLAN DIR [ARGS...]
+    local plan=$1 dir=$2
+    shift 2
+    rm -rf "$out/$dir"
+    "$bin" quantize --plan "$plan" --model "$model" --out "$out/$dir" "$@" >"$out/$dir.quantize.txt"
+    tail -1 "$out/$dir.quantize.txt"
+}
+quantize fp8 fp8-calibrated --calibrate "$out/calibration.txt"
+quantize fp8-dynamic fp8-dynamic
+quantize nvfp4 nvfp4-calibrated --calibrate "$out/calibration.txt"
+compare() { # ARM DIR [ARGS...]
+    local arm=$1 dir=$2
+    shift 2
+    "$bin" eval compare --model "$model" --candidate "$out/$dir" --text "$text" \
+        --context "$context" --max-chunks "$chunks" --json "$out/$arm.json" "$@" 2>/dev/null |
+        tee "$out/$arm.txt"
+}
+compare w8a16 fp8-calibrated
+compare w8a8-static fp8-calibrated --quantize-activations
+compare w8a8-token fp8-dynamic --quantize-activations
+compare w4a16 nvfp4-calibrated
+compare w4a4 nvfp4-calibrated --quantize-activations
+python3 - "$out" "$model" "$bin" <<'PY'
+import json, pathlib, subprocess, sys
+out, model, binary = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+arms = {}
+base = None
+for arm in ("w8a16", "w8a8-static", "w8a8-token", "w4a16", "w4a4"):
+    p = json.loads((out / f"{arm}.json").read_text())
+    base = base or {"perplexity": p["reference_perplexity"], "text": p["text"], "context": p["context"],
+                    "chunks": p["chunks"], "scored_tokens": p["scored_tokens"]}
+    arms[arm] = {
+        "perplexity": p["candidate_perplexity"],
+        "perplexity_ratio_to_baseline": p["candidate_perplexity"] / p["reference_perplexity"],
+        "mean_kl_nats": p["mean_kl"],
+        "max_kl_nats": p["max_kl"],
+        "top1_agreement": p["top1_agreement"],
+    }
+git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+receipt = {
+    "what": "activation-quantized (W8A8, W4A4) against weight-only arithmetic of strata quantize files, "
+            "scored by strata eval compare on the CPU reference (--quantize-activations)",
+    "git": git, "binary": binary, "model": model, "text": base["text"],
+    "calibration": "the text's last 64 KB (strata quantize --calibrate, 16 sequences of 512 tokens)",
+    "context": base["context"], "chunks": base["chunks"], "scored_tokens": base["scored_tokens"],
+    "baseline": {"perplexity": base["perplexity"]},
+    "arms": arms,
+}
+(out / "receipt.json").write_text(json.dumps(receipt, indent=2) + "\n")
+print(f"{'arm':<12} {'perplexity':>10} {'ratio':>7} {'KL':>8} {'top-1':>7}")
+print(f"{'baseline':<12} {base['perplexity']:>10.4f}")
+for name, p in arms.items():
+    print(f"{name:<12} {p['perplexity']:>10.4f} {p['perplexity_ratio_to_baseline']:>7.4f} "
+          f"{p['mean_kl_nats']:>8.4f} {p['top1_agreement']:>7.4f}")
+PY
