@@ -295,7 +295,8 @@ struct Outcome {
     results: Vec<(usize, bool)>,
     /// Streams re-sent to the other router (cut or refused by theirs).
     retried: usize,
-    /// `strata_router_failovers_total` of both routers (the killed one's since its restart).
+    /// `strata_router_failovers_total` of both routers, the killed one's before its kill added
+    /// to its count since the restart.
     failovers: f64,
 }
 
@@ -428,6 +429,11 @@ fn chaos(router_args: &str) -> Outcome {
     // 2. A router SIGKILLed (its clients retry on the other) and back.
     let router = format!("router-{victim_router}");
     let before = said(&dir, &router, "on http://");
+    // Its failover count dies with it: kept to add to the end's.
+    let failovers_before_kill = metric(
+        &get(routers[victim_router as usize - 1], "/metrics"),
+        "strata_router_failovers_total",
+    );
     kill_and_restart(&dir, &router, Duration::from_millis(500));
     wait_said(&dir, &router, "on http://", before);
 
@@ -512,10 +518,11 @@ fn chaos(router_args: &str) -> Outcome {
         client.join().expect("a client thread panicked");
     }
     let results = results.lock().unwrap().clone();
-    let failovers: f64 = routers
-        .iter()
-        .map(|r| metric(&get(*r, "/metrics"), "strata_router_failovers_total"))
-        .sum();
+    let failovers: f64 = failovers_before_kill
+        + routers
+            .iter()
+            .map(|r| metric(&get(*r, "/metrics"), "strata_router_failovers_total"))
+            .sum::<f64>();
 
     // The group agrees with itself: every member names the same leader and voters (member 4
     // gone), commits a write, and both routers follow the same ring epoch.
