@@ -62,8 +62,8 @@ pub(super) struct ActivationSchemes {
     /// (targets, input kind) of each config group with input activations, in the config's order.
     groups: Vec<(Vec<Target>, InputKind)>,
     ignore: Vec<Target>,
-    /// Why this checkpoint's activation quantization cannot be computed (its producer's
-    /// arithmetic is not implemented), when it asks for one.
+    /// Why this checkpoint's activation quantization cannot be computed (a producer whose
+    /// activation arithmetic strata does not implement: ModelOpt, Hugging Face's `fp8`).
     unsupported: Option<String>,
     /// Why its quantization config's activation schemes were refused (for every Linear).
     refused: Option<String>,
@@ -156,10 +156,7 @@ impl ActivationSchemes {
         if self.ignore.iter().any(|t| t.matches(module)) {
             return Ok(None);
         }
-        if let Some(why) = &self.unsupported
-            && (self.input_scale.contains_key(module)
-                || self.input_global_scale.contains_key(module))
-        {
+        if let Some(why) = &self.unsupported {
             return Err(format!("{module}: {why}"));
         }
         let Some((_, kind)) = self
@@ -236,6 +233,13 @@ mod tests {
             "input_activations": {"type": "int", "num_bits": 8, "strategy": "token", "dynamic": true}}}});
         let err = ActivationSchemes::parse(Some(&int8)).unwrap_err();
         assert!(err.contains("config_groups.g.input_activations"), "{err}");
+        // Another producer's activation arithmetic is refused by name, scales or not.
+        let modelopt = json!({"quant_method": "modelopt", "quant_algo": "FP8"});
+        let err = ActivationSchemes::parse(Some(&modelopt))
+            .unwrap()
+            .of("model.layers.0.mlp.up_proj")
+            .unwrap_err();
+        assert!(err.contains("modelopt"), "{err}");
         // Weight-only configs ask for nothing.
         let weight_only = json!({"quant_method": "compressed-tensors", "config_groups": {"g": {
             "targets": ["Linear"], "input_activations": null}}});
