@@ -38,36 +38,7 @@ compare w8a8-static fp8-calibrated --quantize-activations
 compare w8a8-token fp8-dynamic --quantize-activations
 compare w4a16 nvfp4-calibrated
 compare w4a4 nvfp4-calibrated --quantize-activations
-python3 - "$out" "$model" "$bin" <<'PY'
-import json, pathlib, subprocess, sys
-out, model, binary = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-arms = {}
-base = None
-for arm in ("w8a16", "w8a8-static", "w8a8-token", "w4a16", "w4a4"):
-    p = json.loads((out / f"{arm}.json").read_text())
-    base = base or {"perplexity": p["reference_perplexity"], "text": p["text"], "context": p["context"],
-                    "chunks": p["chunks"], "scored_tokens": p["scored_tokens"]}
-    arms[arm] = {
-        "perplexity": p["candidate_perplexity"],
-        "perplexity_ratio_to_baseline": p["candidate_perplexity"] / p["reference_perplexity"],
-        "mean_kl_nats": p["mean_kl"],
-        "max_kl_nats": p["max_kl"],
-        "top1_agreement": p["top1_agreement"],
-    }
-git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-receipt = {
-    "what": "activation-quantized (W8A8, W4A4) against weight-only arithmetic of strata quantize files, "
-            "scored by strata eval compare on the CPU reference (--quantize-activations)",
-    "git": git, "binary": binary, "model": model, "text": base["text"],
-    "calibration": "the text's last 64 KB (strata quantize --calibrate, 16 sequences of 512 tokens)",
-    "context": base["context"], "chunks": base["chunks"], "scored_tokens": base["scored_tokens"],
-    "baseline": {"perplexity": base["perplexity"]},
-    "arms": arms,
-}
-(out / "receipt.json").write_text(json.dumps(receipt, indent=2) + "\n")
-print(f"{'arm':<12} {'perplexity':>10} {'ratio':>7} {'KL':>8} {'top-1':>7}")
-print(f"{'baseline':<12} {base['perplexity']:>10.4f}")
-for name, p in arms.items():
-    print(f"{name:<12} {p['perplexity']:>10.4f} {p['perplexity_ratio_to_baseline']:>7.4f} "
-          f"{p['mean_kl_nats']:>8.4f} {p['top1_agreement']:>7.4f}")
-PY
+python3 "$(dirname "$0")/eval_receipt.py" --out "$out" --model "$model" --binary "$bin" \
+    --what "activation-quantized (W8A8, W4A4) against weight-only arithmetic of strata quantize files, scored by strata eval compare on the CPU reference (--quantize-activations)" \
+    --note "calibration=the text's last 64 KB (strata quantize --calibrate, 16 sequences of 512 tokens)" \
+    w8a16 w8a8-static w8a8-token w4a16 w4a4

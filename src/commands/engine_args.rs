@@ -181,18 +181,7 @@ mod tests {
 
     #[test]
     fn widen_gguf_is_a_flag_a_value_and_a_toml_key() {
-        #[derive(clap::Parser)]
-        struct Cli {
-            #[command(flatten)]
-            engine: EngineSettings,
-        }
-        use clap::Parser;
-        let parse = |args: &[&str]| {
-            Cli::try_parse_from(std::iter::once("strata").chain(args.iter().copied()))
-                .unwrap()
-                .engine
-                .widen_gguf
-        };
+        let parse = |args: &[&str]| settings_of_flags(args).widen_gguf;
         assert_eq!(parse(&[]), None);
         assert_eq!(parse(&["--widen-gguf"]), Some(true));
         assert_eq!(parse(&["--widen-gguf", "false"]), Some(false));
@@ -200,23 +189,30 @@ mod tests {
         assert_eq!(toml.widen_gguf, Some(true));
     }
 
-    #[test]
-    fn keep_quantized_is_a_flag_a_toml_key_and_off_by_default() {
+    /// The engine settings a command line of engine flags gives.
+    fn settings_of_flags(args: &[&str]) -> EngineSettings {
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
             engine: EngineSettings,
         }
         use clap::Parser;
-        let parse = |args: &[&str]| {
-            Cli::try_parse_from(std::iter::once("strata").chain(args.iter().copied()))
-                .unwrap()
-                .engine
-        };
-        assert!(!parse(&[]).spec().unwrap().keep_quantized);
-        assert!(parse(&["--keep-quantized"]).spec().unwrap().keep_quantized);
+        Cli::try_parse_from(std::iter::once("strata").chain(args.iter().copied()))
+            .unwrap()
+            .engine
+    }
+
+    #[test]
+    fn keep_quantized_and_quantize_activations_are_flags_toml_keys_and_off_by_default() {
+        let spec = |args: &[&str]| settings_of_flags(args).spec().unwrap();
+        assert!(!spec(&[]).keep_quantized);
+        assert!(spec(&["--keep-quantized"]).keep_quantized);
+        assert!(!spec(&[]).quantize_activations);
+        assert!(spec(&["--quantize-activations"]).quantize_activations);
         let toml: EngineSettings = toml::from_str("keep_quantized = true").unwrap();
         assert!(toml.spec().unwrap().keep_quantized);
+        let toml: EngineSettings = toml::from_str("quantize_activations = true").unwrap();
+        assert!(toml.spec().unwrap().quantize_activations);
     }
 
     #[test]
