@@ -31,10 +31,7 @@ fn deploy_local_starts_a_whole_cluster_and_stops_it() {
         .expect("run the script")
     };
     // Ports from a free one: members, joins and nodes at base + 10i (+1, +2), routers base + 101..
-    let base = {
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        (socket.local_addr().unwrap().port() % 20_000 + 30_000).to_string()
-    };
+    let base = cluster::free_ports(110).to_string();
     let dir_arg = dir.to_str().unwrap();
     let up = script(
         "up.sh",

@@ -7,6 +7,8 @@
 //! ended (the CA holder on its own, another through `cluster reissue`); and a follower paused
 //! past its election timeout that does not depose the leader (pre-vote).
 
+mod cluster;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -64,12 +66,6 @@ impl Drop for Member {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// A loopback UDP port nothing is bound to right now.
-fn free_port() -> u16 {
-    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-    socket.local_addr().unwrap().port()
 }
 
 /// `strata cluster <args>`, with no `--data` added.
@@ -169,9 +165,13 @@ fn spawn_join(data: &Path, listen: &str, seed: &str, token: &Path, voter: bool) 
 fn places(root: &Path, n: usize) -> (Vec<PathBuf>, Vec<String>, String) {
     let datas = (1..=n).map(|i| root.join(format!("m{i}"))).collect();
     let listens = (0..n)
-        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .map(|_| format!("127.0.0.1:{}", cluster::free_ports(1)))
         .collect();
-    (datas, listens, format!("127.0.0.1:{}", free_port()))
+    (
+        datas,
+        listens,
+        format!("127.0.0.1:{}", cluster::free_ports(1)),
+    )
 }
 
 /// `init` in `datas[0]` (the CA holder, join endpoint `join`), then `join --voter` of the rest
@@ -201,7 +201,9 @@ fn start_group_with(
         };
         members.push(spawn_join(&datas[i], &listens[i], join, &token, true));
         let want = i + 1;
-        wait_status(&[&datas[0]], "the joiner becomes a voter", |s| {
+        // Read through every member started so far, so that a timeout shows the joiner's log too.
+        let started: Vec<&Path> = datas[..=i].iter().map(PathBuf::as_path).collect();
+        wait_status(&started, "the joiner becomes a voter", |s| {
             voters(s).len() == want && s["members"] == want
         });
     }
@@ -328,7 +330,7 @@ fn a_join_through_a_follower_ca_holder_survives_a_stalled_leader() {
             "cluster",
             "join",
             "--listen",
-            &format!("127.0.0.1:{}", free_port()),
+            &format!("127.0.0.1:{}", cluster::free_ports(1)),
         ])
         .args(["--seed", &join, "--token", token.to_str().unwrap()])
         .args(["--data", other.to_str().unwrap()])
@@ -407,13 +409,43 @@ fn a_member_that_lost_its_store_exits_and_the_printed_procedure_recovers_the_gro
     assert!(stale.contains("member 3 has been revoked"), "{stale}");
     let token = issue_token(&datas[0], &root.path().join("token-new"));
     let fresh = root.path().join("m3-new");
-    let listen = format!("127.0.0.1:{}", free_port());
-    members.push(spawn_join(&fresh, &listen, &join, &token, true));
+    // A joiner that cannot listen (its address taken) fails before asking: nothing is added
+    // and its token is not spent.
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let taken_addr = taken.local_addr().unwrap().to_string();
+    let blocked = cli_bare(&[
+        "join",
+        "--listen",
+        &taken_addr,
+        "--seed",
+        &join,
+        "--token",
+        token.to_str().unwrap(),
+        "--data",
+        root.path().join("m-blocked").to_str().unwrap(),
+    ]);
+    assert!(!blocked.status.success());
+    let stderr = String::from_utf8_lossy(&blocked.stderr);
+    assert!(stderr.contains("cannot listen"), "{stderr}");
+    drop(taken);
+    // Port 0: the joiner takes a port the system picks and is recorded at it.
+    members.push(spawn_join(&fresh, "127.0.0.1:0", &join, &token, true));
     let paths = [datas[0].as_path(), datas[1].as_path(), fresh.as_path()];
     let before = wait_status(&paths[..1], "three voters again, member 3 gone", |s| {
         let v = voters(s);
         v.len() == 3 && !v.contains(&3) && s["members"] == 3
     });
+    let recorded = view(&datas[0], "members").expect("members");
+    let new_id = voters(&before).into_iter().max().unwrap();
+    let addr = recorded["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == new_id)
+        .and_then(|m| m["raft_addr"].as_str())
+        .unwrap_or_else(|| panic!("member {new_id} recorded: {recorded}"));
+    let port = addr.rsplit_once(':').unwrap().1.parse::<u16>().unwrap();
+    assert_ne!(port, 0, "{recorded}");
     let applied = before["last_applied"].as_u64().unwrap();
     wait_status(&paths, "the recovered group commits", |s| {
         s["last_applied"].as_u64().is_some_and(|a| a > applied + 2)
@@ -424,8 +456,8 @@ fn a_member_that_lost_its_store_exits_and_the_printed_procedure_recovers_the_gro
 fn an_operator_identity_reads_and_writes_without_a_member_directory() {
     let root = tempfile::tempdir().unwrap();
     let data = root.path().join("m1");
-    let listen = format!("127.0.0.1:{}", free_port());
-    let join = format!("127.0.0.1:{}", free_port());
+    let listen = format!("127.0.0.1:{}", cluster::free_ports(1));
+    let join = format!("127.0.0.1:{}", cluster::free_ports(1));
     let _member = Member::spawn(
         &data,
         &["init", "--listen", &listen, "--join-listen", &join],
@@ -680,7 +712,7 @@ fn certificates_renew_while_members_run_and_after_they_were_down() {
 /// `cluster reissue` of member `id` on the CA holder in `ca_data`, copied into `data`'s TLS
 /// directory.
 fn reissue(ca_data: &Path, id: u64, data: &Path) {
-    let out_dir = ca_data.with_file_name(format!("reissued-{id}-{}", free_port()));
+    let out_dir = ca_data.with_file_name(format!("reissued-{id}-{}", cluster::free_ports(1)));
     let out = cli(
         ca_data,
         &[

@@ -648,10 +648,7 @@ fn nodes_that_come_up_late_or_come_back_get_traffic_and_no_request_fails() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let mut cluster = start_cluster(2);
     // A third node the router knows of but which is not up yet.
-    let late: SocketAddr = {
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket.local_addr().unwrap()
-    };
+    let late = SocketAddr::from(([127, 0, 0, 1], cluster::free_ports(1)));
     cluster.node_addrs.push(late);
     let ca = ClusterCa::load(&cluster.tmp.path().join("ca")).unwrap();
     ca.issue_member(3, &cluster.tmp.path().join("member-3"))

@@ -97,7 +97,7 @@ struct Balancer {
 
 impl Balancer {
     fn start(dir: &Path, name: &str, routers: [u16; 2], retry: bool) -> Self {
-        let port = free_port();
+        let port = cluster::free_ports(1);
         let socket = dir.join(format!("{name}.sock"));
         let config = dir.join(format!("{name}.cfg"));
         std::fs::write(&config, haproxy_config(port, routers, &socket, retry)).unwrap();
@@ -180,11 +180,6 @@ impl Drop for Balancer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 /// One request as a client saw it.
@@ -333,7 +328,7 @@ fn the_balancer_survives_a_router_kill_and_takes_a_draining_router_out() {
     let dir = tmp.path().join("cluster");
     let (_down, base) = deploy_local(&dir, &model, 1);
     let member = format!("127.0.0.1:{}", base + 10);
-    let ports = [free_port(), free_port()];
+    let ports = [cluster::free_ports(1), cluster::free_ports(1)];
     let start_router = |port: u16, extra: &[&str]| router(&dir, &model, &member, port, extra);
     let mut router_1 = start_router(ports[0], &[]);
     let _router_2 = start_router(ports[1], &[]);

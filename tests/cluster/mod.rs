@@ -321,6 +321,49 @@ pub fn serial() -> std::sync::MutexGuard<'static, ()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A base port `b` with `b .. b + count` free on 127.0.0.1 for both UDP and TCP right now and
+/// outside the system's ephemeral range, so no socket bound to port 0 afterwards (a CLI's QUIC
+/// dial endpoint, an outbound TCP connection, another test's probe) can take one before the
+/// process meant to listen there binds it. Calls within one test binary never overlap.
+pub fn free_ports(count: u16) -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let (low, high) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| {
+            let mut it = t.split_whitespace().map(|v| v.parse::<u32>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32_768, 60_999));
+    // The span below the ephemeral range when it is wide enough, else the one above it.
+    let (start, end) = if low >= 12_000 {
+        (10_000, low)
+    } else {
+        (high + 1, 65_536)
+    };
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = end - start - u32::from(count);
+    // Successive test binaries start at different places (a port a previous one used may still
+    // be held by a process that is going down).
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7_919) % span,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    let free = |port: u32| {
+        let addr = format!("127.0.0.1:{port}");
+        std::net::UdpSocket::bind(&addr).is_ok() && std::net::TcpListener::bind(&addr).is_ok()
+    };
+    for _ in 0..1_000 {
+        let offset = NEXT.fetch_add(u32::from(count), Ordering::SeqCst) % span;
+        let base = start + offset;
+        if (base..base + u32::from(count)).all(free) {
+            return base as u16;
+        }
+    }
+    panic!("no {count} consecutive free ports in {start}..{end}");
+}
+
 /// `deploy/local/up.sh` in `dir` (members, nodes beside them, one router), stopped by `down.sh`
 /// when the returned guard drops; the base port it used.
 pub fn deploy_local(dir: &Path, model: &Path, nodes: usize) -> (impl Drop, u16) {
@@ -347,10 +390,8 @@ pub fn deploy_local_env(
     (router_args, init_args): (&str, &str),
     env: &[(&str, &str)],
 ) -> (impl Drop, u16) {
-    let base: u16 = {
-        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-        socket.local_addr().unwrap().port() % 20_000 + 30_000
-    };
+    // up.sh's ports: members, joins and nodes at base + 10i (+1, +2), routers at base + 101..
+    let base = free_ports(101 + routers as u16);
     let up = std::process::Command::new(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/local/up.sh"),
     )

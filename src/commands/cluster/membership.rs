@@ -148,9 +148,15 @@ pub(super) async fn join(args: JoinArgs) -> Result<()> {
         return serve(&args.data).await;
     }
     let token = read_token(&args.token)?;
+    // The member address is held from before the group is asked: a joiner that cannot listen
+    // fails here, before it is admitted as a member the others can never reach. Port 0 takes
+    // one the system picks, recorded as the member's address.
+    let socket = std::net::UdpSocket::bind(args.listen)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let listen = socket.local_addr().context("the bound member address")?;
     let config = ServerConfig {
         data_dir: args.data.clone(),
-        listen: args.listen,
+        listen,
         advertise: args.advertise,
         join_listen: None,
         cert_lifetime_s: None,
@@ -160,7 +166,7 @@ pub(super) async fn join(args: JoinArgs) -> Result<()> {
         .with_context(|| format!("create {}", args.data.display()))?;
     let identity = join_with_retries(&args.seed, &token, &config.advertised(), &layout).await?;
     config.save(&layout.config()).map_err(anyhow::Error::msg)?;
-    let server = Server::start(&config).await?;
+    let server = Server::start_on(&config, Some(socket)).await?;
     // Recorded as what it is now, a learner; the voter role only once raft has promoted it.
     let spec = member_spec(identity.id, &server.addr);
     server

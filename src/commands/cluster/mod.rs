@@ -151,6 +151,8 @@ fn parse_lifetime(text: &str) -> Result<u64, String> {
 pub struct JoinArgs {
     #[arg(long)]
     data: PathBuf,
+    /// Member endpoint (raft and clients, mutual TLS), bound before the group is asked; port 0
+    /// takes one the system picks, recorded as this member's address.
     #[arg(long)]
     listen: SocketAddr,
     #[arg(long)]

@@ -28,7 +28,7 @@ use crate::transport::renew::{
 };
 use crate::transport::{
     CaError, Client, ClusterCa, EndpointError, MemberIdentity, QuicNetworkFactory, Service,
-    join_endpoint, member_endpoint, serve,
+    join_endpoint, member_endpoint, member_endpoint_on, serve,
 };
 use crate::{NodeId, Raft};
 
@@ -73,6 +73,15 @@ impl Server {
     /// Opens the store, binds the endpoints and starts raft and the background tasks. The
     /// member must already hold its identity in `<data>/tls`.
     pub async fn start(config: &ServerConfig) -> Result<Self, ServerError> {
+        Self::start_on(config, None).await
+    }
+
+    /// [`Server::start`] with the member endpoint on `socket` where given (bound to the
+    /// configuration's `listen` beforehand), else bound here.
+    pub async fn start_on(
+        config: &ServerConfig,
+        socket: Option<std::net::UdpSocket>,
+    ) -> Result<Self, ServerError> {
         let layout = config.layout();
         let ca = if layout.ca_dir().join(CA_KEY_FILE).exists() {
             let lifetime = config
@@ -90,7 +99,10 @@ impl Server {
         let live = identity.live().map_err(EndpointError::from)?;
         let (log, state_machine) = store::open(&layout.store())?;
         let state = state_machine.reader();
-        let endpoint = member_endpoint(config.listen, &live)?;
+        let endpoint = match socket {
+            Some(socket) => member_endpoint_on(socket, &live)?,
+            None => member_endpoint(config.listen, &live)?,
+        };
         let bound = endpoint
             .local_addr()
             .map_err(|source| EndpointError::Bind {

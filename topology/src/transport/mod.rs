@@ -50,11 +50,35 @@ pub fn member_endpoint(
     listen: SocketAddr,
     identity: &Arc<LiveIdentity>,
 ) -> Result<quinn::Endpoint, EndpointError> {
-    let mut endpoint = quinn::Endpoint::server(tls::member_server_config(identity)?, listen)
-        .map_err(|source| EndpointError::Bind {
-            addr: listen,
-            source,
-        })?;
+    let bind = |source| EndpointError::Bind {
+        addr: listen,
+        source,
+    };
+    member_endpoint_on(std::net::UdpSocket::bind(listen).map_err(bind)?, identity)
+}
+
+/// [`member_endpoint`] on a socket bound beforehand (a joiner holds its address while it asks
+/// to be admitted, so that a group never admits a member that cannot listen).
+pub fn member_endpoint_on(
+    socket: std::net::UdpSocket,
+    identity: &Arc<LiveIdentity>,
+) -> Result<quinn::Endpoint, EndpointError> {
+    let addr = socket
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let bind = |source| EndpointError::Bind { addr, source };
+    let runtime = quinn::default_runtime().ok_or_else(|| {
+        bind(std::io::Error::other(
+            "no async runtime to drive the endpoint",
+        ))
+    })?;
+    let mut endpoint = quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(tls::member_server_config(identity)?),
+        socket,
+        runtime,
+    )
+    .map_err(bind)?;
     endpoint.set_default_client_config(tls::member_client_config(identity)?);
     Ok(endpoint)
 }
