@@ -5,7 +5,8 @@
 # Calibration (static scales) reads the last 64 KB of TEXT; evaluation scores its first CHUNKS
 # chunks of CONTEXT tokens, so the two do not overlap. Arms: fp8 calibrated (W8A16 weight-only,
 # W8A8 static), fp8-dynamic (W8A8 per token), nvfp4 calibrated (W4A16, W4A4). Each is compared
-# with MODEL by `strata eval compare` (both perplexities, KL(baseline ‖ arm), top-1 agreement).
+# with MODEL by `strata eval compare` (both perplexities, KL(baseline ‖ arm), top-1 agreement,
+# greedy agreement over 64 tokens).
 # Writes OUT_DIR/receipt.json.
 set -euo pipefail
 model=${1:?usage: activation_quality.sh MODEL TEXT OUT_DIR [CONTEXT] [CHUNKS]}
@@ -30,7 +31,7 @@ compare() { # ARM DIR [ARGS...]
     local arm=$1 dir=$2
     shift 2
     "$bin" eval compare --model "$model" --candidate "$out/$dir" --text "$text" \
-        --context "$context" --max-chunks "$chunks" --json "$out/$arm.json" "$@" 2>/dev/null |
+        --context "$context" --max-chunks "$chunks" --greedy 64 --json "$out/$arm.json" "$@" 2>/dev/null |
         tee "$out/$arm.txt"
 }
 compare w8a16 fp8-calibrated

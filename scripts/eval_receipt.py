@@ -39,6 +39,11 @@ def main():
             "max_kl_nats": p["max_kl"],
             "top1_agreement": p["top1_agreement"],
         }
+        greedy = p.get("greedy")
+        if greedy:
+            entry["greedy"] = {k: greedy[k] for k in (
+                "tokens", "prompts", "prompt_tokens", "identical", "mean_shared_prefix",
+                "positional_agreement", "divergence_margins")}
         quantized = out / f"{arm}.quantize.txt"
         if quantized.exists():
             errors = [float(m.group(1)) for m in
@@ -58,13 +63,18 @@ def main():
                     "baseline": {"perplexity": base["perplexity"]}, args.group: arms})
     (out / "receipt.json").write_text(json.dumps(receipt, indent=2) + "\n")
     rms = all("linear_relative_rms_error_mean" in a for a in arms.values())
+    greedy = all("greedy" in a for a in arms.values())
     print(f"{'arm':<12} {'perplexity':>10} {'ratio':>7} {'KL':>8} {'top-1':>7}"
-          + (f" {'rms err':>8}" if rms else ""))
+          + (f" {'rms err':>8}" if rms else "")
+          + (f" {'greedy same':>11} {'prefix':>6}" if greedy else ""))
     print(f"{'baseline':<12} {base['perplexity']:>10.4f}")
     for name, a in arms.items():
+        g = a.get("greedy")
         print(f"{name:<12} {a['perplexity']:>10.4f} {a['perplexity_ratio_to_baseline']:>7.4f} "
               f"{a['mean_kl_nats']:>8.4f} {a['top1_agreement']:>7.4f}"
-              + (f" {a['linear_relative_rms_error_mean']:>8.4f}" if rms else ""))
+              + (f" {a['linear_relative_rms_error_mean']:>8.4f}" if rms else "")
+              + (f" {g['identical']:>5}/{g['prompts']:<5} {g['mean_shared_prefix']:>6.1f}"
+                 if greedy else ""))
 
 
 if __name__ == "__main__":

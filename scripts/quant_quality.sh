@@ -4,7 +4,8 @@
 # MODEL (an HF directory or a GGUF file) is the baseline as the reference reads it (a GGUF's
 # blocks widened exactly); each plan quantizes it (strata quantize) and is compared with it on
 # TEXT by `strata eval compare` (llama.cpp's perplexity positions): both perplexities, the mean
-# and largest KL(baseline ‖ plan) and the top-1 agreement. Writes OUT_DIR/receipt.json: per plan
+# and largest KL(baseline ‖ plan), the top-1 agreement and the greedy agreement (64 tokens
+# continued by each from the first halves of the scored chunks). Writes OUT_DIR/receipt.json: per plan
 # those, the perplexity ratio, the mean and worst relative RMS error of its Linear projections,
 # and the weights' bytes.
 set -euo pipefail
@@ -20,7 +21,7 @@ for plan in fp8 fp8-block nvfp4 nvfp4-4o6 mixed; do
     "$bin" quantize --plan "$plan" --model "$model" --out "$out/$plan" >"$out/$plan.quantize.txt"
     tail -1 "$out/$plan.quantize.txt"
     "$bin" eval compare --model "$model" --candidate "$out/$plan" --text "$text" \
-        --context "$context" --max-chunks "$chunks" --json "$out/$plan.json" 2>/dev/null |
+        --context "$context" --max-chunks "$chunks" --greedy 64 --json "$out/$plan.json" 2>/dev/null |
         tee "$out/$plan.txt"
 done
 python3 "$(dirname "$0")/eval_receipt.py" --out "$out" --model "$model" --binary "$bin" \

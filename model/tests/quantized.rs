@@ -367,16 +367,67 @@ fn a_real_gguf_model_quantizes_into_a_directory_that_loads_and_agrees_with_it() 
             .unwrap()
     };
     assert_eq!(argmax(&out), argmax(&gguf));
-    // Gemma 3 from GGUF is refused by name (its Hugging Face directory quantizes).
-    let err = quantize(
-        &real_model("gemma-3-270m-q4_k_m.gguf"),
-        &tmp.path().join("g"),
-        Plan::Fp8,
-        None,
-        |_| {},
+}
+
+/// The real Gemma 3 GGUF quantized to FP8: transformers loads the directory strata writes
+/// (tests/oracle/quant/check_gemma_quantized.py, fixture gemma-fp8-logits.json) and tokenizes and
+/// predicts as strata does — the written Gemma 3 config (sliding and global layers, two rope
+/// bases, query scalar) and its norms (`1 + w` in the GGUF, `w` written) mean the same to both.
+/// The canary: the unquantized GGUF's logits miss the same fixture by far more than the bound.
+#[test]
+fn a_gemma_gguf_quantizes_into_a_directory_transformers_reads_as_strata_does() {
+    use serde_json::Value;
+    use strata_model::quantize::{Plan, quantize};
+    const BOUND: f32 = 1e-4;
+    let tmp = tempfile::tempdir().unwrap();
+    let gguf = real_model("gemma-3-270m-q4_k_m.gguf");
+    let out = tmp.path().join("gemma-fp8");
+    let reports = quantize(&gguf, &out, Plan::Fp8, None, |_| {}).unwrap();
+    assert_eq!(reports.len(), 18 * 7);
+    let fixture: Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("gemma-fp8-logits.json")).unwrap(),
     )
-    .unwrap_err();
-    assert!(err.to_string().contains("gemma3"), "{err}");
+    .unwrap();
+    let tokenizer = strata_model::tokenizer::Tokenizer::from_dir(&out).unwrap();
+    let quantized = CpuModel::load(&out).unwrap();
+    let widened = CpuModel::load(&gguf).unwrap();
+    let (mut worst, mut canary) = (0.0f32, 0.0f32);
+    for case in fixture["cases"].as_array().unwrap() {
+        let ids = |v: &Value| -> Vec<u32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_u64().unwrap() as u32)
+                .collect()
+        };
+        let prompt = tokenizer
+            .encode(case["prompt"].as_str().unwrap(), true)
+            .unwrap();
+        assert_eq!(prompt, ids(&case["tokens"]), "{}", case["prompt"]);
+        let logits = |m: &CpuModel| {
+            m.forward(&prompt, &mut m.new_cache(), LogitRows::Last)
+                .unwrap()
+        };
+        let (ours, base) = (logits(&quantized), logits(&widened));
+        let want: Vec<f32> = case["top_logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        for (id, want) in ids(&case["top_ids"]).into_iter().zip(want) {
+            let got = ours[id as usize];
+            worst = worst.max((got - want).abs() / want.abs().max(1.0));
+            assert!(
+                (got - want).abs() <= BOUND * want.abs().max(1.0),
+                "{}: token {id}: {got} vs transformers {want}",
+                case["prompt"]
+            );
+            canary = canary.max((base[id as usize] - want).abs() / want.abs().max(1.0));
+        }
+    }
+    eprintln!("largest relative difference {worst:e}; the unquantized model's {canary:e}");
+    assert!(canary > 10.0 * BOUND, "the canary missed by only {canary}");
 }
 
 /// `strata quantize --calibrate` against tests/oracle/quant/calibration.json (check_calibration.py:

@@ -166,6 +166,162 @@ pub fn compare(
     })
 }
 
+/// How far two models' greedy continuations of the same prompts agree ([`greedy_agreement`]):
+/// each model continues each prompt with its own most likely tokens, `length` of them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GreedyAgreement {
+    pub length: usize,
+    /// Per prompt, how many leading tokens the two continuations share (`length` when equal).
+    pub shared_prefix: Vec<usize>,
+    /// Per prompt, the positions where the two continuations hold the same token.
+    pub same_positions: Vec<usize>,
+    /// Per prompt that diverged, the reference's margin between its chosen token and the
+    /// candidate's choice at the first divergence (in logits): near zero is a near-tie.
+    pub divergence_margins: Vec<f32>,
+}
+
+impl GreedyAgreement {
+    /// Prompts whose `length` tokens are identical.
+    pub fn identical(&self) -> usize {
+        self.shared_prefix
+            .iter()
+            .filter(|&&n| n == self.length)
+            .count()
+    }
+
+    /// The mean length of the shared prefix, over prompts.
+    pub fn mean_shared_prefix(&self) -> f64 {
+        self.shared_prefix.iter().sum::<usize>() as f64 / self.shared_prefix.len().max(1) as f64
+    }
+
+    /// The fraction of generated positions holding the same token.
+    pub fn positional(&self) -> f64 {
+        let total = self.length * self.same_positions.len();
+        self.same_positions.iter().sum::<usize>() as f64 / total.max(1) as f64
+    }
+}
+
+/// Greedy continuations of `length` tokens of every prompt by `reference` and by `candidate`
+/// (the same tokenizer and vocabulary), compared token by token.
+pub fn greedy_agreement(
+    reference: &mut dyn Backend,
+    candidate: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    length: usize,
+) -> Result<GreedyAgreement, EvalError> {
+    let (theirs, _) = greedy(candidate, prompts, length, |_, _, _| 0.0)?;
+    // The reference runs second, keeping at each position the margin between its choice and the
+    // candidate's: up to a divergence both saw the same context, so the margin there says how
+    // close the two choices were.
+    let (ours, margins) = greedy(reference, prompts, length, |p, i, row| {
+        row[argmax(row)] - row[theirs[p][i] as usize]
+    })?;
+    let mut agreement = GreedyAgreement {
+        length,
+        shared_prefix: Vec::with_capacity(prompts.len()),
+        same_positions: Vec::with_capacity(prompts.len()),
+        divergence_margins: Vec::new(),
+    };
+    for (p, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+        let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+        agreement.shared_prefix.push(prefix);
+        agreement
+            .same_positions
+            .push(a.iter().zip(b).filter(|(x, y)| x == y).count());
+        if prefix < length {
+            agreement.divergence_margins.push(margins[p][prefix]);
+        }
+    }
+    Ok(agreement)
+}
+
+/// Each prompt continued greedily (first index of the largest logit) for `length` tokens, all
+/// prompts side by side as the KV blocks allow; with `observe(prompt, i, logits)` of each
+/// generated position `i`.
+fn greedy(
+    backend: &mut dyn Backend,
+    prompts: &[Vec<u32>],
+    length: usize,
+    mut observe: impl FnMut(usize, usize, &[f32]) -> f32,
+) -> Result<(Vec<Vec<u32>>, Vec<Vec<f32>>), EvalError> {
+    let block_size = backend.block_size();
+    let vocab = backend.model_config().vocab_size;
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + length;
+    let per_seq = longest.div_ceil(block_size);
+    let parallel = (backend.num_blocks() / per_seq.max(1)).min(MAX_PARALLEL_CHUNKS);
+    if parallel == 0 {
+        return Err(EvalError::KvTooSmall {
+            blocks: backend.num_blocks(),
+            block_size,
+            context: longest,
+        });
+    }
+    if prompts.iter().any(Vec::is_empty) {
+        return Err(EvalError::Context(0));
+    }
+    let (mut outputs, mut observed) = (Vec::new(), Vec::new());
+    for (g, group) in prompts.chunks(parallel).enumerate() {
+        let first = g * parallel;
+        let tables: Vec<Vec<BlockId>> = (0..group.len())
+            .map(|s| {
+                let start = (s * per_seq) as BlockId;
+                (start..start + per_seq as BlockId).collect()
+            })
+            .collect();
+        let mut texts: Vec<Vec<u32>> = group.to_vec();
+        let mut seen: Vec<Vec<f32>> = vec![Vec::with_capacity(length); group.len()];
+        // Each prompt prefilled in pieces; the last piece's logits choose the first token.
+        for (s, prompt) in group.iter().enumerate() {
+            let mut at = 0;
+            while at < prompt.len() {
+                let end = (at + PREFILL_PIECE).min(prompt.len());
+                let step = StepSeq {
+                    tokens: &prompt[at..end],
+                    first_position: at,
+                    prompt_len: prompt.len(),
+                    block_table: &tables[s],
+                    want_logits: end == prompt.len(),
+                };
+                let out = backend.step(&[step])?;
+                if end == prompt.len() {
+                    let row = &out[..vocab];
+                    texts[s].push(argmax(row) as u32);
+                    seen[s].push(observe(first + s, 0, row));
+                }
+                at = end;
+            }
+        }
+        // Then every sequence one generated token per step.
+        for i in 1..length {
+            let out = {
+                let steps: Vec<StepSeq<'_>> = texts
+                    .iter()
+                    .zip(group)
+                    .zip(&tables)
+                    .map(|((text, prompt), table)| StepSeq {
+                        tokens: &text[text.len() - 1..],
+                        first_position: text.len() - 1,
+                        prompt_len: prompt.len(),
+                        block_table: table,
+                        want_logits: true,
+                    })
+                    .collect();
+                backend.step(&steps)?
+            };
+            for (s, text) in texts.iter_mut().enumerate() {
+                let row = &out[s * vocab..(s + 1) * vocab];
+                text.push(argmax(row) as u32);
+                seen[s].push(observe(first + s, i, row));
+            }
+        }
+        for (text, prompt) in texts.into_iter().zip(group) {
+            outputs.push(text[prompt.len()..].to_vec());
+        }
+        observed.extend(seen);
+    }
+    Ok((outputs, observed))
+}
+
 /// The chunk schedule of the module docs over every backend of `backends` at once (same steps,
 /// same block tables): `score(rows, target)` gets each backend's logits row for a scored
 /// position and the token that follows, and returns the −ln p the running perplexity adds.
@@ -400,5 +556,59 @@ mod tests {
             perplexity(&mut small, &[1; 4000], 2048, None, None),
             Err(EvalError::KvTooSmall { .. })
         ));
+    }
+
+    /// Greedy continuations equal recomputing the whole text at every token; a model agrees with
+    /// itself everywhere; a perturbed model (the canary) diverges, each divergence with the
+    /// reference's margin for its own choice (never negative).
+    #[test]
+    fn greedy_agreement_follows_each_models_own_continuation() {
+        let tmp = tempfile::tempdir().unwrap();
+        let m = model(tmp.path());
+        let vocab = m.config().vocab_size as u32;
+        let prompts: Vec<Vec<u32>> = (0..5u32)
+            .map(|p| (0..7 + p).map(|i| (i * 31 + p * 17 + 3) % vocab).collect())
+            .collect();
+        let length = 12;
+        // Two sequences' blocks at a time: the prompts run in three groups.
+        let mut a = CpuBackend::new(model(tmp.path()), 4, 4 << 20);
+        let per_seq = (prompts[4].len() + length).div_ceil(4);
+        let mut narrow = CpuBackend::with_blocks(model(tmp.path()), 4, 2 * per_seq + 1);
+        let (ours, _) = greedy(&mut narrow, &prompts, length, |_, _, _| 0.0).unwrap();
+        for (prompt, got) in prompts.iter().zip(&ours) {
+            let mut text = prompt.clone();
+            for _ in 0..length {
+                let mut cache = m.new_cache();
+                let last = m.forward(&text, &mut cache, LogitRows::Last).unwrap();
+                text.push(argmax(&last[..vocab as usize]) as u32);
+            }
+            assert_eq!(&text[prompt.len()..], got.as_slice());
+        }
+
+        let mut b = CpuBackend::new(model(tmp.path()), 4, 4 << 20);
+        let same = greedy_agreement(&mut a, &mut b, &prompts, length).unwrap();
+        assert_eq!(same.identical(), prompts.len());
+        assert_eq!(same.positional(), 1.0);
+        assert!(same.divergence_margins.is_empty());
+
+        let mut config = m.config().clone();
+        config.rope_theta *= 3.0;
+        let ckpt = strata_model::weights::Checkpoint::open(tmp.path()).unwrap();
+        let mut c = CpuBackend::new(
+            CpuModel::from_checkpoint(config, &ckpt).unwrap(),
+            4,
+            4 << 20,
+        );
+        let differ = greedy_agreement(&mut a, &mut c, &prompts, length).unwrap();
+        assert!(differ.identical() < prompts.len(), "{differ:?}");
+        assert!(differ.positional() < 1.0);
+        assert_eq!(
+            differ.divergence_margins.len(),
+            prompts.len() - differ.identical()
+        );
+        assert!(
+            differ.divergence_margins.iter().all(|&m| m >= 0.0),
+            "{differ:?}"
+        );
     }
 }

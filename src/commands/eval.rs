@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use strata_node::build_backend;
-use strata_node::eval::{compare, perplexity};
+use strata_node::eval::{compare, greedy_agreement, perplexity};
 
 use super::engine_args::EngineSettings;
 
@@ -20,7 +20,8 @@ pub enum EvalCommand {
     Perplexity(PerplexityArgs),
     /// A candidate model against a reference on a text (the positions perplexity scores): both
     /// perplexities, mean and largest KL(reference ‖ candidate), and how often their most likely
-    /// next tokens agree (teacher-forced).
+    /// next tokens agree (teacher-forced); with --greedy, how far their own greedy continuations
+    /// of the same prompts agree.
     Compare(CompareArgs),
 }
 
@@ -32,6 +33,13 @@ pub struct CompareArgs {
     /// The candidate checkpoint (same tokenizer and vocabulary).
     #[arg(long)]
     candidate: PathBuf,
+    /// Also let both models continue prompts greedily for this many tokens each and compare
+    /// the continuations (the prompts: the first half of each scored chunk).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    greedy: Option<u16>,
+    /// How many chunks' first halves prompt the greedy comparison.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    greedy_prompts: u16,
     #[command(flatten)]
     scoring: Scoring,
 }
@@ -170,6 +178,42 @@ fn run_compare(args: CompareArgs) -> Result<()> {
         result.top1_agreement() * 100.0,
         result.scored
     );
+    let greedy = match args.greedy {
+        Some(length) => {
+            // The prompts are the chunks' first halves, as each chunk is scored (BOS first).
+            let context = scoring.context;
+            let prompts: Vec<Vec<u32>> = (0..result.chunks.min(usize::from(args.greedy_prompts)))
+                .map(|c| {
+                    let mut t = tokens[c * context..c * context + context / 2].to_vec();
+                    if let Some(bos) = bos {
+                        t[0] = bos;
+                    }
+                    t
+                })
+                .collect();
+            let g = greedy_agreement(a.as_mut(), b.as_mut(), &prompts, usize::from(length))?;
+            println!(
+                "greedy {length} tokens from {} prompts: {} identical, mean shared prefix {:.1}, \
+                 {:.2} % of positions equal; reference margins at divergences {:?}",
+                prompts.len(),
+                g.identical(),
+                g.mean_shared_prefix(),
+                g.positional() * 100.0,
+                g.divergence_margins
+            );
+            serde_json::json!({
+                "tokens": length,
+                "prompts": prompts.len(),
+                "prompt_tokens": context / 2,
+                "identical": g.identical(),
+                "shared_prefix": g.shared_prefix,
+                "mean_shared_prefix": g.mean_shared_prefix(),
+                "positional_agreement": g.positional(),
+                "divergence_margins": g.divergence_margins,
+            })
+        }
+        None => serde_json::Value::Null,
+    };
     scoring.write_json(&serde_json::json!({
         "reference": args.model.display().to_string(),
         "candidate": args.candidate.display().to_string(),
@@ -183,6 +227,7 @@ fn run_compare(args: CompareArgs) -> Result<()> {
         "mean_kl": result.mean_kl(),
         "max_kl": result.kl_max,
         "top1_agreement": result.top1_agreement(),
+        "greedy": greedy,
         "seconds": seconds,
     }))
 }

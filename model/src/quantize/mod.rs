@@ -446,9 +446,10 @@ pub fn quantize(
             .map(|b| t.dtype.widen(b))
             .collect();
         let Some(&(layer, input)) = linears.get(&spec.name) else {
+            let shift = norm_shift(&config, gguf, &spec.name);
             let bf16: Vec<u8> = values
                 .iter()
-                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .flat_map(|v| half::bf16::from_f32(*v + shift).to_le_bytes())
                 .collect();
             stored.push((spec.name.clone(), Dtype::BF16, spec.shape.clone(), bf16));
             continue;
@@ -543,30 +544,33 @@ pub fn quantize(
     Ok(reports)
 }
 
-/// A Hugging Face `config.json` for a GGUF file's model (the Llama and Qwen families, without
-/// rope scaling; others are refused by name).
+/// A Hugging Face `config.json` for a GGUF file's model (the Llama and Qwen families, and
+/// Gemma 3, without rope scaling; others are refused by name).
 fn hf_config(c: &ModelConfig) -> Result<Value, QuantizeError> {
     use crate::config::Architecture;
     let class = match c.architecture {
         Architecture::Llama => "LlamaForCausalLM",
         Architecture::Qwen2 => "Qwen2ForCausalLM",
         Architecture::Qwen3 => "Qwen3ForCausalLM",
+        Architecture::Gemma3 => "Gemma3ForCausalLM",
         other => {
             return Err(QuantizeError::Unsupported(format!(
-                "quantizing a GGUF {} model is not supported (Llama, Qwen2 and Qwen3 are); give its \
-                 Hugging Face directory",
+                "quantizing a GGUF {} model is not supported (Llama, Qwen2, Qwen3 and Gemma 3 \
+                 are); give its Hugging Face directory",
                 other.model_type()
             )));
         }
     };
-    if c.rope_scaling.is_some() || c.sliding_window.is_some() || c.o_bias {
+    // Gemma 3's window is its own (its sliding layers'); another family's is Mistral's.
+    let window = c.sliding_window.is_some() && c.gemma3.is_none();
+    if c.rope_scaling.is_some() || window || c.o_bias {
         return Err(QuantizeError::Unsupported(
             "quantizing a GGUF model with rope scaling, a sliding window or an output bias is not \
              supported; give its Hugging Face directory"
                 .into(),
         ));
     }
-    Ok(json!({
+    let mut config = json!({
         "architectures": [class],
         "model_type": c.architecture.model_type(),
         "vocab_size": c.vocab_size,
@@ -584,7 +588,49 @@ fn hf_config(c: &ModelConfig) -> Result<Value, QuantizeError> {
         "hidden_act": "silu",
         "bos_token_id": c.bos_token_id,
         "eos_token_id": c.eos_token_ids,
-    }))
+    });
+    if let Some(g) = &c.gemma3 {
+        let layer_types: Vec<&str> = g
+            .sliding_layers
+            .iter()
+            .map(|&s| {
+                if s {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        let extra = json!({
+            "hidden_activation": "gelu_pytorch_tanh",
+            // An integer where it is one (transformers 5 requires it so).
+            "query_pre_attn_scalar": if g.query_pre_attn_scalar.fract() == 0.0 {
+                json!(g.query_pre_attn_scalar as u64)
+            } else {
+                json!(g.query_pre_attn_scalar)
+            },
+            "rope_local_base_freq": g.rope_local_theta,
+            "sliding_window": c.sliding_window,
+            "layer_types": layer_types,
+            "attn_logit_softcapping": null,
+            "final_logit_softcapping": null,
+        });
+        config
+            .as_object_mut()
+            .expect("an object")
+            .extend(extra.as_object().expect("an object").clone());
+        config["hidden_act"] = json!("gelu_pytorch_tanh");
+    }
+    Ok(config)
+}
+
+/// What to add to a norm weight `name` read from `input` for the output's convention: a GGUF
+/// Gemma 3 stores `1 + w` (llama.cpp's converter added the one), a Hugging Face checkpoint `w`.
+fn norm_shift(config: &ModelConfig, gguf: bool, name: &str) -> f32 {
+    match &config.gemma3 {
+        Some(g) if gguf && name.ends_with("norm.weight") => g.norm_offset - 1.0,
+        _ => 0.0,
+    }
 }
 
 /// `tokenizer.json`, `tokenizer_config.json` and `generation_config.json` for a GGUF file's
