@@ -18,6 +18,7 @@ mod blocks;
 pub mod check;
 pub mod compile;
 mod elementwise;
+mod fp4;
 pub mod gemm;
 mod gemv;
 mod kv_copy;
@@ -27,6 +28,7 @@ mod sampling;
 pub mod selftest;
 mod selftest_attention;
 pub mod selftest_blocks;
+pub mod selftest_fp4;
 mod selftest_gemma;
 mod selftest_gemv;
 mod selftest_tp;
@@ -47,6 +49,7 @@ pub use attention::{
 pub use blocks::BlockFormat;
 pub use check::{FunctionResources, Report, check};
 pub use elementwise::{GateActivation, NormWeight, RopeKvShape};
+pub use fp4::has_fp4_mma;
 pub use gemm::{GemmOut, GemmShape, LtGemm};
 pub use gemv::{DEFAULT_VARIANT, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvOut, GemvVariant};
 pub use kv_copy::KvParts;
@@ -102,6 +105,10 @@ pub const SOURCES: &[Source] = &[
     block_source!("gemv_blocks_nvfp4", "MACRO(1001, nvfp4)"),
     block_source!("gemv_blocks_nvfp4_modelopt", "MACRO(1002, nvfp4_modelopt)"),
     block_source!("gemv_blocks_fp8", "MACRO(1003, fp8)"),
+    Source {
+        module: "fp4",
+        text: include_str!("../cuda/fp4.cu"),
+    },
     Source {
         module: "sampling",
         text: include_str!("../cuda/sampling.cu"),

@@ -65,6 +65,13 @@ fn expected_functions() -> Vec<String> {
         names.push(format!("dequant_{name}"));
         names.push(format!("embed_{name}"));
     }
+    for name in [
+        "nvfp4_quantize_rows",
+        "nvfp4_mma_gemm",
+        "nvfp4_mma_gemm_modelopt",
+    ] {
+        names.push(name.to_string());
+    }
     for m in 1..=16 {
         names.push(format!("gemv_bf16_m{m}"));
         names.push(format!("gemv_f32_m{m}"));
@@ -145,4 +152,23 @@ fn compiled_ptx_is_cached_on_disk_and_reused() {
     // Another arch is another key.
     compiler.compile(source, "sm_100a").expect("compiles");
     assert_eq!(std::fs::read_dir(dir.path()).expect("cache dir").count(), 2);
+}
+
+/// The block-scaled FP4 MMA is compiled where the instruction exists (sm_120a; ptxas assembles
+/// it in the test above) and nowhere else (the kernel traps there and its launcher refuses).
+#[test]
+fn the_fp4_mma_is_compiled_for_sm_120a_only() {
+    if !use_wheels() {
+        return;
+    }
+    let compiler = strata_kernels::compile::Compiler::uncached().expect("NVRTC");
+    let source = strata_kernels::SOURCES
+        .iter()
+        .find(|s| s.module == "fp4")
+        .expect("fp4 source");
+    for (arch, mma) in [("sm_120a", true), ("sm_90a", false), ("sm_100a", false)] {
+        let ptx = compiler.compile(source, arch).expect("compiles");
+        // The k loop is unrolled: several instructions a kernel where any.
+        assert_eq!(ptx.contains("kind::mxf4nvf4.block_scale"), mma, "{arch}");
+    }
 }

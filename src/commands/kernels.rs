@@ -204,6 +204,13 @@ fn run_selftest(device: usize, seed: Option<u64>, cache_dir: Option<PathBuf>) ->
         seed,
         &cpu_dequantize,
     ));
+    results.extend(strata_kernels::selftest_fp4::check_fp4(
+        &kernels,
+        &stream,
+        seed,
+        &|x, global| strata_model::quantize::ActivationQuant::Nvfp4 { global }.apply(x, 16),
+        &cpu_dequantize,
+    ));
     print_table(&results);
     let failed = results.iter().filter(|r| !r.ok).count();
     if failed > 0 {
