@@ -18,6 +18,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("common.cuh", include_str!("../cuda/common.cuh")),
     ("blocks.cuh", include_str!("../cuda/blocks.cuh")),
     ("gemv_mma.cuh", include_str!("../cuda/gemv_mma.cuh")),
+    ("lowp.cuh", include_str!("../cuda/lowp.cuh")),
 ];
 
 /// The NVRTC options for `arch` with headers from `include_dir`.

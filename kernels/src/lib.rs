@@ -19,6 +19,7 @@ pub mod check;
 pub mod compile;
 mod elementwise;
 mod fp4;
+mod fp8;
 pub mod gemm;
 mod gemv;
 mod kv_copy;
@@ -28,9 +29,9 @@ mod sampling;
 pub mod selftest;
 mod selftest_attention;
 pub mod selftest_blocks;
-pub mod selftest_fp4;
 mod selftest_gemma;
 mod selftest_gemv;
+pub mod selftest_lowp;
 mod selftest_tp;
 
 use std::collections::HashMap;
@@ -108,6 +109,10 @@ pub const SOURCES: &[Source] = &[
     Source {
         module: "fp4",
         text: include_str!("../cuda/fp4.cu"),
+    },
+    Source {
+        module: "fp8",
+        text: include_str!("../cuda/fp8.cu"),
     },
     Source {
         module: "sampling",

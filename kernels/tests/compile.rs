@@ -69,6 +69,7 @@ fn expected_functions() -> Vec<String> {
         "nvfp4_quantize_rows",
         "nvfp4_mma_gemm",
         "nvfp4_mma_gemm_modelopt",
+        "fp8_quantize_rows",
     ] {
         names.push(name.to_string());
     }

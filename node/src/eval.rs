@@ -235,6 +235,9 @@ pub fn greedy_agreement(
     Ok(agreement)
 }
 
+/// Per prompt, its generated tokens and what the observer returned at each.
+type Continuations = (Vec<Vec<u32>>, Vec<Vec<f32>>);
+
 /// Each prompt continued greedily (first index of the largest logit) for `length` tokens, all
 /// prompts side by side as the KV blocks allow; with `observe(prompt, i, logits)` of each
 /// generated position `i`.
@@ -243,7 +246,7 @@ fn greedy(
     prompts: &[Vec<u32>],
     length: usize,
     mut observe: impl FnMut(usize, usize, &[f32]) -> f32,
-) -> Result<(Vec<Vec<u32>>, Vec<Vec<f32>>), EvalError> {
+) -> Result<Continuations, EvalError> {
     let block_size = backend.block_size();
     let vocab = backend.model_config().vocab_size;
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0) + length;

@@ -8,6 +8,7 @@ use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use strata_kernels::bench::GemvTiming;
 use strata_kernels::cudarc::driver::CudaContext;
+use strata_kernels::selftest_lowp::RowQuant;
 use strata_kernels::{
     BlockFormat, CheckResult, GEMV_FMA_MAX_M, GemvVariant, Kernels, PrefillVariant, libs, selftest,
 };
@@ -204,11 +205,11 @@ fn run_selftest(device: usize, seed: Option<u64>, cache_dir: Option<PathBuf>) ->
         seed,
         &cpu_dequantize,
     ));
-    results.extend(strata_kernels::selftest_fp4::check_fp4(
+    results.extend(strata_kernels::selftest_lowp::check_lowp(
         &kernels,
         &stream,
         seed,
-        &|x, global| strata_model::quantize::ActivationQuant::Nvfp4 { global }.apply(x, 16),
+        &cpu_activations,
         &cpu_dequantize,
     ));
     print_table(&results);
@@ -223,6 +224,17 @@ fn run_selftest(device: usize, seed: Option<u64>, cache_dir: Option<PathBuf>) ->
 /// The reference of the block-format kernels: for GGUF formats the checkpoint loader's
 /// dequantizer (bit-exact against the `gguf` package); for the safetensors formats
 /// [`safetensors_block_values`]. Panics only on a length the self-test itself got wrong.
+/// The CPU reference of activation rows quantized as `scheme` says.
+fn cpu_activations(scheme: RowQuant, x: &[f32], width: usize) -> Vec<f32> {
+    use strata_model::quantize::ActivationQuant;
+    let quant = match scheme {
+        RowQuant::Fp8Static(scale) => ActivationQuant::Fp8Static { scale },
+        RowQuant::Fp8Token => ActivationQuant::Fp8Token,
+        RowQuant::Nvfp4(global) => ActivationQuant::Nvfp4 { global },
+    };
+    quant.apply(x, width)
+}
+
 fn cpu_dequantize(format: BlockFormat, bytes: &[u8], n: usize) -> Vec<f32> {
     if BlockFormat::SAFETENSORS.contains(&format) {
         let values = safetensors_block_values(format, bytes);

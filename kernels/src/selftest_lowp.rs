@@ -1,9 +1,10 @@
-//! Device self-test of `cuda/fp4.cu`:
+//! Device self-test of the activation quantizers and the FP4 product (`cuda/fp8.cu`,
+//! `cuda/fp4.cu`):
 //!
-//! - the NVFP4 activation quantizer, bit for bit the CPU reference's W4A4 input arithmetic (the
-//!   caller's: `ActivationQuant::Nvfp4`, itself compressed-tensors' forward bit for bit), on rows
-//!   with a zero group and values past the e4m3 and e2m1 ranges; canary: the reference under
-//!   another global scale;
+//! - the FP8 quantizer (a static scale, and a scale per row) and the NVFP4 quantizer, bit for bit
+//!   the CPU reference's W8A8 / W4A4 input arithmetic (the caller's: `ActivationQuant`, itself
+//!   compressed-tensors' forward bit for bit), on rows with zeros and values past the formats'
+//!   ranges; canaries: the reference under another scale;
 //! - on sm_120a / sm_121a, the block-scaled FP4 tensor-core product against an f64 product of
 //!   the same dequantized operands (within bf16 rounding); canary: weights with a changed group
 //!   scale. Elsewhere, that its launcher refuses the architecture by name.
@@ -18,9 +19,19 @@ use crate::selftest_blocks::{Dequantizer, random_blocks};
 use crate::selftest_gemv::invariance_result;
 use crate::{BlockFormat, CheckResult, KernelError, Kernels, has_fp4_mma};
 
-/// The CPU reference of W4A4 inputs: rows of values (groups of 16) and the global scale → the
-/// quantized and dequantized values.
-pub type W4a4Reference<'a> = &'a dyn Fn(&[f32], f32) -> Vec<f32>;
+/// How activation rows are quantized (the CPU reference's `ActivationQuant`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RowQuant {
+    /// e4m3 with one static scale.
+    Fp8Static(f32),
+    /// e4m3 with a scale per row.
+    Fp8Token,
+    /// NVFP4 under a static global scale.
+    Nvfp4(f32),
+}
+
+/// The CPU reference: the scheme, rows of `width` values → the quantized and dequantized values.
+pub type RowQuantReference<'a> = &'a dyn Fn(RowQuant, &[f32], usize) -> Vec<f32>;
 
 /// An e4m3 byte as f32 (finite codes).
 fn e4m3(b: u8) -> f32 {
@@ -51,17 +62,26 @@ fn decode(codes: &[u8], scales: &[u8], global: f32) -> Vec<f32> {
         .collect()
 }
 
-/// Every FP4 check, with `reference` as the CPU W4A4 input arithmetic and `dequantize` as the
-/// CPU dequantizer of the weight blocks.
-pub fn check_fp4(
+/// Every check, with `reference` as the CPU activation arithmetic and `dequantize` as the CPU
+/// dequantizer of the weight blocks.
+pub fn check_lowp(
     kernels: &Kernels,
     s: &Arc<CudaStream>,
     seed: u64,
-    reference: W4a4Reference<'_>,
+    reference: RowQuantReference<'_>,
     dequantize: Dequantizer<'_>,
 ) -> Vec<CheckResult> {
     let mut rng = Rng::new(seed ^ 0xf4);
     let mut results = Vec::new();
+    match check_fp8_quantizer(kernels, s, &mut rng, reference) {
+        Ok(mut r) => results.append(&mut r),
+        Err(e) => results.push(CheckResult::error(
+            "fp8_quantize_rows",
+            format!("seed {seed:#x}"),
+            false,
+            e,
+        )),
+    }
     match check_quantizer(kernels, s, &mut rng, reference) {
         Ok(mut r) => results.append(&mut r),
         Err(e) => results.push(CheckResult::error(
@@ -83,11 +103,71 @@ pub fn check_fp4(
     results
 }
 
+/// Values that differ bit for bit (either zero equal to the other).
+fn value_mismatches(got: &[f32], want: &[f32]) -> usize {
+    got.iter()
+        .zip(want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits() && !(**a == 0.0 && **b == 0.0))
+        .count()
+        + got.len().abs_diff(want.len())
+}
+
+fn check_fp8_quantizer(
+    kernels: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    reference: RowQuantReference<'_>,
+) -> Result<Vec<CheckResult>, KernelError> {
+    let (m, k) = (19, 1000);
+    let mut x = rng.bf16_vec(m * k, 4.0, 0.0);
+    // A row of zeros (its scale is f32's epsilon) and values past e4m3's 448 under the static
+    // scale.
+    x[2 * k..3 * k].fill(bf16::ZERO);
+    for i in (0..m * k).step_by(331) {
+        x[i] = bf16::from_f32(-900.0);
+    }
+    let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+    let dx = upload(s, &x)?;
+    let mut results = Vec::new();
+    for (scheme, wrong) in [
+        (RowQuant::Fp8Static(0.75), RowQuant::Fp8Static(0.8)),
+        (RowQuant::Fp8Token, RowQuant::Fp8Static(0.75)),
+    ] {
+        let mut codes = upload(s, &vec![0u8; m * k])?;
+        let mut scales = upload(s, &vec![f32::NAN; m])?;
+        let scale = match scheme {
+            RowQuant::Fp8Static(v) => Some(v),
+            _ => None,
+        };
+        kernels.fp8_quantize_rows(s, &dx, &mut codes, &mut scales, m, k, scale)?;
+        let (codes, scales) = (download(s, &codes)?, download(s, &scales)?);
+        let got: Vec<f32> = codes
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| e4m3(c) * scales[i / k])
+            .collect();
+        let case = format!("{scheme:?} m={m} k={k}");
+        results.push(invariance_result(
+            "fp8_quantize_rows",
+            format!("{case}: vs the CPU W8A8 reference"),
+            false,
+            value_mismatches(&got, &reference(scheme, &xf, k)),
+        ));
+        results.push(invariance_result(
+            "fp8_quantize_rows",
+            format!("{case}: vs the reference as {wrong:?} (canary)"),
+            true,
+            value_mismatches(&got, &reference(wrong, &xf, k)),
+        ));
+    }
+    Ok(results)
+}
+
 fn check_quantizer(
     kernels: &Kernels,
     s: &Arc<CudaStream>,
     rng: &mut Rng,
-    reference: W4a4Reference<'_>,
+    reference: RowQuantReference<'_>,
 ) -> Result<Vec<CheckResult>, KernelError> {
     let (m, k) = (37, 1024);
     let mut x = rng.bf16_vec(m * k, 8.0, 0.0);
@@ -105,25 +185,20 @@ fn check_quantizer(
     let mut scales = upload(s, &vec![0u8; m * k / 16])?;
     kernels.nvfp4_quantize_rows(s, &dx, &mut codes, &mut scales, m, k, global)?;
     let got = decode(&download(s, &codes)?, &download(s, &scales)?, global);
-    let mismatches = |want: &[f32]| {
-        got.iter()
-            .zip(want)
-            .filter(|(a, b)| a.to_bits() != b.to_bits() && !(**a == 0.0 && **b == 0.0))
-            .count()
-    };
+    let mismatches = |want: &[f32]| value_mismatches(&got, want);
     let case = format!("m={m} k={k} global={global}");
     Ok(vec![
         invariance_result(
             "nvfp4_quantize_rows",
             format!("{case}: vs the CPU W4A4 reference"),
             false,
-            mismatches(&reference(&xf, global)),
+            mismatches(&reference(RowQuant::Nvfp4(global), &xf, k)),
         ),
         invariance_result(
             "nvfp4_quantize_rows",
             format!("{case}: vs the reference under global x 1.5 (canary)"),
             true,
-            mismatches(&reference(&xf, global * 1.5)),
+            mismatches(&reference(RowQuant::Nvfp4(global * 1.5), &xf, k)),
         ),
     ])
 }
