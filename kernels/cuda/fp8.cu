@@ -51,3 +51,18 @@ extern "C" __global__ void __launch_bounds__(FP8_QUANT_THREADS)
     }
     if (threadIdx.x == 0) scales[row] = s;
 }
+
+// The scales of an FP8 product: y[r, c] = bf16(acc[r, c] * x_scale[r] * w_scale[c]) for the
+// f32 sums of e4m3 codes `acc` `[m, n]` (cuBLASLt's unscaled FP8 GEMM), each activation row's
+// scale and each weight row's (a per-tensor scale repeated).
+extern "C" __global__ void fp8_scale_out(const float* __restrict__ acc,
+                                         const float* __restrict__ x_scale,
+                                         const float* __restrict__ w_scale,
+                                         __nv_bfloat16* __restrict__ y, u32 m, u32 n) {
+    const u64 total = (u64)m * n;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u32 r = (u32)(i / n), c = (u32)(i % n);
+        y[i] = f32_to_bf16(__fmul_rn(__fmul_rn(acc[i], x_scale[r]), w_scale[c]));
+    }
+}

@@ -220,6 +220,68 @@ pub fn gemm_timings(
     Ok(out)
 }
 
+/// One timed prompt-row GEMM: bf16 (the pinned cuBLASLt GEMM, bf16 out) or FP8 (the pinned
+/// e4m3 GEMM, f32 out, scales not applied), with its rate.
+#[derive(Debug, Clone)]
+pub struct PrefillGemmTiming {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub fp8: bool,
+    pub micros: f64,
+    pub tflops: f64,
+}
+
+/// Times bf16 and FP8 prompt-row GEMMs of each `(m, n, k)` side by side (the same batches and
+/// median as [`gemv_timings`]; one weight copy: at prompt widths the GEMM is compute-bound).
+pub fn prefill_gemm_timings(
+    stream: &Arc<CudaStream>,
+    shapes: &[(usize, usize, usize)],
+    report: &mut dyn FnMut(&PrefillGemmTiming),
+) -> Result<Vec<PrefillGemmTiming>, KernelError> {
+    let mut gemm = LtGemm::new(stream)?;
+    let mut rng = Rng::new(0xf8);
+    let mut out = Vec::new();
+    // Random finite e4m3 codes (no NaN byte).
+    let mut codes = |len: usize| -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                let b = rng.next_u64() as u8;
+                if b & 0x7f == 0x7f { b & 0xfe } else { b }
+            })
+            .collect()
+    };
+    for &(m, n, k) in shapes {
+        let (w8, x8) = (
+            upload(stream, &codes(n * k))?,
+            upload(stream, &codes(m * k))?,
+        );
+        let mut y32 = stream.alloc_zeros::<f32>(m * n)?;
+        let fp8 = median_micros(stream, |_| gemm.matmul_fp8(&mut y32, &x8, &w8, (m, n, k)))?;
+        drop((w8, x8, y32));
+        let mut rng16 = Rng::new(0xb16);
+        let w = upload(stream, &rng16.bf16_vec(n * k, 1.0, 0.0))?;
+        let x = upload(stream, &rng16.bf16_vec(m * k, 1.0, 0.0))?;
+        let mut y16 = stream.alloc_zeros::<bf16>(m * n)?;
+        let bf = median_micros(stream, |_| {
+            gemm.matmul(&mut y16, &x, &w, m, n, k, GemmOut::Bf16)
+        })?;
+        for (fp8, micros) in [(false, bf), (true, fp8)] {
+            let timing = PrefillGemmTiming {
+                m,
+                n,
+                k,
+                fp8,
+                micros,
+                tflops: 2.0 * (m * n * k) as f64 / (micros * 1e-6) / 1e12,
+            };
+            report(&timing);
+            out.push(timing);
+        }
+    }
+    Ok(out)
+}
+
 /// Median microseconds per launch of `launch(i)` over [`BATCHES`] event-timed batches of
 /// [`BATCH`] launches, after one warm-up batch.
 fn median_micros(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
-use crate::launch::{aligned16, grid, need_len, product, to_u32};
+use crate::launch::{aligned16, grid, need_len, product, stride_blocks, to_u32};
 use crate::{KernelError, Kernels, ensure_shape};
 
 const MODULE: &str = "fp8";
@@ -63,6 +63,47 @@ impl Kernels {
         // SAFETY: every buffer holds the shape's elements (checked above); one block a row
         // writes only its row.
         unsafe { launch.launch(grid(m32, THREADS)) }?;
+        Ok(())
+    }
+
+    /// `y[r, c] = bf16(acc[r, c] · x_scale[r] · w_scale[c])`: the scales of an FP8 product
+    /// ([`crate::LtGemm::matmul_fp8`]'s unscaled f32 sums), `acc` `[m, n]`, `x_scale` `[m]`,
+    /// `w_scale` `[n]`, `y` `[m, n]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fp8_scale_out(
+        &self,
+        stream: &Arc<CudaStream>,
+        acc: &impl DevicePtr<f32>,
+        x_scale: &impl DevicePtr<f32>,
+        w_scale: &impl DevicePtr<f32>,
+        y: &mut impl DevicePtrMut<bf16>,
+        m: usize,
+        n: usize,
+    ) -> Result<(), KernelError> {
+        const K: &str = "fp8_scale_out";
+        need_len(K, "acc", acc.len(), product(K, &[m, n])?)?;
+        need_len(K, "x_scale", x_scale.len(), m)?;
+        need_len(K, "w_scale", w_scale.len(), n)?;
+        need_len(K, "y", y.len(), product(K, &[m, n])?)?;
+        let (m32, n32) = (to_u32(K, "m", m)?, to_u32(K, "n", n)?);
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let f = self.function(MODULE, K)?;
+        let (a_ptr, _a) = acc.device_ptr(stream);
+        let (xs_ptr, _xs) = x_scale.device_ptr(stream);
+        let (ws_ptr, _ws) = w_scale.device_ptr(stream);
+        let (y_ptr, _y) = y.device_ptr_mut(stream);
+        let mut launch = stream.launch_builder(f);
+        launch
+            .arg(&a_ptr)
+            .arg(&xs_ptr)
+            .arg(&ws_ptr)
+            .arg(&y_ptr)
+            .arg(&m32)
+            .arg(&n32);
+        // SAFETY: every buffer holds the shape's elements (checked above).
+        unsafe { launch.launch(grid(stride_blocks(m * n, THREADS), THREADS)) }?;
         Ok(())
     }
 }

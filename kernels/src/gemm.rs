@@ -17,6 +17,11 @@
 //! pins the same algorithm, and without split-K every output element's reduction is that
 //! algorithm's over its own K-slice.
 //!
+//! FP8 (W8A8, [`LtGemm::matmul_fp8`]): the same pinned-algorithm rules over e4m3 operands, f32
+//! out with f32 accumulation (cuBLASLt's FP8 needs exactly this "TN" arrangement: the weight
+//! transposed, the activations not); the scales multiply afterwards
+//! ([`crate::Kernels::fp8_scale_out`]), one per activation row and one per weight row.
+//!
 //! Row-major to cuBLASLt's column-major: `yᵀ (N×M) = op(W)·xᵀ` with `W` seen as a K×N
 //! column-major matrix (ld K) transposed, `xᵀ` as K×M (ld K), `yᵀ` as N×M (ld N).
 
@@ -39,6 +44,23 @@ pub const REPRESENTATIVE_M: usize = 2048;
 pub const WORKSPACE_BYTES: usize = 32 << 20;
 /// Heuristic candidates examined when pinning.
 const CANDIDATES: usize = 32;
+
+/// The operand dtype of a GEMM: both operands are of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmIn {
+    Bf16,
+    /// e4m3 codes (float8_e4m3fn), scaled after the product.
+    Fp8,
+}
+
+impl GemmIn {
+    fn data_type(self) -> sys::cudaDataType {
+        match self {
+            GemmIn::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+            GemmIn::Fp8 => sys::cudaDataType::CUDA_R_8F_E4M3,
+        }
+    }
+}
 
 /// The output dtype of a GEMM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -87,6 +109,7 @@ impl GemmShape {
 
 /// The pinned algorithm and descriptors of one weight shape.
 struct Plan {
+    input: GemmIn,
     desc: sys::cublasLtMatmulDesc_t,
     a: sys::cublasLtMatrixLayout_t,
     algo: sys::cublasLtMatmulAlgo_t,
@@ -115,9 +138,9 @@ pub struct LtGemm {
     handle: sys::cublasLtHandle_t,
     stream: Arc<CudaStream>,
     workspace: CudaSlice<u8>,
-    plans: HashMap<GemmShape, Plan>,
+    plans: HashMap<(GemmShape, GemmIn), Plan>,
     /// Row counts that failed the algorithm check, so the error repeats without re-checking.
-    rejected: HashSet<(GemmShape, usize)>,
+    rejected: HashSet<(GemmShape, GemmIn, usize)>,
 }
 
 // SAFETY: a cuBLASLt handle and its descriptors may be used from any thread, one at a time;
@@ -160,9 +183,13 @@ impl LtGemm {
 
     /// [`LtGemm::pin`] for any [`GemmShape`].
     pub fn pin_shape(&mut self, shape: GemmShape) -> Result<(), KernelError> {
-        if !self.plans.contains_key(&shape) {
-            let plan = self.choose(shape)?;
-            self.plans.insert(shape, plan);
+        self.pin_input(shape, GemmIn::Bf16)
+    }
+
+    fn pin_input(&mut self, shape: GemmShape, input: GemmIn) -> Result<(), KernelError> {
+        if !self.plans.contains_key(&(shape, input)) {
+            let plan = self.choose(shape, input)?;
+            self.plans.insert((shape, input), plan);
         }
         Ok(())
     }
@@ -231,31 +258,86 @@ impl LtGemm {
         if m == 0 {
             return Ok(());
         }
+        let stream = self.stream.clone();
+        let (yp, _y) = y.device_ptr_mut(&stream);
+        let (xp, _x) = x.device_ptr(&stream);
+        let (wp, _w) = w.device_ptr(&stream);
+        self.run(shape, GemmIn::Bf16, m, (yp, xp, wp))
+    }
+
+    /// `y[m, :] = x[m, :] · wᵀ` over e4m3 codes: `x` `[m, k]`, `w` `[n, k]` row-major, `y`
+    /// `[m, n]` f32, accumulated in f32 (no fast-accumulation mode), unscaled: the scales
+    /// multiply afterwards ([`crate::Kernels::fp8_scale_out`]). `k % 16 == 0`, `n % 16 == 0`;
+    /// the buffers 16-byte aligned. Needs an FP8 tensor-core GPU (sm_89 and later); cuBLASLt
+    /// refuses the others.
+    pub fn matmul_fp8(
+        &mut self,
+        y: &mut impl DevicePtrMut<f32>,
+        x: &impl DevicePtr<u8>,
+        w: &impl DevicePtr<u8>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), KernelError> {
+        const K: &str = "gemm_fp8";
         ensure_shape!(
-            !self.rejected.contains(&(shape, m)),
+            k.is_multiple_of(16) && n.is_multiple_of(16) && k > 0 && n > 0,
             K,
-            "the pinned algorithm for {shape:?} does not support m={m}"
+            "n = {n}, k = {k} must be positive multiples of 16"
         );
-        self.pin_shape(shape)?;
+        need_len(K, "y", y.len(), product(K, &[m, n])?)?;
+        need_len(K, "x", x.len(), product(K, &[m, k])?)?;
+        need_len(K, "w", w.len(), product(K, &[n, k])?)?;
+        if m == 0 {
+            return Ok(());
+        }
+        let stream = self.stream.clone();
+        let (yp, _y) = y.device_ptr_mut(&stream);
+        let (xp, _x) = x.device_ptr(&stream);
+        let (wp, _w) = w.device_ptr(&stream);
+        for (what, ptr) in [("y", yp), ("x", xp), ("w", wp)] {
+            ensure_shape!(ptr.is_multiple_of(16), K, "{what} is not 16-byte aligned");
+        }
+        self.run(
+            GemmShape::new(n, k, GemmOut::F32),
+            GemmIn::Fp8,
+            m,
+            (yp, xp, wp),
+        )
+    }
+
+    /// The pinned algorithm of `(shape, input)` on `m` rows at device addresses `(y, x, w)`,
+    /// whose buffers the caller checked against the shape.
+    fn run(
+        &mut self,
+        shape: GemmShape,
+        input: GemmIn,
+        m: usize,
+        (yp, xp, wp): (u64, u64, u64),
+    ) -> Result<(), KernelError> {
+        ensure_shape!(
+            !self.rejected.contains(&(shape, input, m)),
+            "gemm",
+            "the pinned algorithm for {shape:?} {input:?} does not support m={m}"
+        );
+        self.pin_input(shape, input)?;
         let (handle, ws_len) = (self.handle, self.workspace.len());
-        let plan = self.plans.get_mut(&shape).expect("pinned just above");
+        let plan = self
+            .plans
+            .get_mut(&(shape, input))
+            .expect("pinned just above");
         if !plan.per_m.contains_key(&m) {
             match verify(handle, plan, m, ws_len) {
                 Ok(layouts) => {
                     plan.per_m.insert(m, layouts);
                 }
                 Err(e) => {
-                    self.rejected.insert((shape, m));
+                    self.rejected.insert((shape, input, m));
                     return Err(e);
                 }
             }
         }
-        let plan = &self.plans[&shape];
+        let plan = &self.plans[&(shape, input)];
         let (b_layout, d_layout) = plan.per_m[&m];
         let stream = &self.stream;
-        let (yp, _y) = y.device_ptr_mut(stream);
-        let (xp, _x) = x.device_ptr(stream);
-        let (wp, _w) = w.device_ptr(stream);
         let (ws, _ws) = self.workspace.device_ptr_mut(stream);
         let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: descriptors and layouts describe exactly these buffers (lengths checked
@@ -286,7 +368,7 @@ impl LtGemm {
 
     /// Builds the descriptors for `shape` and picks its algorithm at [`REPRESENTATIVE_M`] on the
     /// contiguous `(algo_n, k)` shape.
-    fn choose(&self, shape: GemmShape) -> Result<Plan, KernelError> {
+    fn choose(&self, shape: GemmShape, input: GemmIn) -> Result<Plan, KernelError> {
         let GemmShape {
             n,
             k,
@@ -300,6 +382,7 @@ impl LtGemm {
         )
         .map_err(lt_err("cublasLtMatmulDescCreate"))?;
         let mut plan = Plan {
+            input,
             desc,
             a: std::ptr::null_mut(),
             algo: sys::cublasLtMatmulAlgo_t { data: [0; 8] },
@@ -317,10 +400,11 @@ impl LtGemm {
             )
         }
         .map_err(lt_err("TRANSA"))?;
-        plan.a = layout(sys::cudaDataType::CUDA_R_16BF, k, n, ld)?;
+        let dtype = input.data_type();
+        plan.a = layout(dtype, k, n, ld)?;
         let (a, b, d) = (
-            layout(sys::cudaDataType::CUDA_R_16BF, k, algo_n, k)?,
-            layout(sys::cudaDataType::CUDA_R_16BF, k, REPRESENTATIVE_M, k)?,
+            layout(dtype, k, algo_n, k)?,
+            layout(dtype, k, REPRESENTATIVE_M, k)?,
             layout(out.data_type(), algo_n, REPRESENTATIVE_M, algo_n)?,
         );
         let candidates = heuristic(self.handle, plan.desc, a, b, d, self.workspace.len());
@@ -341,7 +425,8 @@ impl LtGemm {
             .or_else(|| no_split.first())
             .ok_or_else(|| {
                 KernelError::Cublas(format!(
-                    "no algorithm without split-K for n={n} k={k} {out:?} ({} candidates)",
+                    "no algorithm without split-K for n={n} k={k} {input:?} in, {out:?} out \
+                     ({} candidates)",
                     candidates.len()
                 ))
             })?;
@@ -363,7 +448,7 @@ impl LtGemm {
 
     /// A one-line description of the pinned algorithm of a shape, for logs and receipts.
     pub fn describe(&self, n: usize, k: usize, out: GemmOut) -> Option<String> {
-        let plan = self.plans.get(&GemmShape::new(n, k, out))?;
+        let plan = self.plans.get(&(GemmShape::new(n, k, out), GemmIn::Bf16))?;
         let attr = |a| config_u32(&plan.algo, a).unwrap_or(u32::MAX);
         use sys::cublasLtMatmulAlgoConfigAttributes_t as A;
         Some(format!(
@@ -463,7 +548,7 @@ fn verify(
     workspace: usize,
 ) -> Result<(sys::cublasLtMatrixLayout_t, sys::cublasLtMatrixLayout_t), KernelError> {
     let GemmShape { n, k, ld, out, .. } = plan.shape;
-    let b = layout(sys::cudaDataType::CUDA_R_16BF, k, m, ld)?;
+    let b = layout(plan.input.data_type(), k, m, ld)?;
     let d = match layout(out.data_type(), n, m, n) {
         Ok(d) => d,
         Err(e) => {

@@ -51,7 +51,7 @@ pub use blocks::BlockFormat;
 pub use check::{FunctionResources, Report, check};
 pub use elementwise::{GateActivation, NormWeight, RopeKvShape};
 pub use fp4::has_fp4_mma;
-pub use gemm::{GemmOut, GemmShape, LtGemm};
+pub use gemm::{GemmIn, GemmOut, GemmShape, LtGemm};
 pub use gemv::{DEFAULT_VARIANT, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvOut, GemvVariant};
 pub use kv_copy::KvParts;
 pub use sampling::{

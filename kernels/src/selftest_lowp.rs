@@ -5,6 +5,9 @@
 //!   the CPU reference's W8A8 / W4A4 input arithmetic (the caller's: `ActivationQuant`, itself
 //!   compressed-tensors' forward bit for bit), on rows with zeros and values past the formats'
 //!   ranges; canaries: the reference under another scale;
+//! - the FP8 product (cuBLASLt's e4m3 GEMM, then the row and column scales) against an f64
+//!   product of the same dequantized operands (within bf16 rounding), each row's bits the same
+//!   at 1 row and at 64 (the pinned algorithm); canary: changed weight scales;
 //! - on sm_120a / sm_121a, the block-scaled FP4 tensor-core product against an f64 product of
 //!   the same dequantized operands (within bf16 rounding); canary: weights with a changed group
 //!   scale. Elsewhere, that its launcher refuses the architecture by name.
@@ -77,6 +80,15 @@ pub fn check_lowp(
         Ok(mut r) => results.append(&mut r),
         Err(e) => results.push(CheckResult::error(
             "fp8_quantize_rows",
+            format!("seed {seed:#x}"),
+            false,
+            e,
+        )),
+    }
+    match check_fp8_gemm(kernels, s, &mut rng) {
+        Ok(mut r) => results.append(&mut r),
+        Err(e) => results.push(CheckResult::error(
+            "gemm_fp8",
             format!("seed {seed:#x}"),
             false,
             e,
@@ -160,6 +172,89 @@ fn check_fp8_quantizer(
             value_mismatches(&got, &reference(wrong, &xf, k)),
         ));
     }
+    Ok(results)
+}
+
+fn check_fp8_gemm(
+    kernels: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+) -> Result<Vec<CheckResult>, KernelError> {
+    let (n, k) = (256, 1024);
+    // Weight codes: random finite e4m3 (no NaN byte), a scale per row.
+    let w: Vec<u8> = (0..n * k)
+        .map(|_| {
+            let b = rng.next_u64() as u8;
+            if b & 0x7f == 0x7f { b & 0xfe } else { b }
+        })
+        .collect();
+    let w_scale: Vec<f32> = (0..n).map(|_| (1e-3 + 1e-2 * rng.unit()) as f32).collect();
+    let mut w_wrong = w_scale.clone();
+    w_wrong[..n / 2].iter_mut().for_each(|v| *v *= 1.25);
+    let (dw, dws, dws_wrong) = (upload(s, &w)?, upload(s, &w_scale)?, upload(s, &w_wrong)?);
+    let mut gemm = crate::LtGemm::new(s)?;
+    let mut results = Vec::new();
+    let mut first_rows: Vec<Vec<bf16>> = Vec::new();
+    let x = rng.bf16_vec(64 * k, 2.0, 0.0);
+    for m in [1, 64] {
+        let dx = upload(s, &x[..m * k])?;
+        let mut codes = upload(s, &vec![0u8; m * k])?;
+        let mut x_scale = upload(s, &vec![f32::NAN; m])?;
+        kernels.fp8_quantize_rows(s, &dx, &mut codes, &mut x_scale, m, k, None)?;
+        let mut acc = upload(s, &vec![f32::NAN; m * n])?;
+        gemm.matmul_fp8(&mut acc, &codes, &dw, (m, n, k))?;
+        let mut y = poisoned_bf16(s, m * n)?;
+        kernels.fp8_scale_out(s, &acc, &x_scale, &dws, &mut y, m, n)?;
+        let mut y_wrong = poisoned_bf16(s, m * n)?;
+        kernels.fp8_scale_out(s, &acc, &x_scale, &dws_wrong, &mut y_wrong, m, n)?;
+        let got = download(s, &y)?;
+        let (codes, x_scale) = (download(s, &codes)?, download(s, &x_scale)?);
+        let want: Vec<f64> = (0..m * n)
+            .map(|i| {
+                let (r, c) = (i / n, i % n);
+                let dot: f64 = (0..k)
+                    .map(|j| {
+                        f64::from(e4m3(codes[r * k + j]) * x_scale[r])
+                            * f64::from(e4m3(w[c * k + j]) * w_scale[c])
+                    })
+                    .sum();
+                round_bf16(dot)
+            })
+            .collect();
+        let got64: Vec<f64> = got.iter().map(|v| v.to_f64()).collect();
+        let wrong64: Vec<f64> = download(s, &y_wrong)?.iter().map(|v| v.to_f64()).collect();
+        let case = format!("m={m} n={n} k={k} per-token x, per-row w");
+        let written = got64.iter().all(|v| !v.is_nan());
+        results.push(CheckResult::compare(
+            "gemm_fp8",
+            format!("{case}: vs the f64 product of the dequantized operands"),
+            false,
+            rel_err(&got64, &want),
+            1e-2,
+            written,
+            String::new(),
+        ));
+        results.push(CheckResult::compare(
+            "gemm_fp8",
+            format!("{case}: with changed weight scales (canary)"),
+            true,
+            rel_err(&wrong64, &want),
+            1e-2,
+            written,
+            String::new(),
+        ));
+        first_rows.push(got[..n].to_vec());
+    }
+    results.push(invariance_result(
+        "gemm_fp8",
+        format!("n={n} k={k}: row 0 at m=1 vs at m=64, bit for bit"),
+        false,
+        first_rows[0]
+            .iter()
+            .zip(&first_rows[1])
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count(),
+    ));
     Ok(results)
 }
 

@@ -70,6 +70,7 @@ fn expected_functions() -> Vec<String> {
         "nvfp4_mma_gemm",
         "nvfp4_mma_gemm_modelopt",
         "fp8_quantize_rows",
+        "fp8_scale_out",
     ] {
         names.push(name.to_string());
     }

@@ -3,7 +3,7 @@
 # (`--keep-quantized`) or widened to bf16 (issue 22's battery), with the carried release binary
 # and the Llama 3.1 tokenizer in .device/llama3_1:
 #   scripts/device/quant_engine.sh OUT_DIR
-# It builds nothing. In order (PARTS picks: selftest, identity, decode):
+# It builds nothing. In order (PARTS picks: selftest, identity, decode, prefill):
 #   1. `strata kernels selftest`: every block format's dequantizer, GEMV, shard GEMV and gather
 #      bit for bit against the bf16 kernels on the CPU loader's values (NVFP4 in both
 #      conventions, FP8), with canaries;
@@ -13,7 +13,9 @@
 #      model's bits) — and passes `strata gpu parity --keep-quantized` against the CPU reference;
 #   3. decode: the Llama-3.1-8B shape synthesized (bf16), quantized to fp8 and nvfp4 (timed),
 #      `strata gpu decode` at BATCHES for bf16, each format kept and each widened, with its
-#      graph == eager checks: tokens/s against bf16 and against each format's byte roofline.
+#      graph == eager checks: tokens/s against bf16 and against each format's byte roofline;
+#   4. prefill: `strata kernels bench --m 1`'s prompt-row GEMMs of a 4k prefill (m = 4096, the 8B
+#      projections), bf16 against FP8 (e4m3) in TFLOP/s — the W8A8 product, its scales aside.
 # Everything lands in OUT_DIR with receipt.json; a short table is printed last.
 set -uo pipefail
 
@@ -23,7 +25,7 @@ TOKENIZER=${TOKENIZER:-.device/llama3_1}
 BENCH_CONFIG=${BENCH_CONFIG:-configs/llama-3.1-8b.json}
 FILES=${FILES:-${TMPDIR:-/tmp}/strata-quant-engine}
 BATCHES=${BATCHES:-1,8,32,64}
-PARTS=${PARTS:-selftest,identity,decode}
+PARTS=${PARTS:-selftest,identity,decode,prefill}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 mkdir -p "$OUT/logs" "$FILES"
 failed=0
@@ -90,11 +92,16 @@ if part decode; then
     done
 fi
 
+if part prefill; then
+    "$BIN" kernels bench --m 1 >"$OUT/logs/kernels-bench.log" 2>&1 || failed=1
+    grep "^gemm " "$OUT/logs/kernels-bench.log" | tee "$OUT/prefill.txt"
+fi
+
 python3 - "$OUT" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 receipt = {"machine": (out / "machine.txt").read_text().splitlines()}
-for name in ["selftest.txt", "identity.txt", "quantize.txt"]:
+for name in ["selftest.txt", "identity.txt", "quantize.txt", "prefill.txt"]:
     p = out / name
     if p.exists():
         receipt[name.split(".")[0]] = p.read_text().splitlines()[-12:]

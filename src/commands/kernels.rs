@@ -150,6 +150,26 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
     };
     strata_kernels::bench::gemm_timings(&stream, &all, &mut print)?;
 
+    // Prompt rows of a 4k prefill through the bf16 GEMM and the FP8 (e4m3) GEMM: the W8A8 path's
+    // product (its scales, one more elementwise pass, not included).
+    println!(
+        "\n{:<9} {:>5} {:>6} {:>6} {:>10} {:>8}",
+        "prefill", "m", "n", "k", "us", "TFLOP/s"
+    );
+    let shapes =
+        [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)].map(|(n, k)| (4096, n, k));
+    strata_kernels::bench::prefill_gemm_timings(&stream, &shapes, &mut |t| {
+        println!(
+            "{:<9} {:>5} {:>6} {:>6} {:>10.1} {:>8.1}",
+            if t.fp8 { "gemm fp8" } else { "gemm bf16" },
+            t.m,
+            t.n,
+            t.k,
+            t.micros,
+            t.tflops
+        );
+    })?;
+
     // Prefill attention of the 8B shape (32 query heads, 8 KV heads, head_dim 128).
     println!(
         "\n{:<7} {:>5} {:>4} {:>4} {:>6} {:>10} {:>8}",
