@@ -452,6 +452,27 @@ fn a_member_that_lost_its_store_exits_and_the_printed_procedure_recovers_the_gro
     });
 }
 
+/// A member listening on every interface without --advertise is refused before anything is
+/// created: the group would record an address nobody can dial.
+#[test]
+fn a_member_on_every_interface_must_advertise() {
+    let root = tempfile::tempdir().unwrap();
+    for verb in [
+        &["init"][..],
+        &["join", "--seed", "127.0.0.1:1", "--token", "t"][..],
+    ] {
+        let data = root.path().join(verb[0]);
+        let out = cli(&data, &[verb, &["--listen", "0.0.0.0:0"]].concat());
+        assert!(!out.status.success(), "{verb:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--advertise"), "{verb:?}: {stderr}");
+        assert!(
+            !data.join("member.toml").exists(),
+            "{verb:?} wrote a member"
+        );
+    }
+}
+
 #[test]
 fn an_operator_identity_reads_and_writes_without_a_member_directory() {
     let root = tempfile::tempdir().unwrap();

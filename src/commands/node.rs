@@ -58,7 +58,8 @@ pub struct NodeServeArgs {
     /// routers following the group (`strata router --cluster`) find it.
     #[arg(long, conflicts_with = "identity")]
     data: Option<PathBuf>,
-    /// The RPC address routers dial; default: --listen (with the port it got).
+    /// The RPC address routers dial; default: --listen (with the port it got), or where it
+    /// listens on every interface (0.0.0.0), that port at its member's host.
     #[arg(long)]
     advertise: Option<SocketAddr>,
     #[command(flatten)]
@@ -156,7 +157,7 @@ pub fn run(command: NodeCommand) -> Result<()> {
                     service.info().block_size
                 );
                 if let Some(data) = data {
-                    let rpc = advertise.unwrap_or(addr);
+                    let rpc = declared_address(addr, advertise, &data)?;
                     let blocks = service.info().capacity_blocks as u64;
                     let gpus = engine_gpus(device, tp);
                     tokio::spawn(async move {
@@ -332,6 +333,35 @@ fn nvlink_islands(inventory: &Inventory) -> std::collections::BTreeMap<usize, us
 
 /// Records `rpc`, the KV capacity and the engine's GPUs in the member's record through the
 /// member in `data`, retrying while the member starts or the group elects a leader.
+/// The RPC address this node declares in its member's record: `--advertise`, else the bound
+/// address, else — bound to every interface (0.0.0.0 or ::) — the bound port at the host its
+/// member is reached at (the member's advertised address resolved); an address no router could
+/// dial is refused at start, naming `--advertise`.
+fn declared_address(
+    bound: SocketAddr,
+    advertise: Option<SocketAddr>,
+    data: &Path,
+) -> Result<SocketAddr> {
+    if let Some(advertise) = advertise {
+        return Ok(advertise);
+    }
+    if !bound.ip().is_unspecified() {
+        return Ok(bound);
+    }
+    let config = ServerConfig::load(&DataLayout::new(data).config()).map_err(anyhow::Error::msg)?;
+    let member = config.advertised();
+    let host = std::net::ToSocketAddrs::to_socket_addrs(member.as_str())
+        .ok()
+        .and_then(|mut found| found.find(|a| !a.ip().is_unspecified()));
+    match host {
+        Some(host) => Ok(SocketAddr::new(host.ip(), bound.port())),
+        None => anyhow::bail!(
+            "this node listens on every interface ({bound}) and its member's address {member} \
+             names no host routers can dial: give --advertise IP:PORT"
+        ),
+    }
+}
+
 async fn declare(
     data: &Path,
     identity: &MemberIdentity,
@@ -535,6 +565,44 @@ mod tests {
     use strata_collective::inventory::{GpuInfo, PeerLink};
 
     use super::*;
+
+    /// A node bound to every interface declares its port at its member's host; an explicit
+    /// --advertise or a specific bound address is kept; a member that names no dialable host
+    /// makes the node refuse, naming --advertise.
+    #[test]
+    fn a_node_on_every_interface_declares_its_members_host() {
+        let tmp = tempfile::tempdir().unwrap();
+        let member = |listen: &str, advertise: Option<&str>| {
+            let config = ServerConfig {
+                data_dir: tmp.path().to_path_buf(),
+                listen: listen.parse().unwrap(),
+                advertise: advertise.map(str::to_string),
+                join_listen: None,
+                cert_lifetime_s: None,
+                timing: Default::default(),
+            };
+            config.save(&DataLayout::new(tmp.path()).config()).unwrap();
+        };
+        let any: SocketAddr = "0.0.0.0:7000".parse().unwrap();
+        member("127.0.0.1:7400", None);
+        assert_eq!(
+            declared_address(any, None, tmp.path()).unwrap(),
+            "127.0.0.1:7000".parse::<SocketAddr>().unwrap()
+        );
+        let given: SocketAddr = "10.1.2.3:9000".parse().unwrap();
+        assert_eq!(
+            declared_address(any, Some(given), tmp.path()).unwrap(),
+            given
+        );
+        let bound: SocketAddr = "10.0.0.5:7000".parse().unwrap();
+        assert_eq!(declared_address(bound, None, tmp.path()).unwrap(), bound);
+        member("0.0.0.0:7400", Some("localhost:7400"));
+        let got = declared_address(any, None, tmp.path()).unwrap();
+        assert!(got.ip().is_loopback() && got.port() == 7000, "{got}");
+        member("0.0.0.0:7400", None);
+        let err = declared_address(any, None, tmp.path()).unwrap_err();
+        assert!(err.to_string().contains("--advertise"), "{err}");
+    }
 
     #[test]
     fn nvlink_islands_are_connected_components() {

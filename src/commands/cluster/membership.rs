@@ -74,12 +74,24 @@ pub(super) async fn serve(data: &Path) -> Result<()> {
     serve_until_signal(server).await
 }
 
+/// A member listening on every interface must say where the others reach it: its address is
+/// recorded in the group, and 0.0.0.0 dials nowhere (or, on Linux, the dialler itself).
+fn check_dialable(listen: SocketAddr, advertise: Option<&String>) -> Result<()> {
+    anyhow::ensure!(
+        !listen.ip().is_unspecified() || advertise.is_some(),
+        "--listen {listen} listens on every interface: give --advertise HOST:PORT, the address \
+         the other members dial"
+    );
+    Ok(())
+}
+
 pub(super) async fn init(args: InitArgs) -> Result<()> {
     let layout = DataLayout::new(&args.data);
     if layout.config().exists() {
         tracing::info!(data = %args.data.display(), "a member lives here already; resuming it");
         return serve(&args.data).await;
     }
+    check_dialable(args.listen, args.advertise.as_ref())?;
     let join_listen = args.join_listen.unwrap_or_else(|| {
         let mut addr = args.listen;
         if addr.port() != 0 {
@@ -147,6 +159,7 @@ pub(super) async fn join(args: JoinArgs) -> Result<()> {
         tracing::info!(data = %args.data.display(), "a member lives here already; resuming it");
         return serve(&args.data).await;
     }
+    check_dialable(args.listen, args.advertise.as_ref())?;
     let token = read_token(&args.token)?;
     // The member address is held from before the group is asked: a joiner that cannot listen
     // fails here, before it is admitted as a member the others can never reach. Port 0 takes
