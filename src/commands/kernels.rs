@@ -158,7 +158,9 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
     );
     let shapes =
         [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)].map(|(n, k)| (4096, n, k));
-    strata_kernels::bench::prefill_gemm_timings(&stream, &shapes, &mut |t| {
+    // A failure here (an FP8 GEMM this cuBLASLt or GPU refuses) is printed, not fatal: the
+    // timings above stand, and the selftest is the FP8 path's gate.
+    let timed = strata_kernels::bench::prefill_gemm_timings(&stream, &shapes, &mut |t| {
         println!(
             "{:<9} {:>5} {:>6} {:>6} {:>10.1} {:>8.1}",
             if t.fp8 { "gemm fp8" } else { "gemm bf16" },
@@ -168,7 +170,10 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
             t.micros,
             t.tflops
         );
-    })?;
+    });
+    if let Err(e) = timed {
+        println!("prefill gemm: {e}");
+    }
 
     // Prefill attention of the 8B shape (32 query heads, 8 KV heads, head_dim 128).
     println!(
