@@ -8,7 +8,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
-use crate::launch::{aligned16, grid, need_len, product, stride_blocks, to_u32};
+use crate::launch::{aligned16, grid, need_len, positive_scale, product, stride_blocks, to_u32};
 use crate::{BlockFormat, KernelError, Kernels, ensure_shape};
 
 const MODULE: &str = "fp4";
@@ -40,11 +40,7 @@ impl Kernels {
     ) -> Result<(), KernelError> {
         const K: &str = "nvfp4_quantize_rows";
         ensure_shape!(k.is_multiple_of(16), K, "k = {k} is not a multiple of 16");
-        ensure_shape!(
-            global.is_finite() && global > 0.0,
-            K,
-            "the global scale {global} is not a positive finite number"
-        );
+        positive_scale(K, "global scale", global)?;
         need_len(K, "x", x.len(), product(K, &[m, k])?)?;
         need_len(K, "codes", codes.len(), product(K, &[m, k / 2])?)?;
         need_len(K, "scales", scales.len(), product(K, &[m, k / 16])?)?;
@@ -109,11 +105,7 @@ impl Kernels {
         };
         ensure_shape!(k.is_multiple_of(64), K, "k = {k} is not a multiple of 64");
         ensure_shape!(n.is_multiple_of(8), K, "n = {n} is not a multiple of 8");
-        ensure_shape!(
-            global.is_finite() && global > 0.0,
-            K,
-            "the global scale {global} is not a positive finite number"
-        );
+        positive_scale(K, "global scale", global)?;
         let row_bytes = k / format.block_elems() * format.device_block_bytes();
         need_len(K, "codes", codes.len(), product(K, &[m, k / 2])?)?;
         need_len(K, "scales", scales.len(), product(K, &[m, k / 16])?)?;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use half::bf16;
 
-use crate::launch::{aligned16, grid, need_len, product, stride_blocks, to_u32};
+use crate::launch::{aligned16, grid, need_len, positive_scale, product, stride_blocks, to_u32};
 use crate::{KernelError, Kernels, ensure_shape};
 
 const MODULE: &str = "fp8";
@@ -32,11 +32,7 @@ impl Kernels {
         const K: &str = "fp8_quantize_rows";
         ensure_shape!(k.is_multiple_of(8), K, "k = {k} is not a multiple of 8");
         if let Some(s) = scale {
-            ensure_shape!(
-                s.is_finite() && s > 0.0,
-                K,
-                "the static scale {s} is not a positive finite number"
-            );
+            positive_scale(K, "static scale", s)?;
         }
         need_len(K, "x", x.len(), product(K, &[m, k])?)?;
         need_len(K, "codes", codes.len(), product(K, &[m, k])?)?;

@@ -39,6 +39,16 @@ pub(crate) fn need_len(
     Ok(())
 }
 
+/// Checks that a quantization scale is a positive finite number.
+pub(crate) fn positive_scale(kernel: &'static str, what: &str, v: f32) -> Result<(), KernelError> {
+    ensure_shape!(
+        v.is_finite() && v > 0.0,
+        kernel,
+        "the {what} {v} is not a positive finite number"
+    );
+    Ok(())
+}
+
 /// Checks that a device address is 16-byte aligned (the kernels' vector loads need it).
 pub(crate) fn aligned16(kernel: &'static str, what: &str, ptr: u64) -> Result<(), KernelError> {
     ensure_shape!(

@@ -76,42 +76,28 @@ pub fn check_lowp(
 ) -> Vec<CheckResult> {
     let mut rng = Rng::new(seed ^ 0xf4);
     let mut results = Vec::new();
-    match check_fp8_quantizer(kernels, s, &mut rng, reference) {
+    let mut keep = |kernel: &str, outcome: Result<Vec<CheckResult>, KernelError>| match outcome {
         Ok(mut r) => results.append(&mut r),
         Err(e) => results.push(CheckResult::error(
-            "fp8_quantize_rows",
+            kernel,
             format!("seed {seed:#x}"),
             false,
             e,
         )),
-    }
-    match check_fp8_gemm(kernels, s, &mut rng) {
-        Ok(mut r) => results.append(&mut r),
-        Err(e) => results.push(CheckResult::error(
-            "gemm_fp8",
-            format!("seed {seed:#x}"),
-            false,
-            e,
-        )),
-    }
-    match check_quantizer(kernels, s, &mut rng, reference) {
-        Ok(mut r) => results.append(&mut r),
-        Err(e) => results.push(CheckResult::error(
-            "nvfp4_quantize_rows",
-            format!("seed {seed:#x}"),
-            false,
-            e,
-        )),
-    }
-    match check_mma(kernels, s, &mut rng, dequantize) {
-        Ok(mut r) => results.append(&mut r),
-        Err(e) => results.push(CheckResult::error(
-            "nvfp4_mma_gemm",
-            format!("seed {seed:#x}"),
-            false,
-            e,
-        )),
-    }
+    };
+    keep(
+        "fp8_quantize_rows",
+        check_fp8_quantizer(kernels, s, &mut rng, reference),
+    );
+    keep("gemm_fp8", check_fp8_gemm(kernels, s, &mut rng));
+    keep(
+        "nvfp4_quantize_rows",
+        check_quantizer(kernels, s, &mut rng, reference),
+    );
+    keep(
+        "nvfp4_mma_gemm",
+        check_mma(kernels, s, &mut rng, dequantize),
+    );
     results
 }
 
