@@ -26,6 +26,12 @@ __device__ __forceinline__ void store_out(float* y, float v) { *y = v; }
 // phase read the same x, so a block's x loads are amortized over four times the weights; for the
 // wide projections, where 4 × the rows still make enough blocks).
 //
+// The run order (RUNS, `GemvVariant::MmaRuns` / `Mma2Runs`): phase p takes one contiguous run of
+// k-steps, [p L, min((p + 1) L, steps)) with L = ceil(steps / PHASES), instead of every PHASES-th
+// step. Per (m, n) that is a chain of MMAs over each run in ascending k, then the run totals in
+// run order: an order a tiled GEMM can follow too (cuda/runs.cu), so prompt rows and decode rows
+// can share one weight read and still get each other's bits.
+//
 // Batch invariance: rows of x beyond M are zeros, a tensor-core dot product of one output row
 // never reads another row, and per (m, n) the order is fixed by K and PHASES alone: the k-steps
 // of each phase in ascending order (UNROLL only changes how many loads are in flight), then the
@@ -107,7 +113,7 @@ struct MmaSlot {
 // loader of blocks.cuh over the same columns. Every weight chunk the body multiplies is the
 // loader's 8 bf16 values, so the body gives the same bits for a block format as for its bf16
 // widening.
-template <int XT, int PHASES, bool SLICED, typename Out, typename W>
+template <int XT, int PHASES, bool SLICED, typename Out, typename W, bool RUNS = false>
 __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
                                               const __nv_bfloat16* __restrict__ x, const W w,
                                               u32 m_rows, u32 n_rows, u32 k, u32 ld_arg,
@@ -128,6 +134,11 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
     const int t = lane & 3;
     const u32 n0 = block * BLOCK_ROWS + group * GROUP_ROWS;
     const u32 steps = k / 32;
+    // This warp's k-steps: first, first + STRIDE, ... below end.
+    constexpr u32 STRIDE = RUNS ? 1 : PHASES;
+    const u32 run = (steps + PHASES - 1) / PHASES;
+    const u32 first = RUNS ? phase * run : phase;
+    const u32 end = RUNS ? min(first + run, steps) : steps;
 
     float c[XT][MMA_TILES][4];
 #pragma unroll
@@ -136,14 +147,14 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
         for (int i = 0; i < MMA_TILES; ++i) c[j][i][0] = c[j][i][1] = c[j][i][2] = c[j][i][3] = 0.0f;
     }
 
-    for (u32 s0 = phase; s0 < steps; s0 += PHASES * U) {
+    for (u32 s0 = first; s0 < end; s0 += STRIDE * U) {
         typedef MmaSlot<W, XT> Slots;
         typename Slots::Slot wv[U][MMA_TILES];
         uint4 xl[U][XT], xh[U][XT];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const u32 s = s0 + u * PHASES;
-            const bool live = s < steps;
+            const u32 s = s0 + u * STRIDE;
+            const bool live = s < end;
 #pragma unroll
             for (int i = 0; i < MMA_TILES; ++i) {
                 const u32 n = n0 + i * 8 + g;
@@ -162,10 +173,10 @@ __device__ __forceinline__ void gemv_mma_body(Out* __restrict__ y,
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            if (s0 + u * PHASES < steps) {
+            if (s0 + u * STRIDE < end) {
 #pragma unroll
                 for (int i = 0; i < MMA_TILES; ++i) {
-                    const uint4 wf = Slots::decode(wv[u][i], (s0 + u * PHASES) * 32 + t * 8);
+                    const uint4 wf = Slots::decode(wv[u][i], (s0 + u * STRIDE) * 32 + t * 8);
 #pragma unroll
                     for (int j = 0; j < XT; ++j) {
                         mma_bf16_16816(c[j][i], xl[u][j].x, xh[u][j].x, xl[u][j].y, xh[u][j].y,

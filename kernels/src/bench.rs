@@ -220,6 +220,74 @@ pub fn gemm_timings(
     Ok(out)
 }
 
+/// One timed shape of the run-order GEMM ([`Kernels::gemm_runs`], bf16 out) or of the pinned
+/// cuBLASLt GEMM beside it (`kernel` says which).
+#[derive(Debug, Clone)]
+pub struct RunsTiming {
+    pub kernel: &'static str,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Median time per launch, microseconds.
+    pub micros: f64,
+    /// Bytes that must move per launch (W, x, y) over the median time, GB/s.
+    pub gbytes_per_s: f64,
+    /// 2·m·n·k over the median time, TFLOP/s.
+    pub tflops: f64,
+}
+
+/// Times, for each `(m, n, k)`, the run-order GEMM in both phase counts and the pinned cuBLASLt
+/// GEMM, bf16 out, with the weight rotation and median of [`gemv_timings`]: what a step whose
+/// decode and prompt rows share one weight read costs against the prompt rows' kernel today.
+pub fn runs_gemm_timings(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    shapes: &[(usize, usize, usize)],
+    report: &mut dyn FnMut(&RunsTiming),
+) -> Result<Vec<RunsTiming>, KernelError> {
+    let mut gemm = LtGemm::new(stream)?;
+    let mut rng = Rng::new(0x2a5);
+    let pattern = rng.bf16_vec(PATTERN + 1, 1.0, 0.0);
+    let mut out = Vec::new();
+    let mut cache: HashMap<(usize, usize), Vec<CudaSlice<bf16>>> = HashMap::new();
+    for &(m, n, k) in shapes {
+        let weights = match cache.entry((n, k)) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(rotated_copies(stream, &pattern, n * k)?),
+        };
+        let copies = weights.len();
+        let x = upload(stream, &rng.bf16_vec(m * k, 1.0, 0.0))?;
+        let mut y = stream.alloc_zeros::<bf16>(m * n)?;
+        let kernels_timed = [
+            ("runs p16", Some(GemvVariant::MmaRuns)),
+            ("runs p4", Some(GemvVariant::Mma2Runs)),
+            ("cublaslt", None),
+        ];
+        for (kernel, variant) in kernels_timed {
+            let micros = median_micros(stream, |i| {
+                let w = &weights[i % copies];
+                match variant {
+                    Some(v) => kernels.gemm_runs(v, stream, &mut y, &x, w, (m, n, k)),
+                    None => gemm.matmul(&mut y, &x, w, m, n, k, GemmOut::Bf16),
+                }
+            })?;
+            let bytes = (n * k + m * k + m * n) * 2;
+            let timing = RunsTiming {
+                kernel,
+                m,
+                n,
+                k,
+                micros,
+                gbytes_per_s: bytes as f64 / (micros * 1e-6) / 1e9,
+                tflops: 2.0 * (m * n * k) as f64 / (micros * 1e-6) / 1e12,
+            };
+            report(&timing);
+            out.push(timing);
+        }
+    }
+    Ok(out)
+}
+
 /// One timed prompt-row GEMM: bf16 (the pinned cuBLASLt GEMM, bf16 out) or FP8 (the pinned
 /// e4m3 GEMM, f32 out, scales not applied), with its rate.
 #[derive(Debug, Clone)]

@@ -286,10 +286,12 @@ impl Kernels {
         let (prefix, rows) = match variant {
             GemvVariant::Mma => ("gemv_mma", mma_rows(m)),
             GemvVariant::Mma2 => ("gemv_mma2", mma2_rows(m)),
-            GemvVariant::Fma => {
+            GemvVariant::Fma | GemvVariant::MmaRuns | GemvVariant::Mma2Runs => {
                 return Err(KernelError::Shape {
                     kernel: K,
-                    message: "block formats take the tensor-core variants only".into(),
+                    message: format!(
+                        "block formats take the Mma and Mma2 variants only, not {variant:?}"
+                    ),
                 });
             }
         };

@@ -72,6 +72,32 @@ pub enum GemvVariant {
     /// (gate/up and the LM head; the 4096-row ones make too few blocks of it). Its own bits, the
     /// same for every M; `k % 32 == 0`.
     Mma2,
+    /// [`GemvVariant::Mma`] in the run order: each of the 16 k-phases is one contiguous run of
+    /// k-steps (`runs_gemv_*_p16_*`), so that [`Kernels::gemm_runs`] computes the same bits
+    /// for any number of rows. Its own bits, the same for every M; `k % 32 == 0`.
+    MmaRuns,
+    /// [`GemvVariant::Mma2`] in the run order (4 runs, `runs_gemv_*_p4_*`).
+    Mma2Runs,
+}
+
+impl GemvVariant {
+    /// The number of k-phases (runs) of a tensor-core variant; `None` for [`GemvVariant::Fma`].
+    pub fn phases(self) -> Option<u32> {
+        match self {
+            GemvVariant::Fma => None,
+            GemvVariant::Mma | GemvVariant::MmaRuns => Some(16),
+            GemvVariant::Mma2 | GemvVariant::Mma2Runs => Some(4),
+        }
+    }
+
+    /// The run-order variant with this variant's phase count: what prompt rows sharing a step
+    /// with this variant's decode rows would take through [`Kernels::gemm_runs`].
+    pub fn in_runs(self) -> Option<GemvVariant> {
+        match self.phases()? {
+            16 => Some(GemvVariant::MmaRuns),
+            _ => Some(GemvVariant::Mma2Runs),
+        }
+    }
 }
 
 /// Rows of W per block of [`GemvVariant::Mma2`]; mirrors `MmaTiles` × the row groups of
@@ -187,7 +213,7 @@ impl Kernels {
         let prefix = T::PREFIX;
         let (step, max_m) = match variant {
             GemvVariant::Fma => (8, GEMV_FMA_MAX_M),
-            GemvVariant::Mma | GemvVariant::Mma2 => (32, GEMV_MAX_M),
+            _ => (32, GEMV_MAX_M),
         };
         ensure_shape!(
             (1..=max_m).contains(&m),
@@ -207,24 +233,40 @@ impl Kernels {
         if n == 0 {
             return Ok(());
         }
-        let (name, blocks, threads) = match variant {
+        let tiles = m.div_ceil(MMA_X_ROWS);
+        let (module, name, blocks, threads) = match variant {
             GemvVariant::Fma => (
+                MODULE,
                 format!("{prefix}_m{m}"),
                 n32.div_ceil(rows_per_block(m)),
                 THREADS,
             ),
             GemvVariant::Mma => (
-                format!("{}{}", T::MMA_NAME, m.div_ceil(MMA_X_ROWS)),
+                MODULE,
+                format!("{}{tiles}", T::MMA_NAME),
                 n32.div_ceil(mma_rows(m)),
                 MMA_THREADS,
             ),
             GemvVariant::Mma2 => (
-                format!("{}{}", T::MMA2_NAME, m.div_ceil(MMA_X_ROWS)),
+                MODULE,
+                format!("{}{tiles}", T::MMA2_NAME),
+                n32.div_ceil(mma2_rows(m)),
+                MMA_THREADS,
+            ),
+            GemvVariant::MmaRuns => (
+                crate::runs::MODULE,
+                format!("runs_gemv_{}_p16_x{tiles}", T::OUT),
+                n32.div_ceil(mma_rows(m)),
+                MMA_THREADS,
+            ),
+            GemvVariant::Mma2Runs => (
+                crate::runs::MODULE,
+                format!("runs_gemv_{}_p4_x{tiles}", T::OUT),
                 n32.div_ceil(mma2_rows(m)),
                 MMA_THREADS,
             ),
         };
-        let f = self.function(MODULE, &name)?;
+        let f = self.function(module, &name)?;
         let (yp, _y) = y.device_ptr_mut(stream);
         let (xp, _x) = x.device_ptr(stream);
         let (wp, _w) = w.device_ptr(stream);

@@ -25,6 +25,7 @@ mod gemv;
 mod kv_copy;
 mod launch;
 pub mod libs;
+mod runs;
 mod sampling;
 pub mod selftest;
 mod selftest_attention;
@@ -32,6 +33,7 @@ pub mod selftest_blocks;
 mod selftest_gemma;
 mod selftest_gemv;
 pub mod selftest_lowp;
+mod selftest_runs;
 mod selftest_tp;
 
 use std::collections::HashMap;
@@ -106,6 +108,10 @@ pub const SOURCES: &[Source] = &[
     block_source!("gemv_blocks_nvfp4", "MACRO(1001, nvfp4)"),
     block_source!("gemv_blocks_nvfp4_modelopt", "MACRO(1002, nvfp4_modelopt)"),
     block_source!("gemv_blocks_fp8", "MACRO(1003, fp8)"),
+    Source {
+        module: "runs",
+        text: include_str!("../cuda/runs.cu"),
+    },
     Source {
         module: "fp4",
         text: include_str!("../cuda/fp4.cu"),
@@ -333,11 +339,14 @@ impl Kernels {
         for (source, module) in SOURCES.iter().zip(loaded) {
             modules.insert(source.module, module?);
         }
-        Ok(Kernels {
+        let kernels = Kernels {
             ctx: ctx.clone(),
             arch,
             modules,
-        })
+        };
+        // Once here, never at a launch: a launch may be inside a graph capture.
+        kernels.allow_runs_gemm_smem()?;
+        Ok(kernels)
     }
 
     /// The NVRTC architecture the modules were compiled for (see [`arch_for`]).

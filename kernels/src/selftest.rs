@@ -15,7 +15,8 @@ use half::bf16;
 
 use crate::selftest_gemv as gemv_checks;
 use crate::{
-    CheckResult, KernelError, Kernels, RopeKvShape, selftest_attention, selftest_gemma, selftest_tp,
+    CheckResult, KernelError, Kernels, RopeKvShape, selftest_attention, selftest_gemma,
+    selftest_runs, selftest_tp,
 };
 
 /// Tolerance for bf16 outputs whose reference rounds at the kernel's rounding points: only an
@@ -55,6 +56,8 @@ pub fn selftest_with_seed(
         ("gemv3 fused q/k/v", gemv_checks::check_gemv3),
         ("argmax", gemv_checks::check_argmax),
         ("gemm", gemv_checks::check_gemm),
+        ("gemm runs", selftest_runs::check_gemm_runs),
+        ("run order invariance", selftest_runs::check_runs_invariance),
         ("gemv shards", selftest_tp::check_gemv_shards),
         ("gemm slices", selftest_tp::check_gemm_slices),
         ("embed rows", selftest_tp::check_embed_rows),

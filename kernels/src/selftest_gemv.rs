@@ -13,7 +13,13 @@ use crate::selftest::{
 };
 use crate::{CheckResult, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvVariant, KernelError, Kernels, NO_TOKEN};
 
-const VARIANTS: [GemvVariant; 3] = [GemvVariant::Fma, GemvVariant::Mma, GemvVariant::Mma2];
+const VARIANTS: [GemvVariant; 5] = [
+    GemvVariant::Fma,
+    GemvVariant::Mma,
+    GemvVariant::Mma2,
+    GemvVariant::MmaRuns,
+    GemvVariant::Mma2Runs,
+];
 
 /// `y[m, n] = Σ_k x[m, k] · w[(n + shift) % rows, k]` in f64 (`shift` 1 is the canary).
 pub(crate) fn matmul_ref(
@@ -123,7 +129,7 @@ pub(crate) fn invariance_result(
 fn max_rows(variant: GemvVariant) -> usize {
     match variant {
         GemvVariant::Fma => GEMV_FMA_MAX_M,
-        GemvVariant::Mma | GemvVariant::Mma2 => GEMV_MAX_M,
+        _ => GEMV_MAX_M,
     }
 }
 

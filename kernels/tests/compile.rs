@@ -74,6 +74,14 @@ fn expected_functions() -> Vec<String> {
     ] {
         names.push(name.to_string());
     }
+    for out in ["bf16", "f32"] {
+        for phases in [16, 4] {
+            names.push(format!("runs_gemm_{out}_p{phases}"));
+            for xt in 1..=4 {
+                names.push(format!("runs_gemv_{out}_p{phases}_x{xt}"));
+            }
+        }
+    }
     for m in 1..=16 {
         names.push(format!("gemv_bf16_m{m}"));
         names.push(format!("gemv_f32_m{m}"));

@@ -202,6 +202,7 @@ fn build_cuda_backend(
         sharded_reduction: placement.sharded_reduction,
         widen_blocks: spec.widen_gguf,
         keep_quantized: spec.keep_quantized,
+        run_order: spec.run_order,
     };
     let source = WeightSource::Checkpoint(&checkpoint);
     let failed = |e: &dyn std::fmt::Display| ModelLoadError::Device(format!("{label}: {e}"));

@@ -123,6 +123,11 @@ pub struct EngineSpec {
     /// projection's input quantized as its config asks) instead of weight-only arithmetic — the
     /// reference the FP8 / FP4 activation kernels are gated against.
     pub quantize_activations: bool,
+    /// CUDA: every row of a step — decode and prompt rows alike — through the run-order kernels,
+    /// one weight read a step and each row's bits independent of the rows beside it, but not
+    /// the default kernels' bits; bf16 weights and one GPU only (docs/DECISIONS.md, the run
+    /// order).
+    pub run_order: bool,
     /// Host and disk tiers under the device's KV cache.
     pub tiers: KvTiers,
 }
@@ -155,6 +160,7 @@ impl EngineSpec {
             widen_gguf: false,
             keep_quantized: false,
             quantize_activations: false,
+            run_order: false,
             tiers: KvTiers::default(),
         }
     }

@@ -14,7 +14,10 @@
 #      decode-only (16-token prompts) at 64, then TTFT at concurrency 1 on fresh connections;
 #   DECODE_BASELINE (a path to another strata binary) runs step 2 through it too, same run;
 #   5. BASELINE (a path to another strata binary, e.g. the previous commit's) served and
-#      benched the same way at the same concurrencies, when given.
+#      benched the same way at the same concurrencies, when given;
+#   6. RUN_ORDER=1: steps 2 and 4 again with `--run-order` (every row of a step through the
+#      run-order kernels, decode and prompt rows one weight read), as the arm `runorder`, its
+#      served rates set against its own microbenchmark.
 # Everything lands in OUT_DIR (logs packed into logs.tar.gz) with receipt.json; a table last.
 set -uo pipefail
 
@@ -44,6 +47,13 @@ if [[ -n ${DECODE_BASELINE:-} ]]; then
     "$DECODE_BASELINE" gpu decode --config "$BENCH_CONFIG" --batch "$CONCURRENCY" --context 512 \
         --steps 128 --check-graphs 1,33 --json "$OUT/decode-baseline.json" 2>&1 |
         tee "$OUT/logs/decode-baseline.log"
+fi
+
+if [[ ${RUN_ORDER:-0} == 1 ]]; then
+    "$BIN" gpu decode --config "$BENCH_CONFIG" --batch "$CONCURRENCY" --context 512 --steps 128 \
+        --check-graphs 1,33 --run-order --json "$OUT/decode-runorder.json" 2>&1 |
+        tee "$OUT/logs/decode-runorder.log"
+    [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
 fi
 
 # The served checkpoint: the 8B config's shape, Llama 3.1's tokenizer (its vocabulary sizes the
@@ -94,6 +104,12 @@ serve_and_bench() { # name binary extra-serve-args...
 }
 
 serve_and_bench new "$BIN"
+if [[ ${RUN_ORDER:-0} == 1 ]]; then
+    "$BIN" gpu invariance --model "$MODEL" --device cuda:0 --run-order \
+        --json "$OUT/invariance-runorder.json" 2>&1 | tee "$OUT/logs/invariance-runorder.log"
+    [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
+    serve_and_bench runorder "$BIN" --run-order
+fi
 if [[ -n $BASELINE ]]; then
     # The previous binary knew no fraction of the GPU: the same KV bytes as a fixed size.
     serve_and_bench baseline "$BASELINE" --kv-cache-mib 100000
@@ -118,6 +134,8 @@ receipt = {
     "git_sha": os.environ.get("STRATA_GIT_SHA", "unknown"), "checks_passed": not failed,
     "decode": json.load(open(os.path.join(out, "decode.json"))) if os.path.exists(os.path.join(out, "decode.json")) else None,
     "decode_baseline": json.load(open(os.path.join(out, "decode-baseline.json"))) if os.path.exists(os.path.join(out, "decode-baseline.json")) else None,
+    "decode_run_order": json.load(open(os.path.join(out, "decode-runorder.json"))) if os.path.exists(os.path.join(out, "decode-runorder.json")) else None,
+    "invariance_run_order": json.load(open(os.path.join(out, "invariance-runorder.json"))) if os.path.exists(os.path.join(out, "invariance-runorder.json")) else None,
     "serve": {},
 }
 for path in sorted(glob.glob(os.path.join(out, "ready-*.json"))):
@@ -143,8 +161,13 @@ for path in sorted(glob.glob(os.path.join(out, "bench-*.json"))):
 json.dump(receipt, open(os.path.join(out, "receipt.json"), "w"), indent=2)
 
 print("\n== serving under load ==")
-decode = {d["batch"]: d for d in (receipt["decode"] or {}).get("results", [])}
+micro = {
+    "new": {d["batch"]: d for d in (receipt["decode"] or {}).get("results", [])},
+    "runorder": {d["batch"]: d for d in (receipt["decode_run_order"] or {}).get("results", [])},
+}
 for name, arms in receipt["serve"].items():
+    # Each arm against the microbenchmark of its own kernels.
+    decode = micro.get(name) or micro["new"]
     print(f"[{name}] ready in {arms.get('ready_s')} s")
     for label, r in arms.items():
         if not isinstance(r, dict):

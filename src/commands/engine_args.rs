@@ -53,6 +53,12 @@ pub struct EngineSettings {
     /// kernels and for quality comparisons (docs/MODELS.md) [default: false].
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub quantize_activations: Option<bool>,
+    /// CUDA: every row of a step, decode and prompt rows alike, through the run-order kernels:
+    /// one read of the weights a step where prompts and decode share it (the default reads them
+    /// twice), batch-invariant, but other bits than the default; bf16 weights and one GPU only
+    /// [default: false].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub run_order: Option<bool>,
     /// Host memory, in MiB, for KV blocks evicted from the device: a later prompt with the
     /// same prefix restores them by copy instead of recomputing [default: 0, no host tier].
     #[arg(long)]
@@ -82,6 +88,7 @@ impl EngineSettings {
             widen_gguf: self.widen_gguf.or(fallback.widen_gguf),
             keep_quantized: self.keep_quantized.or(fallback.keep_quantized),
             quantize_activations: self.quantize_activations.or(fallback.quantize_activations),
+            run_order: self.run_order.or(fallback.run_order),
             kv_host_mib: self.kv_host_mib.or(fallback.kv_host_mib),
             kv_disk_dir: self.kv_disk_dir.or(fallback.kv_disk_dir),
             kv_disk_mib: self.kv_disk_mib.or(fallback.kv_disk_mib),
@@ -125,6 +132,15 @@ impl EngineSettings {
         }
         if let Some(quantize) = self.quantize_activations {
             spec.quantize_activations = quantize;
+        }
+        if let Some(run_order) = self.run_order {
+            if run_order && device == Device::Cpu {
+                anyhow::bail!(
+                    "run_order is a CUDA setting (the CPU reference has one order); give \
+                     --device cuda"
+                );
+            }
+            spec.run_order = run_order;
         }
         if let Some(mib) = self.kv_host_mib {
             spec.tiers.host_bytes = mib_bytes("kv_host_mib", mib)?;
@@ -200,6 +216,22 @@ mod tests {
         Cli::try_parse_from(std::iter::once("strata").chain(args.iter().copied()))
             .unwrap()
             .engine
+    }
+
+    #[test]
+    fn the_run_order_is_a_cuda_flag_and_toml_key_off_by_default() {
+        let spec = |args: &[&str]| settings_of_flags(args).spec();
+        assert!(!spec(&["--device", "cuda"]).unwrap().run_order);
+        assert!(
+            spec(&["--device", "cuda:1", "--run-order"])
+                .unwrap()
+                .run_order
+        );
+        let toml: EngineSettings = toml::from_str("device = \"cuda\"\nrun_order = true").unwrap();
+        assert!(toml.spec().unwrap().run_order);
+        let refused = spec(&["--run-order"]).unwrap_err().to_string();
+        assert!(refused.contains("CUDA setting"), "{refused}");
+        assert!(!spec(&["--run-order", "false"]).unwrap().run_order);
     }
 
     #[test]

@@ -75,6 +75,10 @@ pub struct InvarianceArgs {
     batch: usize,
     #[arg(long, default_value_t = 24)]
     tokens: u32,
+    /// Every row through the run-order kernels: the staggered arrivals put prompt rows and
+    /// decode rows in one GEMM.
+    #[arg(long)]
+    run_order: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -124,6 +128,10 @@ pub struct DecodeArgs {
     /// tensor-core GEMV (an experiment: batch-invariant too, different bits).
     #[arg(long)]
     decode_gemm: bool,
+    /// Every row through the run-order kernels (decode and prompt rows one weight read; other
+    /// bits than the default, batch-invariant too).
+    #[arg(long, conflicts_with_all = ["decode_gemm", "sharded"])]
+    run_order: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -311,7 +319,11 @@ fn parity(args: ParityArgs) -> Result<()> {
 }
 
 fn invariance(args: InvarianceArgs) -> Result<()> {
-    let (engine, _) = start_engine(&args.model, &fixed_kv(args.device, 512 << 20))?;
+    let spec = EngineSpec {
+        run_order: args.run_order,
+        ..fixed_kv(args.device, 512 << 20)
+    };
+    let (engine, _) = start_engine(&args.model, &spec)?;
     let vocab = engine.model_config().vocab_size;
     let alone: Vec<Vec<u32>> = (0..args.batch)
         .map(|i| generate(&engine, prompt(i, vocab), args.tokens).map(|(ids, _)| ids))
@@ -362,7 +374,7 @@ fn invariance(args: InvarianceArgs) -> Result<()> {
     write_json(
         args.json.as_deref(),
         &json!({"model": args.model, "batch": args.batch, "tokens": args.tokens,
-                "differing": differing, "passed": passed}),
+                "run_order": args.run_order, "differing": differing, "passed": passed}),
     )?;
     ensure!(passed, "sequences {differing:?} changed when batched");
     Ok(())
@@ -417,6 +429,7 @@ fn bench_backend(
         sharded_reduction: sharded,
         widen_blocks: checkpoint.is_some_and(|(_, h)| h.widen_blocks),
         keep_quantized: checkpoint.is_some_and(|(_, h)| h.keep_quantized),
+        run_order: false,
     };
     let source = match checkpoint {
         Some((ckpt, _)) => WeightSource::Checkpoint(ckpt),
@@ -636,6 +649,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         args.sharded,
     )?;
     backend.set_decode_gemm(args.decode_gemm);
+    backend.set_run_order(args.run_order)?;
     // Synthesized: the parameters in bf16 (as every earlier receipt counts them); a checkpoint:
     // the bytes a step reads as the backend holds them.
     let weight_bytes = match &checkpoint {
@@ -760,6 +774,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
                 "bandwidth_bytes_per_s": args.bandwidth,
                 "includes": "greedy sampling on the device, token ids copied to the host",
                 "sharded_reduction": args.sharded, "decode_gemm": args.decode_gemm,
+                "run_order": args.run_order,
                 "graph_checks": graph_checks, "sampling_checks": sampling_checks,
                 "seeded_sampling_checks": seeded_checks, "results": results}),
     )

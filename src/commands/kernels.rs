@@ -99,7 +99,13 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
         );
     };
     // The FMA variant takes at most GEMV_FMA_MAX_M rows; wider shapes run the MMA variants only.
-    let variants = [GemvVariant::Fma, GemvVariant::Mma, GemvVariant::Mma2];
+    let variants = [
+        GemvVariant::Fma,
+        GemvVariant::Mma,
+        GemvVariant::Mma2,
+        GemvVariant::MmaRuns,
+        GemvVariant::Mma2Runs,
+    ];
     let (narrow, wide): (Vec<_>, Vec<_>) =
         shapes.into_iter().partition(|&(m, ..)| m <= GEMV_FMA_MAX_M);
     strata_kernels::bench::gemv_timings(&kernels, &stream, &narrow, &variants, &mut print)?;
@@ -173,6 +179,29 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
     });
     if let Err(e) = timed {
         println!("prefill gemm: {e}");
+    }
+
+    // The run-order GEMM (decode and prompt rows of one step in one weight read, each row the
+    // run-order GEMV's bits) against the pinned cuBLASLt GEMM: a decode batch, a serving step of
+    // 64 decode rows and 256 prompt rows, a 512-token prompt, a 4k prefill.
+    println!(
+        "\n{:<9} {:>5} {:>6} {:>6} {:>10} {:>8} {:>8}",
+        "gemm", "m", "n", "k", "us", "GB/s", "TFLOP/s"
+    );
+    let shapes: Vec<_> = [64, 320, 512, 4096]
+        .into_iter()
+        .flat_map(|m| {
+            [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)].map(|(n, k)| (m, n, k))
+        })
+        .collect();
+    let timed = strata_kernels::bench::runs_gemm_timings(&kernels, &stream, &shapes, &mut |t| {
+        println!(
+            "{:<9} {:>5} {:>6} {:>6} {:>10.1} {:>8.0} {:>8.1}",
+            t.kernel, t.m, t.n, t.k, t.micros, t.gbytes_per_s, t.tflops
+        );
+    });
+    if let Err(e) = timed {
+        println!("runs gemm: {e}");
     }
 
     // Prefill attention of the 8B shape (32 query heads, 8 KV heads, head_dim 128).

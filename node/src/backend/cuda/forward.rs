@@ -16,7 +16,7 @@ use strata_kernels::{
 use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
 
-use super::matmul::{Role, gemm_weight, gemv, linear};
+use super::matmul::{Role, gemm_weight, gemv, linear, runs};
 use super::row_parallel::{GemmShapes, RowParallel, gemm_shapes};
 use super::scratch::{Activations, LogitBuffers};
 use super::weights::{Layer, Matrix, Norm, Weights};
@@ -46,6 +46,7 @@ impl CudaBackend {
             profile,
             comm,
             decode_gemm,
+            run_order,
             dequant,
             ..
         } = self;
@@ -66,6 +67,7 @@ impl CudaBackend {
             row_shards: *row_shards,
             fault: *fault,
             decode_gemm: *decode_gemm,
+            run_order: *run_order,
             eps: config.rms_norm_eps as f32,
             block_size: *block_size,
             // The reserved scratch block is addressable too (padding rows write into it).
@@ -106,6 +108,8 @@ struct Launch<'a> {
     fault: PartialsFault,
     /// Decode rows through the pinned GEMM too.
     decode_gemm: bool,
+    /// Every row in the run order (`CudaBackend::set_run_order`).
+    run_order: bool,
     eps: f32,
     block_size: usize,
     /// KV blocks addressable by the kernels (the reserved scratch block included).
@@ -123,9 +127,12 @@ impl Launch<'_> {
         self.inputs.slice(offset..offset + len)
     }
 
-    /// Rows whose projections take the GEMM: the prompt rows, or every row.
+    /// Rows whose projections take the pinned GEMM: the prompt rows, every row, or none (the
+    /// run order).
     fn gemm_rows(&self) -> usize {
-        if self.decode_gemm {
+        if self.run_order {
+            0
+        } else if self.decode_gemm {
             self.plan.rows
         } else {
             self.plan.prompt
@@ -153,6 +160,7 @@ impl Launch<'_> {
             fault: self.fault,
             rows: self.plan.rows,
             prompt,
+            run_order: self.run_order,
         }
     }
 
@@ -219,6 +227,25 @@ impl Launch<'_> {
         let (k, stream) = (self.k, self.stream);
         let (t, h) = (self.plan.rows, self.c.hidden_size);
         let (qd, kvd) = (self.d.q_rows.len(), self.d.kv_rows.len());
+        if self.run_order {
+            let x = a.normed.slice(..t * h);
+            for (y, wt, n) in [
+                (&mut a.q, &layer.q, qd),
+                (&mut a.k, &layer.k, kvd),
+                (&mut a.v, &layer.v, kvd),
+            ] {
+                runs(
+                    k,
+                    Role::Narrow,
+                    stream,
+                    &mut y.slice_mut(..t * n),
+                    &x,
+                    wt,
+                    (t, n, h),
+                )?;
+            }
+            return self.mark("qkv");
+        }
         let gp = self.gemm_rows();
         if gp > 0 {
             let x = a.normed.slice(..gp * h);
@@ -393,8 +420,7 @@ impl Launch<'_> {
             &mut a.gate_up,
             &a.normed,
             &layer.gate_up,
-            t,
-            gp,
+            (t, gp, self.run_order),
             shape,
         )?;
         self.mark("gate_up")?;
@@ -450,6 +476,33 @@ impl Launch<'_> {
         let head = w.lm_head.as_ref().unwrap_or(&w.embed);
         // This rank's vocabulary rows (padded): all-gathered below when there are several ranks.
         let v = self.d.vocab_per_rank;
+        if self.run_order {
+            let mut y = out.device.slice_mut(..r * v);
+            let x = out.gathered.slice(..r * h);
+            runs(k, Role::Wide, stream, &mut y, &x, head, (r, v, h))?;
+        } else {
+            self.split_logits(head, out, (r, v, h))?;
+        }
+        let world = self.d.world;
+        if let Some(all) = out.all.as_mut() {
+            let comm = self.comm.as_deref_mut().ok_or(CudaError::NoCommunicator)?;
+            comm.all_gather(
+                out.device.slice(..r * v).into(),
+                all.slice_mut(..world * r * v).into(),
+            )?;
+        }
+        self.mark("lm head")
+    }
+
+    /// The logits rows of the split order: the GEMM rows of a bf16 head through the pinned
+    /// GEMM, the rest through the GEMV.
+    fn split_logits(
+        &mut self,
+        head: &Matrix,
+        out: &mut LogitBuffers,
+        (r, v, h): (usize, usize, usize),
+    ) -> Result<(), CudaError> {
+        let (k, stream, plan) = (self.k, self.stream, self.plan);
         // A head in a block format takes the GEMV for every row (logits rows are few; a
         // dequantized vocabulary-sized copy would not be).
         let lp = match head {
@@ -471,15 +524,7 @@ impl Launch<'_> {
             gemv(k, Role::Wide, stream, &mut y, &x, head, (m, v, h))?;
             row += m;
         }
-        let world = self.d.world;
-        if let Some(all) = out.all.as_mut() {
-            let comm = self.comm.as_deref_mut().ok_or(CudaError::NoCommunicator)?;
-            comm.all_gather(
-                out.device.slice(..r * v).into(),
-                all.slice_mut(..world * r * v).into(),
-            )?;
-        }
-        self.mark("lm head")
+        Ok(())
     }
 }
 

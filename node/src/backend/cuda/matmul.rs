@@ -6,12 +6,14 @@
 //! of the projection's role ([`Role`]). Prompt rows
 //! take the pinned cuBLASLt GEMM on bf16: a block weight is first dequantized into one bf16
 //! buffer of the backend (the widened tensor, bit for bit), so prompt rows too compute exactly
-//! what the widened model computes.
+//! what the widened model computes. In the run order (`CudaBackend::set_run_order`) every row
+//! takes the run-order kernels instead ([`runs`]).
 
 use std::sync::Arc;
 
 use half::bf16;
 use strata_kernels::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use strata_kernels::cudarc::driver::{CudaView, CudaViewMut};
 use strata_kernels::{
     DEFAULT_VARIANT, GEMV_MAX_M, GemmShape, GemvOut, GemvVariant, Kernels, LtGemm,
 };
@@ -62,6 +64,36 @@ impl Role {
     }
 }
 
+/// `y[rows, n] = x[rows, k] · wᵀ` for every row of a step in the run order of `role`'s variant
+/// (`CudaBackend::set_run_order`): the run-order GEMV up to [`GEMV_MAX_M`] rows, the run-order
+/// GEMM above, one weight read for decode and prompt rows alike and each row the same bits in
+/// both. bf16 weights only (the backend refuses the order for a model with others).
+pub(super) fn runs<T: GemvOut>(
+    kernels: &Kernels,
+    role: Role,
+    stream: &Arc<CudaStream>,
+    y: &mut CudaViewMut<'_, T>,
+    x: &CudaView<'_, bf16>,
+    w: &Matrix,
+    (rows, n, k): (usize, usize, usize),
+) -> Result<(), CudaError> {
+    let Matrix::Bf16(w) = w else {
+        return Err(CudaError::Unsupported(
+            "the run order takes bf16 weights only".into(),
+        ));
+    };
+    let variant = role
+        .variant()
+        .in_runs()
+        .ok_or_else(|| CudaError::Unsupported(format!("{:?} has no run order", role.variant())))?;
+    if rows <= GEMV_MAX_M {
+        kernels.gemv_with(variant, stream, y, x, w, (rows, n, k))?;
+    } else {
+        kernels.gemm_runs(variant, stream, y, x, w, (rows, n, k))?;
+    }
+    Ok(())
+}
+
 /// `y[m, n] = x[m, k] · wᵀ` for `1 ≤ m ≤ 64` decode rows, by the GEMV of `w`'s format in the
 /// variant of `role`.
 #[allow(clippy::too_many_arguments)]
@@ -83,8 +115,9 @@ pub(super) fn gemv<T: GemvOut>(
     Ok(())
 }
 
-/// `y[rows, n] = x[rows, k] · wᵀ`: rows `..prompt` through the pinned GEMM, the rest through the
-/// GEMV of `w`'s format for `role` in groups of at most [`GEMV_MAX_M`] (see the module docs).
+/// `y[rows, n] = x[rows, k] · wᵀ`: in the run order when `run_order` (all rows, [`runs`]), else
+/// rows `..prompt` through the pinned GEMM and the rest through the GEMV of `w`'s format for
+/// `role` in groups of at most [`GEMV_MAX_M`] (see the module docs).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn linear(
     kernels: &Kernels,
@@ -95,11 +128,14 @@ pub(super) fn linear(
     y: &mut CudaSlice<bf16>,
     x: &CudaSlice<bf16>,
     w: &Matrix,
-    rows: usize,
-    prompt: usize,
+    (rows, prompt, run_order): (usize, usize, bool),
     shape: GemmShape,
 ) -> Result<(), CudaError> {
     let (n, k) = (shape.n, shape.k);
+    if run_order {
+        let (mut out, input) = (y.slice_mut(..rows * n), x.slice(..rows * k));
+        return runs(kernels, role, stream, &mut out, &input, w, (rows, n, k));
+    }
     if prompt > 0 {
         let wide = gemm_weight(kernels, stream, dequant, w, (n, k))?;
         let mut out = y.slice_mut(..prompt * n);

@@ -58,7 +58,7 @@ use crate::kv::{BlockId, HostMemory, KvBlockIo, KvError};
 use forward::mark;
 use scratch::Scratch;
 use strata_model::sampler::RowPlan;
-use weights::{BlockPolicy, LayerDims, Weights, synthesize, upload_checkpoint};
+use weights::{BlockPolicy, LayerDims, Matrix, Weights, synthesize, upload_checkpoint};
 
 /// Why the CUDA backend could not start or run a step.
 #[derive(Debug, thiserror::Error)]
@@ -130,6 +130,9 @@ pub struct CudaOptions {
     /// Keep an FP8 or NVFP4 safetensors checkpoint's projections in strata's device blocks
     /// (`BlockFormat::SAFETENSORS`) instead of widening them to bf16: the same bits.
     pub keep_quantized: bool,
+    /// Every row of a step in the run order ([`CudaBackend::set_run_order`]); a model or
+    /// layout the order does not take is refused at construction.
+    pub run_order: bool,
 }
 
 /// Device memory kept free beside the weights and the KV cache when the cache is sized from a
@@ -246,6 +249,8 @@ pub struct CudaBackend {
     graphs_enabled: bool,
     /// Decode rows through the pinned GEMM too (see [`CudaBackend::set_decode_gemm`]).
     decode_gemm: bool,
+    /// Every row in the run order (see [`CudaBackend::set_run_order`]).
+    run_order: bool,
     /// The bf16 buffer a block-format projection is dequantized into for the GEMM of prompt
     /// rows, sized for the largest; `None` when every projection is bf16.
     dequant: Option<CudaSlice<bf16>>,
@@ -418,6 +423,7 @@ impl CudaBackend {
             scratch: Scratch::default(),
             graphs_enabled: options.graphs,
             decode_gemm: false,
+            run_order: false,
             dequant,
             graphs: HashMap::new(),
             comm: None,
@@ -425,6 +431,7 @@ impl CudaBackend {
             profile: None,
             last_profile: None,
         };
+        backend.set_run_order(options.run_order)?;
         backend.pin_gemms()?;
         backend.stream.synchronize()?;
         Ok(backend)
@@ -468,6 +475,37 @@ impl CudaBackend {
     pub fn set_decode_gemm(&mut self, enabled: bool) {
         self.decode_gemm = enabled;
         self.graphs.clear();
+    }
+
+    /// Sends every row of a step — decode and prompt rows alike — through the run-order kernels
+    /// (`strata_kernels::Kernels::gemm_runs`): a step reads each weight once, and a row's bits are
+    /// the same whatever other rows share its step, but they are not the default order's bits
+    /// (docs/DECISIONS.md). Refused, leaving the backend as it was, for a model with any weight
+    /// not in bf16, in the shard order (tensor parallelism or `sharded_reduction`), or with
+    /// decode rows on the pinned GEMM. Cached graphs are dropped.
+    pub fn set_run_order(&mut self, enabled: bool) -> Result<(), CudaError> {
+        if enabled {
+            let refuse = |why: &str| Err(CudaError::Unsupported(format!("the run order: {why}")));
+            if self.row_shards > 0 {
+                return refuse("not in the shard order (tensor parallelism, sharded reduction)");
+            }
+            if self.decode_gemm {
+                return refuse("decode rows are on the pinned GEMM");
+            }
+            let w = &self.weights;
+            // The embedding table matters only as the LM head (its rows are gathered, not
+            // multiplied).
+            let mut matrices: Vec<&Matrix> = vec![w.lm_head.as_ref().unwrap_or(&w.embed)];
+            for l in &w.layers {
+                matrices.extend([&l.q, &l.k, &l.v, &l.o, &l.gate_up, &l.down]);
+            }
+            if let Some(format) = matrices.iter().find_map(|m| m.format()) {
+                return refuse(&format!("a {format:?} weight (bf16 weights only)"));
+            }
+        }
+        self.run_order = enabled;
+        self.graphs.clear();
+        Ok(())
     }
 
     /// Makes this backend rank `tp_rank` of `comm`'s group ([`CudaOptions::tp_rank`]): from the

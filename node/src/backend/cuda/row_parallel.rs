@@ -104,6 +104,8 @@ pub(super) struct RowParallel<'a> {
     pub(super) fault: PartialsFault,
     pub(super) rows: usize,
     pub(super) prompt: usize,
+    /// Every row in the run order (fused order only: the backend refuses it with shards).
+    pub(super) run_order: bool,
 }
 
 impl RowParallel<'_> {
@@ -129,8 +131,7 @@ impl RowParallel<'_> {
                 y,
                 x,
                 w,
-                rows,
-                prompt,
+                (rows, prompt, self.run_order),
                 shape,
             )?;
             // One rank through a communicator: the all-reduce of a one-rank group.
