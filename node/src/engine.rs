@@ -55,13 +55,17 @@ pub enum SubmitError {
     )]
     ContextWindow { prompt: usize, window: usize },
     #[error(
-        "prompt of {prompt} tokens needs {blocks} KV blocks but the device holds {capacity} blocks of {block_size} tokens"
+        "prompt of {prompt} tokens needs {blocks} KV blocks but the device holds {capacity} blocks of {block_size} tokens{}",
+        pinned_note(*.pinned)
     )]
     KvCapacity {
         prompt: usize,
         blocks: usize,
+        /// Blocks a request can have: the device's, less those only pins hold.
         capacity: usize,
         block_size: usize,
+        /// Device blocks held by pinned cached prefixes (not counted in `capacity`).
+        pinned: usize,
     },
     #[error("token id {token} is outside the vocabulary of {vocab_size}")]
     TokenOutOfRange { token: u32, vocab_size: usize },
@@ -96,9 +100,23 @@ pub struct Admission<'a> {
     pub block_size: usize,
     /// KV blocks of the device (of the smallest node, for a router).
     pub device_blocks: usize,
+    /// Of those, blocks only pinned cached prefixes hold (as of the engine's last step).
+    pub pinned_blocks: usize,
     pub grammar: Option<&'a GrammarCompiler>,
     /// Whether the backend computes embeddings ([`Backend::embeds`]).
     pub embeds: bool,
+}
+
+/// The part of a KV-capacity refusal that names the pinned blocks, if any.
+fn pinned_note(pinned: usize) -> String {
+    if pinned == 0 {
+        String::new()
+    } else {
+        format!(
+            " besides {pinned} held by pinned cached prefixes (unpin them, wait for their TTL, or \
+             give the engine a host KV tier)"
+        )
+    }
 }
 
 impl Admission<'_> {
@@ -134,12 +152,14 @@ impl Admission<'_> {
             return Err(SubmitError::ContextWindow { prompt, window });
         }
         let blocks = (prompt + room).div_ceil(self.block_size);
-        if blocks > self.device_blocks {
+        let capacity = self.device_blocks.saturating_sub(self.pinned_blocks);
+        if blocks > capacity {
             return Err(SubmitError::KvCapacity {
                 prompt,
                 blocks,
-                capacity: self.device_blocks,
+                capacity,
                 block_size: self.block_size,
+                pinned: self.pinned_blocks,
             });
         }
         let vocab_size = self.config.vocab_size;
@@ -307,6 +327,7 @@ impl Engine {
             config: &self.config,
             block_size: self.block_size,
             device_blocks: self.device_blocks,
+            pinned_blocks: self.load().pinned_blocks as usize,
             grammar: self.grammar.as_deref(),
             embeds: self.embeds,
         };

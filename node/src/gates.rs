@@ -594,3 +594,45 @@ fn randomized_workload_leaves_no_block_referenced() {
     );
     assert!(h.scheduler.preemptions() > 0 && cancelled > 100);
 }
+
+/// `request(prompt)` generating `max_tokens`.
+fn request_of(prompt: Vec<u32>, max_tokens: u32) -> GenerateRequest {
+    let mut r = request(prompt);
+    r.sampling.max_tokens = max_tokens;
+    r
+}
+
+/// Cached blocks only a pin holds, with no lower tier to take them, are not capacity: a prompt
+/// that fits the device but not the device less them ends with a refusal naming the pins once
+/// nothing else runs (before, it was admitted, preempted for want of blocks and re-admitted
+/// forever, stalling every request: the harness's step bound fails), a sequence growing into
+/// them ends with its length, and once unpinned the same prompt runs.
+#[test]
+fn blocks_only_pins_hold_are_not_capacity() {
+    let mut h = Harness::new(Setup {
+        device_blocks: 11,
+        ..Setup::default()
+    });
+    let primed = prompt(1, 40);
+    h.run(&[(0, request_of(primed.clone(), 1))]);
+    let hashes = prompt_block_hashes(&primed[..2 * BLOCK], BLOCK, 7);
+    h.scheduler
+        .block_manager_mut()
+        .pin("doc", &hashes, None)
+        .unwrap();
+    assert_eq!(h.scheduler.block_manager().held_by_pins(), 2);
+    assert_eq!(h.scheduler.load().pinned_blocks, 2);
+
+    // 150 + 1 positions take 10 blocks: the device has 11, 2 of them pinned.
+    let refused = h.outcomes(&[(0, request_of(prompt(2, 150), 1))]);
+    let message = refused[0].as_ref().expect_err("the prompt cannot run");
+    assert!(message.contains("held by pinned"), "{message}");
+    // 9 blocks hold 144 positions; the 145th token is sampled but never needs KV.
+    let grown = h.run(&[(0, request_of(prompt(3, 20), 1_000))]);
+    assert_eq!(grown[0].len(), 145 - 20);
+
+    assert!(h.scheduler.block_manager_mut().unpin("doc"));
+    assert_eq!(h.scheduler.block_manager().held_by_pins(), 0);
+    let ran = h.run(&[(0, request_of(prompt(2, 150), 1))]);
+    assert_eq!(ran[0].len(), 1);
+}

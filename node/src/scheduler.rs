@@ -260,6 +260,10 @@ pub struct EngineLoad {
     /// Cached blocks on the device (held by no sequence), on the host tier and on the disk tier.
     #[serde(default)]
     pub cached_blocks: [u64; 3],
+    /// Device blocks only pins hold, which no request can have while there is no lower tier
+    /// (`BlockManager::held_by_pins`): a prompt is admitted against the capacity less these.
+    #[serde(default)]
+    pub pinned_blocks: u64,
 }
 
 /// Where the engine thread's steps spent their time, summed over every step that computed
@@ -351,6 +355,7 @@ impl Scheduler {
             demoted_blocks: traffic.demoted,
             tier_copy_failures: self.blocks.lower_tier_failures(),
             cached_blocks: self.blocks.cached_by_tier().map(|n| n as u64),
+            pinned_blocks: self.blocks.held_by_pins() as u64,
         }
     }
 
@@ -577,6 +582,11 @@ impl Scheduler {
             #[cfg(not(test))]
             let check = true;
             if check && !self.fits(next, budget) {
+                if self.running.is_empty() {
+                    // Nothing running will free blocks: what it lacks is held by pins.
+                    self.refuse_front();
+                    continue;
+                }
                 break;
             }
             let Some(mut seq) = self.waiting.pop_front() else {
@@ -609,6 +619,37 @@ impl Scheduler {
         Ok(plan)
     }
 
+    /// Ends the oldest waiting request, which cannot start with nothing running because pinned
+    /// prefixes hold the blocks it needs (no lower tier to move them to): a request that had
+    /// generated tokens before a preemption ends at its length, as at the cache's capacity; a
+    /// prompt that never started fails, naming the numbers. Waiting for the pins to expire
+    /// would stall every request behind it.
+    fn refuse_front(&mut self) {
+        let Some(seq) = self.waiting.pop_front() else {
+            return;
+        };
+        if seq.generated > seq.resumed {
+            let _ = seq.events.send(TokenEvent::Finished {
+                reason: FinishReason::Length,
+                usage: seq.usage(),
+            });
+            return;
+        }
+        let bs = self.blocks.block_size();
+        let _ = seq.events.send(TokenEvent::Failed {
+            message: format!(
+                "the prompt of {} tokens needs {} KV blocks of {bs} tokens; {} of the device's \
+                 {} blocks are held by pinned cached prefixes, leaving {} (unpin them, wait for \
+                 their TTL, or give the engine a host KV tier)",
+                seq.tokens.len(),
+                seq.tokens.len().div_ceil(bs),
+                self.blocks.held_by_pins(),
+                self.blocks.device_blocks(),
+                self.blocks.obtainable(),
+            ),
+        });
+    }
+
     /// Whether the blocks `seq`'s next chunk of at most `budget` tokens needs can be had now
     /// (free or evictable): one for each block it will hold after the chunk, less those of its
     /// cached prefix already on the device and held by other sequences (a block restored from
@@ -625,7 +666,7 @@ impl Scheduler {
         let prefix = cached * bs;
         let chunk = (seq.tokens.len() - prefix).min(budget);
         let blocks = (prefix + chunk).div_ceil(bs);
-        blocks.saturating_sub(shared) <= self.blocks.available()
+        blocks.saturating_sub(shared) <= self.blocks.obtainable()
     }
 
     /// Acquires the prompt's cached full blocks (never the block holding the last token, whose
@@ -819,7 +860,8 @@ impl Scheduler {
                     });
                     if seq.generated >= seq.request.sampling.max_tokens
                         || seq.tokens.len() >= self.context_window
-                        || seq.tokens.len().div_ceil(bs) > self.blocks.device_blocks()
+                        || seq.tokens.len().div_ceil(bs)
+                            > self.blocks.device_blocks() - self.blocks.held_by_pins()
                     {
                         Some(FinishReason::Length)
                     } else {

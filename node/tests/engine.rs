@@ -102,6 +102,44 @@ fn refusals_carry_the_numbers() {
     assert!(err(r).contains("top_p"));
 }
 
+/// A prompt the device holds but not beside the blocks only pins hold is refused at submission
+/// with both numbers (the scheduler's own refusal covers a pin made after submission).
+#[test]
+fn a_kv_refusal_names_the_blocks_pins_hold() {
+    let (_d, engine) = engine(11);
+    let primed = request(40, 1);
+    drain(engine.submit(primed.clone()).unwrap());
+    let hashes = strata_node::kv::prompt_block_hashes(&primed.prompt[..32], 16, 0);
+    let pinned = engine.pin("doc".into(), hashes, None).unwrap().unwrap();
+    assert_eq!(pinned.blocks, 2);
+    // The load is published after each command: wait for the pin's.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while engine.load().pinned_blocks != 2 {
+        assert!(std::time::Instant::now() < until, "{:?}", engine.load());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let refused = engine.submit(request(150, 1)).err().expect("refused");
+    assert!(
+        matches!(
+            refused,
+            SubmitError::KvCapacity {
+                blocks: 10,
+                capacity: 9,
+                pinned: 2,
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("besides 2 held by pinned cached prefixes")
+    );
+    assert!(engine.unpin("doc".into()).unwrap());
+    drain(engine.submit(request(150, 1)).unwrap());
+}
+
 #[test]
 fn cancel_deadline_and_disconnect_end_requests() {
     let (_d, engine) = engine(64);

@@ -210,9 +210,30 @@ impl BlockManager {
         self.blocks.len()
     }
 
-    /// Device blocks obtainable now: free plus cached-unreferenced (evictable).
+    /// Device blocks free or cached-unreferenced (pinned ones included).
     pub fn available(&self) -> usize {
         self.free.len() + self.cached.len()
+    }
+
+    /// Cached device blocks no sequence holds that a pin keeps there for good: with no lower
+    /// tier to take them they are never evicted, so no sequence can have them.
+    pub fn held_by_pins(&self) -> usize {
+        if self.host.capacity() > 0 || self.disk.as_ref().is_some_and(|d| d.capacity() > 0) {
+            return 0;
+        }
+        self.pinned
+            .keys()
+            .filter(|h| match self.index.get(*h).map(|e| e.location) {
+                Some(Location::Device(id)) => self.blocks[id as usize].refcount == 0,
+                _ => false,
+            })
+            .count()
+    }
+
+    /// Device blocks a sequence can obtain now: [`BlockManager::available`] less those
+    /// [`BlockManager::held_by_pins`].
+    pub fn obtainable(&self) -> usize {
+        self.available() - self.held_by_pins()
     }
 
     /// Cached blocks on each tier: device blocks no sequence holds, host and disk blocks.

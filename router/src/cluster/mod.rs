@@ -544,6 +544,8 @@ impl Cluster {
             config: &self.config,
             block_size: self.block_size,
             device_blocks: self.device_blocks.load(Ordering::Relaxed),
+            // Pins are one node's state; the node that takes the request checks them.
+            pinned_blocks: 0,
             grammar: self.grammar.as_deref(),
             // The node that takes the request decides (a tensor-parallel node refuses).
             embeds: true,
