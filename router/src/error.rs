@@ -131,11 +131,21 @@ impl ApiError {
 
 impl From<TemplateError> for ApiError {
     /// A template that refuses a conversation (`raise_exception`) is the request's fault.
+    /// The message says what the template did, never where the server keeps it.
     fn from(e: TemplateError) -> Self {
-        Self::invalid(
-            Some("messages"),
-            format!("the chat template refused the messages: {e}"),
-        )
+        let what = match e {
+            TemplateError::Raised { message, .. } => {
+                format!("the chat template refused the messages: {message}")
+            }
+            TemplateError::Render { message, .. } => {
+                format!("the chat template could not render the messages: {message}")
+            }
+            TemplateError::UnknownTemplate {
+                name, available, ..
+            } => format!("no chat template named {name:?} (available: {available})"),
+            other => format!("the chat template failed: {other}"),
+        };
+        Self::invalid(Some("messages"), what)
     }
 }
 

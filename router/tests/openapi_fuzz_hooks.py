@@ -32,6 +32,8 @@ UNSTATABLE_REFUSALS = (
     "<= max_tokens",
     "is outside the vocabulary",
     "the chat template refused",
+    "the chat template could not render",
+    "content is required (a string or text parts)",
     "cannot be compiled",
     "needs a non-empty `tools`",
     "which is not in `",

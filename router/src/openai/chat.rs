@@ -220,6 +220,31 @@ pub(crate) fn normalize_message(index: usize, message: &Value) -> Result<Value, 
             ));
         }
     }
+    let assistant = object.get("role").and_then(Value::as_str) == Some("assistant");
+    match object.get("content") {
+        Some(Value::String(_) | Value::Array(_)) => {}
+        // An assistant turn that only called tools carries `content: null` (or none): OpenAI's
+        // own shape, and what `message.model_dump()` gives back. Templates concatenate it.
+        None | Some(Value::Null) if assistant => {
+            object.insert("content".into(), "".into());
+        }
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid(
+                Some(&format!("messages[{index}].content")),
+                format!("messages[{index}].content is required (a string or text parts)"),
+            ));
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                Some(&format!("messages[{index}].content")),
+                format!(
+                    "messages[{index}].content must be a string or an array of text parts, not \
+                     {}",
+                    json_kind(other)
+                ),
+            ));
+        }
+    }
     if let Some(Value::Array(parts)) = object.get("content") {
         let mut text = String::new();
         for (j, part) in parts.iter().enumerate() {
@@ -253,6 +278,18 @@ pub(crate) fn normalize_message(index: usize, message: &Value) -> Result<Value, 
         }
     }
     Ok(Value::Object(object))
+}
+
+/// The JSON type of `v`, as an error message names it.
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
 }
 
 /// Chat's objects; with tools rendered, text is split into content and tool calls.
@@ -523,6 +560,27 @@ mod tests {
         let e = tool_list(Some(json!([{"type": "retrieval"}]))).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tools[0]"));
         assert!(tool_list(Some(json!([]))).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_assistant_turn_without_content_renders_as_empty_and_others_need_content() {
+        let call = json!([{"id": "c", "type": "function",
+                           "function": {"name": "f", "arguments": "{}"}}]);
+        for m in [
+            json!({"role": "assistant", "content": null, "tool_calls": call}),
+            json!({"role": "assistant", "tool_calls": call}),
+        ] {
+            assert_eq!(normalize_message(1, &m).unwrap()["content"], "");
+        }
+        for m in [
+            json!({"role": "user", "content": null}),
+            json!({"role": "tool", "tool_call_id": "c"}),
+        ] {
+            let e = normalize_message(3, &m).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("messages[3].content"));
+        }
+        let e = normalize_message(0, &json!({"role": "user", "content": 5})).unwrap_err();
+        assert!(e.message.contains("not a number"), "{}", e.message);
     }
 
     #[test]
