@@ -22,7 +22,9 @@ pub struct ServingSettings {
     #[arg(long, num_args = 1.., value_name = "NAME")]
     pub served_model_name: Option<Vec<String>>,
     /// The context window served, at most the model's own: reported as `max_model_len`, and a
-    /// request whose prompt and max_tokens exceed it is refused [default: the model's window].
+    /// request whose prompt and max_tokens exceed it is refused, vLLM's way. Without it the
+    /// window is the model's own, a prompt that leaves no room in it is refused, and a larger
+    /// max_tokens ends the generation at the window (finish reason `length`).
     #[arg(long, value_name = "N")]
     pub max_model_len: Option<usize>,
     /// A Jinja chat template file used in place of the checkpoint's templates.
