@@ -265,6 +265,12 @@ def logprobs(client: openai.OpenAI, model: str) -> None:
     assert spells(lp.tokens, legacy.choices[0].text), lp
     assert all(len(top) <= 2 for top in lp.top_logprobs), lp
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset), lp
+    # Streamed, the offsets go on from chunk to chunk: the same as the whole answer's.
+    chunks = client.completions.create(
+        model=model, prompt="The sky", max_tokens=5, temperature=0, logprobs=2, stream=True
+    )
+    offsets = [o for c in chunks if c.choices and c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == lp.text_offset, (offsets, lp.text_offset)
 
     for extra in ({"logprobs": True, "top_logprobs": 21}, {"top_logprobs": 2}):
         try:

@@ -1,5 +1,7 @@
 //! `POST /v1/completions`: a raw prompt, no chat template.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use axum::Extension;
 use axum::body::Bytes;
 use axum::extract::State;
@@ -60,6 +62,7 @@ pub async fn create(
     let meta = ResponseMeta::new(&state, "cmpl");
     respond_batch(state, batch, |p| CompletionFramer {
         meta: meta.clone(),
+        text_offset: AtomicUsize::new(echoed[p].as_ref().map_or(0, String::len)),
         echo: echoed[p].clone(),
     })
     .await
@@ -140,6 +143,9 @@ struct CompletionFramer {
     meta: ResponseMeta,
     /// The prompt's text, when `echo` asks for it before the completion.
     echo: Option<String>,
+    /// Where the next token's text starts in the choice's text (after an echoed prompt): a
+    /// stream's offsets go on from chunk to chunk, as the whole answer's do.
+    text_offset: AtomicUsize,
 }
 
 impl CompletionFramer {
@@ -179,11 +185,10 @@ impl Framer for CompletionFramer {
     /// alternatives per token, and each token's offset in the text.
     fn logprobs(&self, state: &AppState, tokens: &[TokenLogprob]) -> Value {
         let text = |id: u32| String::from_utf8_lossy(state.token_bytes(id)).into_owned();
-        let mut offset = 0;
         let mut offsets = Vec::with_capacity(tokens.len());
         for (id, _) in tokens {
-            offsets.push(offset);
-            offset += text(*id).len();
+            let len = text(*id).len();
+            offsets.push(self.text_offset.fetch_add(len, Ordering::Relaxed));
         }
         json!({
             "tokens": tokens.iter().map(|(id, _)| text(*id)).collect::<Vec<_>>(),
