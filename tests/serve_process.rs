@@ -354,6 +354,30 @@ fn the_readme_request_to_the_default_model_answers_paris() {
         serde_json::from_str(raw.split("\r\n\r\n").nth(1).unwrap()).unwrap();
     let answer = json["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(answer.contains("Paris"), "the answer: {answer:?}");
+
+    // Anthropic's prefill: a final assistant turn is continued, not answered anew.
+    let prefill = r#"{"model": "SmolLM2-135M-Instruct", "max_tokens": 12, "temperature": 0,
+        "messages": [{"role": "user", "content": "What is the capital of France?"},
+                     {"role": "assistant", "content": "The capital of France is"}]}"#;
+    let (status, raw) = http(server.addr, "POST", "/v1/messages", None, prefill);
+    assert_eq!(status, 200, "{raw}");
+    let json: serde_json::Value =
+        serde_json::from_str(raw.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let continued = json["content"][0]["text"].as_str().unwrap();
+    assert!(
+        continued.contains("Paris") && !continued.contains("capital"),
+        "the continuation: {continued:?}"
+    );
+
+    // A tool conversation as OpenAI's SDKs send it back (the call's turn has `content: null`)
+    // through this model's own template, which concatenates content.
+    let tools = r#"{"model": "SmolLM2-135M-Instruct", "max_tokens": 4, "messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}"#;
+    let (status, raw) = http(server.addr, "POST", "/v1/chat/completions", None, tools);
+    assert_eq!(status, 200, "{raw}");
 }
 
 /// Startup failures say each cause once, and the port is taken before the model loads: with the

@@ -12,7 +12,7 @@ use crate::parking::{DEFAULT_MARK_TTL, Marks, common_prefix, mark_ttl};
 use crate::state::AppState;
 use crate::tools::definitions::{DefinitionError, ToolChoice, ToolDefinition, template_tools};
 use crate::tools::transcript::{PendingMessage, Transcript};
-use crate::tools::{Rendered, forced_constraint, render_conversation};
+use crate::tools::{Rendered, forced_constraint, render_prefilled};
 
 /// The prompt's token ids, the call format to parse when tools were rendered, and the grammar
 /// when `tool_choice` forces a call.
@@ -26,7 +26,7 @@ pub(crate) fn render(
     )?;
     let forced = tool_choice(conversation.tool_choice.as_ref())?.forced();
     let messages = template_messages(conversation)?;
-    let (prompt, format) = render_conversation(state, messages, tools.clone(), "messages")?;
+    let (prompt, format) = render_prefilled(state, messages, tools.clone(), "messages")?;
     let constraint = forced_constraint(format.as_ref(), tools.as_deref(), forced);
     Ok((prompt, format, constraint))
 }
