@@ -48,6 +48,22 @@ pub struct ServedModel {
     pub draining: crate::drain::Draining,
 }
 
+/// Where this process's response numbers start: drawn from the clock and the process id, so
+/// a restarted server does not hand out the ids of the last run again (a client's stale
+/// `previous_response_id` is then a 404, not another conversation). Below 2^52, so the numbers
+/// stay exact in any JSON reader.
+fn first_response_number() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    (h.finish() >> 12) | 1
+}
+
 impl ServedModel {
     pub fn new(
         name: String,
@@ -75,7 +91,7 @@ impl ServedModel {
             engine: engine.into(),
             created: unix_now(),
             metrics: Metrics::default(),
-            next_response: AtomicU64::new(1),
+            next_response: AtomicU64::new(first_response_number()),
             token_bytes,
             max_model_len: None,
             primed: Default::default(),
@@ -235,4 +251,19 @@ pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_response_number;
+
+    #[test]
+    fn response_numbers_start_somewhere_new_each_run_and_stay_exact_in_json() {
+        let starts: Vec<u64> = (0..8).map(|_| first_response_number()).collect();
+        assert!(starts.iter().all(|&n| n > 0 && n < 1 << 52), "{starts:?}");
+        let mut distinct = starts.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), starts.len(), "{starts:?}");
+    }
 }

@@ -205,6 +205,24 @@ def main() -> None:
         assert e.body["error"]["type"] == "invalid_request_error", e.body
         assert str(args.context_window) in e.body["error"]["message"], e.body
 
+    # Extended thinking is not offered: turning it off is what every request gets, turning it
+    # on is refused by name.
+    quiet = client.messages.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+        thinking={"type": "disabled"},
+    )
+    assert quiet.stop_reason in ("end_turn", "max_tokens"), quiet
+    try:
+        client.messages.create(
+            model=model,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2048,
+            thinking={"type": "enabled", "budget_tokens": 1024},
+        )
+        raise AssertionError("extended thinking was accepted")
+    except anthropic.BadRequestError as e:
+        assert "thinking" in e.body["error"]["message"], e.body
+
     # Structured output as the current SDK sends it (output_config.format from a pydantic
     # model): random weights never write schema-valid JSON by chance, so this needs enforcement.
     parsed = client.messages.parse(

@@ -183,6 +183,20 @@ def forced_calls(client: openai.OpenAI, model: str) -> None:
     assert call.function.name == "get_time", call
     assert json.loads(call.function.arguments)["zone"] in ("utc", "local"), call
 
+    # Each choice's calls have ids of their own.
+    two = client.chat.completions.create(
+        model=model,
+        messages=QUESTION,
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=64,
+        temperature=1.0,
+        seed=3,
+        n=2,
+    )
+    ids = [c.id for choice in two.choices for c in choice.message.tool_calls or []]
+    assert len(ids) == 2 and len(set(ids)) == 2, ids
+
     required = client.chat.completions.create(
         model=model,
         messages=QUESTION,

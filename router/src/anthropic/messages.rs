@@ -28,7 +28,13 @@ pub async fn create(
 ) -> Result<Response, AnthropicError> {
     let request: MessagesRequest = parse_body(&body)?;
     check_model(&state, &request.model)?;
-    refuse_unsupported(&[("thinking", &request.thinking)])?;
+    // Extended thinking is not offered; a request that turns it off explicitly asks for what
+    // every request gets.
+    let thinking = request
+        .thinking
+        .clone()
+        .filter(|t| t.get("type").and_then(Value::as_str) != Some("disabled"));
+    refuse_unsupported(&[("thinking", &thinking)])?;
     if let Some((name, _)) = request
         .extra
         .iter()

@@ -41,8 +41,8 @@ pub async fn create(
         prepared.constraint = Some(forced_call(format, tools, &forced));
     }
     let meta = ResponseMeta::new(&state, "chatcmpl");
-    respond(state, prepared, || {
-        ChatFramer::new(meta.clone(), format.clone())
+    respond(state, prepared, |choice| {
+        ChatFramer::new(meta.clone(), format.clone()).for_choice(choice)
     })
     .await
 }
@@ -296,6 +296,8 @@ fn json_kind(v: &Value) -> &'static str {
 struct ChatFramer {
     meta: ResponseMeta,
     tools: Option<ToolStream>,
+    /// The choice framed (`n` > 1 frames each on its own).
+    choice: usize,
 }
 
 /// A streamed choice's tool-call state: the splitter and how many calls were sent.
@@ -312,7 +314,15 @@ impl ChatFramer {
             format,
             sent: 0,
         });
-        Self { meta, tools }
+        Self {
+            meta,
+            tools,
+            choice: 0,
+        }
+    }
+
+    fn for_choice(self, choice: usize) -> Self {
+        Self { choice, ..self }
     }
 
     fn chunk(&self, choices: Value) -> Value {
@@ -325,10 +335,14 @@ impl ChatFramer {
         })
     }
 
-    /// Unique within the server's run: the response number and the call's index.
+    /// Unique within the server's run: the response number, the choice (beyond the first)
+    /// and the call's index.
     fn call_id(&self, index: usize) -> String {
         let number = self.meta.id.rsplit('-').next().unwrap_or_default();
-        format!("call_{number}_{index}")
+        match self.choice {
+            0 => format!("call_{number}_{index}"),
+            choice => format!("call_{number}_{choice}_{index}"),
+        }
     }
 
     fn tool_delta(&self, delta: Value) -> Value {

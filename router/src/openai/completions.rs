@@ -60,7 +60,7 @@ pub async fn create(
         batch.push(prepared);
     }
     let meta = ResponseMeta::new(&state, "cmpl");
-    respond_batch(state, batch, |p| CompletionFramer {
+    respond_batch(state, batch, |p, _| CompletionFramer {
         meta: meta.clone(),
         text_offset: AtomicUsize::new(echoed[p].as_ref().map_or(0, String::len)),
         echo: echoed[p].clone(),

@@ -468,15 +468,15 @@ fn start_choice(
     ))
 }
 
-/// Submits the request's `n` choices (framed by `framer()`) and answers with one JSON object
-/// or an SSE stream. Choices run concurrently; a stream interleaves their chunks, each naming
-/// its choice `index`.
+/// Submits the request's `n` choices (choice `c` framed by `framer(c)`) and answers with one
+/// JSON object or an SSE stream. Choices run concurrently; a stream interleaves their chunks,
+/// each naming its choice `index`.
 pub(crate) async fn respond<F: Framer>(
     state: AppState,
     prepared: Prepared,
-    framer: impl Fn() -> F,
+    framer: impl Fn(usize) -> F,
 ) -> Result<Response, ApiError> {
-    respond_batch(state, vec![prepared], |_| framer()).await
+    respond_batch(state, vec![prepared], |_, choice| framer(choice)).await
 }
 
 /// [`respond`] for several prompts (a batched `/v1/completions`), each with the same `n`: prompt
@@ -485,7 +485,7 @@ pub(crate) async fn respond<F: Framer>(
 pub(crate) async fn respond_batch<F: Framer>(
     state: AppState,
     batch: Vec<Prepared>,
-    framer: impl Fn(usize) -> F,
+    framer: impl Fn(usize, usize) -> F,
 ) -> Result<Response, ApiError> {
     let Some(first) = batch.first() else {
         return Err(ApiError::invalid(Some("prompt"), "no prompt to complete"));
@@ -501,7 +501,7 @@ pub(crate) async fn respond_batch<F: Framer>(
     }
     let choices = generations.len();
     if !stream {
-        let framers: Vec<F> = (0..choices).map(|c| framer(c / n)).collect();
+        let framers: Vec<F> = (0..choices).map(|c| framer(c / n, c)).collect();
         let collected =
             futures_util::future::join_all(generations.into_iter().map(Generation::collect_all))
                 .await;
@@ -527,7 +527,7 @@ pub(crate) async fn respond_batch<F: Framer>(
         body["usage"] = json!(total);
         return Ok(Json(body).into_response());
     }
-    let usage_framer = framer(0);
+    let usage_framer = framer(0, 0);
     let streams = generations
         .into_iter()
         .enumerate()
@@ -535,7 +535,7 @@ pub(crate) async fn respond_batch<F: Framer>(
             let choice = ChoiceStream {
                 state: state.clone(),
                 generation,
-                framer: framer(index / n),
+                framer: framer(index / n, index),
                 index,
                 counts_prompt: index % n == 0,
                 with_logprobs,
