@@ -276,6 +276,19 @@ fn sampling_params(
                 format!("logit_bias keys must be token ids; got {token:?}"),
             )
         })?;
+        let vocab = state.engine.model_config().vocab_size;
+        if id as usize >= vocab {
+            return Err(ApiError::invalid(
+                Some("logit_bias"),
+                format!("logit_bias key {id} is outside the vocabulary of {vocab}"),
+            ));
+        }
+        if !(-100.0..=100.0).contains(&bias) {
+            return Err(ApiError::invalid(
+                Some("logit_bias"),
+                format!("logit_bias values are -100 to 100; got {bias} for token {id}"),
+            ));
+        }
         logit_bias.insert(id, bias);
     }
     let top_k = match f.top_k {

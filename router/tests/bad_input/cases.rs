@@ -237,6 +237,20 @@ pub fn openai() -> Vec<Case> {
         .param("logit_bias"),
         bad(
             CHAT,
+            "logit_bias of a token outside the vocabulary",
+            json!({"logit_bias": {"99999999": 1}}),
+        )
+        .param("logit_bias")
+        .mentions(&["99999999", "vocabulary"]),
+        bad(
+            COMPLETIONS,
+            "logit_bias beyond 100",
+            json!({"logit_bias": {"1": 200}}),
+        )
+        .param("logit_bias")
+        .mentions(&["-100 to 100"]),
+        bad(
+            CHAT,
             "tools not an array",
             json!({"tools": {"type": "function"}}),
         )
