@@ -201,6 +201,7 @@ fn embedding_requests_that_cannot_run_are_refused_by_name() {
         config: &config,
         block_size: 8,
         device_blocks: 64,
+        pinned_blocks: 0,
         grammar: None,
         embeds: false,
     };

@@ -167,7 +167,7 @@ mod prefill_tests {
     fn only_a_text_turn_of_the_assistant_last_is_a_prefill() {
         let user = json!({"role": "user", "content": "hi"});
         let said = |content: serde_json::Value| json!({"role": "assistant", "content": content});
-        assert!(prefill(&[user.clone()]).is_none());
+        assert!(prefill(std::slice::from_ref(&user)).is_none());
         assert!(prefill(&[user.clone(), said(json!("  "))]).is_none());
         assert!(prefill(&[user.clone(), said(json!(null))]).is_none());
         let called = json!({"role": "assistant", "content": "x", "tool_calls": [{"id": "c"}]});

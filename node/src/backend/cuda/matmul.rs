@@ -12,8 +12,9 @@
 use std::sync::Arc;
 
 use half::bf16;
-use strata_kernels::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use strata_kernels::cudarc::driver::{CudaView, CudaViewMut};
+use strata_kernels::cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
+};
 use strata_kernels::{
     DEFAULT_VARIANT, GEMV_MAX_M, GemmShape, GemvOut, GemvVariant, Kernels, LtGemm,
 };
