@@ -752,6 +752,9 @@ impl Scheduler {
         (vocab, hidden): (usize, usize),
     ) -> Result<(), KvError> {
         let bs = self.blocks.block_size();
+        // Blocks a sequence can grow into: the device's, less those only pins hold (counted
+        // once a step, not per row: it walks the pins).
+        let usable = self.blocks.device_blocks() - self.blocks.held_by_pins();
         let mut rows = output.logits.chunks_exact_mut(vocab);
         let mut hidden_rows = &output.hidden[..];
         let mut tokens = output.tokens.iter();
@@ -860,8 +863,7 @@ impl Scheduler {
                     });
                     if seq.generated >= seq.request.sampling.max_tokens
                         || seq.tokens.len() >= self.context_window
-                        || seq.tokens.len().div_ceil(bs)
-                            > self.blocks.device_blocks() - self.blocks.held_by_pins()
+                        || seq.tokens.len().div_ceil(bs) > usable
                     {
                         Some(FinishReason::Length)
                     } else {

@@ -112,12 +112,15 @@ fn a_kv_refusal_names_the_blocks_pins_hold() {
     let hashes = strata_node::kv::prompt_block_hashes(&primed.prompt[..32], 16, 0);
     let pinned = engine.pin("doc".into(), hashes, None).unwrap().unwrap();
     assert_eq!(pinned.blocks, 2);
-    // The load is published after each command: wait for the pin's.
-    let until = std::time::Instant::now() + Duration::from_secs(10);
-    while engine.load().pinned_blocks != 2 {
-        assert!(std::time::Instant::now() < until, "{:?}", engine.load());
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    // The load is published after each command, just after its reply: wait for the pin's.
+    let published = |pinned: u64| {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while engine.load().pinned_blocks != pinned {
+            assert!(std::time::Instant::now() < until, "{:?}", engine.load());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    published(2);
     let refused = engine.submit(request(150, 1)).err().expect("refused");
     assert!(
         matches!(
@@ -137,6 +140,7 @@ fn a_kv_refusal_names_the_blocks_pins_hold() {
             .contains("besides 2 held by pinned cached prefixes")
     );
     assert!(engine.unpin("doc".into()).unwrap());
+    published(0);
     drain(engine.submit(request(150, 1)).unwrap());
 }
 
