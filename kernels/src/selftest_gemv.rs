@@ -39,7 +39,8 @@ pub(crate) fn matmul_ref(
     y
 }
 
-fn rounded(v: &[f64]) -> Vec<f64> {
+/// Each value rounded to bf16, as a bf16 output holds it.
+pub(crate) fn rounded(v: &[f64]) -> Vec<f64> {
     v.iter().map(|&x| round_bf16(x)).collect()
 }
 

@@ -7,10 +7,10 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 
 use crate::selftest::{
-    Rng, TOL_BF16, TOL_F32, compare_with_canary, download, poisoned_bf16, poisoned_f32, round_bf16,
-    to_f64, upload,
+    Rng, TOL_BF16, TOL_F32, compare_with_canary, download, poisoned_bf16, poisoned_f32, to_f64,
+    upload,
 };
-use crate::selftest_gemv::{bit_mismatches, invariance_result, matmul_ref};
+use crate::selftest_gemv::{bit_mismatches, invariance_result, matmul_ref, rounded};
 use crate::{CheckResult, GEMV_MAX_M, GemvVariant, KernelError, Kernels};
 
 const RUN_VARIANTS: [GemvVariant; 2] = [GemvVariant::MmaRuns, GemvVariant::Mma2Runs];
@@ -42,13 +42,12 @@ pub(crate) fn check_gemm_runs(
             let mut y = poisoned_bf16(s, m * n)?;
             kernels.gemm_runs(variant, s, &mut y, &dx, &dw, (m, n, k))?;
             let y = to_f64(&download(s, &y)?);
-            let round = |v: &[f64]| v.iter().map(|&e| round_bf16(e)).collect::<Vec<_>>();
             results.extend(compare_with_canary(
                 "runs_gemm",
                 format!("{case} bf16"),
                 &y,
-                &round(&right),
-                &round(&wrong),
+                &rounded(&right),
+                &rounded(&wrong),
                 TOL_BF16,
             ));
 
