@@ -18,6 +18,7 @@ use crate::kv::{
 };
 use crate::scheduler::{EngineLoad, Scheduler, SchedulerLimits, Sequence, StepTimes};
 use crate::spec::KvTiers;
+use crate::speculative::{SpeculativeConfig, Speculator};
 
 /// Steps computing at least this many tokens are timed for [`EngineLoad::tokens_per_s`]:
 /// smaller ones (decode) say little about the prefill rate.
@@ -43,6 +44,8 @@ pub struct EngineConfig {
     pub eos_token_ids: Vec<u32>,
     /// Compiles requests' output constraints; `None` refuses constrained requests.
     pub grammar: Option<Arc<GrammarCompiler>>,
+    /// Speculative decoding, when configured.
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 /// Why a request was refused at submission, with the numbers.
@@ -269,12 +272,19 @@ impl Engine {
             memory,
         )?;
         let kv_events = manager.event_sender();
+        let speculator = config
+            .speculative
+            .clone()
+            .map(Speculator::new)
+            .transpose()
+            .map_err(KvError::Config)?;
         let scheduler = Scheduler::new(
             config.limits,
             manager,
             config.eos_token_ids.clone(),
             model.max_position_embeddings,
-        );
+        )
+        .with_speculation(speculator);
         let (tx, rx) = mpsc::channel();
         let load = Arc::new(Mutex::new((scheduler.load(), scheduler.times())));
         let published = Arc::clone(&load);

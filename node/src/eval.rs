@@ -283,7 +283,7 @@ fn greedy(
                     first_position: at,
                     prompt_len: prompt.len(),
                     block_table: &tables[s],
-                    want_logits: end == prompt.len(),
+                    logit_rows: usize::from(end == prompt.len()),
                 };
                 let out = backend.step(&[step])?;
                 if end == prompt.len() {
@@ -306,7 +306,7 @@ fn greedy(
                         first_position: text.len() - 1,
                         prompt_len: prompt.len(),
                         block_table: table,
-                        want_logits: true,
+                        logit_rows: 1,
                     })
                     .collect();
                 backend.step(&steps)?
@@ -396,7 +396,7 @@ fn schedule(
                     first_position: at,
                     prompt_len: first + 1,
                     block_table: &tables[s],
-                    want_logits: end == head.len(),
+                    logit_rows: usize::from(end == head.len()),
                 };
                 let logits = step_all(&[step])?;
                 if end == head.len() {
@@ -416,7 +416,7 @@ fn schedule(
                     first_position: j,
                     prompt_len: first + 1,
                     block_table: table,
-                    want_logits: true,
+                    logit_rows: 1,
                 })
                 .collect();
             let logits = step_all(&steps)?;

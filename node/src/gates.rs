@@ -16,6 +16,7 @@ use crate::kv::{
     prompt_block_hashes,
 };
 use crate::scheduler::{Faults, Scheduler, SchedulerLimits, Sequence};
+use crate::speculative::{SpeculativeConfig, Speculator};
 use strata_model::ModelConfig;
 use strata_model::sampler::Sampler;
 
@@ -23,7 +24,7 @@ const BLOCK: usize = 16;
 
 /// Backend faults for canaries.
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
-enum BackendFault {
+pub(crate) enum BackendFault {
     #[default]
     None,
     /// Logits depend on how many sequences share the step (like a batch-variant GEMM).
@@ -34,6 +35,9 @@ enum BackendFault {
     FailImport,
     /// A block restored from a lower tier is not written.
     DropImport,
+    /// Prompt rows come out other than generated rows (as the GPU's prompt GEMM and decode
+    /// GEMV differ in their last bits): a large nudge to one logit per prompt row.
+    PromptPathDiffers,
 }
 
 struct TestBackend {
@@ -81,9 +85,22 @@ impl Backend for TestBackend {
                     *v += ((i * 7919 + seqs.len()) % 13) as f32 * 0.2;
                 }
             }
+            BackendFault::PromptPathDiffers => {
+                let vocab = self.inner.model_config().vocab_size;
+                let mut rows = logits.chunks_exact_mut(vocab);
+                for s in seqs {
+                    let end = s.first_position + s.tokens.len();
+                    for position in end - s.logit_rows..end {
+                        let row = rows.next().expect("a row per logit row");
+                        if position < s.prompt_len {
+                            row[(position * 31 + 7) % vocab] += 100.0;
+                        }
+                    }
+                }
+            }
             BackendFault::DropChunkWrite => {
                 let zeros = vec![0; self.inner.block_bytes()];
-                for s in seqs.iter().filter(|s| !s.want_logits) {
+                for s in seqs.iter().filter(|s| !s.wants_logits()) {
                     let last = s.first_position + s.tokens.len() - 1;
                     self.inner
                         .import_block(s.block_table[last / BLOCK], &zeros)
@@ -96,13 +113,14 @@ impl Backend for TestBackend {
     }
 }
 
-struct Setup {
-    device_blocks: usize,
-    host_blocks: usize,
-    disk_blocks: usize,
-    limits: SchedulerLimits,
-    backend_fault: BackendFault,
-    faults: Faults,
+pub(crate) struct Setup {
+    pub(crate) device_blocks: usize,
+    pub(crate) host_blocks: usize,
+    pub(crate) disk_blocks: usize,
+    pub(crate) limits: SchedulerLimits,
+    pub(crate) backend_fault: BackendFault,
+    pub(crate) faults: Faults,
+    pub(crate) speculative: Option<SpeculativeConfig>,
 }
 
 impl Default for Setup {
@@ -114,13 +132,14 @@ impl Default for Setup {
             limits: SchedulerLimits::default(),
             backend_fault: BackendFault::None,
             faults: Faults::default(),
+            speculative: None,
         }
     }
 }
 
-struct Harness {
+pub(crate) struct Harness {
     backend: TestBackend,
-    scheduler: Scheduler,
+    pub(crate) scheduler: Scheduler,
     next_id: u64,
     _disk: tempfile::TempDir,
 }
@@ -136,7 +155,7 @@ fn model_dir() -> &'static std::path::Path {
 }
 
 impl Harness {
-    fn new(setup: Setup) -> Self {
+    pub(crate) fn new(setup: Setup) -> Self {
         let model = CpuModel::load(model_dir()).unwrap();
         let backend = TestBackend {
             inner: CpuBackend::with_blocks(model, BLOCK, setup.device_blocks),
@@ -154,7 +173,11 @@ impl Harness {
             backend.block_bytes(),
         )
         .unwrap();
-        let mut scheduler = Scheduler::new(setup.limits, manager, vec![], 256);
+        let speculator = setup
+            .speculative
+            .map(|c| Speculator::new(c).expect("a valid speculative config"));
+        let mut scheduler =
+            Scheduler::new(setup.limits, manager, vec![], 256).with_speculation(speculator);
         scheduler.faults = setup.faults;
         Self {
             backend,
@@ -164,7 +187,7 @@ impl Harness {
         }
     }
 
-    fn submit(&mut self, request: GenerateRequest) -> UnboundedReceiver<TokenEvent> {
+    pub(crate) fn submit(&mut self, request: GenerateRequest) -> UnboundedReceiver<TokenEvent> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let sampler = Sampler::new(&request.sampling, 320).unwrap();
         self.scheduler
@@ -174,7 +197,7 @@ impl Harness {
     }
 
     /// Submits each request at its step and steps until all have finished; returns the tokens.
-    fn run(&mut self, arrivals: &[(u64, GenerateRequest)]) -> Vec<Vec<u32>> {
+    pub(crate) fn run(&mut self, arrivals: &[(u64, GenerateRequest)]) -> Vec<Vec<u32>> {
         self.outcomes(arrivals)
             .into_iter()
             .map(|o| o.unwrap_or_else(|message| panic!("request failed: {message}")))
@@ -182,7 +205,10 @@ impl Harness {
     }
 
     /// [`Harness::run`], each request's tokens or its failure.
-    fn outcomes(&mut self, arrivals: &[(u64, GenerateRequest)]) -> Vec<Result<Vec<u32>, String>> {
+    pub(crate) fn outcomes(
+        &mut self,
+        arrivals: &[(u64, GenerateRequest)],
+    ) -> Vec<Result<Vec<u32>, String>> {
         let mut streams: Vec<Option<UnboundedReceiver<TokenEvent>>> = vec![];
         streams.resize_with(arrivals.len(), || None);
         let mut step = 0u64;
@@ -217,7 +243,7 @@ fn tokens(mut rx: UnboundedReceiver<TokenEvent>) -> Result<Vec<u32>, String> {
     Ok(out)
 }
 
-fn request(prompt: Vec<u32>) -> GenerateRequest {
+pub(crate) fn request(prompt: Vec<u32>) -> GenerateRequest {
     GenerateRequest {
         resume: None,
         embed: None,
@@ -234,7 +260,7 @@ fn request(prompt: Vec<u32>) -> GenerateRequest {
 }
 
 /// A deterministic prompt of `len` tokens from `seed`.
-fn prompt(seed: u32, len: usize) -> Vec<u32> {
+pub(crate) fn prompt(seed: u32, len: usize) -> Vec<u32> {
     (0..len as u32)
         .map(|i| (i.wrapping_mul(2654435761) ^ seed.wrapping_mul(40503)) % 300)
         .collect()

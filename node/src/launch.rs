@@ -270,6 +270,7 @@ fn start_parts(
             tiers,
             eos_token_ids,
             grammar,
+            speculative: spec.speculative.clone(),
         },
     )?;
     Ok((engine, parts))

@@ -12,6 +12,7 @@ pub mod launch;
 pub mod rpc;
 pub mod scheduler;
 pub mod spec;
+pub mod speculative;
 
 pub use engine::{
     Admission, Engine, EngineConfig, RATE_SAMPLE_TOKENS, RequestStream, SubmitError, average_rate,

@@ -19,6 +19,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::backend::{Backend, BackendError, HiddenRows, RowSampling, StepOutput, StepSeq};
 use crate::kv::{BlockHash, BlockId, BlockManager, KvError, block_hash, prompt_block_hashes};
+use crate::speculative::{Acceptance, ProposeInput, SpecCounters, Speculator};
 
 /// Limits of one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,6 +64,10 @@ pub struct Sequence {
     events: UnboundedSender<TokenEvent>,
     /// An embedding request's pooled hidden states so far: their sum, and how many rows.
     pooled: (Vec<f64>, usize),
+    /// Proposed tokens at the end of `tokens` that this step verifies (0 outside a step).
+    draft: usize,
+    /// How many of this sequence's proposals were accepted lately.
+    acceptance: Acceptance,
 }
 
 impl Sequence {
@@ -98,6 +103,8 @@ impl Sequence {
             started: None,
             events,
             pooled: (Vec::new(), 0),
+            draft: 0,
+            acceptance: Acceptance::default(),
         }
     }
 
@@ -198,6 +205,11 @@ pub struct Faults {
     pub forget_generated_on_preempt: bool,
     /// Take a waiting sequence without checking that its first chunk's blocks can be had.
     pub admit_without_room: bool,
+    /// After a rejected proposal, read its row next as if its K/V held the token drawn instead
+    /// (a rollback that leaves one stale slot).
+    pub stale_slot_on_reject: bool,
+    /// Send verification rows as prompt rows (the prompt path's arithmetic, on CUDA the GEMM).
+    pub verify_as_prompt: bool,
 }
 
 pub struct Scheduler {
@@ -210,6 +222,8 @@ pub struct Scheduler {
     steps: u64,
     preemptions: u64,
     times: StepTimes,
+    /// Speculative decoding, when configured.
+    speculator: Option<Speculator>,
     #[cfg(test)]
     pub(crate) faults: Faults,
 }
@@ -264,6 +278,9 @@ pub struct EngineLoad {
     /// (`BlockManager::held_by_pins`): a prompt is admitted against the capacity less these.
     #[serde(default)]
     pub pinned_blocks: u64,
+    /// Speculative decoding's proposals and acceptances so far (zero without speculation).
+    #[serde(default)]
+    pub spec: SpecCounters,
 }
 
 /// Where the engine thread's steps spent their time, summed over every step that computed
@@ -303,9 +320,24 @@ impl Scheduler {
             steps: 0,
             preemptions: 0,
             times: StepTimes::default(),
+            speculator: None,
             #[cfg(test)]
             faults: Faults::default(),
         }
+    }
+
+    /// Decodes with speculation: each step verifies `speculator`'s proposals.
+    pub fn with_speculation(mut self, speculator: Option<Speculator>) -> Self {
+        self.speculator = speculator;
+        self
+    }
+
+    /// Speculation's counters (zero without speculation).
+    pub fn spec_counters(&self) -> SpecCounters {
+        self.speculator
+            .as_ref()
+            .map(Speculator::counters)
+            .unwrap_or_default()
     }
 
     pub fn add(&mut self, seq: Sequence) {
@@ -356,6 +388,7 @@ impl Scheduler {
             tier_copy_failures: self.blocks.lower_tier_failures(),
             cached_blocks: self.blocks.cached_by_tier().map(|n| n as u64),
             pinned_blocks: self.blocks.held_by_pins() as u64,
+            spec: self.spec_counters(),
         }
     }
 
@@ -385,10 +418,11 @@ impl Scheduler {
     pub fn step(&mut self, backend: &mut dyn Backend) -> Result<usize, StepError> {
         let started = Instant::now();
         self.expire()?;
-        let plan = self.plan(backend)?;
+        let mut plan = self.plan(backend)?;
         if plan.is_empty() {
             return Ok(0);
         }
+        self.speculate(&mut plan, backend)?;
         // How each row wanting logits is sampled: rows that need nothing but the argmax of the
         // raw logits, and rows a sampling plan describes (grammar masks included), are reduced
         // by the backend (on the GPU, where the logits are). A non-greedy plan takes its random
@@ -399,7 +433,12 @@ impl Scheduler {
             let s = &self.running[p.index];
             let wants = s.computed + p.chunk == s.tokens.len() && s.request.embed.is_none();
             let masks_stops = self.masks_stops(s);
-            if !wants || (s.sampler.is_plain_greedy() && !masks_stops && s.constraint.is_none()) {
+            // A verification draws row by row on the host (or takes the device's greedy tokens):
+            // a plan draws its random word now, for one row.
+            if !wants
+                || s.draft > 0
+                || (s.sampler.is_plain_greedy() && !masks_stops && s.constraint.is_none())
+            {
                 plans.push(None);
                 continue;
             }
@@ -427,13 +466,21 @@ impl Scheduler {
             .iter()
             .map(|p| {
                 let s = &self.running[p.index];
+                let wants = s.computed + p.chunk == s.tokens.len() && s.request.embed.is_none();
+                #[cfg(test)]
+                let prompt_len = if self.faults.verify_as_prompt && s.draft > 0 {
+                    s.tokens.len()
+                } else {
+                    s.request.prompt.len()
+                };
+                #[cfg(not(test))]
+                let prompt_len = s.request.prompt.len();
                 StepSeq {
                     tokens: &s.tokens[s.computed..s.computed + p.chunk],
                     first_position: s.computed,
-                    prompt_len: s.request.prompt.len(),
+                    prompt_len,
                     block_table: &s.blocks,
-                    want_logits: s.computed + p.chunk == s.tokens.len()
-                        && s.request.embed.is_none(),
+                    logit_rows: if wants { 1 + s.draft } else { 0 },
                 }
             })
             .collect();
@@ -450,7 +497,10 @@ impl Scheduler {
                 }
                 match row_plan {
                     Some(row_plan) => RowSampling::Summary(row_plan),
-                    None if s.constraint.is_none() && s.sampler.is_plain_greedy() => {
+                    None if s.constraint.is_none()
+                        && s.sampler.is_plain_greedy()
+                        && (s.draft == 0 || !self.masks_stops(s)) =>
+                    {
                         RowSampling::Greedy
                     }
                     None => RowSampling::Host,
@@ -459,14 +509,12 @@ impl Scheduler {
             .collect();
         let mut counts = [0usize; 3];
         for (step, how) in steps.iter().zip(&sampling) {
-            if step.want_logits {
-                counts[match how {
-                    RowSampling::Host => 0,
-                    RowSampling::Greedy => 1,
-                    RowSampling::Summary(_) => 2,
-                    RowSampling::Hidden(_) => continue,
-                }] += 1;
-            }
+            counts[match how {
+                RowSampling::Host => 0,
+                RowSampling::Greedy => 1,
+                RowSampling::Summary(_) => 2,
+                RowSampling::Hidden(_) => continue,
+            }] += step.logit_rows;
         }
         let [rows, greedy_rows, summary_rows] = counts;
         let hidden_rows: usize = plan
@@ -504,6 +552,10 @@ impl Scheduler {
         }
         let computed: usize = plan.iter().map(|p| p.chunk).sum();
         self.steps += 1;
+        if let Some(spec) = self.speculator.as_mut() {
+            spec.cost
+                .observe(computed, (forwarded - planned).as_secs_f64());
+        }
         // One row (or token) per sequence wanting logits, checked just above.
         let kinds: Vec<Kind> = sampling.iter().map(Kind::of).collect();
         drop(sampling);
@@ -619,6 +671,118 @@ impl Scheduler {
         Ok(plan)
     }
 
+    /// Appends proposals to the decoding sequences of `plan` where they are expected to pay:
+    /// each sequence's draft length follows its acceptance, within its `max_tokens`, the
+    /// context window, the step's token budget and the blocks obtainable without preempting
+    /// anyone; the step's proposals are halved until the measured cost of the wider step says
+    /// they yield more tokens per second than the step without them.
+    fn speculate(
+        &mut self,
+        plan: &mut [Planned],
+        backend: &mut dyn Backend,
+    ) -> Result<(), KvError> {
+        let Some(spec) = self.speculator.as_mut() else {
+            return Ok(());
+        };
+        if spec
+            .config
+            .disable_by_batch_size
+            .is_some_and(|n| self.running.len() > n)
+        {
+            return Ok(());
+        }
+        let k = spec.config.num_speculative_tokens;
+        let base_rows: usize = plan.iter().map(|p| p.chunk).sum();
+        let mut budget = self.limits.max_batch_tokens.saturating_sub(base_rows);
+        // (plan entry, longest draft it may take)
+        let mut candidates: Vec<(usize, usize)> = Vec::new();
+        let mut decoding = 0usize;
+        for (i, p) in plan.iter().enumerate() {
+            let s = &self.running[p.index];
+            if p.chunk != 1 || s.pending() != 1 || s.request.embed.is_some() {
+                continue;
+            }
+            decoding += 1;
+            let left = s.request.sampling.max_tokens.saturating_sub(s.generated) as usize;
+            let room = self.context_window.saturating_sub(s.tokens.len());
+            let max = s
+                .acceptance
+                .draft_len(k)
+                .min(left.saturating_sub(1))
+                .min(room);
+            if max > 0 {
+                candidates.push((i, max));
+            }
+        }
+        if candidates.is_empty() || budget == 0 {
+            return Ok(());
+        }
+        if spec.drafts.len() < candidates.len() {
+            spec.drafts.resize_with(candidates.len(), Vec::new);
+        }
+        let inputs: Vec<ProposeInput<'_>> = candidates
+            .iter()
+            .map(|&(i, max)| {
+                let s = &self.running[plan[i].index];
+                ProposeInput {
+                    id: s.id,
+                    tokens: &s.tokens,
+                    max,
+                }
+            })
+            .collect();
+        spec.proposer
+            .propose(&inputs, &mut spec.drafts[..candidates.len()]);
+        drop(inputs);
+        let mut lens: Vec<usize> = candidates
+            .iter()
+            .zip(&spec.drafts)
+            .map(|(&(_, max), d)| d.len().min(max))
+            .collect();
+        // The step's proposals pay, by the costs measured so far, or are halved until they do.
+        loop {
+            let extra: usize = lens.iter().sum();
+            if extra == 0 {
+                return Ok(());
+            }
+            let gained: f64 = candidates
+                .iter()
+                .zip(&lens)
+                .map(|(&(i, _), &n)| {
+                    self.running[plan[i].index].acceptance.expected_tokens(n) - 1.0
+                })
+                .sum();
+            let base = decoding as f64;
+            if spec.cost.pays(base_rows, base, extra, base + gained) {
+                break;
+            }
+            lens.iter_mut().for_each(|n| *n /= 2);
+        }
+        let bs = self.blocks.block_size();
+        for (c, &(i, _)) in candidates.iter().enumerate() {
+            let index = plan[i].index;
+            let seq = &self.running[index];
+            // Blocks beyond those held: only what can be had without preempting.
+            let held = seq.blocks.len() + self.blocks.obtainable();
+            let fits = (held * bs).saturating_sub(seq.tokens.len());
+            let n = lens[c].min(budget).min(fits);
+            if n == 0 {
+                continue;
+            }
+            if !self.reserve(index, 1 + n, backend)? {
+                // Obtainable said otherwise; the sequence decodes its one token.
+                continue;
+            }
+            let spec = self.speculator.as_mut().expect("checked above");
+            let seq = &mut self.running[index];
+            seq.tokens.extend_from_slice(&spec.drafts[c][..n]);
+            seq.draft = n;
+            plan[i].chunk += n;
+            budget -= n;
+        }
+        Ok(())
+    }
+
     /// Ends the oldest waiting request, which cannot start with nothing running because pinned
     /// prefixes hold the blocks it needs (no lower tier to move them to): a request that had
     /// generated tokens before a preemption ends at its length, as at the cache's capacity; a
@@ -728,6 +892,11 @@ impl Scheduler {
     fn preempt(&mut self, index: usize) -> Result<(), KvError> {
         let mut seq = self.running.remove(index);
         self.preemptions += 1;
+        seq.tokens.truncate(seq.tokens.len() - seq.draft);
+        seq.draft = 0;
+        if let Some(spec) = self.speculator.as_mut() {
+            spec.proposer.forget(seq.id);
+        }
         for id in seq.blocks.drain(..).rev() {
             self.blocks.release(id)?;
         }
@@ -742,7 +911,7 @@ impl Scheduler {
         Ok(())
     }
 
-    /// After the backend ran: advance, register full blocks, sample, finish.
+    /// After the backend ran: sample, advance, register full blocks, finish.
     fn apply(
         &mut self,
         plan: &[Planned],
@@ -755,14 +924,70 @@ impl Scheduler {
         // Blocks a sequence can grow into: the device's, less those only pins hold (counted
         // once a step, not per row: it walks the pins).
         let usable = self.blocks.device_blocks() - self.blocks.held_by_pins();
-        let mut rows = output.logits.chunks_exact_mut(vocab);
+        let mut out = Outputs {
+            rows: output.logits.chunks_exact_mut(vocab),
+            tokens: output.tokens.iter(),
+            summaries: output.summaries.drain(..),
+        };
         let mut hidden_rows = &output.hidden[..];
-        let mut tokens = output.tokens.iter();
-        let mut summaries = output.summaries.drain(..);
         let mut finished: Vec<(u64, FinishReason)> = Vec::new();
         for ((p, kind), row_plan) in plan.iter().zip(kinds).zip(plans) {
             let seq = &mut self.running[p.index];
-            seq.computed += p.chunk;
+            // Proposed tokens leave the sequence until their draws accept them.
+            let draft = seq.tokens.split_off(seq.tokens.len() - seq.draft);
+            seq.draft = 0;
+            seq.computed += p.chunk - draft.len();
+            if let Kind::Hidden(how) = kind {
+                let (these, rest) = hidden_rows.split_at(how.count(p.chunk) * hidden);
+                seq.pool(these, hidden);
+                hidden_rows = rest;
+            }
+            let reason = if seq.computed < seq.tokens.len() {
+                None
+            } else if seq.request.embed.is_some() {
+                let vector = seq.pooled_vector();
+                let _ = seq.events.send(TokenEvent::Embedding { vector });
+                Some(FinishReason::Stop)
+            } else {
+                // Row j's draw decides position computed + j: it accepts proposal j when they
+                // are equal, and each accepted proposal's row (computed with it as input) is
+                // then committed K/V.
+                let mut reason = None;
+                let mut accepted = 0;
+                let mut keep_stale = self.keeps_a_stale_slot();
+                for j in 0..=draft.len() {
+                    let seq = &mut self.running[p.index];
+                    let sampled = out.sample(seq, *kind, row_plan.as_ref(), &self.eos);
+                    let token = sampled.as_ref().ok().map(|s| s.token);
+                    reason = self.emit(p.index, sampled, usable);
+                    let seq = &mut self.running[p.index];
+                    if j > 0 {
+                        seq.computed += 1;
+                    }
+                    let rejected = j < draft.len() && token != Some(draft[j]);
+                    if rejected && keep_stale && reason.is_none() {
+                        // The canary's broken rollback: the rejected proposal's row is read
+                        // next, as if its K/V held the token just drawn.
+                        keep_stale = false;
+                        continue;
+                    }
+                    if reason.is_some() || j == draft.len() || rejected {
+                        // Rows not read past here are skipped in the output.
+                        out.skip(*kind, draft.len() - j);
+                        break;
+                    }
+                    accepted += 1;
+                }
+                if !draft.is_empty() {
+                    let seq = &mut self.running[p.index];
+                    seq.acceptance.observe(draft.len(), accepted);
+                    if let Some(spec) = self.speculator.as_mut() {
+                        spec.counters.record(draft.len(), accepted);
+                    }
+                }
+                reason
+            };
+            let seq = &mut self.running[p.index];
             while seq.hashes.len() < seq.computed / bs {
                 let i = seq.hashes.len();
                 let parent = seq.hashes.last().copied();
@@ -774,103 +999,11 @@ impl Scheduler {
                 self.blocks.commit(seq.blocks[i], hash, parent)?;
                 seq.hashes.push(hash);
             }
-            if let Kind::Hidden(how) = kind {
-                let (these, rest) = hidden_rows.split_at(how.count(p.chunk) * hidden);
-                seq.pool(these, hidden);
-                hidden_rows = rest;
+            // Rollback: blocks that hold only rejected proposals' slots go back.
+            while seq.blocks.len() > seq.tokens.len().div_ceil(bs) {
+                let id = seq.blocks.pop().expect("more blocks than needed");
+                self.blocks.release(id)?;
             }
-            if seq.computed < seq.tokens.len() {
-                continue;
-            }
-            if seq.request.embed.is_some() {
-                let vector = seq.pooled_vector();
-                let _ = seq.events.send(TokenEvent::Embedding { vector });
-                finished.push((seq.id, FinishReason::Stop));
-                continue;
-            }
-            let sampled = match kind {
-                Kind::Greedy => {
-                    let token = tokens
-                        .next()
-                        .expect("one token per greedy sequence wanting logits");
-                    token
-                        .ok_or(SamplerError::NoFiniteLogit)
-                        .and_then(|t| seq.sampler.accept(t))
-                        .map_err(|e| e.to_string())
-                }
-                Kind::Summary => {
-                    let summary = summaries
-                        .next()
-                        .expect("one summary per summarized sequence wanting logits");
-                    let row_plan = row_plan.expect("a plan per summarized sequence");
-                    summary
-                        .ok_or(SamplerError::NoFiniteLogit)
-                        .and_then(|summary| seq.sampler.finish(&row_plan, summary))
-                        .map_err(|e| e.to_string())
-                }
-                Kind::Host | Kind::Hidden(_) => {
-                    let row = rows
-                        .next()
-                        .expect("one logits row per sequence wanting logits");
-                    // Only a grammar whose mask failed in `step` comes back whole: the mask is
-                    // tried again here and its error ends this sequence.
-                    let p = &seq.request.sampling;
-                    if seq.generated < p.min_tokens {
-                        for token in stop_tokens(p, &self.eos) {
-                            if let Some(logit) = row.get_mut(token as usize) {
-                                *logit = f32::NEG_INFINITY;
-                            }
-                        }
-                    }
-                    let masked = match seq.constraint.as_mut() {
-                        Some(c) => c.mask(row).map_err(|e| e.to_string()),
-                        None => Ok(()),
-                    };
-                    masked.and_then(|()| seq.sampler.sample(row).map_err(|e| e.to_string()))
-                }
-            };
-            let reason = match sampled {
-                Err(message) => {
-                    let _ = seq.events.send(TokenEvent::Failed { message });
-                    Some(FinishReason::Cancelled)
-                }
-                Ok(s) if is_stop_token(s.token, &seq.request.sampling, &self.eos) => {
-                    Some(FinishReason::Stop)
-                }
-                // The grammar is complete and the model chose to end it.
-                Ok(s)
-                    if seq
-                        .constraint
-                        .as_mut()
-                        .is_some_and(|c| c.ends_with(s.token)) =>
-                {
-                    Some(FinishReason::Stop)
-                }
-                Ok(s) => {
-                    if let Some(Err(e)) = seq.constraint.as_mut().map(|c| c.advance(s.token)) {
-                        let _ = seq.events.send(TokenEvent::Failed {
-                            message: e.to_string(),
-                        });
-                        finished.push((seq.id, FinishReason::Cancelled));
-                        continue;
-                    }
-                    seq.generated += 1;
-                    seq.tokens.push(s.token);
-                    let _ = seq.events.send(TokenEvent::Token {
-                        id: s.token,
-                        logprobs: s.logprobs,
-                        rng_pos: seq.sampler.rng_pos(),
-                    });
-                    if seq.generated >= seq.request.sampling.max_tokens
-                        || seq.tokens.len() >= self.context_window
-                        || seq.tokens.len().div_ceil(bs) > usable
-                    {
-                        Some(FinishReason::Length)
-                    } else {
-                        None
-                    }
-                }
-            };
             if let Some(reason) = reason {
                 finished.push((seq.id, reason));
             }
@@ -879,6 +1012,63 @@ impl Scheduler {
             self.cancel(id, reason)?;
         }
         Ok(())
+    }
+
+    /// Whether the canary's broken rollback is on (never outside tests).
+    fn keeps_a_stale_slot(&self) -> bool {
+        #[cfg(test)]
+        return self.faults.stale_slot_on_reject;
+        #[cfg(not(test))]
+        false
+    }
+
+    /// Records one drawn token of `running[index]` (or its failure): a stop, the grammar's end,
+    /// or a generated token streamed out; the reason the sequence ends, if it does.
+    fn emit(
+        &mut self,
+        index: usize,
+        sampled: Result<strata_model::sampler::Sampled, String>,
+        usable: usize,
+    ) -> Option<FinishReason> {
+        let bs = self.blocks.block_size();
+        let seq = &mut self.running[index];
+        match sampled {
+            Err(message) => {
+                let _ = seq.events.send(TokenEvent::Failed { message });
+                Some(FinishReason::Cancelled)
+            }
+            Ok(s) if is_stop_token(s.token, &seq.request.sampling, &self.eos) => {
+                Some(FinishReason::Stop)
+            }
+            // The grammar is complete and the model chose to end it.
+            Ok(s)
+                if seq
+                    .constraint
+                    .as_mut()
+                    .is_some_and(|c| c.ends_with(s.token)) =>
+            {
+                Some(FinishReason::Stop)
+            }
+            Ok(s) => {
+                if let Some(Err(e)) = seq.constraint.as_mut().map(|c| c.advance(s.token)) {
+                    let _ = seq.events.send(TokenEvent::Failed {
+                        message: e.to_string(),
+                    });
+                    return Some(FinishReason::Cancelled);
+                }
+                seq.generated += 1;
+                seq.tokens.push(s.token);
+                let _ = seq.events.send(TokenEvent::Token {
+                    id: s.token,
+                    logprobs: s.logprobs,
+                    rng_pos: seq.sampler.rng_pos(),
+                });
+                (seq.generated >= seq.request.sampling.max_tokens
+                    || seq.tokens.len() >= self.context_window
+                    || seq.tokens.len().div_ceil(bs) > usable)
+                    .then_some(FinishReason::Length)
+            }
+        }
     }
 
     /// Ends every request with `message` (after an unrecoverable step error), releasing what can
@@ -900,6 +1090,9 @@ impl Scheduler {
     }
 
     fn finish(&mut self, mut seq: Sequence, reason: FinishReason) -> Result<(), KvError> {
+        if let Some(spec) = self.speculator.as_mut() {
+            spec.proposer.forget(seq.id);
+        }
         for id in seq.blocks.drain(..).rev() {
             self.blocks.release(id)?;
         }
@@ -908,6 +1101,88 @@ impl Scheduler {
             usage: seq.usage(),
         });
         Ok(())
+    }
+}
+
+/// A step's sampled output, consumed row by row in the order rows were asked for.
+struct Outputs<'a> {
+    rows: std::slice::ChunksExactMut<'a, f32>,
+    tokens: std::slice::Iter<'a, Option<u32>>,
+    summaries: std::vec::Drain<'a, Option<strata_model::sampler::RowSummary>>,
+}
+
+impl Outputs<'_> {
+    /// The next row of `seq` (returned as `kind`), drawn by its sampler as plain decoding draws
+    /// it: the backend's greedy token, the plan's summary, or the logits row masked (stops before
+    /// `min_tokens`, the grammar) and sampled on the host.
+    fn sample(
+        &mut self,
+        seq: &mut Sequence,
+        kind: Kind,
+        row_plan: Option<&RowPlan>,
+        eos: &[u32],
+    ) -> Result<strata_model::sampler::Sampled, String> {
+        match kind {
+            Kind::Greedy => {
+                let token = self
+                    .tokens
+                    .next()
+                    .expect("one token per greedy row wanting logits");
+                token
+                    .ok_or(SamplerError::NoFiniteLogit)
+                    .and_then(|t| seq.sampler.accept(t))
+                    .map_err(|e| e.to_string())
+            }
+            Kind::Summary => {
+                let summary = self
+                    .summaries
+                    .next()
+                    .expect("one summary per summarized row wanting logits");
+                let row_plan = row_plan.expect("a plan per summarized sequence");
+                summary
+                    .ok_or(SamplerError::NoFiniteLogit)
+                    .and_then(|summary| seq.sampler.finish(row_plan, summary))
+                    .map_err(|e| e.to_string())
+            }
+            Kind::Host | Kind::Hidden(_) => {
+                let row = self
+                    .rows
+                    .next()
+                    .expect("one logits row per row wanting logits");
+                // Only a grammar whose mask failed in `step` comes back whole: the mask is
+                // tried again here and its error ends this sequence.
+                let p = &seq.request.sampling;
+                if seq.generated < p.min_tokens {
+                    for token in stop_tokens(p, eos) {
+                        if let Some(logit) = row.get_mut(token as usize) {
+                            *logit = f32::NEG_INFINITY;
+                        }
+                    }
+                }
+                let masked = match seq.constraint.as_mut() {
+                    Some(c) => c.mask(row).map_err(|e| e.to_string()),
+                    None => Ok(()),
+                };
+                masked.and_then(|()| seq.sampler.sample(row).map_err(|e| e.to_string()))
+            }
+        }
+    }
+
+    /// Passes over `n` rows of `kind` that no draw reads (proposals after a rejection).
+    fn skip(&mut self, kind: Kind, n: usize) {
+        for _ in 0..n {
+            match kind {
+                Kind::Greedy => {
+                    self.tokens.next();
+                }
+                Kind::Summary => {
+                    self.summaries.next();
+                }
+                Kind::Host | Kind::Hidden(_) => {
+                    self.rows.next();
+                }
+            }
+        }
     }
 }
 

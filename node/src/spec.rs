@@ -4,6 +4,7 @@
 //! devices.
 
 use crate::scheduler::SchedulerLimits;
+use crate::speculative::SpeculativeConfig;
 
 /// Where the engine runs: the CPU reference or a CUDA GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -130,6 +131,8 @@ pub struct EngineSpec {
     pub run_order: bool,
     /// Host and disk tiers under the device's KV cache.
     pub tiers: KvTiers,
+    /// Speculative decoding: what proposes tokens and how many a step verifies.
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 impl EngineSpec {
@@ -162,6 +165,7 @@ impl EngineSpec {
             quantize_activations: false,
             run_order: false,
             tiers: KvTiers::default(),
+            speculative: None,
         }
     }
 
@@ -179,6 +183,9 @@ impl EngineSpec {
                  activation-quantized kernels are not written yet"
                     .into(),
             );
+        }
+        if let Some(speculative) = &self.speculative {
+            speculative.validate()?;
         }
         if self.limits.max_batch_tokens == 0 {
             return Err("max_batch_tokens must be at least 1".into());

@@ -53,7 +53,7 @@ fn starts_on_a_gpu_or_says_why_not() {
             first_position: 0,
             prompt_len: prompt.len(),
             block_table: &table,
-            want_logits: true,
+            logit_rows: 1,
         }])
         .unwrap()
     };

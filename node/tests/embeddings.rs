@@ -47,6 +47,7 @@ fn engine() -> (tempfile::TempDir, Engine) {
         tiers: Default::default(),
         eos_token_ids: vec![],
         grammar: None,
+        speculative: None,
     };
     (dir, Engine::start(Box::new(backend), config).unwrap())
 }
@@ -302,6 +303,7 @@ fn engine_embeddings(dir: &std::path::Path, prompts: &[Vec<u32>], theta: f64) ->
         tiers: Default::default(),
         eos_token_ids: vec![],
         grammar: None,
+        speculative: None,
     };
     let engine = Engine::start(Box::new(backend), config).unwrap();
     // Every request at once: batched and chunked together.

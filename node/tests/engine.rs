@@ -24,6 +24,7 @@ fn engine(device_blocks: usize) -> (tempfile::TempDir, Engine) {
         tiers: Default::default(),
         eos_token_ids: vec![],
         grammar: None,
+        speculative: None,
     };
     (dir, Engine::start(Box::new(backend), config).unwrap())
 }
@@ -207,7 +208,7 @@ fn paged_backend_matches_the_reference_forward_pass() {
             first_position: first,
             prompt_len: prompt.len(),
             block_table: &table,
-            want_logits: true,
+            logit_rows: 1,
         };
         b.step(&[seq]).unwrap()
     };
@@ -240,6 +241,7 @@ fn constrained_engine() -> (tempfile::TempDir, Engine, Tokenizer) {
         tiers: Default::default(),
         eos_token_ids: vec![],
         grammar: Some(Arc::new(grammar)),
+        speculative: None,
     };
     let backend = CpuBackend::with_blocks(model, 16, 64);
     let engine = Engine::start(Box::new(backend), config).unwrap();
@@ -403,6 +405,7 @@ fn engine_with_eos(eos: Vec<u32>) -> (tempfile::TempDir, Engine) {
         tiers: Default::default(),
         eos_token_ids: eos,
         grammar: None,
+        speculative: None,
     };
     (dir, Engine::start(Box::new(backend), config).unwrap())
 }
@@ -538,6 +541,7 @@ fn usage_reports_the_wait_in_the_engine_before_the_first_step() {
         tiers: Default::default(),
         eos_token_ids: vec![],
         grammar: None,
+        speculative: None,
     };
     let engine = Engine::start(Box::new(backend), config).unwrap();
     // One running slot: the second request waits for the first's 200 tokens.

@@ -41,6 +41,7 @@ fn engine(backend: Box<dyn Backend>) -> Engine {
         tiers: Default::default(),
         eos_token_ids: vec![],
         grammar: None,
+        speculative: None,
     };
     Engine::start(backend, config).unwrap()
 }
@@ -179,7 +180,7 @@ fn exported_blocks_resume_on_another_tp_backend() {
                 first_position: prompt.len(),
                 prompt_len: prompt.len(),
                 block_table: &[0, 1, 2],
-                want_logits: true,
+                logit_rows: 1,
             }])
             .unwrap()
     };
@@ -210,7 +211,7 @@ fn prefill_logits(backend: &mut dyn Backend, prompt: &[u32]) -> Vec<f32> {
             first_position: 0,
             prompt_len: prompt.len(),
             block_table: &table,
-            want_logits: true,
+            logit_rows: 1,
         }])
         .unwrap()
 }

@@ -5,6 +5,7 @@
 use anyhow::Result;
 use clap::Args;
 use serde::Deserialize;
+use strata_node::speculative::SpeculativeConfig;
 use strata_node::{Device, DiskTierSpec, EngineSpec, KvBudget};
 
 /// Every engine setting, each optional so a flag, a config file and the device's default can be
@@ -70,6 +71,13 @@ pub struct EngineSettings {
     /// Disk space, in MiB, the disk tier may take (needs --kv-disk-dir).
     #[arg(long, requires = "kv_disk_dir")]
     pub kv_disk_mib: Option<usize>,
+    /// Speculative decoding, as JSON in vLLM's spelling: '{"method": "ngram",
+    /// "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'. Output is
+    /// byte-identical to decoding without it, greedy and seeded; the scheduler proposes fewer
+    /// tokens where acceptance or the step's cost says so (docs/SERVING.md) [default: off].
+    /// In the TOML file, a table.
+    #[arg(long, value_parser = SpeculativeConfig::from_json)]
+    pub speculative_config: Option<SpeculativeConfig>,
 }
 
 impl EngineSettings {
@@ -92,6 +100,7 @@ impl EngineSettings {
             kv_host_mib: self.kv_host_mib.or(fallback.kv_host_mib),
             kv_disk_dir: self.kv_disk_dir.or(fallback.kv_disk_dir),
             kv_disk_mib: self.kv_disk_mib.or(fallback.kv_disk_mib),
+            speculative_config: self.speculative_config.or(fallback.speculative_config),
         }
     }
 
@@ -154,6 +163,7 @@ impl EngineSettings {
             (Some(_), None) => anyhow::bail!("kv_disk_dir needs kv_disk_mib, the tier's size"),
             (None, Some(_)) => anyhow::bail!("kv_disk_mib needs kv_disk_dir, where the tier lives"),
         };
+        spec.speculative = self.speculative_config.clone();
         spec.validate().map_err(anyhow::Error::msg)?;
         Ok(spec)
     }
@@ -232,6 +242,56 @@ mod tests {
         let refused = spec(&["--run-order"]).unwrap_err().to_string();
         assert!(refused.contains("CUDA setting"), "{refused}");
         assert!(!spec(&["--run-order", "false"]).unwrap().run_order);
+    }
+
+    #[test]
+    fn speculative_config_is_vllm_json_a_toml_table_and_refused_by_name() {
+        let spec = settings_of_flags(&[
+            "--speculative-config",
+            r#"{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}"#,
+        ])
+        .spec()
+        .unwrap();
+        let s = spec.speculative.unwrap();
+        assert_eq!(s.num_speculative_tokens, 5);
+        assert_eq!(s.lookup(), (2, 4));
+        assert!(
+            EngineSettings::default()
+                .spec()
+                .unwrap()
+                .speculative
+                .is_none()
+        );
+        let toml: EngineSettings =
+            toml::from_str("[speculative_config]\nmethod = \"ngram\"\nnum_speculative_tokens = 3")
+                .unwrap();
+        assert_eq!(
+            toml.spec()
+                .unwrap()
+                .speculative
+                .unwrap()
+                .num_speculative_tokens,
+            3
+        );
+        let bad: EngineSettings =
+            toml::from_str("[speculative_config]\nmethod = \"ngram\"\nnum_speculative_tokens = 12")
+                .unwrap();
+        let refused = bad.spec().unwrap_err().to_string();
+        assert!(refused.contains("num_speculative_tokens"), "{refused}");
+        #[derive(clap::Parser, Debug)]
+        struct Cli {
+            #[command(flatten)]
+            _engine: EngineSettings,
+        }
+        use clap::Parser;
+        let refused = Cli::try_parse_from([
+            "strata",
+            "--speculative-config",
+            r#"{"method": "medusa", "num_speculative_tokens": 2}"#,
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(refused.contains("medusa"), "{refused}");
     }
 
     #[test]

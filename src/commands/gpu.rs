@@ -460,7 +460,7 @@ fn fill_contexts(
                 first_position: c * 512,
                 prompt_len: context,
                 block_table: table,
-                want_logits: false,
+                logit_rows: 0,
             }])?;
         }
     }
@@ -505,7 +505,7 @@ fn decode_seqs<'a>(
             first_position: position,
             prompt_len: position,
             block_table: table,
-            want_logits: true,
+            logit_rows: 1,
         })
         .collect()
 }
@@ -810,7 +810,7 @@ fn prefill(args: PrefillArgs) -> Result<()> {
                 first_position: 0,
                 prompt_len: n,
                 block_table: &table,
-                want_logits: true,
+                logit_rows: 1,
             }])?;
             if r >= 2 {
                 times.push(start.elapsed().as_secs_f64());

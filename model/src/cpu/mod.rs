@@ -90,6 +90,9 @@ pub enum LogitRows {
     None,
     /// Only the last token (decode, or the end of a prefill).
     Last,
+    /// The last `n` tokens (speculative verification: one row per proposed token and the row
+    /// after them).
+    Tail(usize),
     /// Every token of the pass (parity tests).
     All,
 }
@@ -607,6 +610,10 @@ fn logit_rows(chunks: &[SeqChunk<'_>], x: &[f32], hidden: usize) -> Vec<f32> {
             LogitRows::None => {}
             LogitRows::Last => {
                 keep.extend_from_slice(&x[(start + n - 1) * hidden..(start + n) * hidden])
+            }
+            LogitRows::Tail(t) => {
+                let t = t.min(n);
+                keep.extend_from_slice(&x[(start + n - t) * hidden..(start + n) * hidden])
             }
             LogitRows::All => keep.extend_from_slice(&x[start * hidden..(start + n) * hidden]),
         }

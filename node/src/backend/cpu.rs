@@ -166,10 +166,10 @@ impl CpuBackend {
             .map(|s| SeqChunk {
                 tokens: s.tokens,
                 first_position: s.first_position,
-                logits: if s.want_logits {
-                    LogitRows::Last
-                } else {
-                    LogitRows::None
+                logits: match s.logit_rows {
+                    0 => LogitRows::None,
+                    1 => LogitRows::Last,
+                    n => LogitRows::Tail(n),
                 },
             })
             .collect();

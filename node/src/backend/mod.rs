@@ -77,8 +77,18 @@ pub struct StepSeq<'a> {
     /// The sequence's blocks: position `p` lives in `block_table[p / block_size]`, which must
     /// cover every position up to the last token of this step.
     pub block_table: &'a [BlockId],
-    /// Whether the step returns logits for this sequence's last token.
-    pub want_logits: bool,
+    /// How many of this step's last rows of the sequence get logits: 0 (a prefill chunk that
+    /// does not end the prompt), 1 (the next token), or more (speculative verification: the
+    /// row before each proposed token, and the proposed tokens' own rows). At most
+    /// `tokens.len()`.
+    pub logit_rows: usize,
+}
+
+impl StepSeq<'_> {
+    /// Whether the step returns any logits for this sequence.
+    pub fn wants_logits(&self) -> bool {
+        self.logit_rows > 0
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -106,7 +116,8 @@ pub trait Backend: KvBlockIo + Send {
     /// How a block's bytes ([`KvBlockIo::export_block`]) are laid out: element type, rank
     /// order. Two backends exchange KV blocks only if their layouts (and models) are equal.
     fn kv_layout(&self) -> String;
-    /// Computes one step. Returns `vocab_size` logits per sequence with `want_logits`, in order.
+    /// Computes one step. Returns `vocab_size` logits per row asked for ([`StepSeq::logit_rows`]), sequence
+    /// by sequence, rows in position order.
     fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError>;
 
     /// Whether [`Backend::step_sampling`] returns final hidden states ([`RowSampling::Hidden`]),
@@ -115,8 +126,8 @@ pub trait Backend: KvBlockIo + Send {
         false
     }
 
-    /// Computes one step like [`Backend::step`], but each sequence with `want_logits` comes back
-    /// as its entry in `sampling` asks (indexed like `seqs`; missing entries mean
+    /// Computes one step like [`Backend::step`], but each row asked for ([`StepSeq::logit_rows`])
+    /// comes back as its sequence's entry in `sampling` asks (indexed like `seqs`; missing entries mean
     /// [`RowSampling::Host`]): its logits row, its greedy token ([`greedy_token`] of its logits),
     /// or the summary of its row after its plan's shaping ([`RowSummary::of`]). A backend whose
     /// logits live on a device computes tokens and summaries there and brings back a few bytes
@@ -181,7 +192,7 @@ impl RowSampling<'_> {
     }
 }
 
-/// What [`Backend::step_sampling`] returns, per sequence with `want_logits`, in order, by kind.
+/// What [`Backend::step_sampling`] returns, per row asked for, in order, by kind.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StepOutput {
     /// `vocab_size` logits per wanting [`RowSampling::Host`] sequence.
@@ -205,8 +216,7 @@ impl StepOutput {
         let wanting = || {
             seqs.iter()
                 .enumerate()
-                .filter(|(_, s)| s.want_logits)
-                .map(|(i, _)| RowSampling::of(sampling, i))
+                .flat_map(|(i, s)| std::iter::repeat_n(RowSampling::of(sampling, i), s.logit_rows))
         };
         if wanting().all(|r| matches!(r, RowSampling::Host)) {
             return Self {
@@ -237,7 +247,7 @@ pub(crate) struct OwnedSeq {
     first_position: usize,
     prompt_len: usize,
     block_table: Vec<BlockId>,
-    want_logits: bool,
+    logit_rows: usize,
 }
 
 impl OwnedSeq {
@@ -247,7 +257,7 @@ impl OwnedSeq {
             first_position: s.first_position,
             prompt_len: s.prompt_len,
             block_table: s.block_table.to_vec(),
-            want_logits: s.want_logits,
+            logit_rows: s.logit_rows,
         }
     }
 
@@ -257,7 +267,7 @@ impl OwnedSeq {
             first_position: self.first_position,
             prompt_len: self.prompt_len,
             block_table: &self.block_table,
-            want_logits: self.want_logits,
+            logit_rows: self.logit_rows,
         }
     }
 }

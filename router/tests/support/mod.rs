@@ -254,6 +254,7 @@ pub fn paced_tiny_state(model_dir: &Path, delay: Duration, steps: Arc<AtomicUsiz
             tiers: Default::default(),
             eos_token_ids: Vec::new(),
             grammar,
+            speculative: None,
         },
     )
     .unwrap();

@@ -651,14 +651,15 @@ impl CudaBackend {
         if t == 0 {
             return Ok(StepOutput::default());
         }
-        // The logits rows: each wanting sequence's last row, prompt-path rows first.
+        // The logits rows: each sequence's last `logit_rows` rows, prompt-path rows first.
         let mut wanted: Vec<(usize, usize)> = Vec::new(); // (sequence, device row)
         for (i, s) in seqs.iter().enumerate() {
-            if s.want_logits && !s.tokens.is_empty() {
-                let last = s.first_position + s.tokens.len() - 1;
+            let n = s.logit_rows.min(s.tokens.len());
+            for position in s.first_position + s.tokens.len() - n..s.first_position + s.tokens.len()
+            {
                 let row = rows
                     .iter()
-                    .position(|r| r.seq == i && r.position == last)
+                    .position(|r| r.seq == i && r.position == position)
                     .expect("every token has a row");
                 wanted.push((i, row));
             }

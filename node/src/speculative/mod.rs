@@ -1,0 +1,141 @@
+//! Speculative decoding that changes speed and never a byte of output.
+//!
+//! A [`Proposer`] drafts up to k tokens for a decoding sequence; the scheduler appends them to
+//! the sequence's step as generated-role rows (positions past the prompt, computed exactly as
+//! plain decoding computes them, causal within the step) and asks for logits at every row. The
+//! sequence's own sampler then draws row by row, with the same random word and penalty history
+//! plain decoding would have at that position: a proposed token is accepted only if it equals the
+//! token drawn there, and the first draw that differs (or the draw after the last proposal) is
+//! emitted as plain decoding would emit it. So greedy and seeded sampled output are byte-identical
+//! to decoding without speculation; only the number of steps changes.
+//!
+//! Rollback: the rows after the first rejection wrote K/V into slots past the committed length;
+//! the sequence's computed length stops before them (the next step overwrites them), blocks that
+//! hold only such slots are released, and no block is hashed into the prefix cache (or reported
+//! in a KV event) until committed tokens fill it.
+
+mod config;
+mod ngram;
+mod policy;
+
+#[cfg(test)]
+mod gates;
+
+pub use config::{MAX_PROMPT_LOOKUP, MAX_SPECULATIVE_TOKENS, SpecMethod, SpeculativeConfig};
+pub use ngram::NgramProposer;
+pub use policy::{Acceptance, StepCost};
+
+/// One sequence asking for proposals.
+#[derive(Debug, Clone, Copy)]
+pub struct ProposeInput<'a> {
+    /// The sequence's id in the engine (a proposer with per-sequence state keys it by this).
+    pub id: u64,
+    /// The prompt and every committed generated token, in order.
+    pub tokens: &'a [u32],
+    /// Propose at most this many.
+    pub max: usize,
+}
+
+/// Drafts the tokens a step verifies. The n-gram lookup is stateless; a draft model keeps a KV
+/// cache per sequence and a checkpoint's own prediction heads (MTP / EAGLE) read the target's
+/// hidden states — both fit behind this seam: proposals for a batch at once, told which
+/// sequences ended.
+pub trait Proposer: Send {
+    /// The method's name, as configured and as metrics label it.
+    fn name(&self) -> &'static str;
+
+    /// Writes into `out[i]` up to `inputs[i].max` tokens that may follow `inputs[i].tokens`
+    /// (empty: nothing to propose, the sequence decodes one token).
+    fn propose(&mut self, inputs: &[ProposeInput<'_>], out: &mut [Vec<u32>]);
+
+    /// The sequence ended or was preempted: forget what was kept for it.
+    fn forget(&mut self, _id: u64) {}
+}
+
+/// The proposer `config` names.
+pub fn proposer(config: &SpeculativeConfig) -> Result<Box<dyn Proposer>, String> {
+    config.validate()?;
+    match config.method {
+        SpecMethod::Ngram => {
+            let (min, max) = config.lookup();
+            Ok(Box::new(NgramProposer::new(min, max)))
+        }
+        SpecMethod::DraftModel => Err(
+            "speculative method draft_model is not available in this build yet; use method \
+             ngram"
+                .into(),
+        ),
+    }
+}
+
+/// Speculation's counters since the engine started (vLLM's `spec_decode_*` families).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SpecCounters {
+    /// Verifications run (sequences whose step carried at least one proposal).
+    pub drafts: u64,
+    /// Tokens proposed and verified.
+    pub draft_tokens: u64,
+    /// Proposed tokens accepted (each one a step saved).
+    pub accepted_tokens: u64,
+    /// Verifications by how many of their proposals were accepted (0..=k).
+    pub accepted_hist: [u64; MAX_SPECULATIVE_TOKENS + 1],
+}
+
+impl SpecCounters {
+    pub fn record(&mut self, proposed: usize, accepted: usize) {
+        self.drafts += 1;
+        self.draft_tokens += proposed as u64;
+        self.accepted_tokens += accepted as u64;
+        self.accepted_hist[accepted.min(MAX_SPECULATIVE_TOKENS)] += 1;
+    }
+
+    /// Accepted ÷ proposed (0 before any proposal).
+    pub fn acceptance_rate(&self) -> f64 {
+        if self.draft_tokens == 0 {
+            0.0
+        } else {
+            self.accepted_tokens as f64 / self.draft_tokens as f64
+        }
+    }
+
+    /// Tokens committed per verification, the bonus or corrected token included.
+    pub fn mean_accepted_len(&self) -> f64 {
+        if self.drafts == 0 {
+            0.0
+        } else {
+            1.0 + self.accepted_tokens as f64 / self.drafts as f64
+        }
+    }
+}
+
+/// The scheduler's speculation: the proposer, its settings and the cost measurements.
+pub struct Speculator {
+    pub(crate) config: SpeculativeConfig,
+    pub(crate) proposer: Box<dyn Proposer>,
+    pub(crate) cost: StepCost,
+    pub(crate) counters: SpecCounters,
+    /// Reused proposal buffers, one per sequence asking.
+    pub(crate) drafts: Vec<Vec<u32>>,
+}
+
+impl Speculator {
+    pub fn new(config: SpeculativeConfig) -> Result<Self, String> {
+        let proposer = proposer(&config)?;
+        Ok(Self::with_proposer(config, proposer))
+    }
+
+    /// Speculation through `proposer` (tests, and proposers built outside this crate).
+    pub fn with_proposer(config: SpeculativeConfig, proposer: Box<dyn Proposer>) -> Self {
+        Self {
+            config,
+            proposer,
+            cost: StepCost::default(),
+            counters: SpecCounters::default(),
+            drafts: Vec::new(),
+        }
+    }
+
+    pub fn counters(&self) -> SpecCounters {
+        self.counters
+    }
+}
