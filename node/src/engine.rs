@@ -241,8 +241,24 @@ pub struct Engine {
 }
 
 impl Engine {
-    /// Starts the engine thread over `backend`.
-    pub fn start(mut backend: Box<dyn Backend>, config: EngineConfig) -> Result<Self, KvError> {
+    /// Starts the engine thread over `backend`, speculating as `config.speculative` says (a
+    /// proposer needing no model of its own).
+    pub fn start(backend: Box<dyn Backend>, config: EngineConfig) -> Result<Self, KvError> {
+        let speculator = config
+            .speculative
+            .clone()
+            .map(Speculator::new)
+            .transpose()
+            .map_err(KvError::Config)?;
+        Self::start_with(backend, config, speculator)
+    }
+
+    /// [`Engine::start`] with speculation already built (a draft model's proposer).
+    pub fn start_with(
+        mut backend: Box<dyn Backend>,
+        config: EngineConfig,
+        speculator: Option<Speculator>,
+    ) -> Result<Self, KvError> {
         let model = backend.model_config().clone();
         let block_size = backend.block_size();
         let device_blocks = backend.num_blocks();
@@ -272,12 +288,6 @@ impl Engine {
             memory,
         )?;
         let kv_events = manager.event_sender();
-        let speculator = config
-            .speculative
-            .clone()
-            .map(Speculator::new)
-            .transpose()
-            .map_err(KvError::Config)?;
         let scheduler = Scheduler::new(
             config.limits,
             manager,

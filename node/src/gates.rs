@@ -16,7 +16,7 @@ use crate::kv::{
     prompt_block_hashes,
 };
 use crate::scheduler::{Faults, Scheduler, SchedulerLimits, Sequence};
-use crate::speculative::{SpeculativeConfig, Speculator};
+use crate::speculative::{DraftModelProposer, SpeculativeConfig, Speculator};
 use strata_model::ModelConfig;
 use strata_model::sampler::Sampler;
 
@@ -121,6 +121,9 @@ pub(crate) struct Setup {
     pub(crate) backend_fault: BackendFault,
     pub(crate) faults: Faults,
     pub(crate) speculative: Option<SpeculativeConfig>,
+    /// With `speculative`: a synthesized model of this seed (the target's architecture and
+    /// tokenizer) drafts the proposals.
+    pub(crate) draft_seed: Option<u64>,
 }
 
 impl Default for Setup {
@@ -133,6 +136,7 @@ impl Default for Setup {
             backend_fault: BackendFault::None,
             faults: Faults::default(),
             speculative: None,
+            draft_seed: None,
         }
     }
 }
@@ -145,13 +149,28 @@ pub(crate) struct Harness {
 }
 
 fn model_dir() -> &'static std::path::Path {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        synthesize(&SynthSpec::tiny(Architecture::Qwen3, 42), dir.path(), None).unwrap();
-        dir
-    })
-    .path()
+    synthesized(42)
+}
+
+/// A tiny synthesized Qwen3 of `seed`, made once per test process.
+fn synthesized(seed: u64) -> &'static std::path::Path {
+    static DIRS: std::sync::Mutex<Vec<(u64, &'static tempfile::TempDir)>> =
+        std::sync::Mutex::new(Vec::new());
+    let mut dirs = DIRS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, dir)) = dirs.iter().find(|(s, _)| *s == seed) {
+        return dir.path();
+    }
+    let dir: &'static tempfile::TempDir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
+    synthesize(
+        &SynthSpec::tiny(Architecture::Qwen3, seed),
+        dir.path(),
+        None,
+    )
+    .unwrap();
+    dirs.push((seed, dir));
+    dir.path()
 }
 
 impl Harness {
@@ -173,9 +192,14 @@ impl Harness {
             backend.block_bytes(),
         )
         .unwrap();
-        let speculator = setup
-            .speculative
-            .map(|c| Speculator::new(c).expect("a valid speculative config"));
+        let speculator = setup.speculative.map(|c| match setup.draft_seed {
+            Some(seed) => {
+                let draft = CpuModel::load(synthesized(seed)).unwrap();
+                let backend = CpuBackend::with_blocks(draft, BLOCK, 256);
+                Speculator::with_proposer(c, Box::new(DraftModelProposer::new(Box::new(backend))))
+            }
+            None => Speculator::new(c).expect("a valid speculative config"),
+        });
         let mut scheduler =
             Scheduler::new(setup.limits, manager, vec![], 256).with_speculation(speculator);
         scheduler.faults = setup.faults;

@@ -19,6 +19,7 @@ use crate::backend::{
 };
 use crate::kv::KvError;
 use crate::spec::{Device, EngineSpec, KvBudget};
+use crate::speculative::{DraftModelProposer, Speculator};
 use crate::{Engine, EngineConfig};
 
 /// Why a checkpoint could not be made ready to serve.
@@ -46,8 +47,68 @@ pub fn start_engine(
     dir: &Path,
     spec: &EngineSpec,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
+    // A draft model loads first: on a GPU the target's KV cache takes what is left.
+    let draft = draft_backend(spec)?;
     let built = build_backend(dir, spec)?;
-    start_parts(built, spec, dir)
+    start_parts(built, spec, dir, draft)
+}
+
+/// The draft model's backend, when `spec` speculates with one: the same device, one rank, a KV
+/// cache of its own (a quarter of the CPU's budget, 2 GiB on a GPU).
+fn draft_backend(spec: &EngineSpec) -> Result<Option<BuiltBackend>, ModelLoadError> {
+    let Some(speculative) = &spec.speculative else {
+        return Ok(None);
+    };
+    let Some(model) = speculative
+        .model
+        .as_ref()
+        .filter(|_| speculative.method == crate::speculative::SpecMethod::DraftModel)
+    else {
+        return Ok(None);
+    };
+    if spec.tp > 1 {
+        return Err(ModelLoadError::Device(format!(
+            "speculative method draft_model runs beside a one-rank target; the target has tp {} \
+             (TP degrees that do not match are refused)",
+            spec.tp
+        )));
+    }
+    let kv = match spec.kv {
+        KvBudget::Bytes(bytes) => KvBudget::Bytes((bytes / 4).max(1 << 20)),
+        KvBudget::GpuFraction(_) => KvBudget::Bytes(2 << 30),
+    };
+    let draft = EngineSpec {
+        kv,
+        speculative: None,
+        tiers: Default::default(),
+        ..spec.clone()
+    };
+    build_backend(model, &draft)
+        .map(Some)
+        .map_err(|e| ModelLoadError::Device(format!("the draft model {}: {e}", model.display())))
+}
+
+/// Refuses a draft whose tokenizer is not the target's: a proposal must mean the same text.
+fn check_draft_tokenizer(target: &ServingParts, draft: &ServingParts) -> Result<(), String> {
+    let (t, d) = (&target.tokenizer, &draft.tokenizer);
+    if t.vocab_size() != d.vocab_size() {
+        return Err(format!(
+            "the draft model's tokenizer has {} tokens, the target's {}: a draft must share the \
+             target's tokenizer",
+            d.vocab_size(),
+            t.vocab_size()
+        ));
+    }
+    let differs = (0..t.vocab_size() as u32).find(|&id| t.id_to_token(id) != d.id_to_token(id));
+    match differs {
+        Some(id) => Err(format!(
+            "the draft model's tokenizer differs from the target's at token {id} ({:?} vs {:?}): \
+             a draft must share the target's tokenizer",
+            d.id_to_token(id),
+            t.id_to_token(id)
+        )),
+        None => Ok(()),
+    }
 }
 
 /// A backend with what the front door keeps of its checkpoint.
@@ -152,8 +213,9 @@ pub fn start_cuda_engine(
     placement: &CudaPlacement,
     spec: &EngineSpec,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
+    let draft = draft_backend(spec)?;
     let built = build_cuda_backend(dir, placement, spec)?;
-    start_parts(built, spec, dir)
+    start_parts(built, spec, dir, draft)
 }
 
 /// The CUDA backend of [`start_cuda_engine`], without the engine.
@@ -251,27 +313,42 @@ fn start_parts(
     built: BuiltBackend,
     spec: &EngineSpec,
     model: &Path,
+    draft: Option<BuiltBackend>,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
     let BuiltBackend {
         backend,
         parts,
         eos_token_ids,
     } = built;
+    let speculator = match (&spec.speculative, draft) {
+        (Some(config), Some(draft)) => {
+            check_draft_tokenizer(&parts, &draft.parts).map_err(ModelLoadError::Device)?;
+            Some(Speculator::with_proposer(
+                config.clone(),
+                Box::new(DraftModelProposer::new(draft.backend)),
+            ))
+        }
+        (Some(config), None) => {
+            Some(Speculator::new(config.clone()).map_err(ModelLoadError::Device)?)
+        }
+        (None, _) => None,
+    };
     let vocab = backend.model_config().vocab_size;
     let grammar = grammar_compiler(&parts.tokenizer, vocab, &eos_token_ids);
     let mut tiers = spec.tiers.clone();
     if let Some(disk) = &mut tiers.disk {
         disk.dir = disk.dir.join(kv_disk_namespace(model, backend.as_ref()));
     }
-    let engine = Engine::start(
+    let engine = Engine::start_with(
         backend,
         EngineConfig {
             limits: spec.limits,
             tiers,
             eos_token_ids,
             grammar,
-            speculative: spec.speculative.clone(),
+            speculative: None,
         },
+        speculator,
     )?;
     Ok((engine, parts))
 }

@@ -734,10 +734,15 @@ impl Scheduler {
         spec.proposer
             .propose(&inputs, &mut spec.drafts[..candidates.len()]);
         drop(inputs);
+        // A proposal outside the target's vocabulary (a draft model's larger one) ends the draft.
+        let vocab = backend.model_config().vocab_size;
         let mut lens: Vec<usize> = candidates
             .iter()
             .zip(&spec.drafts)
-            .map(|(&(_, max), d)| d.len().min(max))
+            .map(|(&(_, max), d)| {
+                let valid = d.iter().take_while(|&&t| (t as usize) < vocab).count();
+                valid.min(max)
+            })
             .collect();
         // The step's proposals pay, by the costs measured so far, or are halved until they do.
         loop {

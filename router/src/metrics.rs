@@ -781,6 +781,7 @@ fn render_engine_loads(out: &mut String, loads: &[(String, strata_node::schedule
             let _ = writeln!(out, "{} {disk}", sample(name, node, "tier=\"disk\""));
         }
     }
+    render_spec_decode(out, &nodes);
     let name = "strata_kv_tier_copy_failures_total";
     let _ = writeln!(
         out,
@@ -789,6 +790,87 @@ fn render_engine_loads(out: &mut String, loads: &[(String, strata_node::schedule
     );
     for (node, l) in &nodes {
         let _ = writeln!(out, "{} {}", sample(name, node, ""), l.tier_copy_failures);
+    }
+}
+
+/// Speculative decoding's counters, in vLLM's `spec_decode_*` families: verifications,
+/// proposed and accepted tokens, and verifications by accepted length (a histogram: bucket `le`
+/// counts those that accepted at most that many). Written only where an engine speculates.
+fn render_spec_decode(out: &mut String, nodes: &[(String, &strata_node::scheduler::EngineLoad)]) {
+    if nodes.iter().all(|(_, l)| l.spec.drafts == 0) {
+        return;
+    }
+    let sample = |name: &str, node: &str, extra: &str| {
+        let labels: Vec<&str> = [node, extra]
+            .into_iter()
+            .filter(|l| !l.is_empty())
+            .collect();
+        if labels.is_empty() {
+            name.to_string()
+        } else {
+            format!("{name}{{{}}}", labels.join(","))
+        }
+    };
+    type Count = fn(&strata_node::speculative::SpecCounters) -> u64;
+    let counters: [(&str, &str, Count); 3] = [
+        (
+            "strata_spec_decode_num_drafts_total",
+            "Verifications run: sequence steps that carried proposed tokens.",
+            |c| c.drafts,
+        ),
+        (
+            "strata_spec_decode_num_draft_tokens_total",
+            "Tokens proposed and verified.",
+            |c| c.draft_tokens,
+        ),
+        (
+            "strata_spec_decode_num_accepted_tokens_total",
+            "Proposed tokens accepted (each a decode step saved).",
+            |c| c.accepted_tokens,
+        ),
+    ];
+    for (name, help, value) in counters {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (node, l) in nodes {
+            let _ = writeln!(out, "{} {}", sample(name, node, ""), value(&l.spec));
+        }
+    }
+    let name = "strata_spec_decode_accepted_length";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Proposed tokens accepted per verification.\n# TYPE {name} histogram"
+    );
+    for (node, l) in nodes {
+        let c = &l.spec;
+        let mut cumulative = 0;
+        for (len, n) in c.accepted_hist.iter().enumerate() {
+            cumulative += n;
+            let le = format!("le=\"{len}\"");
+            let _ = writeln!(
+                out,
+                "{} {cumulative}",
+                sample(&format!("{name}_bucket"), node, &le)
+            );
+        }
+        let inf = "le=\"+Inf\"";
+        let _ = writeln!(
+            out,
+            "{} {}",
+            sample(&format!("{name}_bucket"), node, inf),
+            c.drafts
+        );
+        let _ = writeln!(
+            out,
+            "{} {}",
+            sample(&format!("{name}_sum"), node, ""),
+            c.accepted_tokens
+        );
+        let _ = writeln!(
+            out,
+            "{} {}",
+            sample(&format!("{name}_count"), node, ""),
+            c.drafts
+        );
     }
 }
 
@@ -911,6 +993,33 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
         }
         assert!(!m.render(None).contains("strata_kv_cached_blocks"));
+    }
+
+    #[test]
+    fn spec_decode_families_appear_once_an_engine_speculates() {
+        let mut load = strata_node::scheduler::EngineLoad::default();
+        let mut text = String::new();
+        render_engine_loads(&mut text, &[(String::new(), load)]);
+        assert!(!text.contains("spec_decode"), "{text}");
+        for (proposed, accepted) in [(4, 4), (4, 1), (3, 0)] {
+            load.spec.record(proposed, accepted);
+        }
+        let mut text = String::new();
+        render_engine_loads(&mut text, &[("10.0.0.2:7000".into(), load)]);
+        for line in [
+            "strata_spec_decode_num_drafts_total{node=\"10.0.0.2:7000\"} 3",
+            "strata_spec_decode_num_draft_tokens_total{node=\"10.0.0.2:7000\"} 11",
+            "strata_spec_decode_num_accepted_tokens_total{node=\"10.0.0.2:7000\"} 5",
+            "strata_spec_decode_accepted_length_bucket{node=\"10.0.0.2:7000\",le=\"0\"} 1",
+            "strata_spec_decode_accepted_length_bucket{node=\"10.0.0.2:7000\",le=\"1\"} 2",
+            "strata_spec_decode_accepted_length_bucket{node=\"10.0.0.2:7000\",le=\"3\"} 2",
+            "strata_spec_decode_accepted_length_bucket{node=\"10.0.0.2:7000\",le=\"4\"} 3",
+            "strata_spec_decode_accepted_length_bucket{node=\"10.0.0.2:7000\",le=\"+Inf\"} 3",
+            "strata_spec_decode_accepted_length_sum{node=\"10.0.0.2:7000\"} 5",
+            "strata_spec_decode_accepted_length_count{node=\"10.0.0.2:7000\"} 3",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line}:\n{text}");
+        }
     }
 
     #[test]

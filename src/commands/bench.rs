@@ -8,6 +8,7 @@ mod client;
 mod endpoint;
 mod load;
 mod report;
+mod spec;
 mod sse;
 mod stream;
 mod table;
@@ -24,7 +25,7 @@ use serde_json::json;
 use client::{Client, ConnectionMode, completion_body};
 use endpoint::Endpoint;
 use load::{Load, PlannedRequest};
-use report::PointReport;
+use report::{PointReport, SpecDecode};
 use workload::{RequestRate, Workload, WorkloadError, WorkloadSpec};
 
 #[derive(Subcommand)]
@@ -32,6 +33,9 @@ pub enum BenchCommand {
     /// Load an OpenAI-compatible server with streamed completions at each point of a sweep and
     /// report TTFT, ITL, TPOT, e2e latency and throughput.
     Serve(ServeArgs),
+    /// Speculative decoding beside plain decoding on one in-process engine: byte identity per
+    /// draft length, acceptance, and decode speed per concurrency.
+    Spec(spec::SpecArgs),
 }
 
 #[derive(Args)]
@@ -156,6 +160,7 @@ impl ServeArgs {
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Serve(args) => serve(args),
+        BenchCommand::Spec(args) => spec::run(args),
     }
 }
 
@@ -236,8 +241,23 @@ async fn sweep(args: &ServeArgs, mut workload: Workload) -> Result<(String, Vec<
         if let Some(e) = warmed.iter().find_map(|o| o.result.as_ref().err()) {
             tracing::warn!("{load}: a warmup request failed: {e}");
         }
-        let outcomes = load::apply(client, load, measured, args.seed, i as u64).await;
-        let report = PointReport::new(load, &outcomes);
+        let before = client.metrics().await;
+        let outcomes = load::apply(client.clone(), load, measured, args.seed, i as u64).await;
+        let mut report = PointReport::new(load, &outcomes);
+        if let (Some(before), Some(after)) = (before, client.metrics().await) {
+            report.spec_decode =
+                SpecDecode::between(SpecDecode::totals(&before), SpecDecode::totals(&after));
+        }
+        if let Some(s) = &report.spec_decode {
+            println!(
+                "{load}: speculative decoding accepted {:.0} of {:.0} proposed tokens ({:.1} %), \
+                 {:.2} tokens per verification",
+                s.accepted_tokens,
+                s.draft_tokens,
+                100.0 * s.acceptance_rate,
+                s.mean_accepted_len
+            );
+        }
         tracing::info!(
             "{load}: {} ok, {} failed in {:.2} s, {:.1} output tok/s",
             report.completed,

@@ -6,7 +6,7 @@
 
 use strata_protocol::{GenerateRequest, SamplingParams};
 
-use super::{MAX_SPECULATIVE_TOKENS, SpecCounters, SpeculativeConfig};
+use super::{MAX_SPECULATIVE_TOKENS, SpecCounters, SpecMethod, SpeculativeConfig};
 use crate::gates::{BackendFault, Harness, Setup, prompt, request};
 use crate::scheduler::{Faults, SchedulerLimits};
 
@@ -128,6 +128,71 @@ fn gate_spec_byte_identical_for_draft_lengths_1_to_8() {
         assert!(same, "k = {k}: speculative output differs from plain");
         exercised(&counters);
     }
+}
+
+/// A draft-model configuration (the model itself comes from `Setup::draft_seed`).
+fn draft(k: usize) -> Option<SpeculativeConfig> {
+    Some(SpeculativeConfig {
+        method: SpecMethod::DraftModel,
+        model: Some("synthesized".into()),
+        ..SpeculativeConfig::ngram(k)
+    })
+}
+
+#[test]
+fn gate_spec_draft_model_byte_identical() {
+    // The target drafting for itself (greedy rows all accepted, sampled ones not) and a model
+    // of other weights (mostly rejected), at several draft lengths, with staggered arrivals.
+    let requests = requests();
+    let plain = run(Setup::default(), &requests);
+    for (seed, k) in [(42, 3), (42, 8), (7, 2), (7, 5)] {
+        let spec = run(
+            Setup {
+                speculative: draft(k),
+                draft_seed: Some(seed),
+                ..Setup::default()
+            },
+            &requests,
+        );
+        assert!(
+            plain.0 == spec.0,
+            "draft seed {seed}, k = {k}: outputs differ"
+        );
+        assert!(spec.1.drafts > 0, "draft seed {seed}: nothing was proposed");
+        if seed == 42 {
+            exercised(&spec.1);
+        }
+    }
+    // Drafting for itself on plain greedy requests, the draft's K/V bookkeeping (catch-up after
+    // rejections, rollback to the shared prefix) must make every proposal the target's token.
+    let greedy: Vec<GenerateRequest> = requests.iter().step_by(4).cloned().collect();
+    let own = run(
+        Setup {
+            speculative: draft(4),
+            draft_seed: Some(42),
+            ..Setup::default()
+        },
+        &greedy,
+    );
+    assert!(own.1.draft_tokens > 0);
+    assert_eq!(own.1.accepted_tokens, own.1.draft_tokens, "{:?}", own.1);
+    // The canary holds for a draft model too.
+    let stale = run(
+        Setup {
+            speculative: draft(4),
+            draft_seed: Some(7),
+            faults: Faults {
+                stale_slot_on_reject: true,
+                ..Faults::default()
+            },
+            ..Setup::default()
+        },
+        &requests,
+    );
+    assert!(
+        plain.0 != stale.0,
+        "canary: a stale slot must fail the draft arm"
+    );
 }
 
 #[test]

@@ -15,6 +15,7 @@
 //! in a KV event) until committed tokens fill it.
 
 mod config;
+mod draft;
 mod ngram;
 mod policy;
 
@@ -22,6 +23,7 @@ mod policy;
 mod gates;
 
 pub use config::{MAX_PROMPT_LOOKUP, MAX_SPECULATIVE_TOKENS, SpecMethod, SpeculativeConfig};
+pub use draft::DraftModelProposer;
 pub use ngram::NgramProposer;
 pub use policy::{Acceptance, StepCost};
 
@@ -61,8 +63,8 @@ pub fn proposer(config: &SpeculativeConfig) -> Result<Box<dyn Proposer>, String>
             Ok(Box::new(NgramProposer::new(min, max)))
         }
         SpecMethod::DraftModel => Err(
-            "speculative method draft_model is not available in this build yet; use method \
-             ngram"
+            "speculative method draft_model needs its model loaded: the engine is started with \
+             its proposer (strata_node::start_engine does that)"
                 .into(),
         ),
     }

@@ -179,6 +179,57 @@ pub fn run_sdk_script_on(marker: &str, script: &str, base_path: &str, server: &S
     );
 }
 
+/// `script` with the official SDK against two servers of one tiny model: `--plain-url` decoding
+/// plainly and `--spec-url` with `speculative` (the script compares what both stream).
+#[allow(dead_code)] // each test crate includes this module; not all use every helper
+pub fn run_sdk_script_on_pair(
+    marker: &str,
+    script: &str,
+    speculative: strata_node::speculative::SpeculativeConfig,
+) {
+    let packages = python_packages(marker);
+    let model_dir = tempfile::tempdir().unwrap();
+    let spec = SynthSpec {
+        max_position: 1024,
+        ..SynthSpec::tiny(Architecture::Qwen3, 1)
+    };
+    synthesize(&spec, model_dir.path(), None).unwrap();
+    let config = |speculative| ServeConfig {
+        model_dir: model_dir.path().to_path_buf(),
+        model_name: "tiny-qwen3".into(),
+        owned_by: "strata (test)".into(),
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        engine: EngineSpec {
+            kv: KvBudget::Bytes(16 << 20),
+            speculative,
+            ..EngineSpec::default()
+        },
+        options: ServingOptions::default(),
+    };
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    let output = serve_while(&config(None), Access::default(), |plain| {
+        serve_while(&config(Some(speculative)), Access::default(), |spec| {
+            Command::new("python3")
+                .arg(&path)
+                .args(["--plain-url", &format!("http://127.0.0.1:{plain}")])
+                .args(["--spec-url", &format!("http://127.0.0.1:{spec}")])
+                .args(["--model", "tiny-qwen3"])
+                .env("PYTHONPATH", &packages)
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run python3 ({e})"))
+        })
+    });
+    assert!(
+        output.status.success(),
+        "{script} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+}
+
 /// The CPU backend slowed to `delay` per step, counting its steps.
 struct PacedBackend {
     inner: CpuBackend,

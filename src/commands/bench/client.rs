@@ -150,6 +150,25 @@ impl Client {
             .ok_or_else(|| RequestError::NoModel(clip(&body)))
     }
 
+    /// The server's `GET /metrics` text, or `None` where it has none (not strata, or refused).
+    pub async fn metrics(&self) -> Option<String> {
+        let request = self
+            .request(Method::GET, "/metrics")
+            .body(Full::new(Bytes::new()))
+            .ok()?;
+        let response = tokio::time::timeout(self.timeout, async {
+            let mut sender = self.connect().await?;
+            Ok::<_, RequestError>(sender.send_request(request).await?)
+        })
+        .await
+        .ok()?
+        .ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        read_body(response).await.ok()
+    }
+
     /// Sends one streamed completion (`body` is its JSON) and reads the stream to its end.
     pub async fn complete(&self, body: Bytes, prompt_len: u64) -> RequestOutcome {
         let sent = Instant::now();

@@ -82,6 +82,58 @@ pub struct PointReport {
     pub e2e_ms: Option<Summary>,
     /// The most frequent distinct error messages, most frequent first.
     pub errors: Vec<ErrorCount>,
+    /// The server's speculative decoding during the point (from its /metrics), where it
+    /// speculated.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec_decode: Option<SpecDecode>,
+}
+
+/// Speculative decoding's counters over one point: the change of the server's
+/// `strata_spec_decode_*` totals (summed over nodes) from before the point to after it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct SpecDecode {
+    pub drafts: f64,
+    pub draft_tokens: f64,
+    pub accepted_tokens: f64,
+    /// accepted ÷ proposed.
+    pub acceptance_rate: f64,
+    /// Tokens per verification, the corrected or bonus token included.
+    pub mean_accepted_len: f64,
+}
+
+impl SpecDecode {
+    /// The three counter totals of a /metrics text, summed over their samples.
+    pub fn totals(metrics: &str) -> [f64; 3] {
+        let sum = |name: &str| -> f64 {
+            metrics
+                .lines()
+                .filter(|l| {
+                    l.strip_prefix(name)
+                        .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        [
+            sum("strata_spec_decode_num_drafts_total"),
+            sum("strata_spec_decode_num_draft_tokens_total"),
+            sum("strata_spec_decode_num_accepted_tokens_total"),
+        ]
+    }
+
+    /// The point's counters from the totals before and after it; `None` when nothing was
+    /// proposed.
+    pub fn between(before: [f64; 3], after: [f64; 3]) -> Option<Self> {
+        let [drafts, draft_tokens, accepted_tokens] =
+            [0, 1, 2].map(|i| (after[i] - before[i]).max(0.0));
+        (drafts > 0.0).then(|| Self {
+            drafts,
+            draft_tokens,
+            accepted_tokens,
+            acceptance_rate: accepted_tokens / draft_tokens.max(1.0),
+            mean_accepted_len: 1.0 + accepted_tokens / drafts,
+        })
+    }
 }
 
 impl PointReport {
@@ -123,6 +175,7 @@ impl PointReport {
             tpot_ms: Summary::of(done.iter().filter_map(|c| c.tpot())),
             e2e_ms: Summary::of(done.iter().map(|c| c.e2e)),
             errors: error_counts(outcomes),
+            spec_decode: None,
         }
     }
 
@@ -247,5 +300,33 @@ mod tests {
         let json = serde_json::to_value(&r).unwrap();
         assert_eq!(json["request_rate"], "inf");
         assert!(json["ttft_ms"].is_null());
+    }
+}
+
+#[cfg(test)]
+mod spec_decode_tests {
+    use super::SpecDecode;
+
+    #[test]
+    fn spec_counters_are_summed_over_nodes_and_taken_between_points() {
+        let before = "# TYPE strata_spec_decode_num_drafts_total counter\n\
+            strata_spec_decode_num_drafts_total{model_name=\"m\",node=\"a\"} 10\n\
+            strata_spec_decode_num_drafts_total{model_name=\"m\",node=\"b\"} 5\n\
+            strata_spec_decode_num_draft_tokens_total{model_name=\"m\"} 40\n\
+            strata_spec_decode_num_accepted_tokens_total{model_name=\"m\"} 20\n\
+            strata_spec_decode_num_drafts_totalx 99\n";
+        assert_eq!(SpecDecode::totals(before), [15.0, 40.0, 20.0]);
+        let after = "strata_spec_decode_num_drafts_total 25\n\
+            strata_spec_decode_num_draft_tokens_total 80\n\
+            strata_spec_decode_num_accepted_tokens_total 50\n";
+        let s = SpecDecode::between(SpecDecode::totals(before), SpecDecode::totals(after)).unwrap();
+        assert_eq!(
+            (s.drafts, s.draft_tokens, s.accepted_tokens),
+            (10.0, 40.0, 30.0)
+        );
+        assert_eq!(s.acceptance_rate, 0.75);
+        assert_eq!(s.mean_accepted_len, 4.0);
+        assert!(SpecDecode::between([1.0, 2.0, 3.0], [1.0, 2.0, 3.0]).is_none());
+        assert_eq!(SpecDecode::totals("strata_other 3\n"), [0.0; 3]);
     }
 }

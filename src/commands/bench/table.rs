@@ -89,6 +89,7 @@ mod tests {
             tpot_ms: None,
             e2e_ms: None,
             errors: Vec::new(),
+            spec_decode: None,
         };
         let ttft = Summary {
             mean: 12.0,
