@@ -192,13 +192,19 @@ impl Harness {
             backend.block_bytes(),
         )
         .unwrap();
-        let speculator = setup.speculative.map(|c| match setup.draft_seed {
-            Some(seed) => {
-                let draft = CpuModel::load(synthesized(seed)).unwrap();
-                let backend = CpuBackend::with_blocks(draft, BLOCK, 256);
-                Speculator::with_proposer(c, Box::new(DraftModelProposer::new(Box::new(backend))))
+        let speculator = setup.speculative.map(|c| {
+            match setup.draft_seed {
+                Some(seed) => {
+                    let draft = CpuModel::load(synthesized(seed)).unwrap();
+                    let backend = CpuBackend::with_blocks(draft, BLOCK, 256);
+                    Speculator::with_proposer(
+                        c,
+                        Box::new(DraftModelProposer::new(Box::new(backend))),
+                    )
+                }
+                None => Speculator::new(c).expect("a valid speculative config"),
             }
-            None => Speculator::new(c).expect("a valid speculative config"),
+            .unconditional()
         });
         let mut scheduler =
             Scheduler::new(setup.limits, manager, vec![], 256).with_speculation(speculator);
@@ -259,7 +265,11 @@ fn tokens(mut rx: UnboundedReceiver<TokenEvent>) -> Result<Vec<u32>, String> {
     while let Ok(event) = rx.try_recv() {
         match event {
             TokenEvent::Token { id, .. } => out.push(id),
-            TokenEvent::Finished { reason, .. } => assert_eq!(reason, FinishReason::Length),
+            // A stop token ends a request that has some (the speculative gates' do).
+            TokenEvent::Finished { reason, .. } => assert!(
+                matches!(reason, FinishReason::Length | FinishReason::Stop),
+                "{reason:?}"
+            ),
             TokenEvent::Failed { message } => return Err(message),
             TokenEvent::Embedding { .. } => return Err("an embedding for a generation".into()),
         }

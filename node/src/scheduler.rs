@@ -19,7 +19,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use crate::backend::{Backend, BackendError, HiddenRows, RowSampling, StepOutput, StepSeq};
 use crate::kv::{BlockHash, BlockId, BlockManager, KvError, block_hash, prompt_block_hashes};
-use crate::speculative::{Acceptance, ProposeInput, SpecCounters, Speculator};
+use crate::speculative::{Acceptance, ProposeInput, SpecCounters, Speculator, choose};
 
 /// Limits of one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -692,6 +692,9 @@ impl Scheduler {
             return Ok(());
         }
         let k = spec.config.num_speculative_tokens;
+        // A sequence not yet verified is expected to accept what the engine's have so far
+        // (smoothed: one rejection does not end speculation for everyone).
+        let prior = spec.counters.prior();
         let base_rows: usize = plan.iter().map(|p| p.chunk).sum();
         let mut budget = self.limits.max_batch_tokens.saturating_sub(base_rows);
         // (plan entry, longest draft it may take)
@@ -707,7 +710,7 @@ impl Scheduler {
             let room = self.context_window.saturating_sub(s.tokens.len());
             let max = s
                 .acceptance
-                .draft_len(k)
+                .draft_len(k, prior)
                 .min(left.saturating_sub(1))
                 .min(room);
             if max > 0 {
@@ -744,24 +747,19 @@ impl Scheduler {
                 valid.min(max)
             })
             .collect();
-        // The step's proposals pay, by the costs measured so far, or are halved until they do.
-        loop {
-            let extra: usize = lens.iter().sum();
-            if extra == 0 {
-                return Ok(());
-            }
-            let gained: f64 = candidates
+        // Only the proposals that pay, by the costs measured so far, stay in the step.
+        if spec.unconditional {
+            // (the gates' arm: every proposal verified, whatever it costs)
+        } else {
+            let mut drafts: Vec<(usize, f64)> = candidates
                 .iter()
                 .zip(&lens)
-                .map(|(&(i, _), &n)| {
-                    self.running[plan[i].index].acceptance.expected_tokens(n) - 1.0
-                })
-                .sum();
-            let base = decoding as f64;
-            if spec.cost.pays(base_rows, base, extra, base + gained) {
-                break;
+                .map(|(&(i, _), &n)| (n, self.running[plan[i].index].acceptance.rate(prior)))
+                .collect();
+            choose(&spec.cost, base_rows, decoding as f64, &mut drafts);
+            for (n, d) in lens.iter_mut().zip(drafts) {
+                *n = d.0;
             }
-            lens.iter_mut().for_each(|n| *n /= 2);
         }
         let bs = self.blocks.block_size();
         for (c, &(i, _)) in candidates.iter().enumerate() {
@@ -985,8 +983,9 @@ impl Scheduler {
                 }
                 if !draft.is_empty() {
                     let seq = &mut self.running[p.index];
-                    seq.acceptance.observe(draft.len(), accepted);
                     if let Some(spec) = self.speculator.as_mut() {
+                        seq.acceptance
+                            .observe(draft.len(), accepted, spec.counters.prior());
                         spec.counters.record(draft.len(), accepted);
                     }
                 }

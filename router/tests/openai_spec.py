@@ -75,8 +75,9 @@ def main() -> None:
          dict(prompt=copy, max_tokens=48, temperature=0.7, seed=5)),
     ]
     for name, run, kwargs in cases:
-        a = run(plain, model, **kwargs)
-        b = run(spec, model, **kwargs)
+        # Each choice's chunks in order (choices of n > 1 interleave as their steps come).
+        a = sorted(run(plain, model, **kwargs), key=lambda c: c[0])
+        b = sorted(run(spec, model, **kwargs), key=lambda c: c[0])
         assert len(a) > 2, f"{name}: too few chunks: {a}"
         assert a == b, f"{name}: speculative stream differs\nplain: {json.dumps(a)}\nspec:  {json.dumps(b)}"
         finish = [c[3] for c in a if c[3] is not None]

@@ -120,8 +120,10 @@ for name in ("gate", "speed"):
         for p in arm["points"]:
             print(f"  k={k} c={p['concurrency']}: identical={p['identical']} "
                   f"acceptance={p['acceptance_rate']:.3f} mean_len={p['mean_accepted_len']:.2f} "
-                  f"spec {p['spec']['output_tok_per_s']:.1f} tok/s vs plain "
-                  f"{p['plain']['output_tok_per_s']:.1f} = {p['speedup']:.2f}x")
+                  f"decode {p['spec']['decode_tok_per_s']:.1f} vs {p['plain']['decode_tok_per_s']:.1f} "
+                  f"tok/s per sequence = {p['decode_speedup']:.2f}x; output "
+                  f"{p['spec']['output_tok_per_s']:.1f} vs {p['plain']['output_tok_per_s']:.1f} "
+                  f"tok/s = {p['output_speedup']:.2f}x")
 def rate(path):
     try:
         r = json.load(open(path))

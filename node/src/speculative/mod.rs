@@ -25,7 +25,7 @@ mod gates;
 pub use config::{MAX_PROMPT_LOOKUP, MAX_SPECULATIVE_TOKENS, SpecMethod, SpeculativeConfig};
 pub use draft::DraftModelProposer;
 pub use ngram::NgramProposer;
-pub use policy::{Acceptance, StepCost};
+pub use policy::{Acceptance, StepCost, choose};
 
 /// One sequence asking for proposals.
 #[derive(Debug, Clone, Copy)]
@@ -100,6 +100,12 @@ impl SpecCounters {
         }
     }
 
+    /// The acceptance a sequence not yet verified is expected to have: accepted ÷ proposed
+    /// smoothed by one accepted and one rejected (1/2 before any proposal).
+    pub fn prior(&self) -> f64 {
+        (self.accepted_tokens as f64 + 1.0) / (self.draft_tokens as f64 + 2.0)
+    }
+
     /// Tokens committed per verification, the bonus or corrected token included.
     pub fn mean_accepted_len(&self) -> f64 {
         if self.drafts == 0 {
@@ -118,6 +124,8 @@ pub struct Speculator {
     pub(crate) counters: SpecCounters,
     /// Reused proposal buffers, one per sequence asking.
     pub(crate) drafts: Vec<Vec<u32>>,
+    /// Verify every proposal whatever it costs (the gates, which test identity, not policy).
+    pub(crate) unconditional: bool,
 }
 
 impl Speculator {
@@ -134,7 +142,14 @@ impl Speculator {
             cost: StepCost::default(),
             counters: SpecCounters::default(),
             drafts: Vec::new(),
+            unconditional: false,
         }
+    }
+
+    /// Every proposal verified, the cost policy off (for gates of identity).
+    pub fn unconditional(mut self) -> Self {
+        self.unconditional = true;
+        self
     }
 
     pub fn counters(&self) -> SpecCounters {

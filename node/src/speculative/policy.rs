@@ -7,50 +7,79 @@
 //! policy compares, with the costs it has measured, the tokens a step is expected to yield per
 //! second with and without the proposals, and keeps them only where they pay.
 
-/// Row-count buckets whose step time is measured: 1, 2, 4, … 2^(BUCKETS-1) rows and above.
-const BUCKETS: usize = 14;
+/// Row-count buckets whose step time is measured: 1, 2, 3, 4, 6, 8, 12, 16, … (each power of two
+/// and one and a half times it) up to 2^19 rows and above.
+const BUCKETS: usize = 40;
 
 /// Weight of a new sample in the moving averages.
 const WEIGHT: f64 = 0.2;
 
-/// The forward time of steps by their row count (power-of-two buckets), a moving average each.
+/// The forward time of steps by their row count, a moving average per bucket of the time and of
+/// the row count it was measured at.
 #[derive(Debug, Clone)]
 pub struct StepCost {
-    seconds: [f64; BUCKETS],
+    /// (rows, seconds) per bucket; rows 0 = not measured.
+    samples: [(f64, f64); BUCKETS],
 }
 
 impl Default for StepCost {
     fn default() -> Self {
         Self {
-            seconds: [0.0; BUCKETS],
+            samples: [(0.0, 0.0); BUCKETS],
         }
     }
 }
 
 fn bucket(rows: usize) -> usize {
-    (usize::BITS - rows.max(1).leading_zeros() - 1).min(BUCKETS as u32 - 1) as usize
+    let rows = rows.max(1);
+    let log = (usize::BITS - rows.leading_zeros() - 1) as usize;
+    // Above 2^log, the upper half starts at 1.5 × 2^log.
+    let upper = log > 0 && rows >= 3 << (log - 1);
+    (2 * log + usize::from(upper)).min(BUCKETS - 1)
+}
+
+fn fold(avg: f64, sample: f64) -> f64 {
+    if avg == 0.0 {
+        sample
+    } else {
+        avg * (1.0 - WEIGHT) + sample * WEIGHT
+    }
 }
 
 impl StepCost {
     /// Folds in a step of `rows` rows that took `seconds` in the backend.
     pub fn observe(&mut self, rows: usize, seconds: f64) {
-        let s = &mut self.seconds[bucket(rows)];
-        *s = if *s == 0.0 {
-            seconds
-        } else {
-            *s * (1.0 - WEIGHT) + seconds * WEIGHT
-        };
+        let (r, s) = &mut self.samples[bucket(rows)];
+        *r = fold(*r, rows as f64);
+        *s = fold(*s, seconds);
     }
 
-    /// The expected time of a step of `rows` rows: its bucket's measurement, else the nearest
-    /// measured bucket below (unmeasured sizes are assumed as cheap, so they get tried and
-    /// measured), else `None`.
+    /// The expected time of a step of `rows` rows: interpolated between the measured row counts
+    /// around it; below the smallest, the smallest's; above the largest, extended along the
+    /// slope of the two largest (flat with one measurement, so a larger step gets tried and
+    /// measured). `None` before any measurement.
     pub fn estimate(&self, rows: usize) -> Option<f64> {
-        self.seconds[..=bucket(rows)]
-            .iter()
-            .rev()
-            .copied()
-            .find(|&s| s > 0.0)
+        let rows = rows as f64;
+        let measured = self.samples.iter().copied().filter(|&(r, _)| r > 0.0);
+        let mut below: Option<(f64, f64)> = None;
+        let mut before_below: Option<(f64, f64)> = None;
+        for (r, s) in measured {
+            if r <= rows {
+                before_below = below;
+                below = Some((r, s));
+            } else {
+                return Some(match below {
+                    // Between two measurements: interpolate.
+                    Some((r0, s0)) => s0 + (s - s0) * (rows - r0) / (r - r0),
+                    None => s,
+                });
+            }
+        }
+        let (r1, s1) = below?;
+        Some(match before_below {
+            Some((r0, s0)) if r1 > r0 => s1 + ((s1 - s0) / (r1 - r0)).max(0.0) * (rows - r1),
+            _ => s1,
+        })
     }
 
     /// Whether a step of `base` rows yielding `base_tokens` tokens is outdone by one of
@@ -63,37 +92,76 @@ impl StepCost {
     }
 }
 
-/// One sequence's acceptance: a moving average of the share of proposed tokens accepted.
-#[derive(Debug, Clone, Copy)]
-pub struct Acceptance {
-    rate: f64,
-}
-
-impl Default for Acceptance {
-    /// Optimistic until measured: a new sequence proposes the configured length.
-    fn default() -> Self {
-        Self { rate: 1.0 }
+/// The proposals a step keeps. `drafts[i]` is a sequence's proposal length and its acceptance
+/// rate; on return the lengths kept (0: none). Proposals are taken in order of expected tokens
+/// per row, and the step keeps the prefix of that order that yields the most tokens per second
+/// by `cost`, if any beats the step without proposals (`base_rows` rows yielding `base_tokens`);
+/// when none does, the lengths are halved and tried again.
+pub fn choose(cost: &StepCost, base_rows: usize, base_tokens: f64, drafts: &mut [(usize, f64)]) {
+    let gain = |(n, a): (usize, f64)| (1..=n).map(|i| a.powi(i as i32)).sum::<f64>();
+    let Some(without) = cost.estimate(base_rows) else {
+        return; // nothing measured yet: try them all
+    };
+    let mut order: Vec<usize> = (0..drafts.len()).collect();
+    while drafts.iter().any(|d| d.0 > 0) {
+        let per_row = |i: usize| gain(drafts[i]) / drafts[i].0.max(1) as f64;
+        order.sort_by(|&a, &b| per_row(b).total_cmp(&per_row(a)));
+        let mut best = (base_tokens / without, 0);
+        let (mut rows, mut tokens) = (base_rows, base_tokens);
+        for (taken, &i) in order.iter().enumerate() {
+            if drafts[i].0 == 0 {
+                break;
+            }
+            rows += drafts[i].0;
+            tokens += gain(drafts[i]);
+            let rate = tokens / cost.estimate(rows).unwrap_or(without);
+            if rate > best.0 {
+                best = (rate, taken + 1);
+            }
+        }
+        if best.1 > 0 {
+            for &i in &order[best.1..] {
+                drafts[i].0 = 0;
+            }
+            return;
+        }
+        drafts.iter_mut().for_each(|d| d.0 /= 2);
     }
 }
 
+/// One sequence's acceptance: a moving average of the share of proposed tokens accepted.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Acceptance {
+    /// `None` until this sequence's first verification: the engine's rate stands in.
+    rate: Option<f64>,
+}
+
 impl Acceptance {
-    pub fn observe(&mut self, proposed: usize, accepted: usize) {
+    /// Folds in a verification; the first one starts from `prior` (the engine's rate), so one
+    /// unlucky verification does not end a sequence's speculation.
+    pub fn observe(&mut self, proposed: usize, accepted: usize, prior: f64) {
         if proposed > 0 {
             let sample = accepted as f64 / proposed as f64;
-            self.rate = self.rate * (1.0 - WEIGHT) + sample * WEIGHT;
+            let rate = self.rate.unwrap_or(prior);
+            self.rate = Some(rate * (1.0 - WEIGHT) + sample * WEIGHT);
         }
+    }
+
+    /// The share accepted: this sequence's, or `prior` (the engine's so far) before it has one.
+    pub fn rate(&self, prior: f64) -> f64 {
+        self.rate.unwrap_or(prior).clamp(0.0, 1.0)
     }
 
     /// The draft length for this sequence: the configured `k` scaled by its acceptance, at
     /// least 1 (a proposal of one costs one row and keeps the measurement alive).
-    pub fn draft_len(&self, k: usize) -> usize {
-        ((k as f64 * self.rate).ceil() as usize).clamp(1, k)
+    pub fn draft_len(&self, k: usize, prior: f64) -> usize {
+        ((k as f64 * self.rate(prior)).ceil() as usize).clamp(1, k)
     }
 
     /// Tokens a verification of `k` proposals is expected to commit, the bonus or corrected
     /// token included: `1 + a + a² + … + a^k` for per-token acceptance `a`.
-    pub fn expected_tokens(&self, k: usize) -> f64 {
-        let a = self.rate.clamp(0.0, 1.0);
+    pub fn expected_tokens(&self, k: usize, prior: f64) -> f64 {
+        let a = self.rate(prior);
         (0..=k).map(|i| a.powi(i as i32)).sum()
     }
 }
@@ -103,36 +171,82 @@ mod tests {
     use super::*;
 
     #[test]
-    fn costs_are_bucketed_and_unmeasured_sizes_borrow_the_size_below() {
+    fn buckets_split_each_power_of_two_at_one_and_a_half() {
+        let b: Vec<usize> = [1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 64, 96, 127, 128]
+            .map(bucket)
+            .to_vec();
+        assert_eq!(b, vec![0, 2, 3, 4, 4, 5, 5, 6, 7, 8, 12, 13, 13, 14]);
+        assert_eq!(bucket(usize::MAX), BUCKETS - 1);
+    }
+
+    #[test]
+    fn costs_are_interpolated_and_extended_along_the_last_slope() {
         let mut c = StepCost::default();
         assert_eq!(c.estimate(8), None);
         assert!(c.pays(8, 8.0, 8, 9.0), "nothing measured: try it");
         c.observe(8, 0.010);
-        assert_eq!(c.estimate(15), Some(0.010));
-        assert_eq!(c.estimate(4), None);
-        c.observe(16, 0.030);
-        assert_eq!(c.estimate(16), Some(0.030));
-        // 8 rows give 8 tokens in 10 ms; 16 rows must give more than 24 tokens in 30 ms.
-        assert!(!c.pays(8, 8.0, 8, 20.0));
-        assert!(c.pays(8, 8.0, 8, 25.0));
-        c.observe(16, 0.040);
-        assert!((c.estimate(16).unwrap() - 0.032).abs() < 1e-12);
+        assert_eq!(c.estimate(4), Some(0.010));
+        assert_eq!(c.estimate(200), Some(0.010), "one measurement: flat");
+        c.observe(64, 0.024);
+        // Between 8 and 64 rows: linear.
+        assert!((c.estimate(36).unwrap() - 0.017).abs() < 1e-12);
+        // Past 64: along the slope of 0.25 ms per row.
+        assert!((c.estimate(192).unwrap() - 0.056).abs() < 1e-12);
+        // 64 rows give 64 tokens in 24 ms; 192 rows must give more than 149 tokens in 56 ms.
+        assert!(!c.pays(64, 64.0, 128, 112.0));
+        assert!(c.pays(64, 64.0, 128, 150.0));
+        c.observe(64, 0.034);
+        assert!((c.estimate(64).unwrap() - 0.026).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_step_keeps_the_proposals_that_pay_best_first() {
+        let mut c = StepCost::default();
+        let mut drafts = [(4, 0.9), (4, 0.1)];
+        choose(&c, 2, 2.0, &mut drafts);
+        assert_eq!(drafts, [(4, 0.9), (4, 0.1)], "nothing measured: all tried");
+        // Memory-bound: rows nearly free up to 16, then a quarter of a millisecond per row.
+        c.observe(2, 0.010);
+        c.observe(16, 0.0105);
+        c.observe(64, 0.0225);
+        let mut drafts = [(4, 0.9), (4, 0.1)];
+        choose(&c, 2, 2.0, &mut drafts);
+        assert_eq!(
+            drafts,
+            [(4, 0.9), (4, 0.1)],
+            "free rows: even the poor one pays"
+        );
+        // 60 sequences already in the step: the rows cost their share, the poor draft never
+        // pays, the good one does.
+        let mut drafts = [(4, 0.1), (4, 0.95)];
+        choose(&c, 60, 60.0, &mut drafts);
+        assert_eq!(drafts, [(0, 0.1), (4, 0.95)]);
+        // Nothing pays when every extra row costs more than it brings: all dropped.
+        let mut drafts = [(4, 0.2), (2, 0.3)];
+        choose(&c, 64, 64.0, &mut drafts);
+        assert_eq!(drafts.map(|d| d.0), [0, 0]);
     }
 
     #[test]
     fn acceptance_scales_the_draft_and_the_expectation() {
         let mut a = Acceptance::default();
-        assert_eq!(a.draft_len(5), 5);
-        assert_eq!(a.expected_tokens(3), 4.0);
+        assert_eq!(a.draft_len(5, 1.0), 5);
+        assert_eq!(a.draft_len(5, 0.2), 1, "the engine's rate stands in");
+        assert_eq!(a.expected_tokens(3, 1.0), 4.0);
+        a.observe(4, 0, 0.5);
+        assert_eq!(
+            a.draft_len(5, 1.0),
+            2,
+            "its own rate, from the prior, once measured"
+        );
         for _ in 0..40 {
-            a.observe(4, 0);
+            a.observe(4, 0, 0.5);
         }
-        assert_eq!(a.draft_len(5), 1);
-        assert!(a.expected_tokens(5) < 1.01);
+        assert!(a.expected_tokens(5, 1.0) < 1.01);
         for _ in 0..40 {
-            a.observe(4, 2);
+            a.observe(4, 2, 0.5);
         }
-        assert_eq!(a.draft_len(4), 2);
-        assert!((a.expected_tokens(2) - 1.75).abs() < 0.01);
+        assert_eq!(a.draft_len(4, 0.0), 2);
+        assert!((a.expected_tokens(2, 0.0) - 1.75).abs() < 0.01);
     }
 }

@@ -87,8 +87,8 @@ const CHAT_QUESTIONS: [&str; 6] = [
 struct Point {
     outputs: Vec<Vec<u32>>,
     seconds: f64,
-    /// Per request: seconds from its first token to its last ÷ tokens after the first.
-    tpot: Vec<f64>,
+    /// Per request: seconds from its first token to its last.
+    decode_s: Vec<f64>,
 }
 
 impl Point {
@@ -96,13 +96,32 @@ impl Point {
         self.outputs.iter().map(Vec::len).sum()
     }
 
+    /// Tokens per second of one sequence's decoding: the tokens after each request's first
+    /// over the time from its first token to its last, summed over requests (prefill and
+    /// queueing excluded).
+    fn decode_rate(&self) -> f64 {
+        let tokens: usize = self.outputs.iter().map(|o| o.len().saturating_sub(1)).sum();
+        tokens as f64 / self.decode_s.iter().sum::<f64>().max(1e-9)
+    }
+
+    /// Output tokens per second of the whole point, prefill included.
+    fn output_rate(&self) -> f64 {
+        self.tokens() as f64 / self.seconds
+    }
+
     fn summary(&self) -> Value {
-        let mut tpot = self.tpot.clone();
+        let mut tpot: Vec<f64> = self
+            .outputs
+            .iter()
+            .zip(&self.decode_s)
+            .map(|(o, s)| s / o.len().saturating_sub(1).max(1) as f64)
+            .collect();
         tpot.sort_by(f64::total_cmp);
         json!({
             "output_tokens": self.tokens(),
             "seconds": self.seconds,
-            "output_tok_per_s": self.tokens() as f64 / self.seconds,
+            "output_tok_per_s": self.output_rate(),
+            "decode_tok_per_s": self.decode_rate(),
             "tpot_ms_median": tpot.get(tpot.len() / 2).map(|s| s * 1e3),
         })
     }
@@ -153,8 +172,16 @@ pub fn run(args: SpecArgs) -> Result<()> {
     let mut arms = Vec::new();
     let mut identical = true;
     println!(
-        "{:>4} {:>5} {:>9} {:>11} {:>10} {:>10} {:>8} {:>9}",
-        "k", "conc", "identical", "acceptance", "mean len", "tok/s", "plain", "speedup"
+        "{:>4} {:>5} {:>9} {:>10} {:>8} {:>11} {:>11} {:>8} {:>8}",
+        "k",
+        "conc",
+        "identical",
+        "acceptance",
+        "mean len",
+        "decode/seq",
+        "plain",
+        "decode x",
+        "output x"
     );
     for config in &configs {
         let spec = EngineSpec {
@@ -171,17 +198,17 @@ pub fn run(args: SpecArgs) -> Result<()> {
             before = counters;
             let same = point.outputs == base.outputs;
             identical &= same;
-            let rate = |p: &Point| p.tokens() as f64 / p.seconds;
             println!(
-                "{:>4} {:>5} {:>9} {:>11.3} {:>10.2} {:>10.1} {:>8.1} {:>8.2}x",
+                "{:>4} {:>5} {:>9} {:>10.3} {:>8.2} {:>11.1} {:>11.1} {:>7.2}x {:>7.2}x",
                 config.num_speculative_tokens,
                 c,
                 same,
                 delta.acceptance_rate(),
                 delta.mean_accepted_len(),
-                rate(&point),
-                rate(base),
-                rate(&point) / rate(base),
+                point.decode_rate(),
+                base.decode_rate(),
+                point.decode_rate() / base.decode_rate(),
+                point.output_rate() / base.output_rate(),
             );
             points.push(json!({
                 "concurrency": c,
@@ -191,7 +218,8 @@ pub fn run(args: SpecArgs) -> Result<()> {
                     .collect::<Vec<_>>(),
                 "spec": point.summary(),
                 "plain": base.summary(),
-                "speedup": rate(&point) / rate(base),
+                "decode_speedup": point.decode_rate() / base.decode_rate(),
+                "output_speedup": point.output_rate() / base.output_rate(),
                 "drafts": delta.drafts,
                 "draft_tokens": delta.draft_tokens,
                 "accepted_tokens": delta.accepted_tokens,
@@ -329,7 +357,7 @@ fn token_prompt(i: usize, vocab: usize) -> Vec<u32> {
     [head, stretch.clone(), mid, stretch].concat()
 }
 
-/// A finished request: its index, tokens and time per output token.
+/// A finished request: its index, tokens and seconds from its first token to its last.
 type Done = (usize, Vec<u32>, f64);
 
 /// Runs `requests` with `concurrency` in flight (closed loop), in request order.
@@ -346,8 +374,8 @@ fn serve(engine: &Engine, requests: &[GenerateRequest], concurrency: usize) -> R
                         let Some(request) = requests.get(i) else {
                             return Ok(done);
                         };
-                        let (ids, tpot) = generate(engine, request.clone())?;
-                        done.push((i, ids, tpot));
+                        let (ids, decode_s) = generate(engine, request.clone())?;
+                        done.push((i, ids, decode_s));
                     }
                 })
             })
@@ -362,21 +390,21 @@ fn serve(engine: &Engine, requests: &[GenerateRequest], concurrency: usize) -> R
     });
     let seconds = started.elapsed().as_secs_f64();
     let mut outputs = vec![Vec::new(); requests.len()];
-    let mut tpot = Vec::new();
+    let mut decode_s = Vec::new();
     for done in results {
         for (i, ids, t) in done? {
             outputs[i] = ids;
-            tpot.push(t);
+            decode_s.push(t);
         }
     }
     Ok(Point {
         outputs,
         seconds,
-        tpot,
+        decode_s,
     })
 }
 
-/// One request's tokens and its time per output token after the first.
+/// One request's tokens and the seconds from its first token to its last.
 fn generate(engine: &Engine, request: GenerateRequest) -> Result<(Vec<u32>, f64)> {
     let mut stream = engine.submit(request)?;
     let mut ids = Vec::new();
@@ -393,6 +421,5 @@ fn generate(engine: &Engine, request: GenerateRequest) -> Result<(Vec<u32>, f64)
         }
     }
     let after_first = first.map_or(Duration::ZERO, |f| f.elapsed());
-    let tpot = after_first.as_secs_f64() / ids.len().saturating_sub(1).max(1) as f64;
-    Ok((ids, tpot))
+    Ok((ids, after_first.as_secs_f64()))
 }
