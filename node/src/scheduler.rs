@@ -674,8 +674,8 @@ impl Scheduler {
     /// Appends proposals to the decoding sequences of `plan` where they are expected to pay:
     /// each sequence's draft length follows its acceptance, within its `max_tokens`, the
     /// context window, the step's token budget and the blocks obtainable without preempting
-    /// anyone; the step's proposals are halved until the measured cost of the wider step says
-    /// they yield more tokens per second than the step without them.
+    /// anyone; of those, the step keeps the ones that raise its expected tokens per second by the
+    /// measured cost of steps of that many rows ([`choose`]).
     fn speculate(
         &mut self,
         plan: &mut [Planned],
