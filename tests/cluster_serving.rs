@@ -462,13 +462,18 @@ fn nodes_hold_their_admission_limit_and_the_router_places_the_rest() {
 /// first text, and returns, per stream, whether it ended with the fault-free run's text, and the
 /// router's metrics.
 fn streams_across_a_node_kill(router_args: &[&str]) -> (Vec<bool>, String) {
-    streams_across_a_node_fault(router_args, "KILL")
+    streams_across_a_node_fault(router_args, &[], "KILL")
 }
 
 /// [`streams_across_a_node_kill`] with the node sent `signal` instead: `STOP` leaves it hung,
-/// its connection silent, for the router to notice by the connection's idle timeout.
-fn streams_across_a_node_fault(router_args: &[&str], signal: &str) -> (Vec<bool>, String) {
-    let cluster = start_cluster_with(3, router_args);
+/// its connection silent, for the router to notice by the connection's idle timeout. The nodes
+/// take `node_args`; the fault-free reference is a plain `strata serve`.
+fn streams_across_a_node_fault(
+    router_args: &[&str],
+    node_args: &[&str],
+    signal: &str,
+) -> (Vec<bool>, String) {
+    let cluster = start_cluster_full(3, router_args, node_args);
     let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
     let reference_addr = reference.address("on http://");
     const TOKENS: u32 = 600;
@@ -607,7 +612,12 @@ fn a_rolling_restart_of_every_node_under_long_streams_ends_none_of_them() {
 
 /// Every one of the 32 streams survives `signal` sent to a node, and some failed over.
 fn assert_streams_survive(signal: &str) {
-    let (same, metrics) = streams_across_a_node_fault(&[], signal);
+    assert_streams_survive_on(&[], signal);
+}
+
+/// [`assert_streams_survive`] with every node started with `node_args`.
+fn assert_streams_survive_on(node_args: &[&str], signal: &str) {
+    let (same, metrics) = streams_across_a_node_fault(&[], node_args, signal);
     let broken: Vec<usize> = (0..same.len()).filter(|&i| !same[i]).collect();
     assert!(
         broken.is_empty(),
@@ -623,6 +633,21 @@ fn assert_streams_survive(signal: &str) {
 fn sigkill_of_a_node_under_32_streams_breaks_none_of_them() {
     let _serial = serial();
     assert_streams_survive("KILL");
+}
+
+/// Speculating nodes (n-gram, k = 4), one SIGKILLed mid-stream: every stream continues on
+/// another node and ends with the text of a plain, fault-free `strata serve` — the greedy and the
+/// seeded sampled ones alike (the run-spec gate's failover arm).
+#[test]
+fn sigkill_of_a_speculating_node_under_32_streams_matches_plain_decoding() {
+    let _serial = serial();
+    assert_streams_survive_on(
+        &[
+            "--speculative-config",
+            r#"{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}"#,
+        ],
+        "KILL",
+    );
 }
 
 #[test]
