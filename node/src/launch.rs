@@ -213,7 +213,13 @@ pub fn start_cuda_engine(
     placement: &CudaPlacement,
     spec: &EngineSpec,
 ) -> Result<(Engine, ServingParts), ModelLoadError> {
-    let draft = draft_backend(spec)?;
+    // The draft runs on the placement's (one) device, beside its target.
+    let draft_spec = EngineSpec {
+        device: Device::Cuda(placement.devices.first().copied().unwrap_or(0)),
+        tp: placement.devices.len().max(1),
+        ..spec.clone()
+    };
+    let draft = draft_backend(&draft_spec)?;
     let built = build_cuda_backend(dir, placement, spec)?;
     start_parts(built, spec, dir, draft)
 }
