@@ -656,6 +656,19 @@ fn with_model_label(text: &str, model: &str) -> String {
     out
 }
 
+/// `name{labels}`: the sample's node label first, then `extra` (either may be empty).
+fn sample(name: &str, node: &str, extra: &str) -> String {
+    let labels: Vec<&str> = [node, extra]
+        .into_iter()
+        .filter(|l| !l.is_empty())
+        .collect();
+    if labels.is_empty() {
+        name.to_string()
+    } else {
+        format!("{name}{{{}}}", labels.join(","))
+    }
+}
+
 /// Engine gauges: the local engine's load (`node` empty), or each node's last report to a
 /// router (labelled `node="ADDR"`): sequences, KV use, preemptions and the KV tiers' traffic. Each
 /// family is written once, with a sample per load.
@@ -663,18 +676,6 @@ fn render_engine_loads(out: &mut String, loads: &[(String, strata_node::schedule
     if loads.is_empty() {
         return;
     }
-    // `name{labels}`, the load's node label first.
-    let sample = |name: &str, node: &str, extra: &str| {
-        let labels: Vec<&str> = [node, extra]
-            .into_iter()
-            .filter(|l| !l.is_empty())
-            .collect();
-        if labels.is_empty() {
-            name.to_string()
-        } else {
-            format!("{name}{{{}}}", labels.join(","))
-        }
-    };
     let nodes: Vec<(String, &strata_node::scheduler::EngineLoad)> = loads
         .iter()
         .map(|(addr, load)| {
@@ -800,17 +801,6 @@ fn render_spec_decode(out: &mut String, nodes: &[(String, &strata_node::schedule
     if nodes.iter().all(|(_, l)| l.spec.drafts == 0) {
         return;
     }
-    let sample = |name: &str, node: &str, extra: &str| {
-        let labels: Vec<&str> = [node, extra]
-            .into_iter()
-            .filter(|l| !l.is_empty())
-            .collect();
-        if labels.is_empty() {
-            name.to_string()
-        } else {
-            format!("{name}{{{}}}", labels.join(","))
-        }
-    };
     type Count = fn(&strata_node::speculative::SpecCounters) -> u64;
     let counters: [(&str, &str, Count); 3] = [
         (

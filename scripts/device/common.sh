@@ -25,3 +25,15 @@ synth_bench_model() {
         { echo "synth FAILED"; cat "$OUT/logs/synth.log"; exit 1; }
     cat "$MODEL"/*.safetensors >/dev/null
 }
+
+# Waits up to 5 minutes for the server on port $1 (process $2) to answer /health; fails at once
+# if the process ends first.
+wait_healthy() {
+    local port=$1 pid=$2
+    for _ in $(seq 600); do
+        curl -sf "http://127.0.0.1:$port/health" >/dev/null && return 0
+        kill -0 "$pid" 2>/dev/null || return 1
+        sleep 0.5
+    done
+    return 1
+}

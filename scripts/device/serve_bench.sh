@@ -68,13 +68,7 @@ serve_and_bench() { # name binary extra-serve-args...
     local t0=$SECONDS
     "$bin" serve --model "$MODEL" --device cuda:0 --port $PORT "$@" >"$OUT/logs/serve-$name.log" 2>&1 &
     local pid=$!
-    local up=0
-    for _ in $(seq 600); do
-        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && { up=1; break; }
-        kill -0 $pid 2>/dev/null || break
-        sleep 0.5
-    done
-    if [[ $up != 1 ]]; then
+    if ! wait_healthy "$PORT" $pid; then
         echo "serve ($name) did not come up"; tail -20 "$OUT/logs/serve-$name.log"; failed=1; return
     fi
     echo "{\"name\": \"$name\", \"ready_s\": $((SECONDS - t0))}" >"$OUT/ready-$name.json"

@@ -83,13 +83,8 @@ serve_point() { # arm extra-serve-args...
     shift
     "$BIN" serve --model "$MODEL" --device "$DEVICE" --port "$PORT" --kv-cache-mib 8192 "$@" \
         >"$OUT/logs/serve-$arm.log" 2>&1 &
-    local pid=$! up=0
-    for _ in $(seq 600); do
-        curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && { up=1; break; }
-        kill -0 $pid 2>/dev/null || break
-        sleep 0.5
-    done
-    if [[ $up != 1 ]]; then
+    local pid=$!
+    if ! wait_healthy "$PORT" $pid; then
         echo "serve ($arm) did not come up"; tail -20 "$OUT/logs/serve-$arm.log"; failed=1; return
     fi
     for c in ${SERVE_CONC//,/ }; do

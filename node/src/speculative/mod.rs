@@ -147,7 +147,8 @@ impl Speculator {
     }
 
     /// Every proposal verified, the cost policy off (for gates of identity).
-    pub fn unconditional(mut self) -> Self {
+    #[cfg(test)]
+    pub(crate) fn unconditional(mut self) -> Self {
         self.unconditional = true;
         self
     }

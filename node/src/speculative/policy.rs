@@ -81,15 +81,12 @@ impl StepCost {
             _ => s1,
         })
     }
+}
 
-    /// Whether a step of `base` rows yielding `base_tokens` tokens is outdone by one of
-    /// `base + extra` rows expected to yield `with_tokens`, in tokens per second.
-    pub fn pays(&self, base: usize, base_tokens: f64, extra: usize, with_tokens: f64) -> bool {
-        match (self.estimate(base), self.estimate(base + extra)) {
-            (Some(without), Some(with)) => with_tokens * without > base_tokens * with,
-            _ => true,
-        }
-    }
+/// Proposals a verification of `n` is expected to have accepted at per-token acceptance `a`:
+/// `a + a² + … + aⁿ` (a proposal counts only if every one before it was accepted).
+pub fn expected_accepted(n: usize, a: f64) -> f64 {
+    (1..=n).map(|i| a.powi(i as i32)).sum()
 }
 
 /// The proposals a step keeps. `drafts[i]` is a sequence's proposal length and its acceptance
@@ -98,7 +95,7 @@ impl StepCost {
 /// by `cost`, if any beats the step without proposals (`base_rows` rows yielding `base_tokens`);
 /// when none does, the lengths are halved and tried again.
 pub fn choose(cost: &StepCost, base_rows: usize, base_tokens: f64, drafts: &mut [(usize, f64)]) {
-    let gain = |(n, a): (usize, f64)| (1..=n).map(|i| a.powi(i as i32)).sum::<f64>();
+    let gain = |(n, a): (usize, f64)| expected_accepted(n, a);
     let Some(without) = cost.estimate(base_rows) else {
         return; // nothing measured yet: try them all
     };
@@ -157,13 +154,6 @@ impl Acceptance {
     pub fn draft_len(&self, k: usize, prior: f64) -> usize {
         ((k as f64 * self.rate(prior)).ceil() as usize).clamp(1, k)
     }
-
-    /// Tokens a verification of `k` proposals is expected to commit, the bonus or corrected
-    /// token included: `1 + a + a² + … + a^k` for per-token acceptance `a`.
-    pub fn expected_tokens(&self, k: usize, prior: f64) -> f64 {
-        let a = self.rate(prior);
-        (0..=k).map(|i| a.powi(i as i32)).sum()
-    }
 }
 
 #[cfg(test)]
@@ -183,7 +173,6 @@ mod tests {
     fn costs_are_interpolated_and_extended_along_the_last_slope() {
         let mut c = StepCost::default();
         assert_eq!(c.estimate(8), None);
-        assert!(c.pays(8, 8.0, 8, 9.0), "nothing measured: try it");
         c.observe(8, 0.010);
         assert_eq!(c.estimate(4), Some(0.010));
         assert_eq!(c.estimate(200), Some(0.010), "one measurement: flat");
@@ -192,9 +181,6 @@ mod tests {
         assert!((c.estimate(36).unwrap() - 0.017).abs() < 1e-12);
         // Past 64: along the slope of 0.25 ms per row.
         assert!((c.estimate(192).unwrap() - 0.056).abs() < 1e-12);
-        // 64 rows give 64 tokens in 24 ms; 192 rows must give more than 149 tokens in 56 ms.
-        assert!(!c.pays(64, 64.0, 128, 112.0));
-        assert!(c.pays(64, 64.0, 128, 150.0));
         c.observe(64, 0.034);
         assert!((c.estimate(64).unwrap() - 0.026).abs() < 1e-12);
     }
@@ -232,7 +218,7 @@ mod tests {
         let mut a = Acceptance::default();
         assert_eq!(a.draft_len(5, 1.0), 5);
         assert_eq!(a.draft_len(5, 0.2), 1, "the engine's rate stands in");
-        assert_eq!(a.expected_tokens(3, 1.0), 4.0);
+        assert_eq!(expected_accepted(3, a.rate(1.0)), 3.0);
         a.observe(4, 0, 0.5);
         assert_eq!(
             a.draft_len(5, 1.0),
@@ -242,11 +228,11 @@ mod tests {
         for _ in 0..40 {
             a.observe(4, 0, 0.5);
         }
-        assert!(a.expected_tokens(5, 1.0) < 1.01);
+        assert!(expected_accepted(5, a.rate(1.0)) < 0.01);
         for _ in 0..40 {
             a.observe(4, 2, 0.5);
         }
         assert_eq!(a.draft_len(4, 0.0), 2);
-        assert!((a.expected_tokens(2, 0.0) - 1.75).abs() < 0.01);
+        assert!((expected_accepted(2, a.rate(0.0)) - 0.75).abs() < 0.01);
     }
 }

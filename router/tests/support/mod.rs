@@ -112,31 +112,49 @@ pub fn serve_while<T>(config: &ServeConfig, access: Access, run: impl FnOnce(u16
     out
 }
 
-/// [`run_sdk_script`] against a server presented as `server` says.
-#[allow(dead_code)] // each test crate includes this module; not all use every helper
-pub fn run_sdk_script_on(marker: &str, script: &str, base_path: &str, server: &SdkServer) {
-    let packages = python_packages(marker);
-    let model_dir = tempfile::tempdir().unwrap();
-    // A window that holds the synthesized template's tool instructions (~270 tokens).
+/// The SDK tests' model, a tiny synthesized Qwen3, written into `dir`; returns its context
+/// window, which holds the synthesized template's tool instructions (~270 tokens).
+fn synth_sdk_model(dir: &Path) -> usize {
     let spec = SynthSpec {
         max_position: 1024,
         ..SynthSpec::tiny(Architecture::Qwen3, 1)
     };
-    let window = spec.max_position;
-    synthesize(&spec, model_dir.path(), None).unwrap();
-    let config = ServeConfig {
-        model_dir: model_dir.path().to_path_buf(),
+    synthesize(&spec, dir, None).unwrap();
+    spec.max_position
+}
+
+/// The SDK tests' server of the model in `dir`, served as `tiny-qwen3` on a free port, with
+/// `speculative` decoding when given.
+fn sdk_serve_config(
+    dir: &Path,
+    speculative: Option<strata_node::speculative::SpeculativeConfig>,
+) -> ServeConfig {
+    ServeConfig {
+        model_dir: dir.to_path_buf(),
         model_name: "tiny-qwen3".into(),
         owned_by: "strata (test)".into(),
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
         engine: EngineSpec {
             kv: KvBudget::Bytes(16 << 20),
+            speculative,
             ..EngineSpec::default()
         },
+        options: ServingOptions::default(),
+    }
+}
+
+/// [`run_sdk_script`] against a server presented as `server` says.
+#[allow(dead_code)] // each test crate includes this module; not all use every helper
+pub fn run_sdk_script_on(marker: &str, script: &str, base_path: &str, server: &SdkServer) {
+    let packages = python_packages(marker);
+    let model_dir = tempfile::tempdir().unwrap();
+    let window = synth_sdk_model(model_dir.path());
+    let config = ServeConfig {
         options: ServingOptions {
             aliases: server.aliases.iter().map(|a| a.to_string()).collect(),
             ..ServingOptions::default()
         },
+        ..sdk_serve_config(model_dir.path(), None)
     };
     let access = Access {
         api_key: server.api_key.map(|k| ApiKey::new(k).unwrap()),
@@ -189,23 +207,8 @@ pub fn run_sdk_script_on_pair(
 ) {
     let packages = python_packages(marker);
     let model_dir = tempfile::tempdir().unwrap();
-    let spec = SynthSpec {
-        max_position: 1024,
-        ..SynthSpec::tiny(Architecture::Qwen3, 1)
-    };
-    synthesize(&spec, model_dir.path(), None).unwrap();
-    let config = |speculative| ServeConfig {
-        model_dir: model_dir.path().to_path_buf(),
-        model_name: "tiny-qwen3".into(),
-        owned_by: "strata (test)".into(),
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        engine: EngineSpec {
-            kv: KvBudget::Bytes(16 << 20),
-            speculative,
-            ..EngineSpec::default()
-        },
-        options: ServingOptions::default(),
-    };
+    synth_sdk_model(model_dir.path());
+    let config = |speculative| sdk_serve_config(model_dir.path(), speculative);
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests")
         .join(script);

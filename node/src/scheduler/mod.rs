@@ -8,18 +8,23 @@
 //! (full ones stay cached, so the recompute is mostly prefix hits) and it waits again at its
 //! arrival rank, its sampler state intact — so its output is the same as if it never stopped.
 
+mod draws;
+mod speculation;
+
 use std::collections::VecDeque;
 use std::time::Instant;
 
 use strata_model::grammar::ConstrainedDecoder;
-use strata_model::sampler::{RowPlan, Sampler, SamplerError};
+use strata_model::sampler::{RowPlan, Sampler};
 use strata_model::stop::is_stop_token;
 use strata_protocol::{FinishReason, GenerateRequest, Pooling, TokenEvent, Usage};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::backend::{Backend, BackendError, HiddenRows, RowSampling, StepOutput, StepSeq};
 use crate::kv::{BlockHash, BlockId, BlockManager, KvError, block_hash, prompt_block_hashes};
-use crate::speculative::{Acceptance, ProposeInput, SpecCounters, Speculator, choose};
+use crate::speculative::{Acceptance, SpecCounters, Speculator};
+
+use draws::Outputs;
 
 /// Limits of one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -671,121 +676,6 @@ impl Scheduler {
         Ok(plan)
     }
 
-    /// Appends proposals to the decoding sequences of `plan` where they are expected to pay:
-    /// each sequence's draft length follows its acceptance, within its `max_tokens`, the
-    /// context window, the step's token budget and the blocks obtainable without preempting
-    /// anyone; of those, the step keeps the ones that raise its expected tokens per second by the
-    /// measured cost of steps of that many rows ([`choose`]).
-    fn speculate(
-        &mut self,
-        plan: &mut [Planned],
-        backend: &mut dyn Backend,
-    ) -> Result<(), KvError> {
-        let Some(spec) = self.speculator.as_mut() else {
-            return Ok(());
-        };
-        if spec
-            .config
-            .disable_by_batch_size
-            .is_some_and(|n| self.running.len() > n)
-        {
-            return Ok(());
-        }
-        let k = spec.config.num_speculative_tokens;
-        // A sequence not yet verified is expected to accept what the engine's have so far
-        // (smoothed: one rejection does not end speculation for everyone).
-        let prior = spec.counters.prior();
-        let base_rows: usize = plan.iter().map(|p| p.chunk).sum();
-        let mut budget = self.limits.max_batch_tokens.saturating_sub(base_rows);
-        // (plan entry, longest draft it may take)
-        let mut candidates: Vec<(usize, usize)> = Vec::new();
-        let mut decoding = 0usize;
-        for (i, p) in plan.iter().enumerate() {
-            let s = &self.running[p.index];
-            if p.chunk != 1 || s.pending() != 1 || s.request.embed.is_some() {
-                continue;
-            }
-            decoding += 1;
-            let left = s.request.sampling.max_tokens.saturating_sub(s.generated) as usize;
-            let room = self.context_window.saturating_sub(s.tokens.len());
-            let max = s
-                .acceptance
-                .draft_len(k, prior)
-                .min(left.saturating_sub(1))
-                .min(room);
-            if max > 0 {
-                candidates.push((i, max));
-            }
-        }
-        if candidates.is_empty() || budget == 0 {
-            return Ok(());
-        }
-        if spec.drafts.len() < candidates.len() {
-            spec.drafts.resize_with(candidates.len(), Vec::new);
-        }
-        let inputs: Vec<ProposeInput<'_>> = candidates
-            .iter()
-            .map(|&(i, max)| {
-                let s = &self.running[plan[i].index];
-                ProposeInput {
-                    id: s.id,
-                    tokens: &s.tokens,
-                    max,
-                }
-            })
-            .collect();
-        spec.proposer
-            .propose(&inputs, &mut spec.drafts[..candidates.len()]);
-        drop(inputs);
-        // A proposal outside the target's vocabulary (a draft model's larger one) ends the draft.
-        let vocab = backend.model_config().vocab_size;
-        let mut lens: Vec<usize> = candidates
-            .iter()
-            .zip(&spec.drafts)
-            .map(|(&(_, max), d)| {
-                let valid = d.iter().take_while(|&&t| (t as usize) < vocab).count();
-                valid.min(max)
-            })
-            .collect();
-        // Only the proposals that pay, by the costs measured so far, stay in the step.
-        if spec.unconditional {
-            // (the gates' arm: every proposal verified, whatever it costs)
-        } else {
-            let mut drafts: Vec<(usize, f64)> = candidates
-                .iter()
-                .zip(&lens)
-                .map(|(&(i, _), &n)| (n, self.running[plan[i].index].acceptance.rate(prior)))
-                .collect();
-            choose(&spec.cost, base_rows, decoding as f64, &mut drafts);
-            for (n, d) in lens.iter_mut().zip(drafts) {
-                *n = d.0;
-            }
-        }
-        let bs = self.blocks.block_size();
-        for (c, &(i, _)) in candidates.iter().enumerate() {
-            let index = plan[i].index;
-            let seq = &self.running[index];
-            // Blocks beyond those held: only what can be had without preempting.
-            let held = seq.blocks.len() + self.blocks.obtainable();
-            let fits = (held * bs).saturating_sub(seq.tokens.len());
-            let n = lens[c].min(budget).min(fits);
-            if n == 0 {
-                continue;
-            }
-            if !self.reserve(index, 1 + n, backend)? {
-                // Obtainable said otherwise; the sequence decodes its one token.
-                continue;
-            }
-            let spec = self.speculator.as_mut().expect("checked above");
-            let seq = &mut self.running[index];
-            seq.tokens.extend_from_slice(&spec.drafts[c][..n]);
-            seq.draft = n;
-            plan[i].chunk += n;
-            budget -= n;
-        }
-        Ok(())
-    }
-
     /// Ends the oldest waiting request, which cannot start with nothing running because pinned
     /// prefixes hold the blocks it needs (no lower tier to move them to): a request that had
     /// generated tokens before a preemption ends at its length, as at the cache's capacity; a
@@ -1105,88 +995,6 @@ impl Scheduler {
             usage: seq.usage(),
         });
         Ok(())
-    }
-}
-
-/// A step's sampled output, consumed row by row in the order rows were asked for.
-struct Outputs<'a> {
-    rows: std::slice::ChunksExactMut<'a, f32>,
-    tokens: std::slice::Iter<'a, Option<u32>>,
-    summaries: std::vec::Drain<'a, Option<strata_model::sampler::RowSummary>>,
-}
-
-impl Outputs<'_> {
-    /// The next row of `seq` (returned as `kind`), drawn by its sampler as plain decoding draws
-    /// it: the backend's greedy token, the plan's summary, or the logits row masked (stops before
-    /// `min_tokens`, the grammar) and sampled on the host.
-    fn sample(
-        &mut self,
-        seq: &mut Sequence,
-        kind: Kind,
-        row_plan: Option<&RowPlan>,
-        eos: &[u32],
-    ) -> Result<strata_model::sampler::Sampled, String> {
-        match kind {
-            Kind::Greedy => {
-                let token = self
-                    .tokens
-                    .next()
-                    .expect("one token per greedy row wanting logits");
-                token
-                    .ok_or(SamplerError::NoFiniteLogit)
-                    .and_then(|t| seq.sampler.accept(t))
-                    .map_err(|e| e.to_string())
-            }
-            Kind::Summary => {
-                let summary = self
-                    .summaries
-                    .next()
-                    .expect("one summary per summarized row wanting logits");
-                let row_plan = row_plan.expect("a plan per summarized sequence");
-                summary
-                    .ok_or(SamplerError::NoFiniteLogit)
-                    .and_then(|summary| seq.sampler.finish(row_plan, summary))
-                    .map_err(|e| e.to_string())
-            }
-            Kind::Host | Kind::Hidden(_) => {
-                let row = self
-                    .rows
-                    .next()
-                    .expect("one logits row per row wanting logits");
-                // Only a grammar whose mask failed in `step` comes back whole: the mask is
-                // tried again here and its error ends this sequence.
-                let p = &seq.request.sampling;
-                if seq.generated < p.min_tokens {
-                    for token in stop_tokens(p, eos) {
-                        if let Some(logit) = row.get_mut(token as usize) {
-                            *logit = f32::NEG_INFINITY;
-                        }
-                    }
-                }
-                let masked = match seq.constraint.as_mut() {
-                    Some(c) => c.mask(row).map_err(|e| e.to_string()),
-                    None => Ok(()),
-                };
-                masked.and_then(|()| seq.sampler.sample(row).map_err(|e| e.to_string()))
-            }
-        }
-    }
-
-    /// Passes over `n` rows of `kind` that no draw reads (proposals after a rejection).
-    fn skip(&mut self, kind: Kind, n: usize) {
-        for _ in 0..n {
-            match kind {
-                Kind::Greedy => {
-                    self.tokens.next();
-                }
-                Kind::Summary => {
-                    self.summaries.next();
-                }
-                Kind::Host | Kind::Hidden(_) => {
-                    self.rows.next();
-                }
-            }
-        }
     }
 }
 
