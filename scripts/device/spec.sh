@@ -8,10 +8,12 @@
 #      every output byte-identical to plain decoding in the same run (verification rows are
 #      decode rows: the split-KV attention with several query rows of one sequence, graphs
 #      bucketed by rows);
-#   3. the 8B shape (bf16, synthesized weights) at concurrency 1, 8 and 64 with k = 2, 4, 8
+#   3. the draft-model proposer: the small model drafting for itself (greedy proposals all
+#      accepted), identity again;
+#   4. the 8B shape (bf16, synthesized weights) at concurrency 1, 8 and 64 with k = 2, 4, 8
 #      beside plain decoding: identity again, acceptance, decode speed (random weights: the
 #      acceptance is the model's loops, the cost is the real one);
-#   4. served: `strata serve` on the 8B shape with and without `--speculative-config`, `strata
+#   5. served: `strata serve` on the 8B shape with and without `--speculative-config`, `strata
 #      bench serve` at concurrency 1, 8 and 64 (random prompts: the policy must keep throughput
 #      at 64 no lower than without).
 # DEVICE=cpu runs the same steps on the CPU reference with small shapes (the plumbing check CI
@@ -69,6 +71,13 @@ synth "$WORK/small" "${SMALL[@]}"
     --json "$OUT/gate.json" 2>&1 | tee "$OUT/logs/gate.log"
 [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
 
+# The draft-model proposer on the same device: the small model drafts for itself, so every
+# greedy proposal must be accepted, and every output must still match plain decoding.
+"$BIN" bench spec --model "$WORK/small" --device "$DEVICE" --token-prompts --k 3,8 \
+    --concurrency 1,8 --requests 16 --tokens "$TOKENS" --kv-cache-mib 512 \
+    --draft-model "$WORK/small" --json "$OUT/draft.json" 2>&1 | tee "$OUT/logs/draft.log"
+[[ ${PIPESTATUS[0]} == 0 ]] || failed=1
+
 start=$SECONDS
 synth "$MODEL" "${BIG[@]}"
 cat "$MODEL"/*.safetensors >/dev/null
@@ -103,7 +112,7 @@ serve_point ngram4 --speculative-config '{"method": "ngram", "num_speculative_to
 python3 - "$OUT" "$SERVE_CONC" >"$OUT/summary.txt" <<'EOF'
 import json, sys
 out, conc = sys.argv[1], sys.argv[2].split(",")
-for name in ("gate", "speed"):
+for name in ("gate", "draft", "speed"):
     try:
         r = json.load(open(f"{out}/{name}.json"))
     except (OSError, ValueError) as e:

@@ -39,8 +39,27 @@ fn config() -> Arc<Config> {
     Arc::new(config.validate().expect("valid raft config"))
 }
 
+/// Opens a node's store. openraft builds snapshots in a task of their own that `shutdown` does
+/// not wait for, and that task holds the store until it finishes, so a node restarted in the
+/// same process waits for redb to let the file go. (Another process is refused at once, as it
+/// should be: that is a second member on one store.)
+async fn open_store(path: &Path) -> (store::LogStore, store::StateMachineStore) {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        match store::open(path) {
+            Err(store::StoreError::Database {
+                source: redb::Error::DatabaseAlreadyOpen,
+                ..
+            }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            opened => return opened.expect("open store"),
+        }
+    }
+}
+
 async fn start(id: NodeId, dir: &Path, network: &LocalNetwork) -> Node {
-    let (log, sm) = store::open(&dir.join(format!("node-{id}.redb"))).expect("open store");
+    let (log, sm) = open_store(&dir.join(format!("node-{id}.redb"))).await;
     let state = sm.reader();
     let raft = Raft::new(id, config(), network.factory(id), log, sm)
         .await

@@ -557,14 +557,15 @@ impl Scheduler {
         }
         let computed: usize = plan.iter().map(|p| p.chunk).sum();
         self.steps += 1;
-        if let Some(spec) = self.speculator.as_mut() {
-            spec.cost
-                .observe(computed, (forwarded - planned).as_secs_f64());
-        }
         // One row (or token) per sequence wanting logits, checked just above.
         let kinds: Vec<Kind> = sampling.iter().map(Kind::of).collect();
         drop(sampling);
         self.apply(&plan, &kinds, plans, &mut output, (vocab, hidden))?;
+        // What a row costs the step is what it costs from the forward to its draw: logits read
+        // back and drawn on the host count as much as the kernels.
+        if let Some(spec) = self.speculator.as_mut() {
+            spec.cost.observe(computed, planned.elapsed().as_secs_f64());
+        }
         let nanos = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let t = &mut self.times;
         t.steps += 1;

@@ -10,8 +10,9 @@ impl Scheduler {
     /// Appends proposals to the decoding sequences of `plan` where they are expected to pay:
     /// each sequence's draft length follows its acceptance, within its `max_tokens`, the
     /// context window, the step's token budget and the blocks obtainable without preempting
-    /// anyone; of those, the step keeps the ones that raise its expected tokens per second by the
-    /// measured cost of steps of that many rows ([`choose`]).
+    /// anyone; the proposer is asked only for the lengths expected to pay for their rows and its
+    /// own measured rounds, and of what it proposes the step keeps the ones that raise its
+    /// expected tokens per second by the measured cost of steps of that many rows ([`choose`]).
     pub(super) fn speculate(
         &mut self,
         plan: &mut [Planned],
@@ -56,6 +57,23 @@ impl Scheduler {
         if candidates.is_empty() || budget == 0 {
             return Ok(());
         }
+        // Before paying for proposals: the lengths expected to pay for the rows they add and
+        // for the proposer's rounds (a draft model's steps), were every proposal full-length.
+        if !spec.unconditional {
+            let round = spec.round_cost.estimate(candidates.len()).unwrap_or(0.0);
+            let mut drafts: Vec<(usize, f64)> = candidates
+                .iter()
+                .map(|&(i, max)| (max, self.running[plan[i].index].acceptance.rate(prior)))
+                .collect();
+            choose(&spec.cost, base_rows, decoding as f64, &mut drafts, round);
+            for (c, d) in candidates.iter_mut().zip(drafts) {
+                c.1 = d.0;
+            }
+            candidates.retain(|c| c.1 > 0);
+            if candidates.is_empty() {
+                return Ok(());
+            }
+        }
         if spec.drafts.len() < candidates.len() {
             spec.drafts.resize_with(candidates.len(), Vec::new);
         }
@@ -70,9 +88,19 @@ impl Scheduler {
                 }
             })
             .collect();
+        let started = std::time::Instant::now();
         spec.proposer
             .propose(&inputs, &mut spec.drafts[..candidates.len()]);
         drop(inputs);
+        let rounds = spec.drafts[..candidates.len()]
+            .iter()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(0);
+        if rounds > 0 {
+            let per_round = started.elapsed().as_secs_f64() / rounds as f64;
+            spec.round_cost.observe(candidates.len(), per_round);
+        }
         // A proposal outside the target's vocabulary (a draft model's larger one) ends the draft.
         let vocab = backend.model_config().vocab_size;
         let mut lens: Vec<usize> = candidates
@@ -92,7 +120,8 @@ impl Scheduler {
                 .zip(&lens)
                 .map(|(&(i, _), &n)| (n, self.running[plan[i].index].acceptance.rate(prior)))
                 .collect();
-            choose(&spec.cost, base_rows, decoding as f64, &mut drafts);
+            // (the proposer's rounds are paid by now)
+            choose(&spec.cost, base_rows, decoding as f64, &mut drafts, 0.0);
             for (n, d) in lens.iter_mut().zip(drafts) {
                 *n = d.0;
             }

@@ -121,6 +121,9 @@ pub struct Speculator {
     pub(crate) config: SpeculativeConfig,
     pub(crate) proposer: Box<dyn Proposer>,
     pub(crate) cost: StepCost,
+    /// The proposer's seconds per proposed token of its longest proposal, by the number of
+    /// sequences asking (a draft model runs one step per token; prompt lookup next to nothing).
+    pub(crate) round_cost: StepCost,
     pub(crate) counters: SpecCounters,
     /// Reused proposal buffers, one per sequence asking.
     pub(crate) drafts: Vec<Vec<u32>>,
@@ -140,6 +143,7 @@ impl Speculator {
             config,
             proposer,
             cost: StepCost::default(),
+            round_cost: StepCost::default(),
             counters: SpecCounters::default(),
             drafts: Vec::new(),
             unconditional: false,

@@ -14,7 +14,7 @@ const BUCKETS: usize = 40;
 /// Weight of a new sample in the moving averages.
 const WEIGHT: f64 = 0.2;
 
-/// The forward time of steps by their row count, a moving average per bucket of the time and of
+/// The time of steps by their row count (forward, read-back and draws), a moving average per bucket of the time and of
 /// the row count it was measured at.
 #[derive(Debug, Clone)]
 pub struct StepCost {
@@ -47,7 +47,7 @@ fn fold(avg: f64, sample: f64) -> f64 {
 }
 
 impl StepCost {
-    /// Folds in a step of `rows` rows that took `seconds` in the backend.
+    /// Folds in a step of `rows` rows that took `seconds`.
     pub fn observe(&mut self, rows: usize, seconds: f64) {
         let (r, s) = &mut self.samples[bucket(rows)];
         *r = fold(*r, rows as f64);
@@ -93,8 +93,16 @@ pub fn expected_accepted(n: usize, a: f64) -> f64 {
 /// rate; on return the lengths kept (0: none). Proposals are taken in order of expected tokens
 /// per row, and the step keeps the prefix of that order that yields the most tokens per second
 /// by `cost`, if any beats the step without proposals (`base_rows` rows yielding `base_tokens`);
-/// when none does, the lengths are halved and tried again.
-pub fn choose(cost: &StepCost, base_rows: usize, base_tokens: f64, drafts: &mut [(usize, f64)]) {
+/// when none does, the lengths are halved and tried again. Proposing itself costs `round`
+/// seconds per token of the longest proposal kept (a draft model's steps; 0 once the proposals
+/// are made, or for a proposer whose cost is negligible).
+pub fn choose(
+    cost: &StepCost,
+    base_rows: usize,
+    base_tokens: f64,
+    drafts: &mut [(usize, f64)],
+    round: f64,
+) {
     let gain = |(n, a): (usize, f64)| expected_accepted(n, a);
     let Some(without) = cost.estimate(base_rows) else {
         return; // nothing measured yet: try them all
@@ -104,14 +112,16 @@ pub fn choose(cost: &StepCost, base_rows: usize, base_tokens: f64, drafts: &mut 
         let per_row = |i: usize| gain(drafts[i]) / drafts[i].0.max(1) as f64;
         order.sort_by(|&a, &b| per_row(b).total_cmp(&per_row(a)));
         let mut best = (base_tokens / without, 0);
-        let (mut rows, mut tokens) = (base_rows, base_tokens);
+        let (mut rows, mut tokens, mut longest) = (base_rows, base_tokens, 0);
         for (taken, &i) in order.iter().enumerate() {
             if drafts[i].0 == 0 {
                 break;
             }
             rows += drafts[i].0;
             tokens += gain(drafts[i]);
-            let rate = tokens / cost.estimate(rows).unwrap_or(without);
+            longest = longest.max(drafts[i].0);
+            let seconds = cost.estimate(rows).unwrap_or(without) + round * longest as f64;
+            let rate = tokens / seconds;
             if rate > best.0 {
                 best = (rate, taken + 1);
             }
@@ -189,14 +199,14 @@ mod tests {
     fn a_step_keeps_the_proposals_that_pay_best_first() {
         let mut c = StepCost::default();
         let mut drafts = [(4, 0.9), (4, 0.1)];
-        choose(&c, 2, 2.0, &mut drafts);
+        choose(&c, 2, 2.0, &mut drafts, 0.0);
         assert_eq!(drafts, [(4, 0.9), (4, 0.1)], "nothing measured: all tried");
         // Memory-bound: rows nearly free up to 16, then a quarter of a millisecond per row.
         c.observe(2, 0.010);
         c.observe(16, 0.0105);
         c.observe(64, 0.0225);
         let mut drafts = [(4, 0.9), (4, 0.1)];
-        choose(&c, 2, 2.0, &mut drafts);
+        choose(&c, 2, 2.0, &mut drafts, 0.0);
         assert_eq!(
             drafts,
             [(4, 0.9), (4, 0.1)],
@@ -205,11 +215,32 @@ mod tests {
         // 60 sequences already in the step: the rows cost their share, the poor draft never
         // pays, the good one does.
         let mut drafts = [(4, 0.1), (4, 0.95)];
-        choose(&c, 60, 60.0, &mut drafts);
+        choose(&c, 60, 60.0, &mut drafts, 0.0);
         assert_eq!(drafts, [(0, 0.1), (4, 0.95)]);
         // Nothing pays when every extra row costs more than it brings: all dropped.
         let mut drafts = [(4, 0.2), (2, 0.3)];
-        choose(&c, 64, 64.0, &mut drafts);
+        choose(&c, 64, 64.0, &mut drafts, 0.0);
+        assert_eq!(drafts.map(|d| d.0), [0, 0]);
+    }
+
+    #[test]
+    fn a_costly_proposer_keeps_proposals_only_where_they_pay_for_its_rounds() {
+        let mut c = StepCost::default();
+        c.observe(2, 0.010);
+        c.observe(16, 0.0105);
+        // Free verification rows, and a draft model at a tenth of the target's step per round:
+        // a good draft pays its rounds.
+        let mut drafts = [(4, 0.9), (4, 0.9)];
+        choose(&c, 2, 2.0, &mut drafts, 0.001);
+        assert_eq!(drafts.map(|d| d.0), [4, 4]);
+        // Rounds at 0.8 of a target step: four of them for about 3.1 accepted tokens per
+        // sequence lose to plain decoding; halved to two, they pay. A poor draft does not, at
+        // any length.
+        let mut drafts = [(4, 0.9), (4, 0.9)];
+        choose(&c, 2, 2.0, &mut drafts, 0.008);
+        assert_eq!(drafts.map(|d| d.0), [2, 2]);
+        let mut drafts = [(4, 0.3), (4, 0.3)];
+        choose(&c, 2, 2.0, &mut drafts, 0.008);
         assert_eq!(drafts.map(|d| d.0), [0, 0]);
     }
 

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 use strata_model::chat::ChatRequest;
-use strata_node::speculative::{SpecCounters, SpeculativeConfig};
+use strata_node::speculative::{SpecCounters, SpecMethod, SpeculativeConfig};
 use strata_node::{Device, Engine, EngineSpec, KvBudget, ServingParts, start_engine};
 use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
 
@@ -53,6 +53,10 @@ pub struct SpecArgs {
     /// n-gram suffix lengths, MIN:MAX.
     #[arg(long, default_value = "2:4")]
     lookup: String,
+    /// Propose with this draft checkpoint (the `draft_model` method) instead of n-gram lookup;
+    /// the target's own path drafts for itself (every greedy proposal must be accepted).
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -142,10 +146,17 @@ pub fn run(args: SpecArgs) -> Result<()> {
         .k
         .iter()
         .map(|&k| {
-            let c = SpeculativeConfig {
-                prompt_lookup_min: Some(min),
-                prompt_lookup_max: Some(max),
-                ..SpeculativeConfig::ngram(k)
+            let c = match &args.draft_model {
+                Some(draft) => SpeculativeConfig {
+                    method: SpecMethod::DraftModel,
+                    model: Some(draft.clone()),
+                    ..SpeculativeConfig::ngram(k)
+                },
+                None => SpeculativeConfig {
+                    prompt_lookup_min: Some(min),
+                    prompt_lookup_max: Some(max),
+                    ..SpeculativeConfig::ngram(k)
+                },
             };
             c.validate().map(|()| c).map_err(anyhow::Error::msg)
         })
