@@ -35,6 +35,8 @@ boto3_version="1.40.0"
 cohere_version="7.3.1"
 schemathesis_version="4.32.5"
 cuda_version="13.0"
+# nvdisasm has no 13.0 wheel; a newer one reads 13.0 ptxas output.
+nvdisasm_version="13.2.86"
 playwright_version="1.65.2"
 kubernetes_validate_version="1.37.0"
 hadolint_version="2.15.1"
@@ -178,6 +180,17 @@ if ! ls "$cuda"/nvidia_cuda_nvrtc-"$cuda_version".*.dist-info >/dev/null 2>&1 \
     python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
         --target "$cuda" "nvidia-cuda-nvrtc==$cuda_version.*" "nvidia-cuda-runtime==$cuda_version.*" \
         "nvidia-cuda-nvcc==$cuda_version.*" "nvidia-cuda-crt==$cuda_version.*" "nvidia-nvvm==$cuda_version.*"
+fi
+
+# nvdisasm, whose SASS listing the kernels' instruction budget reads (kernels/tests/sass.rs), in
+# a folder of its own (pip --target will not merge into the CUDA folder's nvidia/).
+nvdisasm="$data/nvdisasm"
+if ! ls "$nvdisasm"/nvidia_cuda_nvdisasm-"$nvdisasm_version".dist-info >/dev/null 2>&1 \
+    || [[ ! -x "$nvdisasm/nvidia/cu13/bin/nvdisasm" ]]; then
+    echo "installing nvdisasm $nvdisasm_version -> $nvdisasm" >&2
+    rm -rf "$nvdisasm"
+    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location --root-user-action=ignore \
+        --target "$nvdisasm" "nvidia-cuda-nvdisasm==$nvdisasm_version"
 fi
 
 # The dashboard's browser test (`cargo test --test dashboard`): Debian's Chromium, installed when

@@ -223,32 +223,73 @@ fn failure(source: &Source, arch: &str, message: String) -> CheckFailure {
 
 /// Assembles `ptx` with `ptxas -arch=<arch> -v` and returns its report (stderr and stdout).
 fn run_ptxas(ptxas: &Path, arch: &str, ptx: &str) -> Result<String, String> {
+    assemble(ptxas, arch, ptx, |_, report| Ok(report))
+}
+
+/// The SASS of `source` for `arch` as `nvdisasm` lists it (labels at branch targets): NVRTC,
+/// then ptxas, then nvdisasm (`libs::find_nvdisasm`). What the instruction budget reads ([`crate::sass`]).
+pub fn sass(source: &Source, arch: &str) -> Result<String, String> {
+    let ptxas = libs::find_ptxas().ok_or("no ptxas found (STRATA_PTXAS, CUDA_HOME)")?;
+    let nvdisasm = libs::find_nvdisasm().ok_or("no nvdisasm found (STRATA_NVDISASM, CUDA_HOME)")?;
+    let compiler = Compiler::uncached().map_err(|e| e.to_string())?;
+    let ptx = compiler.compile(source, arch).map_err(|e| e.to_string())?;
+    assemble(&ptxas, arch, &ptx, |cubin, _| {
+        let out = Command::new(&nvdisasm)
+            .arg("--print-code")
+            .arg(cubin)
+            .output()
+            .map_err(|e| format!("running {}: {e}", nvdisasm.display()))?;
+        if !out.status.success() {
+            return Err(format!(
+                "nvdisasm exited with {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    })
+}
+
+/// Assembles `ptx` for `arch` into a cubin in a scratch folder and hands `then` its path and
+/// ptxas's report, before the folder goes.
+fn assemble<T>(
+    ptxas: &Path,
+    arch: &str,
+    ptx: &str,
+    then: impl FnOnce(&Path, String) -> Result<T, String>,
+) -> Result<T, String> {
     static RUN: AtomicUsize = AtomicUsize::new(0);
     let run = RUN.fetch_add(1, Ordering::Relaxed);
     let dir = std::env::temp_dir().join(format!("strata-ptxas-{}-{run}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let input = dir.join(format!("{arch}.ptx"));
     let output = dir.join(format!("{arch}.cubin"));
-    std::fs::write(&input, ptx).map_err(|e| format!("{}: {e}", input.display()))?;
-    let result = Command::new(ptxas)
-        .arg(format!("-arch={arch}"))
-        .arg("-v")
-        .arg(&input)
-        .arg("-o")
-        .arg(&output)
-        .output();
+    let result = std::fs::write(&input, ptx)
+        .map_err(|e| format!("{}: {e}", input.display()))
+        .and_then(|()| {
+            Command::new(ptxas)
+                .arg(format!("-arch={arch}"))
+                .arg("-v")
+                .arg(&input)
+                .arg("-o")
+                .arg(&output)
+                .output()
+                .map_err(|e| format!("running {}: {e}", ptxas.display()))
+        })
+        .and_then(|result| {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&result.stderr),
+                String::from_utf8_lossy(&result.stdout)
+            );
+            if result.status.success() {
+                then(&output, text)
+            } else {
+                Err(format!("ptxas exited with {}:\n{text}", result.status))
+            }
+        });
     let _ = std::fs::remove_dir_all(&dir);
-    let result = result.map_err(|e| format!("running {}: {e}", ptxas.display()))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&result.stderr),
-        String::from_utf8_lossy(&result.stdout)
-    );
-    if result.status.success() {
-        Ok(text)
-    } else {
-        Err(format!("ptxas exited with {}:\n{text}", result.status))
-    }
+    result
 }
 
 /// Parses `ptxas -v` output into one record per function, in the order reported.

@@ -27,6 +27,7 @@ mod launch;
 pub mod libs;
 mod runs;
 mod sampling;
+pub mod sass;
 pub mod selftest;
 mod selftest_attention;
 pub mod selftest_blocks;

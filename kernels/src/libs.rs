@@ -105,6 +105,28 @@ pub fn find_ptxas() -> Option<PathBuf> {
     ptxas_candidates().into_iter().find(|p| p.is_file())
 }
 
+/// Candidate `nvdisasm` executables, in order: `STRATA_NVDISASM`, `$CUDA_HOME/bin/nvdisasm`,
+/// `<wheel root>/nvidia/cu13/bin/nvdisasm`, `/usr/local/cuda/bin/nvdisasm`.
+pub fn nvdisasm_candidates() -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    if let Some(p) = std::env::var_os("STRATA_NVDISASM").filter(|v| !v.is_empty()) {
+        paths.push(PathBuf::from(p));
+    }
+    if let Some(home) = cuda_home() {
+        paths.push(home.join("bin/nvdisasm"));
+    }
+    for root in wheel_roots() {
+        paths.push(root.join("nvidia/cu13/bin/nvdisasm"));
+    }
+    paths.push(PathBuf::from("/usr/local/cuda/bin/nvdisasm"));
+    paths
+}
+
+/// The first existing `nvdisasm`, if any.
+pub fn find_nvdisasm() -> Option<PathBuf> {
+    nvdisasm_candidates().into_iter().find(|p| p.is_file())
+}
+
 fn display_all(paths: &[PathBuf]) -> Vec<String> {
     paths.iter().map(|p| p.display().to_string()).collect()
 }

@@ -24,6 +24,13 @@ pub enum KernelsCommand {
         #[arg(long, value_delimiter = ',', default_value = "sm_90a,sm_100a,sm_120a")]
         arch: Vec<String>,
     },
+    /// The instruction budget: the hot loop of every weight format's decode GEMV (one x tile)
+    /// counted from its SASS, instructions per weight against bf16's. Needs NVRTC, ptxas and
+    /// nvdisasm (STRATA_NVDISASM or CUDA_HOME), no GPU.
+    Budget {
+        #[arg(long, default_value = "sm_90a")]
+        arch: String,
+    },
     /// Run every kernel on the GPU against a CPU reference on fresh random inputs, with canary
     /// arms that must fail; prints a table and exits non-zero on any failure.
     Selftest {
@@ -52,6 +59,12 @@ pub enum KernelsCommand {
 pub fn run(command: KernelsCommand) -> Result<()> {
     match command {
         KernelsCommand::Check { arch } => check(&arch),
+        KernelsCommand::Budget { arch } => {
+            let rows =
+                strata_kernels::sass::decode_gemv_budget(&arch).map_err(anyhow::Error::msg)?;
+            print!("{}", strata_kernels::sass::budget_table(&rows));
+            Ok(())
+        }
         KernelsCommand::Selftest {
             device,
             seed,
