@@ -120,6 +120,13 @@ pub trait Backend: KvBlockIo + Send {
     /// by sequence, rows in position order.
     fn step(&mut self, seqs: &[StepSeq<'_>]) -> Result<Vec<f32>, BackendError>;
 
+    /// Decode rows that share one read of the weights: a step of more rows reads them once per
+    /// group of this many (the CUDA GEMV takes at most 64 rows a launch), so its cost jumps at
+    /// each multiple. `None` where the rows of a step share one read whatever their count.
+    fn decode_rows_per_weight_read(&self) -> Option<usize> {
+        None
+    }
+
     /// Whether [`Backend::step_sampling`] returns final hidden states ([`RowSampling::Hidden`]),
     /// which embeddings pool.
     fn embeds(&self) -> bool {

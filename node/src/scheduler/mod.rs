@@ -531,6 +531,8 @@ impl Scheduler {
             })
             .sum();
         let hidden = backend.model_config().hidden_size;
+        // Steps of decode rows alone are what the speculation policy prices.
+        let decode_only = steps.iter().all(|s| s.first_position >= s.prompt_len);
         let planned = Instant::now();
         let mut output = backend.step_sampling(&steps, &sampling)?;
         let forwarded = Instant::now();
@@ -563,7 +565,9 @@ impl Scheduler {
         self.apply(&plan, &kinds, plans, &mut output, (vocab, hidden))?;
         // What a row costs the step is what it costs from the forward to its draw: logits read
         // back and drawn on the host count as much as the kernels.
-        if let Some(spec) = self.speculator.as_mut() {
+        if let Some(spec) = self.speculator.as_mut()
+            && decode_only
+        {
             spec.cost.observe(computed, planned.elapsed().as_secs_f64());
         }
         let nanos = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);

@@ -28,12 +28,24 @@ impl Scheduler {
         {
             return Ok(());
         }
+        spec.cost.set_group(backend.decode_rows_per_weight_read());
         let k = spec.config.num_speculative_tokens;
         // A sequence not yet verified is expected to accept what the engine's have so far
         // (smoothed: one rejection does not end speculation for everyone).
         let prior = spec.counters.prior();
-        let base_rows: usize = plan.iter().map(|p| p.chunk).sum();
-        let mut budget = self.limits.max_batch_tokens.saturating_sub(base_rows);
+        let mut budget = self
+            .limits
+            .max_batch_tokens
+            .saturating_sub(plan.iter().map(|p| p.chunk).sum());
+        // The step's cost is priced by its decode rows (prompt chunks take the GEMM and are
+        // not what proposals add to).
+        let base_rows: usize = plan
+            .iter()
+            .filter(|p| {
+                self.running[p.index].computed >= self.running[p.index].request.prompt.len()
+            })
+            .map(|p| p.chunk)
+            .sum();
         // (plan entry, longest draft it may take)
         let mut candidates: Vec<(usize, usize)> = Vec::new();
         let mut decoding = 0usize;

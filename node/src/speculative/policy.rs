@@ -14,18 +14,25 @@ const BUCKETS: usize = 40;
 /// Weight of a new sample in the moving averages.
 const WEIGHT: f64 = 0.2;
 
-/// The time of steps by their row count (forward, read-back and draws), a moving average per bucket of the time and of
-/// the row count it was measured at.
+/// The time of decode steps by their row count, a moving average per bucket of the time and of
+/// the row count it was measured at. Where the backend reads the weights once per group of rows
+/// ([`Backend::decode_rows_per_weight_read`]), a step counts as that many groups of equal rows
+/// and the averages are per group, so a step one row past a group is priced as the extra read it
+/// costs.
+///
+/// [`Backend::decode_rows_per_weight_read`]: crate::backend::Backend::decode_rows_per_weight_read
 #[derive(Debug, Clone)]
 pub struct StepCost {
-    /// (rows, seconds) per bucket; rows 0 = not measured.
+    /// (rows, seconds) per group, per bucket of rows per group; rows 0 = not measured.
     samples: [(f64, f64); BUCKETS],
+    group: Option<usize>,
 }
 
 impl Default for StepCost {
     fn default() -> Self {
         Self {
             samples: [(0.0, 0.0); BUCKETS],
+            group: None,
         }
     }
 }
@@ -47,39 +54,54 @@ fn fold(avg: f64, sample: f64) -> f64 {
 }
 
 impl StepCost {
-    /// Folds in a step of `rows` rows that took `seconds`.
-    pub fn observe(&mut self, rows: usize, seconds: f64) {
-        let (r, s) = &mut self.samples[bucket(rows)];
-        *r = fold(*r, rows as f64);
-        *s = fold(*s, seconds);
+    /// Rows of a step that share one read of the weights (`None`: all of them); what was
+    /// measured under another group is dropped.
+    pub fn set_group(&mut self, group: Option<usize>) {
+        if self.group != group {
+            *self = Self {
+                group,
+                ..Self::default()
+            };
+        }
     }
 
-    /// The expected time of a step of `rows` rows: interpolated between the measured row counts
-    /// around it; below the smallest, the smallest's; above the largest, extended along the
-    /// slope of the two largest (flat with one measurement, so a larger step gets tried and
-    /// measured). `None` before any measurement.
+    /// Groups of a step of `rows` rows, and its rows per group.
+    fn split(&self, rows: usize) -> (f64, f64) {
+        let groups = self.group.map_or(1, |g| rows.div_ceil(g.max(1)).max(1));
+        (groups as f64, rows as f64 / groups as f64)
+    }
+
+    /// Folds in a decode step of `rows` rows that took `seconds`.
+    pub fn observe(&mut self, rows: usize, seconds: f64) {
+        let (groups, per) = self.split(rows);
+        let (r, s) = &mut self.samples[bucket(per.ceil() as usize)];
+        *r = fold(*r, per);
+        *s = fold(*s, seconds / groups);
+    }
+
+    /// The expected time of a decode step of `rows` rows: per group, interpolated between the
+    /// measured row counts around it; below the smallest, the smallest's; above the largest, the
+    /// largest's (a step larger than any measured gets tried, and measured). `None` before any
+    /// measurement.
     pub fn estimate(&self, rows: usize) -> Option<f64> {
-        let rows = rows as f64;
+        let (groups, rows) = self.split(rows);
         let measured = self.samples.iter().copied().filter(|&(r, _)| r > 0.0);
         let mut below: Option<(f64, f64)> = None;
-        let mut before_below: Option<(f64, f64)> = None;
         for (r, s) in measured {
             if r <= rows {
-                before_below = below;
                 below = Some((r, s));
             } else {
-                return Some(match below {
-                    // Between two measurements: interpolate.
-                    Some((r0, s0)) => s0 + (s - s0) * (rows - r0) / (r - r0),
-                    None => s,
-                });
+                return Some(
+                    groups
+                        * match below {
+                            // Between two measurements: interpolate.
+                            Some((r0, s0)) => s0 + (s - s0) * (rows - r0) / (r - r0),
+                            None => s,
+                        },
+                );
             }
         }
-        let (r1, s1) = below?;
-        Some(match before_below {
-            Some((r0, s0)) if r1 > r0 => s1 + ((s1 - s0) / (r1 - r0)).max(0.0) * (rows - r1),
-            _ => s1,
-        })
+        below.map(|(_, s)| groups * s)
     }
 }
 
@@ -180,19 +202,59 @@ mod tests {
     }
 
     #[test]
-    fn costs_are_interpolated_and_extended_along_the_last_slope() {
+    fn costs_are_interpolated_and_held_flat_past_the_largest() {
         let mut c = StepCost::default();
         assert_eq!(c.estimate(8), None);
         c.observe(8, 0.010);
         assert_eq!(c.estimate(4), Some(0.010));
-        assert_eq!(c.estimate(200), Some(0.010), "one measurement: flat");
+        assert_eq!(
+            c.estimate(200),
+            Some(0.010),
+            "past the largest: tried as the largest"
+        );
         c.observe(64, 0.024);
         // Between 8 and 64 rows: linear.
         assert!((c.estimate(36).unwrap() - 0.017).abs() < 1e-12);
-        // Past 64: along the slope of 0.25 ms per row.
-        assert!((c.estimate(192).unwrap() - 0.056).abs() < 1e-12);
+        assert_eq!(c.estimate(192), Some(0.024));
         c.observe(64, 0.034);
         assert!((c.estimate(64).unwrap() - 0.026).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_step_past_a_weight_read_group_costs_another_read() {
+        let mut c = StepCost::default();
+        c.set_group(Some(64));
+        // Memory-bound groups: 8 and 64 rows both about one read.
+        c.observe(8, 0.0100);
+        c.observe(64, 0.0110);
+        assert!((c.estimate(64).unwrap() - 0.011).abs() < 1e-12);
+        // 65 rows are two reads of 32.5 rows each.
+        let two = c.estimate(65).unwrap();
+        assert!((two - 2.0 * (0.010 + 0.001 * (32.5 - 8.0) / 56.0)).abs() < 1e-12);
+        assert!(two > 1.8 * c.estimate(64).unwrap());
+        // A measured 128-row step folds in as two groups of 64.
+        c.observe(128, 0.030);
+        assert!((c.estimate(64).unwrap() - (0.011 * 0.8 + 0.015 * 0.2)).abs() < 1e-12);
+        // Another group size drops what was measured.
+        c.set_group(None);
+        assert_eq!(c.estimate(64), None);
+    }
+
+    #[test]
+    fn sixty_four_sequences_do_not_speculate_into_a_second_weight_read() {
+        // What the H100 run showed at concurrency 64 (8B shape): 64 decode rows cost 11 ms and
+        // every 64 more another read; acceptance about 0.55.
+        let mut c = StepCost::default();
+        c.set_group(Some(64));
+        c.observe(1, 0.0059);
+        c.observe(64, 0.0110);
+        let mut drafts = vec![(2, 0.55); 64];
+        choose(&c, 64, 64.0, &mut drafts, 0.0);
+        assert!(drafts.iter().all(|d| d.0 == 0), "{drafts:?}");
+        // Eight sequences have 56 rows free in their read: they speculate.
+        let mut drafts = vec![(2, 0.55); 8];
+        choose(&c, 8, 8.0, &mut drafts, 0.0);
+        assert!(drafts.iter().all(|d| d.0 == 2), "{drafts:?}");
     }
 
     #[test]
@@ -205,6 +267,7 @@ mod tests {
         c.observe(2, 0.010);
         c.observe(16, 0.0105);
         c.observe(64, 0.0225);
+        c.observe(128, 0.0385);
         let mut drafts = [(4, 0.9), (4, 0.1)];
         choose(&c, 2, 2.0, &mut drafts, 0.0);
         assert_eq!(

@@ -1052,6 +1052,10 @@ impl Backend for CudaBackend {
         &self.config
     }
 
+    fn decode_rows_per_weight_read(&self) -> Option<usize> {
+        Some(strata_kernels::GEMV_MAX_M)
+    }
+
     fn block_size(&self) -> usize {
         self.block_size
     }
