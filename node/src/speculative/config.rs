@@ -43,6 +43,21 @@ pub struct SpeculativeConfig {
     /// none; the measured step cost decides].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disable_by_batch_size: Option<usize>,
+    /// strata's own: `measured` (the default) verifies the proposals that pay by the measured
+    /// step and proposer costs; `always` verifies every proposal whatever it costs (to measure
+    /// a proposer's acceptance, or where the policy is not wanted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<SpecPolicy>,
+}
+
+/// Which proposals a step verifies ([`SpeculativeConfig::policy`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpecPolicy {
+    /// The ones expected to raise tokens per second by the measured costs.
+    Measured,
+    /// Every one (up to the draft length, the budget and the free blocks).
+    Always,
 }
 
 impl SpeculativeConfig {
@@ -63,6 +78,7 @@ impl SpeculativeConfig {
             prompt_lookup_min: None,
             model: None,
             disable_by_batch_size: None,
+            policy: None,
         }
     }
 
@@ -148,5 +164,14 @@ mod tests {
                 .contains("takes no model")
         );
         assert!(err("not json").contains("--speculative-config"));
+        let always = r#"{"method": "ngram", "num_speculative_tokens": 2, "policy": "always"}"#;
+        assert_eq!(
+            SpeculativeConfig::from_json(always).unwrap().policy,
+            Some(SpecPolicy::Always)
+        );
+        assert!(
+            err(r#"{"method": "ngram", "num_speculative_tokens": 2, "policy": "sometimes"}"#)
+                .contains("sometimes")
+        );
     }
 }

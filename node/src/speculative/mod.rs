@@ -22,7 +22,9 @@ mod policy;
 #[cfg(test)]
 mod gates;
 
-pub use config::{MAX_PROMPT_LOOKUP, MAX_SPECULATIVE_TOKENS, SpecMethod, SpeculativeConfig};
+pub use config::{
+    MAX_PROMPT_LOOKUP, MAX_SPECULATIVE_TOKENS, SpecMethod, SpecPolicy, SpeculativeConfig,
+};
 pub use draft::DraftModelProposer;
 pub use ngram::NgramProposer;
 pub use policy::{Acceptance, StepCost, choose};
@@ -140,13 +142,13 @@ impl Speculator {
     /// Speculation through `proposer` (tests, and proposers built outside this crate).
     pub fn with_proposer(config: SpeculativeConfig, proposer: Box<dyn Proposer>) -> Self {
         Self {
+            unconditional: config.policy == Some(SpecPolicy::Always),
             config,
             proposer,
             cost: StepCost::default(),
             round_cost: StepCost::default(),
             counters: SpecCounters::default(),
             drafts: Vec::new(),
-            unconditional: false,
         }
     }
 

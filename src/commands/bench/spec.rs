@@ -11,7 +11,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 use strata_model::chat::ChatRequest;
-use strata_node::speculative::{SpecCounters, SpecMethod, SpeculativeConfig};
+use strata_node::speculative::{SpecCounters, SpecMethod, SpecPolicy, SpeculativeConfig};
 use strata_node::{Device, Engine, EngineSpec, KvBudget, ServingParts, start_engine};
 use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
 
@@ -57,6 +57,10 @@ pub struct SpecArgs {
     /// the target's own path drafts for itself (every greedy proposal must be accepted).
     #[arg(long)]
     draft_model: Option<PathBuf>,
+    /// Verify every proposal whatever it costs (the `always` policy): the proposer's acceptance
+    /// measured on every step, not only on the steps where speculation pays.
+    #[arg(long)]
+    always: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -146,7 +150,7 @@ pub fn run(args: SpecArgs) -> Result<()> {
         .k
         .iter()
         .map(|&k| {
-            let c = match &args.draft_model {
+            let mut c = match &args.draft_model {
                 Some(draft) => SpeculativeConfig {
                     method: SpecMethod::DraftModel,
                     model: Some(draft.clone()),
@@ -158,6 +162,9 @@ pub fn run(args: SpecArgs) -> Result<()> {
                     ..SpeculativeConfig::ngram(k)
                 },
             };
+            if args.always {
+                c.policy = Some(SpecPolicy::Always);
+            }
             c.validate().map(|()| c).map_err(anyhow::Error::msg)
         })
         .collect::<Result<_>>()?;
