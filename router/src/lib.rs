@@ -19,6 +19,8 @@ pub mod plan;
 pub mod process_metrics;
 pub mod request_id;
 pub mod routing;
+pub mod sampling;
+pub mod serving;
 pub mod serving_options;
 pub mod state;
 pub mod tools;

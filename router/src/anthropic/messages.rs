@@ -14,10 +14,10 @@ use super::error::AnthropicError;
 use super::prompt::{cache_mark, render};
 use super::schema::{CountTokensRequest, MessagesRequest};
 use super::stream;
-use super::turn::{Ending, Turn};
 use crate::auth::Tenant;
-use crate::openai::fresh_seed;
 use crate::parking::Park;
+use crate::sampling::{Requested, resolve};
+use crate::serving::turn::{Ending, Turn};
 use crate::state::AppState;
 use crate::tools::blocks::{Block, BlockFramer};
 
@@ -224,22 +224,15 @@ fn sampling_params(
     r: &MessagesRequest,
     max_tokens: u32,
 ) -> Result<SamplingParams, AnthropicError> {
-    let d = generation.sampling_defaults();
-    let sampling = SamplingParams {
-        temperature: r.temperature.unwrap_or(d.temperature),
-        top_p: r.top_p.unwrap_or(d.top_p),
-        top_k: r.top_k.unwrap_or(d.top_k),
-        min_p: d.min_p,
-        repetition_penalty: d.repetition_penalty,
-        seed: fresh_seed(),
-        max_tokens,
+    let requested = Requested {
+        temperature: r.temperature,
+        top_p: r.top_p,
+        top_k: r.top_k,
+        max_tokens: Some(max_tokens),
         stop: r.stop_sequences.clone(),
-        ..SamplingParams::default()
+        ..Requested::default()
     };
-    sampling
-        .validate()
-        .map_err(|e| AnthropicError::invalid(e.to_string()))?;
-    Ok(sampling)
+    resolve(generation, 1, requested).map_err(|e| AnthropicError::invalid(e.to_string()))
 }
 
 #[cfg(test)]

@@ -9,7 +9,6 @@ pub mod messages;
 mod prompt;
 pub mod schema;
 pub mod stream;
-pub(crate) mod turn;
 
 use axum::Router;
 use axum::routing::post;

@@ -14,8 +14,9 @@ use axum::response::{IntoResponse, Response};
 use futures_util::stream;
 use serde_json::{Value, json};
 
+use super::error::AnthropicError;
 use super::messages::MessageHeader;
-use super::turn::{Ending, Turn, TurnStep};
+use crate::serving::turn::{Ending, Turn, TurnStep};
 use crate::tools::blocks::{BlockEvent, BlockFramer};
 
 pub(crate) fn respond(turn: Turn, header: MessageHeader, framer: BlockFramer) -> Response {
@@ -141,7 +142,9 @@ impl StreamState {
             match self.turn.next().await? {
                 Ok(TurnStep::Text(text)) => self.queued.extend(self.encoder.text(&text)),
                 Ok(TurnStep::Finished(ending)) => self.queued.extend(self.encoder.finish(&ending)),
-                Err(e) => self.queued.push_back(("error", e.body())),
+                Err(e) => self
+                    .queued
+                    .push_back(("error", AnthropicError::from(e).body())),
             }
         }
     }

@@ -8,7 +8,6 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::anthropic::error::AnthropicError;
 use crate::error::ApiError;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -64,12 +63,6 @@ impl ConverseError {
 
 impl From<ApiError> for ConverseError {
     fn from(e: ApiError) -> Self {
-        Self::from_status(e.status, e.message)
-    }
-}
-
-impl From<AnthropicError> for ConverseError {
-    fn from(e: AnthropicError) -> Self {
         Self::from_status(e.status, e.message)
     }
 }

@@ -14,10 +14,10 @@ use super::error::ConverseError;
 use super::prompt::{cache_mark, render};
 use super::schema::{ConverseRequest, InferenceConfig};
 use super::stream;
-use crate::anthropic::turn::{Ending, Turn};
 use crate::auth::Tenant;
-use crate::openai::fresh_seed;
 use crate::parking::Park;
+use crate::sampling::{Requested, resolve};
+use crate::serving::turn::{Ending, Turn};
 use crate::state::AppState;
 use crate::tools::blocks::{Block, BlockFramer};
 
@@ -204,25 +204,17 @@ fn sampling_params(
                 "inferenceConfig.maxTokens: must be at least 1; got {v}"
             )));
         }
-        Some(v) => u32::try_from(v).unwrap_or(u32::MAX),
-        None => {
-            let room = state.context_window().saturating_sub(prompt_len).max(1);
-            u32::try_from(room).unwrap_or(u32::MAX)
-        }
+        v => v.map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
     };
-    let d = state.generation_config.sampling_defaults();
-    let sampling = SamplingParams {
-        temperature: c.temperature.unwrap_or(d.temperature),
-        top_p: c.top_p.unwrap_or(d.top_p),
-        top_k: d.top_k,
-        min_p: d.min_p,
-        repetition_penalty: d.repetition_penalty,
-        seed: fresh_seed(),
+    let requested = Requested {
+        temperature: c.temperature,
+        top_p: c.top_p,
         max_tokens,
         stop: c.stop_sequences.clone(),
-        ..SamplingParams::default()
+        ..Requested::default()
     };
-    sampling.validate().map_err(|e| {
+    let room = state.context_window().saturating_sub(prompt_len);
+    resolve(&state.generation_config, room, requested).map_err(|e| {
         // Converse's own member names, not the canonical ones.
         let field = match e.field {
             "top_p" => "topP",
@@ -232,8 +224,7 @@ fn sampling_params(
             "inferenceConfig.{field}: {} is out of range (must be {})",
             e.value, e.range
         ))
-    })?;
-    Ok(sampling)
+    })
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The Bedrock Converse surface: `POST /model/{modelId}/converse` (one JSON answer) and
 //! `POST /model/{modelId}/converse-stream` (AWS eventstream frames), rendered through the same
-//! chat template and run through the same [`Turn`](crate::anthropic::turn::Turn) as the
+//! chat template and run through the same [`Turn`](crate::serving::turn::Turn) as the
 //! Anthropic surface, so stop sequences and stop reasons mean the same on both; tools go through
 //! the same shared translation and framing (`crate::tools`). Clients sign requests with SigV4;
 //! the signature is not verified (see docs/SERVING.md).

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use super::error::ConverseError;
 use super::eventstream::ConverseStreamEncoder;
 use super::messages::{latency_ms, usage, whole};
-use crate::anthropic::turn::{Ending, Turn, TurnStep};
+use crate::serving::turn::{Ending, Turn, TurnStep};
 use crate::tools::ToolFormat;
 use crate::tools::blocks::{BlockEvent, BlockFramer};
 

@@ -5,7 +5,6 @@ pub mod cache;
 pub mod chat;
 pub mod completions;
 pub mod embeddings;
-pub(crate) mod generation;
 pub mod models;
 pub mod responses;
 mod responses_output;
@@ -23,14 +22,13 @@ use axum::{Json, Router, routing::get, routing::post};
 use futures_util::{StreamExt, stream};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
-use strata_protocol::{
-    Constraint, GenerateRequest, MAX_TOP_LOGPROBS, SamplingParams, TokenLogprobs,
-};
+use strata_protocol::{Constraint, GenerateRequest, MAX_TOP_LOGPROBS, SamplingParams};
 
 use crate::auth::Tenant;
 use crate::error::ApiError;
+use crate::sampling::{Requested, resolve};
+use crate::serving::generation::{Generation, Step};
 use crate::state::{AppState, unix_now};
-use generation::{Generation, Step};
 use schema::{SamplingFields, UsageBody};
 
 pub fn routes() -> Router<AppState> {
@@ -260,14 +258,12 @@ fn sampling_params(
     if let Some((field, message)) = f.unsupported() {
         return Err(ApiError::invalid(Some(&field), message));
     }
-    let room = state.context_window().saturating_sub(prompt_len).max(1);
     let max_tokens = match (f.max_completion_tokens, f.max_tokens) {
-        (Some(v), _) => positive("max_completion_tokens", v)?,
-        (None, Some(v)) => positive("max_tokens", v)?,
+        (Some(v), _) => Some(positive("max_completion_tokens", v)?),
+        (None, Some(v)) => Some(positive("max_tokens", v)?),
         // The engine ends at the context window in any case.
-        (None, None) => u32::try_from(room).unwrap_or(u32::MAX),
+        (None, None) => None,
     };
-    let d = state.generation_config.sampling_defaults();
     let mut logit_bias = std::collections::BTreeMap::new();
     for (token, &bias) in f.logit_bias.iter().flatten() {
         let id = token.parse::<u32>().map_err(|_| {
@@ -292,10 +288,10 @@ fn sampling_params(
         logit_bias.insert(id, bias);
     }
     let top_k = match f.top_k {
-        None => d.top_k,
+        None => None,
         // vLLM's convention: -1 (or 0) turns top-k off.
-        Some(-1 | 0) => 0,
-        Some(k) if k > 0 => u32::try_from(k).unwrap_or(u32::MAX),
+        Some(-1 | 0) => Some(0),
+        Some(k) if k > 0 => Some(u32::try_from(k).unwrap_or(u32::MAX)),
         Some(k) => {
             return Err(ApiError::invalid(
                 Some("top_k"),
@@ -303,35 +299,41 @@ fn sampling_params(
             ));
         }
     };
-    let sampling = SamplingParams {
-        temperature: f.temperature.unwrap_or(d.temperature),
-        top_p: f.top_p.unwrap_or(d.top_p),
+    let min_tokens = match f.min_tokens {
+        None => 0,
+        Some(v) => u32::try_from(v).map_err(|_| {
+            ApiError::invalid(
+                Some("min_tokens"),
+                format!("`min_tokens` must be a non-negative integer; got {v}"),
+            )
+        })?,
+    };
+    let logprobs = logprobs(f)?;
+    let requested = Requested {
+        temperature: f.temperature,
+        top_p: f.top_p,
         top_k,
-        min_p: f.min_p.unwrap_or(d.min_p),
-        repetition_penalty: f.repetition_penalty.unwrap_or(d.repetition_penalty),
+        min_p: f.min_p,
+        repetition_penalty: f.repetition_penalty,
+        // Two-complement reinterpretation keeps negative seeds distinct and deterministic.
+        seed: f.seed.map(|s| s as u64),
+        max_tokens,
+        stop: f.stop.as_ref().map(|s| s.clone_vec()).unwrap_or_default(),
+    };
+    let invalid =
+        |e: strata_protocol::SamplingParamsError| ApiError::invalid(Some(e.field), e.to_string());
+    let room = state.context_window().saturating_sub(prompt_len);
+    let sampling = SamplingParams {
         presence_penalty: f.presence_penalty.unwrap_or(0.0),
         frequency_penalty: f.frequency_penalty.unwrap_or(0.0),
         logit_bias,
-        // Two-complement reinterpretation keeps negative seeds distinct and deterministic.
-        seed: f.seed.map_or_else(fresh_seed, |s| s as u64),
-        max_tokens,
-        stop: f.stop.as_ref().map(|s| s.clone_vec()).unwrap_or_default(),
-        logprobs: logprobs(f)?,
+        logprobs,
         ignore_eos: f.ignore_eos.unwrap_or(false),
-        min_tokens: match f.min_tokens {
-            None => 0,
-            Some(v) => u32::try_from(v).map_err(|_| {
-                ApiError::invalid(
-                    Some("min_tokens"),
-                    format!("`min_tokens` must be a non-negative integer; got {v}"),
-                )
-            })?,
-        },
-        ..SamplingParams::default()
+        min_tokens,
+        ..resolve(&state.generation_config, room, requested).map_err(invalid)?
     };
-    sampling
-        .validate()
-        .map_err(|e| ApiError::invalid(Some(e.field), e.to_string()))?;
+    // The penalties only this surface names.
+    sampling.validate().map_err(invalid)?;
     Ok(sampling)
 }
 
@@ -369,13 +371,6 @@ fn positive(field: &'static str, value: i64) -> Result<u32, ApiError> {
     Ok(u32::try_from(value).unwrap_or(u32::MAX))
 }
 
-/// Without a `seed`, every request samples differently.
-pub(crate) fn fresh_seed() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
-}
-
 /// How one surface's objects look for one choice: a whole response, or the chunks of a stream.
 /// Chunks are built for choice 0; [`respond`] renumbers them for the others.
 pub(crate) trait Framer: Send + 'static {
@@ -406,8 +401,7 @@ pub(crate) trait Framer: Send + 'static {
     }
 }
 
-/// One generated token's log-probability with its alternatives.
-pub(crate) type TokenLogprob = (u32, TokenLogprobs);
+pub(crate) use crate::serving::generation::TokenLogprob;
 
 /// Chat's entry for one token: its text, bytes and log-probability, and the alternatives.
 fn chat_logprob(state: &AppState, (id, info): &TokenLogprob) -> Value {

@@ -16,13 +16,13 @@ use futures_util::stream;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::generation::{Generation, Step};
 use super::responses_output::{ItemEvent, OutputItems};
 use super::responses_tools::{self, push_tool_item};
 use super::schema::{SamplingFields, UsageBody};
 use super::{Prepared, check_model, parse_body};
 use crate::auth::Tenant;
 use crate::error::ApiError;
+use crate::serving::generation::{Generation, Step};
 use crate::state::{AppState, unix_now};
 use crate::tools::{ToolFormat, forced_constraint, render_conversation};
 

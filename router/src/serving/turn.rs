@@ -13,9 +13,8 @@ use strata_model::stop::StopStrings;
 use strata_node::RequestStream;
 use strata_protocol::{Constraint, GenerateRequest, SamplingParams};
 
-use super::error::AnthropicError;
+use super::generation::{Generation, Step};
 use crate::error::ApiError;
-use crate::openai::generation::{Generation, Step};
 use crate::parking::Park;
 use crate::state::AppState;
 use crate::tools::ToolFormat;
@@ -75,7 +74,7 @@ impl Turn {
         cache_salt: u64,
         constraint: Option<Constraint>,
         format: Option<ToolFormat>,
-    ) -> Result<Self, AnthropicError> {
+    ) -> Result<Self, ApiError> {
         let sequences = std::mem::take(&mut sampling.stop);
         let stream: RequestStream = state.submit(
             GenerateRequest {
@@ -115,7 +114,7 @@ impl Turn {
     }
 
     /// The next non-empty piece of text, then `Finished` once, then `None`.
-    pub async fn next(&mut self) -> Option<Result<TurnStep, AnthropicError>> {
+    pub async fn next(&mut self) -> Option<Result<TurnStep, ApiError>> {
         if self.done {
             return None;
         }
@@ -128,11 +127,11 @@ impl Turn {
                 Some(Ok(step)) => step,
                 Some(Err(e)) => {
                     self.done = true;
-                    return Some(Err(e.into()));
+                    return Some(Err(e));
                 }
                 None => {
                     self.done = true;
-                    return Some(Err(ApiError::internal("the generation ended early").into()));
+                    return Some(Err(ApiError::internal("the generation ended early")));
                 }
             };
             match step {
@@ -179,7 +178,7 @@ impl Turn {
     }
 
     /// Runs to the end: the whole text and how it ended.
-    pub async fn collect(mut self) -> Result<(String, Ending), AnthropicError> {
+    pub async fn collect(mut self) -> Result<(String, Ending), ApiError> {
         let mut text = String::new();
         while let Some(step) = self.next().await {
             match step? {
@@ -187,7 +186,7 @@ impl Turn {
                 TurnStep::Finished(ending) => return Ok((text, ending)),
             }
         }
-        Err(ApiError::internal("the generation ended without a finish").into())
+        Err(ApiError::internal("the generation ended without a finish"))
     }
 }
 

@@ -4,13 +4,14 @@
 
 use strata_model::text_stream::TextStream;
 use strata_node::RequestStream;
-use strata_protocol::{FinishReason, TokenEvent};
+use strata_protocol::{FinishReason, TokenEvent, TokenLogprobs};
 
-use super::TokenLogprob;
-
+use super::usage::UsageBody;
 use crate::error::ApiError;
-use crate::openai::schema::UsageBody;
 use crate::state::AppState;
+
+/// One generated token's log-probability with its alternatives.
+pub type TokenLogprob = (u32, TokenLogprobs);
 
 /// What the next step of a generation released.
 #[derive(Debug, Clone, PartialEq)]
