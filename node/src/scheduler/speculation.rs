@@ -6,6 +6,14 @@ use crate::backend::Backend;
 use crate::kv::KvError;
 use crate::speculative::{ProposeInput, choose};
 
+/// What a step may propose: per decoding sequence of the plan, (plan entry, longest draft it
+/// may take), and the step's decode rows and decoding sequences before proposals.
+struct Candidates {
+    entries: Vec<(usize, usize)>,
+    base_rows: usize,
+    decoding: usize,
+}
+
 impl Scheduler {
     /// Appends proposals to the decoding sequences of `plan` where they are expected to pay:
     /// each sequence's draft length follows its acceptance, within its `max_tokens`, the
@@ -29,14 +37,25 @@ impl Scheduler {
             return Ok(());
         }
         spec.cost.set_group(backend.decode_rows_per_weight_read());
+        let budget = self
+            .limits
+            .max_batch_tokens
+            .saturating_sub(plan.iter().map(|p| p.chunk).sum());
+        let mut c = self.candidates(plan);
+        if c.entries.is_empty() || budget == 0 || !self.affordable(plan, &mut c) {
+            return Ok(());
+        }
+        let lens = self.propose(plan, &c, backend);
+        self.take_proposals(plan, &c.entries, &lens, budget, backend)
+    }
+
+    /// The decoding sequences of `plan` that may propose, and how many tokens each at most.
+    fn candidates(&self, plan: &[Planned]) -> Candidates {
+        let spec = self.speculator.as_ref().expect("speculating");
         let k = spec.config.num_speculative_tokens;
         // A sequence not yet verified is expected to accept what the engine's have so far
         // (smoothed: one rejection does not end speculation for everyone).
         let prior = spec.counters.prior();
-        let mut budget = self
-            .limits
-            .max_batch_tokens
-            .saturating_sub(plan.iter().map(|p| p.chunk).sum());
         // The step's cost is priced by its decode rows (prompt chunks take the GEMM and are
         // not what proposals add to).
         let base_rows: usize = plan
@@ -46,8 +65,7 @@ impl Scheduler {
             })
             .map(|p| p.chunk)
             .sum();
-        // (plan entry, longest draft it may take)
-        let mut candidates: Vec<(usize, usize)> = Vec::new();
+        let mut entries = Vec::new();
         let mut decoding = 0usize;
         for (i, p) in plan.iter().enumerate() {
             let s = &self.running[p.index];
@@ -63,33 +81,56 @@ impl Scheduler {
                 .min(left.saturating_sub(1))
                 .min(room);
             if max > 0 {
-                candidates.push((i, max));
+                entries.push((i, max));
             }
         }
-        if candidates.is_empty() || budget == 0 {
-            return Ok(());
+        Candidates {
+            entries,
+            base_rows,
+            decoding,
         }
-        // Before paying for proposals: the lengths expected to pay for the rows they add and
-        // for the proposer's rounds (a draft model's steps), were every proposal full-length.
-        if !spec.unconditional {
-            let round = spec.round_cost.estimate(candidates.len()).unwrap_or(0.0);
-            let mut drafts: Vec<(usize, f64)> = candidates
-                .iter()
-                .map(|&(i, max)| (max, self.running[plan[i].index].acceptance.rate(prior)))
-                .collect();
-            choose(&spec.cost, base_rows, decoding as f64, &mut drafts, round);
-            for (c, d) in candidates.iter_mut().zip(drafts) {
-                c.1 = d.0;
-            }
-            candidates.retain(|c| c.1 > 0);
-            if candidates.is_empty() {
-                return Ok(());
-            }
+    }
+
+    /// Before paying for proposals: shortens `c`'s lengths to those expected to pay for the
+    /// rows they add and for the proposer's rounds (a draft model's steps), were every proposal
+    /// full-length; false when none does.
+    fn affordable(&self, plan: &[Planned], c: &mut Candidates) -> bool {
+        let spec = self.speculator.as_ref().expect("speculating");
+        if spec.unconditional {
+            return true;
         }
-        if spec.drafts.len() < candidates.len() {
-            spec.drafts.resize_with(candidates.len(), Vec::new);
+        let prior = spec.counters.prior();
+        let round = spec.round_cost.estimate(c.entries.len()).unwrap_or(0.0);
+        let mut drafts: Vec<(usize, f64)> = c
+            .entries
+            .iter()
+            .map(|&(i, max)| (max, self.running[plan[i].index].acceptance.rate(prior)))
+            .collect();
+        choose(
+            &spec.cost,
+            c.base_rows,
+            c.decoding as f64,
+            &mut drafts,
+            round,
+        );
+        for (e, d) in c.entries.iter_mut().zip(drafts) {
+            e.1 = d.0;
         }
-        let inputs: Vec<ProposeInput<'_>> = candidates
+        c.entries.retain(|e| e.1 > 0);
+        !c.entries.is_empty()
+    }
+
+    /// Asks the proposer for `c`'s drafts (into the speculator's buffers) and keeps the
+    /// lengths that pay, by the costs measured so far, now that its rounds are paid; measures
+    /// its rounds.
+    fn propose(&mut self, plan: &[Planned], c: &Candidates, backend: &dyn Backend) -> Vec<usize> {
+        let spec = self.speculator.as_mut().expect("speculating");
+        let n = c.entries.len();
+        if spec.drafts.len() < n {
+            spec.drafts.resize_with(n, Vec::new);
+        }
+        let inputs: Vec<ProposeInput<'_>> = c
+            .entries
             .iter()
             .map(|&(i, max)| {
                 let s = &self.running[plan[i].index];
@@ -101,21 +142,17 @@ impl Scheduler {
             })
             .collect();
         let started = std::time::Instant::now();
-        spec.proposer
-            .propose(&inputs, &mut spec.drafts[..candidates.len()]);
+        spec.proposer.propose(&inputs, &mut spec.drafts[..n]);
         drop(inputs);
-        let rounds = spec.drafts[..candidates.len()]
-            .iter()
-            .map(Vec::len)
-            .max()
-            .unwrap_or(0);
+        let rounds = spec.drafts[..n].iter().map(Vec::len).max().unwrap_or(0);
         if rounds > 0 {
             let per_round = started.elapsed().as_secs_f64() / rounds as f64;
-            spec.round_cost.observe(candidates.len(), per_round);
+            spec.round_cost.observe(n, per_round);
         }
         // A proposal outside the target's vocabulary (a draft model's larger one) ends the draft.
         let vocab = backend.model_config().vocab_size;
-        let mut lens: Vec<usize> = candidates
+        let mut lens: Vec<usize> = c
+            .entries
             .iter()
             .zip(&spec.drafts)
             .map(|(&(_, max), d)| {
@@ -123,23 +160,36 @@ impl Scheduler {
                 valid.min(max)
             })
             .collect();
-        // Only the proposals that pay, by the costs measured so far, stay in the step.
-        if spec.unconditional {
-            // (the gates' arm: every proposal verified, whatever it costs)
-        } else {
-            let mut drafts: Vec<(usize, f64)> = candidates
+        // (the gates' arm, `unconditional`: every proposal verified, whatever it costs)
+        if !spec.unconditional {
+            let prior = spec.counters.prior();
+            let mut drafts: Vec<(usize, f64)> = c
+                .entries
                 .iter()
                 .zip(&lens)
                 .map(|(&(i, _), &n)| (n, self.running[plan[i].index].acceptance.rate(prior)))
                 .collect();
             // (the proposer's rounds are paid by now)
-            choose(&spec.cost, base_rows, decoding as f64, &mut drafts, 0.0);
+            choose(&spec.cost, c.base_rows, c.decoding as f64, &mut drafts, 0.0);
             for (n, d) in lens.iter_mut().zip(drafts) {
                 *n = d.0;
             }
         }
+        lens
+    }
+
+    /// Appends each candidate's kept proposals (`lens`) to its sequence, within the step's token
+    /// `budget` and the blocks obtainable without preempting anyone.
+    fn take_proposals(
+        &mut self,
+        plan: &mut [Planned],
+        entries: &[(usize, usize)],
+        lens: &[usize],
+        mut budget: usize,
+        backend: &mut dyn Backend,
+    ) -> Result<(), KvError> {
         let bs = self.blocks.block_size();
-        for (c, &(i, _)) in candidates.iter().enumerate() {
+        for (c, &(i, _)) in entries.iter().enumerate() {
             let index = plan[i].index;
             let seq = &self.running[index];
             // Blocks beyond those held: only what can be had without preempting.
@@ -153,7 +203,7 @@ impl Scheduler {
                 // Obtainable said otherwise; the sequence decodes its one token.
                 continue;
             }
-            let spec = self.speculator.as_mut().expect("checked above");
+            let spec = self.speculator.as_mut().expect("speculating");
             let seq = &mut self.running[index];
             seq.tokens.extend_from_slice(&spec.drafts[c][..n]);
             seq.draft = n;

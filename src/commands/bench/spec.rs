@@ -135,19 +135,15 @@ impl Point {
     }
 }
 
-pub fn run(args: SpecArgs) -> Result<()> {
+/// One speculative configuration per `--k`: n-gram lookup over `--lookup`, or the draft model.
+fn configs(args: &SpecArgs) -> Result<Vec<SpeculativeConfig>> {
     ensure!(!args.k.is_empty(), "--k names no draft length");
-    ensure!(
-        args.concurrency.iter().all(|&c| c > 0),
-        "--concurrency must be at least 1"
-    );
     let (min, max) = args
         .lookup
         .split_once(':')
         .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
         .context("--lookup takes MIN:MAX, e.g. 2:4")?;
-    let configs: Vec<SpeculativeConfig> = args
-        .k
+    args.k
         .iter()
         .map(|&k| {
             let mut c = match &args.draft_model {
@@ -167,7 +163,15 @@ pub fn run(args: SpecArgs) -> Result<()> {
             }
             c.validate().map(|()| c).map_err(anyhow::Error::msg)
         })
-        .collect::<Result<_>>()?;
+        .collect()
+}
+
+pub fn run(args: SpecArgs) -> Result<()> {
+    ensure!(
+        args.concurrency.iter().all(|&c| c > 0),
+        "--concurrency must be at least 1"
+    );
+    let configs = configs(&args)?;
     let model = match &args.model {
         Some(m) => m.clone(),
         None => {
