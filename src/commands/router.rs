@@ -26,7 +26,7 @@ use strata_topology::transport::{Client, OperatorIdentity, live_client_endpoint}
 const TOPOLOGY_TIMEOUT: Duration = Duration::from_secs(5);
 use strata_topology::transport::ca::SERVER_NAME;
 
-use super::serving_args::ServingSettings;
+use super::serving_args::{FrontDoor, ServingSettings};
 
 #[derive(Args)]
 pub struct RouterArgs {
@@ -49,12 +49,6 @@ pub struct RouterArgs {
     /// How requests are spread over the nodes.
     #[arg(long, value_enum, default_value_t = PolicyName::CacheAware)]
     policy: PolicyName,
-    /// Listening address.
-    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
-    host: IpAddr,
-    /// Listening port; 0 picks a free one (the address is printed).
-    #[arg(long, default_value_t = 8080)]
-    port: u16,
     /// Continue a stream on another node when its node fails mid-stream (greedy streams come
     /// out byte-identical); `false` ends such a stream with an error.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
@@ -68,24 +62,8 @@ pub struct RouterArgs {
     /// prefill_tokens_per_s, min_blocks). Keys left out keep their defaults.
     #[arg(long)]
     routing_config: Option<PathBuf>,
-    /// API keys (`strata keys add`); without the flag the router is open.
-    #[arg(long)]
-    keys_file: Option<PathBuf>,
-    /// Generation requests this router runs at once [default: 256].
-    #[arg(long)]
-    max_inflight: Option<usize>,
-    /// Generation requests waiting for a slot; beyond this, 429 with Retry-After [default: 1024].
-    #[arg(long)]
-    max_queued: Option<usize>,
-    /// Largest request body, in bytes; larger is a 413 [default: 4194304].
-    #[arg(long)]
-    max_body_bytes: Option<usize>,
-    /// On SIGTERM: seconds the router goes on serving while `GET /ready` answers 503, so that a
-    /// load balancer checking it takes the router out before it stops accepting; then the
-    /// requests in flight finish. Make it longer than the balancer's check interval times its
-    /// failure count. Ctrl-C skips it.
-    #[arg(long, default_value_t = strata_router::drain::DEFAULT_DRAIN_DELAY_S)]
-    drain_delay_s: u64,
+    #[command(flatten)]
+    front_door: FrontDoor,
     #[command(flatten)]
     serving: ServingSettings,
 }
@@ -214,12 +192,11 @@ pub fn run(args: RouterArgs) -> Result<()> {
     }
     let identity = router_identity(&args.identity)?;
     let client = node_client_config(&identity.live)?;
-    let keys = match &args.keys_file {
+    let keys = match &args.front_door.keys_file {
         Some(path) => KeyStore::load(path)?,
         None => KeyStore::default(),
     };
-    let limits =
-        super::serve::admission_limits(args.max_inflight, args.max_queued, args.max_body_bytes)?;
+    let limits = args.front_door.limits()?;
     let access = args.serving.access(keys, limits)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -291,10 +268,11 @@ pub fn run(args: RouterArgs) -> Result<()> {
         tracing::info!("routing over {} node(s)", nodes.len());
         let served = ServedModel::new(served_name, "strata".into(), cluster, parts);
         let state = std::sync::Arc::new(served.serving(&options)?);
-        let drain_delay = Duration::from_secs(args.drain_delay_s);
+        let drain_delay = args.front_door.drain_delay();
         let shutdown = stop_after_drain(signals, state.draining.clone(), drain_delay);
-        let addr = SocketAddr::new(args.host, args.port);
-        strata_router::serve_state(state, addr, access, args.keys_file, shutdown).await?;
+        let addr = args.front_door.addr();
+        strata_router::serve_state(state, addr, access, args.front_door.keys_file, shutdown)
+            .await?;
         Ok(())
     })
 }

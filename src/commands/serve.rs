@@ -2,25 +2,18 @@
 //! flags and, with `--config FILE`, from a TOML file; a flag on the command line wins over the
 //! file, and the file over the built-in default.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use serde::Deserialize;
 use strata_router::ServeConfig;
-use strata_router::admission::AdmissionLimits;
 use strata_router::auth::KeyStore;
-use strata_router::drain::DEFAULT_DRAIN_DELAY_S;
 
 use super::engine_args::EngineSettings;
 use super::generate::{default_cache_dir, default_model};
 use super::keys::KEYS_FILE;
-use super::serving_args::ServingSettings;
-
-const DEFAULT_HOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
-const DEFAULT_PORT: u16 = 8080;
+use super::serving_args::{FrontDoor, ServingSettings};
 
 #[derive(Args)]
 pub struct ServeArgs {
@@ -45,12 +38,9 @@ struct ServeSettings {
     #[arg(long)]
     #[serde(default)]
     random_model: bool,
-    /// Listening address [default: 127.0.0.1].
-    #[arg(long)]
-    host: Option<IpAddr>,
-    /// Listening port; 0 picks a free one (the address is printed) [default: 8080].
-    #[arg(long)]
-    port: Option<u16>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    front_door: FrontDoor,
     #[command(flatten)]
     #[serde(flatten)]
     engine: EngineSettings,
@@ -58,24 +48,6 @@ struct ServeSettings {
     /// ~/.cache/strata).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
-    /// API keys (`strata keys add`), reread when it changes; without keys the server is open.
-    /// Default: <cache dir>/keys.json.
-    #[arg(long)]
-    keys_file: Option<PathBuf>,
-    /// Generation requests running at once [default: 256].
-    #[arg(long)]
-    max_inflight: Option<usize>,
-    /// Generation requests waiting for a slot; beyond this, 429 with Retry-After [default: 1024].
-    #[arg(long)]
-    max_queued: Option<usize>,
-    /// Largest request body, in bytes; larger is a 413 [default: 4194304].
-    #[arg(long)]
-    max_body_bytes: Option<usize>,
-    /// On SIGTERM: seconds the server goes on serving while `GET /ready` answers 503, so that a
-    /// load balancer checking it takes the server out before it stops accepting; then the
-    /// requests in flight finish. Ctrl-C skips it [default: 5].
-    #[arg(long)]
-    drain_delay_s: Option<u64>,
     #[command(flatten)]
     #[serde(flatten)]
     serving: ServingSettings,
@@ -92,7 +64,7 @@ impl ServeSettings {
         for dir in [
             &mut settings.model,
             &mut settings.cache_dir,
-            &mut settings.keys_file,
+            &mut settings.front_door.keys_file,
             &mut settings.serving.chat_template,
         ]
         .into_iter()
@@ -133,15 +105,9 @@ impl ServeSettings {
         Self {
             model: self.model.or(fallback.model),
             random_model: self.random_model || fallback.random_model,
-            host: self.host.or(fallback.host),
-            port: self.port.or(fallback.port),
+            front_door: self.front_door.or(fallback.front_door),
             engine: self.engine.or(fallback.engine),
             cache_dir: self.cache_dir.or(fallback.cache_dir),
-            keys_file: self.keys_file.or(fallback.keys_file),
-            max_inflight: self.max_inflight.or(fallback.max_inflight),
-            max_queued: self.max_queued.or(fallback.max_queued),
-            max_body_bytes: self.max_body_bytes.or(fallback.max_body_bytes),
-            drain_delay_s: self.drain_delay_s.or(fallback.drain_delay_s),
             serving: self.serving.or(fallback.serving),
         }
     }
@@ -152,13 +118,10 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Some(path) => args.settings.or(ServeSettings::from_file(path)?),
         None => args.settings,
     };
-    let limits = admission_limits(
-        settings.max_inflight,
-        settings.max_queued,
-        settings.max_body_bytes,
-    )?;
+    let limits = settings.front_door.limits()?;
     let cache = settings.cache_dir.unwrap_or_else(default_cache_dir);
-    let keys_file = settings.keys_file.unwrap_or_else(|| cache.join(KEYS_FILE));
+    let keys_file =
+        (settings.front_door.keys_file.clone()).unwrap_or_else(|| cache.join(KEYS_FILE));
     let access = settings
         .serving
         .access(KeyStore::load(&keys_file)?, limits)?;
@@ -189,17 +152,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
         model_name,
         owned_by,
         options,
-        addr: SocketAddr::new(
-            settings.host.unwrap_or(DEFAULT_HOST),
-            settings.port.unwrap_or(DEFAULT_PORT),
-        ),
+        addr: settings.front_door.addr(),
         engine: settings.engine.spec()?,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let drain_delay = Duration::from_secs(settings.drain_delay_s.unwrap_or(DEFAULT_DRAIN_DELAY_S));
+    let drain_delay = settings.front_door.drain_delay();
     runtime.block_on(strata_router::serve(
         config,
         access,
@@ -209,25 +169,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// The admission limits given (each `None` keeps its default), checked: `strata serve` and
-/// `strata router` take the same three.
-pub(super) fn admission_limits(
-    max_inflight: Option<usize>,
-    max_queued: Option<usize>,
-    max_body_bytes: Option<usize>,
-) -> Result<AdmissionLimits> {
-    let defaults = AdmissionLimits::default();
-    let limits = AdmissionLimits {
-        max_inflight: max_inflight.unwrap_or(defaults.max_inflight),
-        max_queued: max_queued.unwrap_or(defaults.max_queued),
-        max_body_bytes: max_body_bytes.unwrap_or(defaults.max_body_bytes),
-    };
-    if limits.max_inflight == 0 {
-        anyhow::bail!("max_inflight (--max-inflight) must be at least 1");
-    }
-    Ok(limits)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,15 +176,18 @@ mod tests {
     #[test]
     fn flags_win_over_the_file_and_the_file_over_defaults() {
         let flags = ServeSettings {
-            port: Some(9000),
+            front_door: FrontDoor {
+                port: Some(9000),
+                ..Default::default()
+            },
             ..Default::default()
         };
         let file =
             ServeSettings::parse_toml("port = 8000\nmax_queued = 7\nmax_running = 9\n").unwrap();
         let merged = flags.or(file);
-        assert_eq!(merged.port, Some(9000));
-        assert_eq!(merged.max_queued, Some(7));
-        assert_eq!(merged.max_inflight, None);
+        assert_eq!(merged.front_door.port, Some(9000));
+        assert_eq!(merged.front_door.max_queued, Some(7));
+        assert_eq!(merged.front_door.max_inflight, None);
         assert_eq!(
             merged.engine.max_running,
             Some(9),
@@ -263,8 +207,11 @@ mod tests {
     fn the_example_file_is_valid() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/serve.example.toml");
         let settings = ServeSettings::from_file(&path).unwrap();
-        assert_eq!(settings.port, Some(8080));
-        assert_eq!(settings.drain_delay_s, Some(DEFAULT_DRAIN_DELAY_S));
-        assert!(settings.keys_file.unwrap().is_absolute());
+        assert_eq!(settings.front_door.port, Some(8080));
+        assert_eq!(
+            settings.front_door.drain_delay_s,
+            Some(strata_router::drain::DEFAULT_DRAIN_DELAY_S)
+        );
+        assert!(settings.front_door.keys_file.unwrap().is_absolute());
     }
 }

@@ -1,9 +1,11 @@
-//! vLLM's serving flags, defined once as flags and TOML keys: `serve` and `router` flatten
-//! [`ServingSettings`] into their own. They present the model (its names, its context window,
-//! its chat template) and guard the door (a server key, browser origins); the engine never sees
-//! them.
+//! The front door's flags, defined once as flags and TOML keys: `serve` and `router` flatten
+//! [`FrontDoor`] (address, keys file, admission limits, drain delay) and [`ServingSettings`]
+//! (vLLM's serving flags: the model's names, its context window, its chat template, a server
+//! key, browser origins) into their own; the engine never sees them.
 
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -12,6 +14,82 @@ use strata_router::admission::AdmissionLimits;
 use strata_router::auth::{ApiKey, KeyStore};
 use strata_router::cors::AllowedOrigins;
 use strata_router::{Access, ServingOptions};
+
+/// Where a server listens and how much it admits, each optional so a flag, a config file and
+/// the default can be told apart.
+#[derive(Args, Deserialize, Default, Clone)]
+pub struct FrontDoor {
+    /// Listening address [default: 127.0.0.1].
+    #[arg(long)]
+    pub host: Option<IpAddr>,
+    /// Listening port; 0 picks a free one (the address is printed) [default: 8080].
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// API keys (`strata keys add`), reread when it changes; without keys the server is open.
+    /// `serve` defaults to <cache dir>/keys.json; `router` has no default.
+    #[arg(long)]
+    pub keys_file: Option<PathBuf>,
+    /// Generation requests running at once [default: 256].
+    #[arg(long)]
+    pub max_inflight: Option<usize>,
+    /// Generation requests waiting for a slot; beyond this, 429 with Retry-After [default: 1024].
+    #[arg(long)]
+    pub max_queued: Option<usize>,
+    /// Largest request body, in bytes; larger is a 413 [default: 4194304].
+    #[arg(long)]
+    pub max_body_bytes: Option<usize>,
+    /// On SIGTERM: seconds the server goes on serving while `GET /ready` answers 503, so that a
+    /// load balancer checking it takes the server out before it stops accepting (make it longer
+    /// than the balancer's check interval times its failure count); then the requests in flight
+    /// finish. Ctrl-C skips it [default: 5].
+    #[arg(long)]
+    pub drain_delay_s: Option<u64>,
+}
+
+impl FrontDoor {
+    /// Each setting from `self`, else from `fallback`.
+    pub fn or(self, fallback: Self) -> Self {
+        Self {
+            host: self.host.or(fallback.host),
+            port: self.port.or(fallback.port),
+            keys_file: self.keys_file.or(fallback.keys_file),
+            max_inflight: self.max_inflight.or(fallback.max_inflight),
+            max_queued: self.max_queued.or(fallback.max_queued),
+            max_body_bytes: self.max_body_bytes.or(fallback.max_body_bytes),
+            drain_delay_s: self.drain_delay_s.or(fallback.drain_delay_s),
+        }
+    }
+
+    /// The listening address (127.0.0.1:8080 unless given).
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::new(
+            self.host.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            self.port.unwrap_or(8080),
+        )
+    }
+
+    /// The admission limits given (each `None` keeps its default), checked.
+    pub fn limits(&self) -> Result<AdmissionLimits> {
+        let defaults = AdmissionLimits::default();
+        let limits = AdmissionLimits {
+            max_inflight: self.max_inflight.unwrap_or(defaults.max_inflight),
+            max_queued: self.max_queued.unwrap_or(defaults.max_queued),
+            max_body_bytes: self.max_body_bytes.unwrap_or(defaults.max_body_bytes),
+        };
+        if limits.max_inflight == 0 {
+            bail!("max_inflight (--max-inflight) must be at least 1");
+        }
+        Ok(limits)
+    }
+
+    /// How long a SIGTERM keeps serving while `/ready` answers 503.
+    pub fn drain_delay(&self) -> Duration {
+        Duration::from_secs(
+            self.drain_delay_s
+                .unwrap_or(strata_router::drain::DEFAULT_DRAIN_DELAY_S),
+        )
+    }
+}
 
 /// Every serving setting, each optional so a flag, a config file and the default can be told
 /// apart.
