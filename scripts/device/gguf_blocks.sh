@@ -12,7 +12,7 @@
 #   3. decode of the Llama-3.1-8B shape from GGUF files written by scripts/device/make_gguf.py
 #      (random blocks; Q4_K_M's type mix and all-Q8_0; llama3 rope scaling as the
 #      `rope_freqs.weight` tensor llama.cpp's converter writes), with the synthesized bf16 weights
-#      of the same shape as the comparison. With WIDENED=1 each file's decode is also run with --widen-blocks (the
+#      of the same shape as the comparison. With WIDENED=1 each file's decode is also run with --widen-gguf (the
 #      same bits, bf16 bytes) as an in-run control;
 #   3b. with GEMMA naming gemma-3-270m-q4_k_m.gguf (part "gemma"): Gemma 3 on CUDA from its kept
 #      blocks — a completion naming Paris, the same text with --widen-gguf, greedy parity
@@ -112,7 +112,7 @@ if part decode; then
     for q in q4_k_m q8_0; do
         decode "$q" --model "$FILES/llama-8b-$q.gguf"
         [[ ${WIDENED:-0} == 1 ]] &&
-            decode "$q-widened" --model "$FILES/llama-8b-$q.gguf" --widen-blocks --check-graphs
+            decode "$q-widened" --model "$FILES/llama-8b-$q.gguf" --widen-gguf --check-graphs
     done
 fi
 

@@ -89,17 +89,18 @@ pub struct DecodeArgs {
     #[arg(long, required_unless_present = "model", conflicts_with = "model")]
     config: Option<PathBuf>,
     /// A checkpoint (HF directory or GGUF file) instead: its weights as the backend holds them
-    /// (GGUF block formats stay quantized unless --widen-blocks).
+    /// (GGUF block formats stay quantized unless --widen-gguf).
     #[arg(long)]
     model: Option<PathBuf>,
-    /// With --model: widen GGUF block weights to bf16 at load (the comparison arm).
-    #[arg(long)]
+    /// With --model: widen GGUF block weights to bf16 at load (the comparison arm; the engine's
+    /// spelling, `--widen-blocks` still read).
+    #[arg(long = "widen-gguf", alias = "widen-blocks")]
     widen_blocks: bool,
     /// With --model: keep an FP8 / NVFP4 checkpoint's weights in strata's device blocks
     /// (widened to bf16 without it).
     #[arg(long)]
     keep_quantized: bool,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value = "cuda:0", value_parser = super::engine_args::cuda_ordinal)]
     device: usize,
     /// Batch sizes, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
@@ -140,7 +141,7 @@ pub struct DecodeArgs {
 pub struct PrefillArgs {
     #[arg(long)]
     config: PathBuf,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value = "cuda:0", value_parser = super::engine_args::cuda_ordinal)]
     device: usize,
     /// Prompt lengths, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "512,4096")]
@@ -620,7 +621,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
             (config, Some(ckpt), model.clone())
         }
         (None, Some(_)) if args.widen_blocks || args.keep_quantized => {
-            bail!("--widen-blocks and --keep-quantized need --model")
+            bail!("--widen-gguf and --keep-quantized need --model")
         }
         (None, Some(path)) => (read_config(path)?, None, path.clone()),
         (None, None) => bail!("give --config or --model"),

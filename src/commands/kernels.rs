@@ -34,8 +34,8 @@ pub enum KernelsCommand {
     /// Run every kernel on the GPU against a CPU reference on fresh random inputs, with canary
     /// arms that must fail; prints a table and exits non-zero on any failure.
     Selftest {
-        /// CUDA device ordinal.
-        #[arg(long, default_value_t = 0)]
+        /// The GPU: cuda or cuda:N.
+        #[arg(long, default_value = "cuda:0", value_parser = super::engine_args::cuda_ordinal)]
         device: usize,
         /// Seed for the random inputs (default: drawn from the clock, printed).
         #[arg(long)]
@@ -47,8 +47,8 @@ pub enum KernelsCommand {
     /// Time the decode GEMV (and the pinned cuBLASLt GEMM) on Llama-3-8B shapes and print their
     /// bandwidth (GB/s).
     Bench {
-        /// CUDA device ordinal.
-        #[arg(long, default_value_t = 0)]
+        /// The GPU: cuda or cuda:N.
+        #[arg(long, default_value = "cuda:0", value_parser = super::engine_args::cuda_ordinal)]
         device: usize,
         /// Comma-separated row counts M (the GEMV takes 1..=64).
         #[arg(long, value_delimiter = ',', default_value = "1,4,8,16,32,64")]
