@@ -9,7 +9,7 @@ a mask, so shapes never change between steps. Times come from CUDA events around
 after a warm-up; the median is reported with the bytes a step must move (weights plus the KV read).
 
 Usage: torch_compiled_peer.py CONFIG.json OUT.json [--batch 1,32,64] [--context 512]
-                              [--steps 64] [--bandwidth 4.22e12]
+                              [--steps 64] [--bandwidth BYTES_PER_S]
 """
 
 import argparse
@@ -20,6 +20,24 @@ import torch
 import torch.nn.functional as F
 
 
+def copy_rate():
+    """A device-to-device copy of 1 GiB, bytes read plus written per second, the best of five
+    after one warm-up: the roofline `strata gpu decode` measures the same way."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for i in range(6):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        if i > 0:
+            best = min(best, start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2.0 * (1 << 30) / best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("config")
@@ -27,8 +45,11 @@ def main() -> None:
     parser.add_argument("--batch", default="1,32,64")
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--steps", type=int, default=64)
-    parser.add_argument("--bandwidth", type=float, default=4.22e12)
+    parser.add_argument("--bandwidth", type=float, default=None,
+                        help="bytes/s for the roofline; default: measured here, as strata gpu decode does")
     args = parser.parse_args()
+    if args.bandwidth is None:
+        args.bandwidth = copy_rate()
 
     cfg = json.load(open(args.config))
     h = cfg["hidden_size"]

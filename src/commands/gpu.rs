@@ -111,9 +111,10 @@ pub struct DecodeArgs {
     /// Timed decode steps per batch size (after 8 warm-up steps).
     #[arg(long, default_value_t = 64)]
     steps: usize,
-    /// Measured HBM bandwidth (bytes/s) for the roofline.
-    #[arg(long, default_value_t = 4.22e12)]
-    bandwidth: f64,
+    /// HBM bandwidth (bytes/s) for the roofline [default: measured on this GPU: a device-to-
+    /// device copy of 1 GiB, bytes read plus written per second].
+    #[arg(long)]
+    bandwidth: Option<f64>,
     /// Batch sizes at which graph replay is checked bit for bit against eager launches before
     /// timing (odd sizes exercise the padding rows); the flag with no value skips the check.
     #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "1,3,8,33")]
@@ -646,7 +647,8 @@ fn decode(args: DecodeArgs) -> Result<()> {
         }),
         args.device,
         positions,
-        max_batch * positions,
+        // Whole blocks per sequence: every table holds `blocks_per_seq` of them.
+        max_batch * blocks_per_seq * 16,
         args.sharded,
     )?;
     backend.set_decode_gemm(args.decode_gemm);
@@ -664,6 +666,14 @@ fn decode(args: DecodeArgs) -> Result<()> {
         .collect();
     let vocab = config.vocab_size;
     let mut results = Vec::new();
+    let (bandwidth, bandwidth_source) = match args.bandwidth {
+        Some(b) => (b, "--bandwidth"),
+        None => (copy_rate(backend.stream())?, "measured device copy"),
+    };
+    println!(
+        "roofline at {:.2} TB/s ({bandwidth_source})",
+        bandwidth / 1e12
+    );
     println!(
         "decode {} on {}: {:.2} GB of weights ({}), context {}",
         source.display(),
@@ -712,7 +722,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         let kv_bytes =
             (batch * (args.context + args.steps / 2) * config.num_layers * 2 * config.kv_dim() * 2)
                 as f64;
-        let ideal = (weight_bytes + kv_bytes) / args.bandwidth;
+        let ideal = (weight_bytes + kv_bytes) / bandwidth;
         let tps = batch as f64 / med;
         println!(
             "  batch {batch:>3}: step {:.3} ms (min {:.3}, max {:.3}), {tps:.0} tok/s, \
@@ -772,7 +782,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         &json!({"config": args.config, "model": args.model, "widen_blocks": args.widen_blocks,
                 "keep_quantized": args.keep_quantized, "weight_formats": formats, "device": backend.device_name(),
                 "weight_bytes": weight_bytes, "context": args.context,
-                "bandwidth_bytes_per_s": args.bandwidth,
+                "bandwidth_bytes_per_s": bandwidth, "bandwidth_source": bandwidth_source,
                 "includes": "greedy sampling on the device, token ids copied to the host",
                 "sharded_reduction": args.sharded, "decode_gemm": args.decode_gemm,
                 "run_order": args.run_order,
@@ -844,4 +854,24 @@ fn prefill(args: PrefillArgs) -> Result<()> {
         &json!({"config": args.config, "device": backend.device_name(),
                 "peak_flops": args.peak, "results": results}),
     )
+}
+
+/// The GPU's memory bandwidth as a device-to-device copy of 1 GiB measures it: bytes read plus
+/// bytes written per second, the best of five copies after one warm-up. What a decode step can
+/// reach, on whatever GPU this runs (the roofline of `strata gpu decode`).
+fn copy_rate(stream: &std::sync::Arc<strata_kernels::cudarc::driver::CudaStream>) -> Result<f64> {
+    const BYTES: usize = 1 << 30;
+    let src = stream.alloc_zeros::<u8>(BYTES)?;
+    let mut dst = stream.alloc_zeros::<u8>(BYTES)?;
+    let mut best = f64::INFINITY;
+    for i in 0..6 {
+        stream.synchronize()?;
+        let start = Instant::now();
+        stream.memcpy_dtod(&src, &mut dst)?;
+        stream.synchronize()?;
+        if i > 0 {
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+    }
+    Ok(2.0 * BYTES as f64 / best)
 }
