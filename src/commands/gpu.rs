@@ -405,6 +405,15 @@ struct Holding {
     keep_quantized: bool,
 }
 
+impl Holding {
+    fn of(args: &DecodeArgs) -> Self {
+        Self {
+            widen_blocks: args.widen_blocks,
+            keep_quantized: args.keep_quantized,
+        }
+    }
+}
+
 /// A backend of `config` with synthesized weights, or the weights of `checkpoint` (GGUF block
 /// formats kept unless widened, FP8 / NVFP4 widened unless kept: `Holding`).
 fn bench_backend(
@@ -638,17 +647,10 @@ fn decode(args: DecodeArgs) -> Result<()> {
     let blocks_per_seq = positions.div_ceil(16);
     let mut backend = bench_backend(
         &config,
-        checkpoint.as_ref().map(|c| {
-            let holding = Holding {
-                widen_blocks: args.widen_blocks,
-                keep_quantized: args.keep_quantized,
-            };
-            (c, holding)
-        }),
+        checkpoint.as_ref().map(|c| (c, Holding::of(&args))),
         args.device,
         positions,
-        // Whole blocks per sequence: every table holds `blocks_per_seq` of them.
-        max_batch * blocks_per_seq * 16,
+        max_batch * blocks_per_seq * 16, // whole blocks: each table holds blocks_per_seq
         args.sharded,
     )?;
     backend.set_decode_gemm(args.decode_gemm);
@@ -666,14 +668,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         .collect();
     let vocab = config.vocab_size;
     let mut results = Vec::new();
-    let (bandwidth, bandwidth_source) = match args.bandwidth {
-        Some(b) => (b, "--bandwidth"),
-        None => (copy_rate(backend.stream())?, "measured device copy"),
-    };
-    println!(
-        "roofline at {:.2} TB/s ({bandwidth_source})",
-        bandwidth / 1e12
-    );
+    let (bandwidth, bandwidth_source) = roofline_bandwidth(args.bandwidth, backend.stream())?;
     println!(
         "decode {} on {}: {:.2} GB of weights ({}), context {}",
         source.display(),
@@ -854,6 +849,19 @@ fn prefill(args: PrefillArgs) -> Result<()> {
         &json!({"config": args.config, "device": backend.device_name(),
                 "peak_flops": args.peak, "results": results}),
     )
+}
+
+/// The roofline's bandwidth: `given` (`--bandwidth`), else [`copy_rate`]; printed, with its source.
+fn roofline_bandwidth(
+    given: Option<f64>,
+    stream: &std::sync::Arc<strata_kernels::cudarc::driver::CudaStream>,
+) -> Result<(f64, &'static str)> {
+    let (bandwidth, source) = match given {
+        Some(b) => (b, "--bandwidth"),
+        None => (copy_rate(stream)?, "measured device copy"),
+    };
+    println!("roofline at {:.2} TB/s ({source})", bandwidth / 1e12);
+    Ok((bandwidth, source))
 }
 
 /// The GPU's memory bandwidth as a device-to-device copy of 1 GiB measures it: bytes read plus

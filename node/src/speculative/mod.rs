@@ -129,7 +129,8 @@ pub struct Speculator {
     pub(crate) counters: SpecCounters,
     /// Reused proposal buffers, one per sequence asking.
     pub(crate) drafts: Vec<Vec<u32>>,
-    /// Verify every proposal whatever it costs (the gates, which test identity, not policy).
+    /// Verify every proposal whatever it costs (`"policy": "always"`, and the gates, which test
+    /// identity, not policy).
     pub(crate) unconditional: bool,
 }
 
