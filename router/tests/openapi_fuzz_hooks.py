@@ -20,10 +20,18 @@ Every other refusal of a schema-valid request still fails the run.
 """
 
 import json
+import sys
 
 import schemathesis
 from schemathesis.openapi.checks import RejectedPositiveData
 from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+# CPython 3.11 raises "AST constructor recursion depth mismatch" when the recursion limit is hit
+# while `ast` builds a tree; Hypothesis parses a strategy's source to describe a lambda, deep in
+# schemathesis' recursive schema walk (the coverage phase over /v1/cache's body), and the default
+# limit of 1000 frames is reached there now and then. The walk is bounded; the limit is not the
+# guard against runaway recursion here.
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
 
 # Words of the server's refusal messages (router/src), one refusal each.
 UNSTATABLE_REFUSALS = (
