@@ -5,7 +5,8 @@
 # blocks widened exactly); each plan quantizes it (strata quantize) and is compared with it on
 # TEXT by `strata eval compare` (llama.cpp's perplexity positions): both perplexities, the mean
 # and largest KL(baseline ‖ plan), the top-1 agreement and the greedy agreement (64 tokens
-# continued by each from the first halves of the scored chunks). Writes OUT_DIR/receipt.json: per plan
+# continued by each from the first halves of the scored chunks). nvfp4-kept scores the nvfp4
+# file in the arithmetic the GPU computes with --keep-quantized (the tiles'). Writes OUT_DIR/receipt.json: per plan
 # those, the perplexity ratio, the mean and worst relative RMS error of its Linear projections,
 # and the weights' bytes.
 set -euo pipefail
@@ -24,6 +25,10 @@ for plan in fp8 fp8-block nvfp4 nvfp4-4o6 mixed; do
         --context "$context" --max-chunks "$chunks" --greedy 64 --json "$out/$plan.json" 2>/dev/null |
         tee "$out/$plan.txt"
 done
+# NVFP4 kept: the arithmetic the GPU's tiles compute (--keep-quantized), on the same file.
+"$bin" eval compare --model "$model" --candidate "$out/nvfp4" --text "$text" --keep-quantized \
+    --context "$context" --max-chunks "$chunks" --greedy 64 --json "$out/nvfp4-kept.json" 2>/dev/null |
+    tee "$out/nvfp4-kept.txt"
 python3 "$(dirname "$0")/eval_receipt.py" --out "$out" --model "$model" --binary "$bin" \
     --what "strata quantize plans scored by strata eval perplexity on the CPU reference" \
-    --group plans fp8 fp8-block nvfp4 nvfp4-4o6 mixed
+    --group plans fp8 fp8-block nvfp4 nvfp4-kept nvfp4-4o6 mixed

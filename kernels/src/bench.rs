@@ -502,3 +502,91 @@ pub fn prefill_attention_timings(
     }
     Ok(out)
 }
+
+/// One timed NVFP4-tile GEMV shape ([`Kernels::gemv_tiles`], bf16 out).
+#[derive(Debug, Clone)]
+pub struct TileGemvTiming {
+    /// (row tiles per warp, warps over k).
+    pub config: (usize, usize, usize),
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Median time per launch, microseconds.
+    pub micros: f64,
+    /// Bytes that must move per launch (the tiles, x, bf16 y) over the median time, GB/s.
+    pub gbytes_per_s: f64,
+}
+
+/// Random NVFP4 codes and finite positive e4m3 group scales (2^-9 .. 2^2, subnormals included)
+/// for `[n, k]`.
+pub(crate) fn random_nvfp4(rng: &mut Rng, n: usize, k: usize) -> (Vec<u8>, Vec<u8>) {
+    let codes = (0..n * k / 2).map(|_| rng.next_u64() as u8).collect();
+    let scales = (0..n * k / 16)
+        .map(|_| ((rng.below(10) as u8) << 3) | (rng.next_u64() as u8 & 7))
+        .collect();
+    (codes, scales)
+}
+
+/// Times the NVFP4-tile GEMV for each `(m, n, k)` and tile config, like [`gemv_timings`]
+/// (weights rotated past the L2 cache, batches, median), handing each timing to `report`.
+pub fn tile_timings(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    shapes: &[(usize, usize, usize)],
+    configs: &[(usize, usize, usize)],
+    report: &mut dyn FnMut(&TileGemvTiming),
+) -> Result<Vec<TileGemvTiming>, KernelError> {
+    use crate::tiles::{TileFormat, nvfp4_tiles};
+    let mut rng = Rng::new(0x711e);
+    let mut out = Vec::new();
+    let mut cache: HashMap<(usize, usize), Vec<CudaSlice<u8>>> = HashMap::new();
+    for &(m, n, k) in shapes {
+        let weights = match cache.entry((n, k)) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let (codes, scales) = random_nvfp4(&mut rng, n, k);
+                let host = nvfp4_tiles(&codes, &scales, n, k, false).map_err(|message| {
+                    KernelError::Shape {
+                        kernel: "gemv_tiles",
+                        message,
+                    }
+                })?;
+                let copies = ROTATION_BYTES.div_ceil(host.len()).clamp(2, 16);
+                let copies: Result<Vec<_>, _> =
+                    (0..copies).map(|_| upload(stream, &host)).collect();
+                e.insert(copies?)
+            }
+        };
+        let copies = weights.len();
+        let x = upload(stream, &rng.bf16_vec(m * k, 1.0, 0.0))?;
+        let s = upload(stream, &vec![0.75f32; n])?;
+        let mut y = stream.alloc_zeros::<bf16>(m * n)?;
+        for &config in configs {
+            let mut launch = |i: usize| -> Result<(), KernelError> {
+                let w = &weights[i % copies];
+                kernels.gemv_tiles(
+                    stream,
+                    &mut y,
+                    &x,
+                    (w, &s),
+                    TileFormat::Nvfp4,
+                    (m, n, k),
+                    config,
+                )
+            };
+            let micros = median_micros(stream, &mut launch)?;
+            let bytes = TileFormat::Nvfp4.bytes(n, k) + (m * k + m * n) * 2;
+            let timing = TileGemvTiming {
+                config,
+                m,
+                n,
+                k,
+                micros,
+                gbytes_per_s: bytes as f64 / (micros * 1e-6) / 1e9,
+            };
+            report(&timing);
+            out.push(timing);
+        }
+    }
+    Ok(out)
+}

@@ -35,7 +35,9 @@ mod selftest_gemma;
 mod selftest_gemv;
 pub mod selftest_lowp;
 mod selftest_runs;
+mod selftest_tiles;
 mod selftest_tp;
+pub mod tiles;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -109,6 +111,10 @@ pub const SOURCES: &[Source] = &[
     block_source!("gemv_blocks_nvfp4", "MACRO(1001, nvfp4)"),
     block_source!("gemv_blocks_nvfp4_modelopt", "MACRO(1002, nvfp4_modelopt)"),
     block_source!("gemv_blocks_fp8", "MACRO(1003, fp8)"),
+    Source {
+        module: "gemv_tiles",
+        text: include_str!("../cuda/gemv_tiles.cu"),
+    },
     Source {
         module: "runs",
         text: include_str!("../cuda/runs.cu"),

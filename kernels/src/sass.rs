@@ -65,10 +65,16 @@ impl Loop {
     }
 
     /// Instructions per weight and lane, for a kernel whose MMAs each take a fresh weight
-    /// fragment (one x tile); `None` for a loop without MMAs.
+    /// fragment (one x tile) as the B operand ([`WEIGHTS_PER_LANE_MMA`]); `None` for a loop
+    /// without MMAs.
     pub fn per_weight(&self) -> Option<f64> {
-        (self.mma > 0)
-            .then(|| self.instructions() as f64 / (self.mma * WEIGHTS_PER_LANE_MMA) as f64)
+        self.per_weight_at(WEIGHTS_PER_LANE_MMA)
+    }
+
+    /// [`Loop::per_weight`] for MMAs that each take `weights` weights per lane (8 where the
+    /// weight is the A operand, `cuda/gemv_tiles.cu`).
+    pub fn per_weight_at(&self, weights: usize) -> Option<f64> {
+        (self.mma > 0).then(|| self.instructions() as f64 / (self.mma * weights) as f64)
     }
 }
 
@@ -186,20 +192,29 @@ pub struct BudgetRow {
 /// bf16 and every block format, compiled for `arch`: bf16 first, then [`BlockFormat::every`]'s
 /// order. Needs NVRTC, ptxas and nvdisasm ([`crate::check::sass`]).
 pub fn decode_gemv_budget(arch: &str) -> Result<Vec<BudgetRow>, String> {
-    let mut wanted: Vec<(String, &'static str, String)> =
-        vec![("bf16".into(), "gemv", "gemv_mma_bf16_x1".into())];
+    let mut wanted: Vec<(String, &'static str, String, usize)> = vec![(
+        "bf16".into(),
+        "gemv",
+        "gemv_mma_bf16_x1".into(),
+        WEIGHTS_PER_LANE_MMA,
+    )];
     for format in BlockFormat::every() {
         let name = format.kernel_name();
         wanted.push((
             name.to_string(),
             format.module(),
             format!("gemv_mma_{name}_bf16_x1"),
+            WEIGHTS_PER_LANE_MMA,
         ));
+    }
+    // The fragment-ordered tiles (weights as the A operand: 8 per lane and MMA).
+    for (format, function) in crate::tiles::BUDGETED {
+        wanted.push((format.into(), "gemv_tiles", function.into(), 8));
     }
     let listings: Vec<Result<String, String>> = std::thread::scope(|scope| {
         let threads: Vec<_> = wanted
             .iter()
-            .map(|(_, module, _)| {
+            .map(|(_, module, _, _)| {
                 scope.spawn(move || {
                     let source = crate::SOURCES
                         .iter()
@@ -220,7 +235,7 @@ pub fn decode_gemv_budget(arch: &str) -> Result<Vec<BudgetRow>, String> {
     wanted
         .into_iter()
         .zip(listings)
-        .map(|((format, module, function), listing)| {
+        .map(|((format, module, function, weights), listing)| {
             let functions = parse(&listing.map_err(|e| format!("{module} for {arch}: {e}"))?);
             let f = functions
                 .get(&function)
@@ -230,7 +245,7 @@ pub fn decode_gemv_budget(arch: &str) -> Result<Vec<BudgetRow>, String> {
                 .ok_or_else(|| format!("`{function}` for {arch}: no loop holds an MMA"))?;
             Ok(BudgetRow {
                 format,
-                per_weight: hot.per_weight().expect("a hot loop holds MMAs"),
+                per_weight: hot.per_weight_at(weights).expect("a hot loop holds MMAs"),
                 instructions: hot.instructions(),
                 mma: hot.mma,
                 histogram: f.histogram(&hot),

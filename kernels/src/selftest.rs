@@ -58,6 +58,7 @@ pub fn selftest_with_seed(
         ("gemm", gemv_checks::check_gemm),
         ("gemm runs", selftest_runs::check_gemm_runs),
         ("run order invariance", selftest_runs::check_runs_invariance),
+        ("gemv tiles", crate::selftest_tiles::check_tiles),
         ("gemv shards", selftest_tp::check_gemv_shards),
         ("gemm slices", selftest_tp::check_gemm_slices),
         ("embed rows", selftest_tp::check_embed_rows),

@@ -647,3 +647,41 @@ fn activation_quantized_logits_follow_compressed_tensors_forward() {
         );
     }
 }
+
+/// Kept NVFP4's arithmetic on the CPU reference (what the CUDA tiles compute with
+/// `--keep-quantized`): on compressed-tensors' and ModelOpt's own files every NVFP4 projection
+/// changes arithmetic, and the last position's logits stay within 1e-4 of their range from the
+/// widened model's (the weights differ by at most one bf16 rounding of `w' × s`) without being
+/// the same (the canary: `keep_nvfp4` changed nothing).
+#[test]
+fn kept_nvfp4_arithmetic_stays_within_a_rounding_of_the_widened_model() {
+    let tokens = [1u32, 17, 42, 99, 5, 250, 3, 77];
+    for dir in ["ct-nvfp4", "modelopt-nvfp4"] {
+        let dir = fixtures().join(dir);
+        let widened = CpuModel::load(&dir).unwrap();
+        let mut kept = CpuModel::load(&dir).unwrap();
+        let changed = kept.keep_nvfp4(&Checkpoint::open(&dir).unwrap()).unwrap();
+        assert_eq!(changed, 14, "{}", dir.display());
+        let logits = |m: &CpuModel| {
+            m.forward(&tokens, &mut m.new_cache(), LogitRows::Last)
+                .unwrap()
+        };
+        let (want, got) = (logits(&widened), logits(&kept));
+        let range = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let off = want
+            .iter()
+            .zip(&got)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+            / range;
+        eprintln!(
+            "{}: kept vs widened {off:.2e} of the logits' range",
+            dir.display()
+        );
+        assert!(
+            off > 0.0,
+            "{}: kept NVFP4 computed the widened model",
+            dir.display()
+        );
+        assert!(off < 1e-4, "{}: {off:.2e}", dir.display());
+    }
+}

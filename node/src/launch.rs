@@ -142,6 +142,12 @@ pub fn build_backend(dir: &Path, spec: &EngineSpec) -> Result<BuiltBackend, Mode
                     .map_err(LoadError::from)?;
                 tracing::info!("{quantized} projections quantize their inputs (W8A8 / W4A4)");
             }
+            if spec.keep_quantized && !spec.nvfp4_blocks {
+                let kept = Checkpoint::open(dir)
+                    .and_then(|ckpt| loaded.model.keep_nvfp4(&ckpt))
+                    .map_err(LoadError::from)?;
+                tracing::info!("{kept} NVFP4 projections compute kept NVFP4's arithmetic");
+            }
             let backend = CpuBackend::new(loaded.model, spec.block_size, cpu_bytes()?);
             let parts = ServingParts {
                 tokenizer: loaded.tokenizer,
@@ -270,6 +276,7 @@ fn build_cuda_backend(
         sharded_reduction: placement.sharded_reduction,
         widen_blocks: spec.widen_gguf,
         keep_quantized: spec.keep_quantized,
+        nvfp4_blocks: spec.nvfp4_blocks,
         run_order: spec.run_order,
     };
     let source = WeightSource::Checkpoint(&checkpoint);

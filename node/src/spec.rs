@@ -115,11 +115,17 @@ pub struct EngineSpec {
     /// memory, faster decode where the block kernels are slower than bf16:
     /// docs/receipts/gguf-blocks-h200.json).
     pub widen_gguf: bool,
-    /// CUDA: keep an FP8 or NVFP4 safetensors checkpoint's quantized projections in strata's
-    /// device blocks (computing the widened model's bits) instead of widening them to bf16 at
-    /// load: about 1.9x (FP8) and 3.2x (NVFP4) less weight memory, slower decode until the block
-    /// kernels catch up (docs/receipts/quant-blocks-h100.json).
+    /// CUDA: keep an FP8 or NVFP4 safetensors checkpoint's quantized projections on the device
+    /// instead of widening them to bf16 at load: about 1.9x (FP8) and 3.2x (NVFP4) less weight
+    /// memory. FP8 stays in strata's blocks (the widened model's bits, slower decode than bf16:
+    /// docs/receipts/quant-blocks-h100.json); NVFP4 on one GPU goes into fragment-ordered tiles
+    /// (its own arithmetic, the tensor scale once per output; 1.9x bf16's decode at batch 1:
+    /// docs/receipts/tiles-nvfp4.json), in blocks elsewhere or with `nvfp4_blocks`. The CPU
+    /// reference (one rank) then computes the tiles' arithmetic for NVFP4 too, its oracle.
     pub keep_quantized: bool,
+    /// With `keep_quantized`: NVFP4 in blocks (the widened model's bits) even where tiles could
+    /// hold it, and the widened arithmetic on the CPU reference.
+    pub nvfp4_blocks: bool,
     /// CPU: compute a quantized checkpoint's activation quantization (W8A8 / W4A4: each
     /// projection's input quantized as its config asks) instead of weight-only arithmetic — the
     /// reference the FP8 / FP4 activation kernels are gated against.
@@ -162,6 +168,7 @@ impl EngineSpec {
             limits,
             widen_gguf: false,
             keep_quantized: false,
+            nvfp4_blocks: false,
             quantize_activations: false,
             run_order: false,
             tiers: KvTiers::default(),
@@ -181,6 +188,13 @@ impl EngineSpec {
             return Err(
                 "quantize_activations runs on the CPU reference alone (one rank): the CUDA \
                  activation-quantized kernels are not written yet"
+                    .into(),
+            );
+        }
+        if self.keep_quantized && !self.nvfp4_blocks && self.device == Device::Cpu && self.tp > 1 {
+            return Err(
+                "keep_quantized on the CPU reference computes kept NVFP4's arithmetic on one rank \
+                 (tp = 1); nvfp4_blocks keeps the widened weights' arithmetic at any tp"
                     .into(),
             );
         }

@@ -28,7 +28,8 @@ NCU=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null |
 [[ -x $NCU ]] || { echo "no ncu on this machine"; exit 2; }
 SECTIONS=(--section SpeedOfLight --section LaunchStats --section Occupancy
     --section WarpStateStats --section SchedulerStats --section InstructionStats
-    --section MemoryWorkloadAnalysis)
+    --section MemoryWorkloadAnalysis
+    --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio$')
 failed=0
 
 # profile NAME REGEX COMMAND...: the first launch of a kernel matching REGEX.

@@ -9,11 +9,13 @@
 #      conventions, FP8), with canaries;
 #   2. identity: a small Llama (4 layers, hidden 1024) synthesized, quantized by
 #      `strata quantize` (fp8, nvfp4, mixed); each generates greedily on the GPU with its
-#      weights kept and widened — the texts must be equal (the blocks compute the widened
-#      model's bits) — and passes `strata gpu parity --keep-quantized` against the CPU reference;
+#      weights kept in blocks (`--nvfp4-blocks` for NVFP4) and widened — the texts must be equal
+#      (the blocks compute the widened model's bits) — and passes `strata gpu parity
+#      --keep-quantized` (NVFP4 in tiles, their own arithmetic) against the CPU reference;
 #   3. decode: the Llama-3.1-8B shape synthesized (bf16), quantized to fp8 and nvfp4 (timed),
-#      `strata gpu decode` at BATCHES for bf16, each format kept and each widened, with its
-#      graph == eager checks: tokens/s against bf16 and against each format's byte roofline;
+#      `strata gpu decode` at BATCHES for bf16, each format kept and each widened, NVFP4 kept
+#      both in tiles (the default) and in blocks, with its graph == eager checks: tokens/s
+#      against bf16 and against each format's byte roofline;
 #   4. prefill: `strata kernels bench --m 1`'s prompt-row GEMMs of a 4k prefill (m = 4096, the 8B
 #      projections), bf16 against FP8 (e4m3) in TFLOP/s — the W8A8 product, its scales aside.
 # Everything lands in OUT_DIR with receipt.json; a short table is printed last.
@@ -51,7 +53,7 @@ if part identity; then
         for prompt in "The capital of France is" "def fibonacci(n):" "Once upon a time"; do
             for arm in kept widened; do
                 flag=()
-                [[ $arm == kept ]] && flag=(--keep-quantized)
+                [[ $arm == kept ]] && flag=(--keep-quantized --nvfp4-blocks)
                 "$BIN" generate --model "$FILES/small-$plan" --device cuda:0 --prompt "$prompt" \
                     --max-tokens 48 --temperature 0 "${flag[@]}" >"$FILES/gen-$arm.txt" \
                     2>>"$OUT/logs/generate-$plan.log" || failed=1
@@ -93,6 +95,7 @@ if part decode; then
         decode "$plan-kept" "$FILES/8b-$plan" --keep-quantized
         decode "$plan-widened" "$FILES/8b-$plan"
     done
+    decode nvfp4-blocks "$FILES/8b-nvfp4" --keep-quantized --nvfp4-blocks
 fi
 
 if part prefill; then

@@ -44,11 +44,17 @@ pub struct EngineSettings {
     /// k-quants today (docs/MODELS.md) [default: false].
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub widen_gguf: Option<bool>,
-    /// CUDA: keep an FP8 or NVFP4 safetensors checkpoint's weights quantized on the device
-    /// (strata's blocks, the same outputs as widened): about 1.9x / 3.2x less weight memory,
-    /// slower decode today (docs/MODELS.md) [default: false, widened to bf16].
+    /// CUDA: keep an FP8 or NVFP4 safetensors checkpoint's weights quantized on the device:
+    /// about 1.9x / 3.2x less weight memory; FP8 in strata's blocks (the widened model's
+    /// outputs, slower decode), NVFP4 on one GPU in fragment-ordered tiles (its own arithmetic,
+    /// about 1.9x bf16's decode); the CPU reference then computes the tiles' arithmetic too
+    /// (docs/MODELS.md) [default: false, widened to bf16].
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub keep_quantized: Option<bool>,
+    /// With --keep-quantized: NVFP4 in strata's blocks (the widened model's outputs, slower)
+    /// instead of tiles, and the widened arithmetic on the CPU [default: false].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub nvfp4_blocks: Option<bool>,
     /// CPU: compute a quantized checkpoint's activation quantization (W8A8 / W4A4, as its
     /// config asks) instead of weight-only arithmetic: the reference for activation-quantized
     /// kernels and for quality comparisons (docs/MODELS.md) [default: false].
@@ -95,6 +101,7 @@ impl EngineSettings {
             max_running: self.max_running.or(fallback.max_running),
             widen_gguf: self.widen_gguf.or(fallback.widen_gguf),
             keep_quantized: self.keep_quantized.or(fallback.keep_quantized),
+            nvfp4_blocks: self.nvfp4_blocks.or(fallback.nvfp4_blocks),
             quantize_activations: self.quantize_activations.or(fallback.quantize_activations),
             run_order: self.run_order.or(fallback.run_order),
             kv_host_mib: self.kv_host_mib.or(fallback.kv_host_mib),
@@ -138,6 +145,9 @@ impl EngineSettings {
         }
         if let Some(keep) = self.keep_quantized {
             spec.keep_quantized = keep;
+        }
+        if let Some(blocks) = self.nvfp4_blocks {
+            spec.nvfp4_blocks = blocks;
         }
         if let Some(quantize) = self.quantize_activations {
             spec.quantize_activations = quantize;
@@ -313,6 +323,8 @@ mod tests {
         let spec = |args: &[&str]| settings_of_flags(args).spec().unwrap();
         assert!(!spec(&[]).keep_quantized);
         assert!(spec(&["--keep-quantized"]).keep_quantized);
+        assert!(!spec(&[]).nvfp4_blocks);
+        assert!(spec(&["--keep-quantized", "--nvfp4-blocks"]).nvfp4_blocks);
         assert!(!spec(&[]).quantize_activations);
         assert!(spec(&["--quantize-activations"]).quantize_activations);
         let toml: EngineSettings = toml::from_str("keep_quantized = true").unwrap();

@@ -58,7 +58,8 @@ pub struct ParityArgs {
     /// The GPU side widens GGUF block weights to bf16 at load (the CPU side is unchanged).
     #[arg(long)]
     widen_gguf: bool,
-    /// The GPU side keeps an FP8 / NVFP4 checkpoint's weights in strata's device blocks.
+    /// Both sides keep an FP8 / NVFP4 checkpoint's weights quantized: the GPU in strata's
+    /// device blocks (NVFP4 in tiles), the CPU computing the same arithmetic.
     #[arg(long)]
     keep_quantized: bool,
     #[arg(long)]
@@ -97,9 +98,13 @@ pub struct DecodeArgs {
     #[arg(long = "widen-gguf", alias = "widen-blocks")]
     widen_blocks: bool,
     /// With --model: keep an FP8 / NVFP4 checkpoint's weights in strata's device blocks
-    /// (widened to bf16 without it).
+    /// (widened to bf16 without it); NVFP4 in fragment-ordered tiles unless --nvfp4-blocks.
     #[arg(long)]
     keep_quantized: bool,
+    /// With --keep-quantized: NVFP4 in 64-weight blocks (the widened model's bits) instead of
+    /// tiles (the comparison arm).
+    #[arg(long, requires = "keep_quantized")]
+    nvfp4_blocks: bool,
     #[arg(long, default_value = "cuda:0", value_parser = super::engine_args::cuda_ordinal)]
     device: usize,
     /// Batch sizes, comma separated.
@@ -224,7 +229,12 @@ fn generate(engine: &Engine, prompt: Vec<u32>, tokens: u32) -> Result<(Vec<u32>,
 
 fn parity(args: ParityArgs) -> Result<()> {
     let reference_dir = args.reference_model.as_deref().unwrap_or(&args.model);
-    let (cpu, _) = start_engine(reference_dir, &fixed_kv(Device::Cpu, 64 << 20))?;
+    // The CPU side computes what the kept weights compute (NVFP4: the tiles' arithmetic).
+    let cpu_spec = EngineSpec {
+        keep_quantized: args.keep_quantized,
+        ..fixed_kv(Device::Cpu, 64 << 20)
+    };
+    let (cpu, _) = start_engine(reference_dir, &cpu_spec)?;
     let gpu_spec = |device| EngineSpec {
         widen_gguf: args.widen_gguf,
         keep_quantized: args.keep_quantized,
@@ -403,6 +413,8 @@ struct Holding {
     widen_blocks: bool,
     /// Keep FP8 / NVFP4 weights in strata's device blocks.
     keep_quantized: bool,
+    /// NVFP4 in blocks rather than tiles.
+    nvfp4_blocks: bool,
 }
 
 impl Holding {
@@ -410,6 +422,7 @@ impl Holding {
         Self {
             widen_blocks: args.widen_blocks,
             keep_quantized: args.keep_quantized,
+            nvfp4_blocks: args.nvfp4_blocks,
         }
     }
 }
@@ -440,6 +453,7 @@ fn bench_backend(
         sharded_reduction: sharded,
         widen_blocks: checkpoint.is_some_and(|(_, h)| h.widen_blocks),
         keep_quantized: checkpoint.is_some_and(|(_, h)| h.keep_quantized),
+        nvfp4_blocks: checkpoint.is_some_and(|(_, h)| h.nvfp4_blocks),
         run_order: false,
     };
     let source = match checkpoint {
@@ -775,7 +789,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
     write_json(
         args.json.as_deref(),
         &json!({"config": args.config, "model": args.model, "widen_blocks": args.widen_blocks,
-                "keep_quantized": args.keep_quantized, "weight_formats": formats, "device": backend.device_name(),
+                "keep_quantized": args.keep_quantized, "nvfp4_blocks": args.nvfp4_blocks, "weight_formats": formats, "device": backend.device_name(),
                 "weight_bytes": weight_bytes, "context": args.context,
                 "bandwidth_bytes_per_s": bandwidth, "bandwidth_source": bandwidth_source,
                 "includes": "greedy sampling on the device, token ids copied to the host",

@@ -53,6 +53,10 @@ pub enum KernelsCommand {
         /// Comma-separated row counts M (the GEMV takes 1..=64).
         #[arg(long, value_delimiter = ',', default_value = "1,4,8,16,32,64")]
         m: Vec<usize>,
+        /// Only the decode GEMV of each weight layout on the four projections: bf16, NVFP4 in
+        /// blocks and NVFP4 in fragment-ordered tiles (every built shape), side by side.
+        #[arg(long)]
+        tiles: bool,
     },
 }
 
@@ -70,7 +74,13 @@ pub fn run(command: KernelsCommand) -> Result<()> {
             seed,
             cache_dir,
         } => run_selftest(device, seed, cache_dir),
-        KernelsCommand::Bench { device, m } => bench(device, &m),
+        KernelsCommand::Bench { device, m, tiles } => {
+            if tiles {
+                bench_tiles(device, &m)
+            } else {
+                bench(device, &m)
+            }
+        }
     }
 }
 
@@ -238,6 +248,60 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
     };
     strata_kernels::bench::prefill_attention_timings(
         &kernels, &stream, &shapes, &variants, &mut print,
+    )?;
+    Ok(())
+}
+
+/// The Llama-3-8B projections (n, k): qkv, o, gate_up, down.
+const PROJECTIONS: [(usize, usize); 4] = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)];
+
+/// `strata kernels bench --tiles`: the decode GEMV per weight layout, each timed in this run.
+fn bench_tiles(device: usize, rows: &[usize]) -> Result<()> {
+    let ctx = open(device, "bench")?;
+    let kernels = Kernels::load(&ctx, None).context("loading the kernels")?;
+    let stream = ctx.new_stream().context("creating a stream")?;
+    let rows: Vec<usize> = rows
+        .iter()
+        .copied()
+        .filter(|&m| (1..=64).contains(&m))
+        .collect();
+    let shapes: Vec<_> = rows
+        .iter()
+        .flat_map(|&m| PROJECTIONS.map(|(n, k)| (m, n, k)))
+        .collect();
+    println!(
+        "{:<16} {:>3} {:>7} {:>6} {:>9} {:>8}",
+        "layout", "m", "n", "k", "us", "GB/s"
+    );
+    let line = |layout: &str, (m, n, k): (usize, usize, usize), us: f64, gbps: f64| {
+        println!("{layout:<16} {m:>3} {n:>7} {k:>6} {us:>9.2} {gbps:>8.0}");
+    };
+    let bf16: Vec<_> = shapes.iter().map(|&(m, n, k)| (m, n, k, false)).collect();
+    strata_kernels::bench::gemv_timings(&kernels, &stream, &bf16, &[GemvVariant::Mma], &mut |t| {
+        line("bf16 mma", (t.m, t.n, t.k), t.micros, t.gbytes_per_s)
+    })?;
+    strata_kernels::bench::gemv_block_timings(
+        &kernels,
+        &stream,
+        &[BlockFormat::Nvfp4],
+        &shapes,
+        &[GemvVariant::Mma],
+        &mut |t| line("nvfp4 blocks", (t.m, t.n, t.k), t.micros, t.gbytes_per_s),
+    )?;
+    strata_kernels::bench::tile_timings(
+        &kernels,
+        &stream,
+        &shapes,
+        &strata_kernels::tiles::TILE_CONFIGS,
+        &mut |t| {
+            let (r, p, u) = t.config;
+            line(
+                &format!("nvfp4 tiles r{r}p{p}u{u}"),
+                (t.m, t.n, t.k),
+                t.micros,
+                t.gbytes_per_s,
+            )
+        },
     )?;
     Ok(())
 }

@@ -255,6 +255,13 @@ impl CpuModel {
         self.weights.quantize_activations(ckpt)
     }
 
+    /// Computes kept NVFP4's arithmetic (what the CUDA backend's tiles compute with
+    /// `keep_quantized`) instead of the widened weights' (`CpuWeights::keep_nvfp4`); returns
+    /// how many projections changed.
+    pub fn keep_nvfp4(&mut self, ckpt: &Checkpoint) -> Result<usize, WeightError> {
+        self.weights.keep_nvfp4(ckpt)
+    }
+
     pub fn new_cache(&self) -> KvCache {
         KvCache::new(&self.config)
     }

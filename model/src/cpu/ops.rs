@@ -178,13 +178,27 @@ pub fn dot_bf16(a: &[f32], w: &[u16]) -> f32 {
 pub enum Matrix {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
+    /// bf16 weights whose every output sum is multiplied by `scale` once (before any bias): kept
+    /// NVFP4's arithmetic (`QuantizedLinear::nvfp4_kept`), what the CUDA backend's tiles compute.
+    Scaled {
+        weights: Vec<u16>,
+        scale: f32,
+    },
 }
 
 impl Matrix {
     pub fn len(&self) -> usize {
         match self {
             Self::F32(v) => v.len(),
-            Self::Bf16(v) => v.len(),
+            Self::Bf16(v) | Self::Scaled { weights: v, .. } => v.len(),
+        }
+    }
+
+    /// The scale each output sum is multiplied by, when there is one.
+    fn output_scale(&self) -> Option<f32> {
+        match self {
+            Self::Scaled { scale, .. } => Some(*scale),
+            Self::F32(_) | Self::Bf16(_) => None,
         }
     }
 
@@ -192,13 +206,19 @@ impl Matrix {
         self.len() == 0
     }
 
-    /// Row `r` of a matrix with `k` columns, widened into `out`.
+    /// Row `r` of a matrix with `k` columns, widened into `out` (a scaled matrix's row times its
+    /// scale).
     pub fn row_into(&self, r: usize, k: usize, out: &mut [f32]) {
         match self {
             Self::F32(v) => out.copy_from_slice(&v[r * k..(r + 1) * k]),
             Self::Bf16(v) => {
                 for (o, b) in out.iter_mut().zip(&v[r * k..(r + 1) * k]) {
                     *o = bf16_to_f32(*b);
+                }
+            }
+            Self::Scaled { weights, scale } => {
+                for (o, b) in out.iter_mut().zip(&weights[r * k..(r + 1) * k]) {
+                    *o = bf16_to_f32(*b) * scale;
                 }
             }
         }
@@ -220,20 +240,23 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// while every row of `x` passes over them, so `w` is read from memory once per call.
 const COLUMN_BLOCK: usize = 64;
 
-/// `y[m][n] = Σ_k x[m][k] · w[n][k] (+ bias[n])` — `w` in HF `[out, in]` layout.
+/// `y[m][n] = Σ_k x[m][k] · w[n][k] (× scale) (+ bias[n])` — `w` in HF `[out, in]` layout.
 ///
 /// Parallel over blocks of output features; every element is one `dot`, whatever `m` is.
 pub fn linear(x: &[f32], w: &Matrix, bias: Option<&[f32]>, k: usize, y: &mut [f32]) {
+    let scale = w.output_scale();
     match w {
-        Matrix::F32(w) => linear_with(x, w, bias, k, y, dot),
-        Matrix::Bf16(w) => linear_with(x, w, bias, k, y, dot_bf16),
+        Matrix::F32(w) => linear_with(x, w, (scale, bias), k, y, dot),
+        Matrix::Bf16(w) | Matrix::Scaled { weights: w, .. } => {
+            linear_with(x, w, (scale, bias), k, y, dot_bf16)
+        }
     }
 }
 
 fn linear_with<W: Sync>(
     x: &[f32],
     w: &[W],
-    bias: Option<&[f32]>,
+    (scale, bias): (Option<f32>, Option<&[f32]>),
     k: usize,
     y: &mut [f32],
     dot: impl Fn(&[f32], &[W]) -> f32 + Sync,
@@ -249,6 +272,7 @@ fn linear_with<W: Sync>(
             for xr in x.chunks_exact(k) {
                 for (c, wr) in wb.chunks_exact(k).enumerate() {
                     let v = dot(xr, wr);
+                    let v = scale.map_or(v, |s| v * s);
                     out.push(bias.map_or(v, |b| v + b[bi * COLUMN_BLOCK + c]));
                 }
             }
@@ -283,11 +307,14 @@ pub fn row_parallel_shards(k: usize) -> usize {
 
 /// Shard partials of `y = x · wᵀ` without summing them: `w` is `[n, k]`, `x` is `[m, k]`, and
 /// `partials[s][r][c]` (`shards × m × n`) is the dot of row `r` of `x` with row `c` of `w` over
-/// the `s`-th of `shards` contiguous K-ranges, in the order of [`dot`].
+/// the `s`-th of `shards` contiguous K-ranges, in the order of [`dot`] (a scaled matrix's
+/// partials unscaled: its scale applies to the sum).
 pub fn linear_partials(x: &[f32], w: &Matrix, k: usize, shards: usize, partials: &mut [f32]) {
     match w {
         Matrix::F32(w) => partials_with(x, w, k, shards, partials, dot),
-        Matrix::Bf16(w) => partials_with(x, w, k, shards, partials, dot_bf16),
+        Matrix::Bf16(w) | Matrix::Scaled { weights: w, .. } => {
+            partials_with(x, w, k, shards, partials, dot_bf16)
+        }
     }
 }
 
@@ -347,7 +374,8 @@ pub fn sum_partials(partials: &[f32], shards: usize, bias: Option<&[f32]>, y: &m
 }
 
 /// A row-parallel projection (o, down) in the canonical order: [`row_parallel_shards`]`(k)`
-/// shard partials, added in shard order, then the bias. With one shard it is [`linear`].
+/// shard partials, added in shard order, then a scaled matrix's scale, then the bias. With one
+/// shard it is [`linear`].
 pub fn linear_row_parallel(x: &[f32], w: &Matrix, bias: Option<&[f32]>, k: usize, y: &mut [f32]) {
     let shards = row_parallel_shards(k);
     if shards == 1 {
@@ -355,7 +383,16 @@ pub fn linear_row_parallel(x: &[f32], w: &Matrix, bias: Option<&[f32]>, k: usize
     }
     let mut partials = vec![0.0; shards * y.len()];
     linear_partials(x, w, k, shards, &mut partials);
-    sum_partials(&partials, shards, bias, y);
+    let Some(scale) = w.output_scale() else {
+        return sum_partials(&partials, shards, bias, y);
+    };
+    sum_partials(&partials, shards, None, y);
+    y.iter_mut().for_each(|v| *v *= scale);
+    if let Some(b) = bias {
+        for row in y.chunks_exact_mut(b.len()) {
+            add_in_place(row, b);
+        }
+    }
 }
 
 /// RMSNorm of each `weight.len()`-long row of `x` into `out`: `x / sqrt(mean(x²) + eps) · weight`.

@@ -395,7 +395,9 @@ mod layout_tests {
     fn bits(m: &Matrix) -> Vec<u32> {
         match m {
             Matrix::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
-            Matrix::Bf16(v) => v.iter().map(|&x| u32::from(x)).collect(),
+            Matrix::Bf16(v) | Matrix::Scaled { weights: v, .. } => {
+                v.iter().map(|&x| u32::from(x)).collect()
+            }
         }
     }
 

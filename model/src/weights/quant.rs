@@ -159,6 +159,67 @@ pub enum QuantizedLinear<'a> {
     },
 }
 
+impl QuantizedLinear<'_> {
+    /// The logical `[rows, cols]`.
+    pub fn shape(&self) -> [usize; 2] {
+        match self {
+            QuantizedLinear::Fp8 { shape, .. } | QuantizedLinear::Nvfp4 { shape, .. } => *shape,
+        }
+    }
+
+    /// Kept NVFP4's arithmetic (the CUDA backend's tiles, issue 36), `None` for FP8: the weights
+    /// `[rows, cols]` as bf16 bits of `code × group scale × 2^-7` — exact, at most 6 significant
+    /// bits; a zero group scale gives +0 — and the scale each output's sum is multiplied by once:
+    /// `128 × f32(1 / t)` when the group scales are divided by the tensor scale `t`
+    /// (compressed-tensors), `128 × t` when multiplied (ModelOpt, whose code `0b1000` is +0). A
+    /// negative or NaN group scale is refused.
+    pub fn nvfp4_kept(&self) -> Result<Option<(Vec<u16>, f32)>, String> {
+        let QuantizedLinear::Nvfp4 {
+            shape: [rows, cols],
+            packed,
+            group_scales,
+            tensor_scale,
+            divide,
+        } = self
+        else {
+            return Ok(None);
+        };
+        let code = if *divide {
+            e2m1_to_f32
+        } else {
+            e2m1_to_f32_modelopt
+        };
+        let mut weights = Vec::with_capacity(rows * cols);
+        for (row, codes) in packed.chunks_exact(cols / 2).enumerate() {
+            for (group, pairs) in codes.chunks_exact(8).enumerate() {
+                let byte = group_scales[row * cols / 16 + group];
+                let scale = e4m3_to_f32(byte);
+                if scale.is_nan() || scale.is_sign_negative() && scale != 0.0 {
+                    return Err(format!(
+                        "group scale {byte:#04x} of row {row}, group {group} is negative or NaN"
+                    ));
+                }
+                for &pair in pairs {
+                    for nibble in [pair & 0x0f, pair >> 4] {
+                        let w = if scale == 0.0 {
+                            0.0
+                        } else {
+                            code(nibble) * scale * 2f32.powi(-7)
+                        };
+                        weights.push(half::bf16::from_f32(w).to_bits());
+                    }
+                }
+            }
+        }
+        let scale = if *divide {
+            128.0 * (1.0 / tensor_scale)
+        } else {
+            128.0 * tensor_scale
+        };
+        Ok(Some((weights, scale)))
+    }
+}
+
 /// Checks a quantized Linear's stored parts (`bytes[i]` is `parts[i]`'s data: FP8 data then its
 /// scale; NVFP4 packed data, group scales, tensor scale) against its logical shape.
 pub(super) fn describe<'a>(
@@ -302,6 +363,63 @@ pub(super) fn dequantize(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Kept NVFP4: each weight `bf16(code × group scale × 2^-7)` exactly, the tensor scale once
+    /// per output (`128 / t` or `128 t`), zero scales zero their group, ModelOpt's `0b1000` is
+    /// +0, and a NaN or negative group scale is refused.
+    #[test]
+    fn kept_nvfp4_is_the_exact_group_scaled_code_and_one_output_scale() {
+        // Row 0: codes 0..16 then 16 codes of 0b1111 (-6); row 1: 0b1000 (-0) then 0b0111 (6).
+        let mut packed: Vec<u8> = (0..8u8).map(|i| (2 * i) | (2 * i + 1) << 4).collect();
+        packed.extend([0xff; 8]);
+        packed.extend([0x88; 8]);
+        packed.extend([0x77; 8]);
+        // Group scales: 1.875 (0x3f), 2^-9 (0x01, the smallest subnormal), 0 (0x00), 448 (0x7e).
+        let group_scales = [0x3f, 0x01, 0x00, 0x7e];
+        let q = |divide, group_scales: &[u8]| {
+            QuantizedLinear::Nvfp4 {
+                shape: [2, 32],
+                packed: &packed,
+                group_scales,
+                tensor_scale: 3.0,
+                divide,
+            }
+            .nvfp4_kept()
+        };
+        let (weights, scale) = q(true, &group_scales).unwrap().unwrap();
+        assert_eq!(scale, 128.0 * (1.0f32 / 3.0));
+        let value = |i: usize| half::bf16::from_bits(weights[i]).to_f32();
+        for c in 0..16u8 {
+            assert_eq!(
+                value(c as usize),
+                e2m1_to_f32(c) * 1.875 / 128.0,
+                "code {c}"
+            );
+        }
+        assert_eq!(value(16), -6.0 * 2f32.powi(-16));
+        assert_eq!(weights[32], 0, "a zero group scale gives +0");
+        assert_eq!(
+            weights[48],
+            half::bf16::from_f32(6.0 * 448.0 / 128.0).to_bits()
+        );
+        assert_eq!(value(48), 21.0);
+        let (modelopt, scale) = q(false, &[0x38, 0x38, 0x38, 0x38]).unwrap().unwrap();
+        assert_eq!(scale, 384.0);
+        assert_eq!(modelopt[32], 0, "ModelOpt's 0b1000 is +0");
+        let (signed, _) = q(true, &[0x38, 0x38, 0x38, 0x38]).unwrap().unwrap();
+        assert_eq!(signed[32], 0x8000, "compressed-tensors' 0b1000 is -0");
+        for bad in [0x7f, 0xb8] {
+            let err = q(true, &[0x38, bad, 0x38, 0x38]).unwrap_err();
+            assert!(err.contains("group 1"), "{err}");
+        }
+        let fp8 = QuantizedLinear::Fp8 {
+            shape: [1, 1],
+            data: &[0],
+            scales: vec![1.0],
+            block: (1, 1),
+        };
+        assert_eq!(fp8.nvfp4_kept(), Ok(None));
+    }
 
     #[test]
     fn e4m3_decodes_every_byte_as_its_definition_says() {

@@ -187,6 +187,11 @@ impl Launch<'_> {
                 d.vocab.clone(),
                 fill,
             )?,
+            Matrix::Tiles { .. } => {
+                return Err(CudaError::Unsupported(
+                    "an embedding table in tiles (tiles hold projections only)".into(),
+                ));
+            }
             Matrix::Blocks { format, data } => k.embed_rows_blocks(
                 stream,
                 &mut a.residual,
@@ -503,10 +508,10 @@ impl Launch<'_> {
         (r, v, h): (usize, usize, usize),
     ) -> Result<(), CudaError> {
         let (k, stream, plan) = (self.k, self.stream, self.plan);
-        // A head in a block format takes the GEMV for every row (logits rows are few; a
+        // A head in a block format or tiles takes the GEMV for every row (logits rows are few; a
         // dequantized vocabulary-sized copy would not be).
         let lp = match head {
-            Matrix::Blocks { .. } => 0,
+            Matrix::Blocks { .. } | Matrix::Tiles { .. } => 0,
             Matrix::Bf16(_) if self.decode_gemm => r,
             Matrix::Bf16(_) => plan.logits_prompt,
         };

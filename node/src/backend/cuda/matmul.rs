@@ -2,12 +2,12 @@
 //! place the forward pass meets the weight formats.
 //!
 //! Decode rows take the GEMV of the weight's format (the bf16 tensor-core GEMV, or the same
-//! kernel body over a block loader, bitwise the bf16 GEMV on the widened weight), in the variant
-//! of the projection's role ([`Role`]). Prompt rows
-//! take the pinned cuBLASLt GEMM on bf16: a block weight is first dequantized into one bf16
-//! buffer of the backend (the widened tensor, bit for bit), so prompt rows too compute exactly
-//! what the widened model computes. In the run order (`CudaBackend::set_run_order`) every row
-//! takes the run-order kernels instead ([`runs`]).
+//! kernel body over a block loader, bitwise the bf16 GEMV on the widened weight, or the tiled
+//! NVFP4 GEMV with its own arithmetic), in the variant of the projection's role ([`Role`]).
+//! Prompt rows take the pinned cuBLASLt GEMM on bf16: a block weight is first dequantized into
+//! one bf16 buffer of the backend (the widened tensor, bit for bit; tiles to `bf16(w' × s)`). In
+//! the run order (`CudaBackend::set_run_order`) every row takes the run-order kernels instead
+//! ([`runs`]).
 
 use std::sync::Arc;
 
@@ -15,6 +15,7 @@ use half::bf16;
 use strata_kernels::cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
 };
+use strata_kernels::tiles::TileFormat;
 use strata_kernels::{
     DEFAULT_VARIANT, GEMV_MAX_M, GemmShape, GemvOut, GemvVariant, Kernels, LtGemm,
 };
@@ -38,6 +39,13 @@ pub(super) fn gemm_weight<'a>(
                 CudaError::Unsupported("no dequantization buffer for a block weight".into())
             })?;
             kernels.dequantize(stream, buffer, data, *format, (n, k))?;
+            Ok(buffer)
+        }
+        Matrix::Tiles { data, scales } => {
+            let buffer = buffer.ok_or_else(|| {
+                CudaError::Unsupported("no dequantization buffer for a tiled weight".into())
+            })?;
+            kernels.dequantize_tiles(stream, buffer, (data, scales), (n, k))?;
             Ok(buffer)
         }
     }
@@ -112,6 +120,15 @@ pub(super) fn gemv<T: GemvOut>(
         Matrix::Blocks { format, data } => {
             kernels.gemv_blocks(role.variant(), stream, y, x, data, *format, (m, n, k))?
         }
+        Matrix::Tiles { data, scales } => kernels.gemv_tiles_at(
+            stream,
+            y,
+            x,
+            (data, scales),
+            TileFormat::Nvfp4,
+            (m, n, k),
+            strata_kernels::tiles::tile_phases(k),
+        )?,
     }
     Ok(())
 }

@@ -130,6 +130,8 @@ pub struct CudaOptions {
     /// Keep an FP8 or NVFP4 safetensors checkpoint's projections in strata's device blocks
     /// (`BlockFormat::SAFETENSORS`) instead of widening them to bf16: the same bits.
     pub keep_quantized: bool,
+    /// With `keep_quantized`, NVFP4 in blocks (the widened model's bits), never in tiles.
+    pub nvfp4_blocks: bool,
     /// Every row of a step in the run order ([`CudaBackend::set_run_order`]); a model or
     /// layout the order does not take is refused at construction.
     pub run_order: bool,
@@ -330,16 +332,7 @@ impl CudaBackend {
         let weights = match source {
             WeightSource::Checkpoint(ckpt) => {
                 ckpt.validate(config)?;
-                let policy = BlockPolicy {
-                    keep: !options.widen_blocks,
-                    keep_quantized: options.keep_quantized,
-                    row_kslice: (row_shards > 0).then(|| {
-                        (
-                            config.q_dim() / ROW_SHARDS,
-                            config.intermediate_size / ROW_SHARDS,
-                        )
-                    }),
-                };
+                let policy = BlockPolicy::of(options, config, row_shards > 0);
                 upload_checkpoint(&stream, config, ckpt, &shard, policy)?
             }
             WeightSource::Synthetic { seed } => synthesize(&stream, config, &shard, seed)?,

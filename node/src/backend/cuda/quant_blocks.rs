@@ -4,14 +4,8 @@
 //! values computed on the host, the kernels' reference.
 
 use strata_kernels::BlockFormat;
+use strata_kernels::tiles::{TILE_K, nvfp4_tiles, output_scale};
 use strata_model::weights::{QuantizedLinear, e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32};
-
-/// The logical `[rows, cols]` of a quantized Linear.
-pub(super) fn shape_of(q: &QuantizedLinear<'_>) -> [usize; 2] {
-    match q {
-        QuantizedLinear::Fp8 { shape, .. } | QuantizedLinear::Nvfp4 { shape, .. } => *shape,
-    }
-}
 
 /// A quantized Linear in device blocks, when its layout allows: rows a multiple of 64 wide and,
 /// for FP8, each scale covering whole blocks (a scale per tensor, per row, or per block at least
@@ -44,6 +38,36 @@ pub(super) fn safetensors_blocks(q: &QuantizedLinear<'_>) -> Option<(BlockFormat
             BlockFormat::fp8_blocks(data, (*rows, *cols), *bw, scale).map(|b| (BlockFormat::Fp8, b))
         }
     }
+}
+
+/// An NVFP4 Linear in fragment-ordered tiles on the host, and one output scale per row.
+pub(super) struct HostTiles {
+    pub(super) data: Vec<u8>,
+    pub(super) scales: Vec<f32>,
+}
+
+/// An NVFP4 Linear in fragment-ordered tiles (`strata_kernels::tiles`): `None` for another
+/// format or a width that is no multiple of 64; an error for a group scale the tiles cannot hold
+/// (NaN, negative).
+pub(super) fn safetensors_tiles(q: &QuantizedLinear<'_>) -> Result<Option<HostTiles>, String> {
+    let QuantizedLinear::Nvfp4 {
+        shape: [rows, cols],
+        packed,
+        group_scales,
+        tensor_scale,
+        divide,
+    } = q
+    else {
+        return Ok(None);
+    };
+    if !cols.is_multiple_of(TILE_K) {
+        return Ok(None);
+    }
+    let tiles = nvfp4_tiles(packed, group_scales, *rows, *cols, !divide)?;
+    Ok(Some(HostTiles {
+        data: tiles,
+        scales: vec![output_scale(*tensor_scale, *divide); *rows],
+    }))
 }
 
 /// The values of device blocks of a safetensors format, computed on the host as the checkpoint
@@ -121,7 +145,7 @@ mod tests {
                 .map(|v| v.to_bits())
                 .collect();
             assert_eq!(got.len(), want.len(), "{name}");
-            assert_eq!(shape_of(&q), [t.shape[0], t.shape[1]], "{name}");
+            assert_eq!(q.shape(), [t.shape[0], t.shape[1]], "{name}");
             differing += got.iter().zip(&want).filter(|(a, b)| a != b).count();
         }
         (kept, widened, differing)
@@ -159,6 +183,43 @@ mod tests {
                 let (_, _, differing) = blocks_read_back_as_the_loader(&fixtures().join(dir), true);
                 assert!(differing > 0, "{dir}: a changed scale went unseen");
             }
+        }
+    }
+
+    /// The CPU reference's kept NVFP4 (`QuantizedLinear::nvfp4_kept`) is what the tiles hold:
+    /// every weight as the kernel decodes it, bit for bit, and the same output scale, on
+    /// compressed-tensors' and ModelOpt's own files; the canary, a scale byte changed in the
+    /// tiles, is seen.
+    #[test]
+    fn tiles_hold_the_cpu_references_kept_nvfp4() {
+        use strata_kernels::tiles::decode_nvfp4_tiles;
+        for dir in ["ct-nvfp4", "modelopt-nvfp4"] {
+            let ckpt = Checkpoint::open(&fixtures().join(dir)).unwrap();
+            let names: Vec<String> = ckpt.names().map(str::to_string).collect();
+            let mut checked = 0;
+            for name in names {
+                let Some(q) = ckpt.quantized(&name).unwrap() else {
+                    continue;
+                };
+                let (Some(mut tiles), Some((weights, scale))) =
+                    (safetensors_tiles(&q).unwrap(), q.nvfp4_kept().unwrap())
+                else {
+                    panic!("{dir}: {name} has no tiles or no kept arithmetic");
+                };
+                let [n, k] = q.shape();
+                let bits = |tiles: &[u8]| -> Vec<u16> {
+                    decode_nvfp4_tiles(tiles, n, k)
+                        .iter()
+                        .map(|w| w.to_bits())
+                        .collect()
+                };
+                assert_eq!(bits(&tiles.data), weights, "{dir}: {name}");
+                assert!(tiles.scales.iter().all(|&s| s == scale), "{dir}: {name}");
+                tiles.data[512] ^= 0x10; // row 0's scale byte in the first tile
+                assert_ne!(bits(&tiles.data), weights, "{dir}: {name}: canary unseen");
+                checked += 1;
+            }
+            assert_eq!(checked, 14, "{dir}");
         }
     }
 }

@@ -182,6 +182,11 @@ impl RowParallel<'_> {
                     (shards, kslice, k_local),
                     stride,
                 )?,
+                Matrix::Tiles { .. } => {
+                    return Err(CudaError::Unsupported(
+                        "a tiled weight in the shard order (the loader keeps blocks there)".into(),
+                    ));
+                }
                 Matrix::Blocks { format, data } => self.kernels.gemv_shards_blocks(
                     self.stream,
                     &mut out,

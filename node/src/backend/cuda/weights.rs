@@ -19,16 +19,22 @@ use strata_model::weights::{
 };
 
 use super::CudaError;
-use super::quant_blocks::{safetensors_blocks, shape_of};
+use super::quant_blocks::{HostTiles, safetensors_blocks, safetensors_tiles};
 
 /// A projection's weight on the device, `[n, k]` row-major (the HF Linear layout): bf16, or a
 /// GGUF block format kept as stored (each row `format.row_bytes(k)` bytes), which the block
-/// kernels dequantize in registers to the bf16 the widening would give.
+/// kernels dequantize in registers to the bf16 the widening would give, or NVFP4 in
+/// fragment-ordered tiles with one output scale per row (`strata_kernels::tiles`: its own
+/// arithmetic, the tensor scale applied once per output).
 pub(super) enum Matrix {
     Bf16(CudaSlice<bf16>),
     Blocks {
         format: BlockFormat,
         data: CudaSlice<u8>,
+    },
+    Tiles {
+        data: CudaSlice<u8>,
+        scales: CudaSlice<f32>,
     },
 }
 
@@ -38,14 +44,25 @@ impl Matrix {
         match self {
             Matrix::Bf16(w) => w.len() * 2,
             Matrix::Blocks { data, .. } => data.len(),
+            Matrix::Tiles { data, scales } => data.len() + scales.len() * 4,
         }
     }
 
-    /// The block format, `None` for bf16.
+    /// The quantized format, `None` for bf16 (NVFP4 tiles report NVFP4).
     pub(super) fn format(&self) -> Option<BlockFormat> {
         match self {
             Matrix::Bf16(_) => None,
             Matrix::Blocks { format, .. } => Some(*format),
+            Matrix::Tiles { .. } => Some(BlockFormat::Nvfp4),
+        }
+    }
+
+    /// How the weight is held, for reports: `bf16`, a block format's name, `nvfp4 tiles`.
+    pub(super) fn layout(&self) -> &'static str {
+        match self {
+            Matrix::Bf16(_) => "bf16",
+            Matrix::Blocks { format, .. } => format.kernel_name(),
+            Matrix::Tiles { .. } => "nvfp4 tiles",
         }
     }
 }
@@ -146,7 +163,7 @@ impl Weights {
     pub(super) fn formats(&self) -> Vec<(&'static str, usize)> {
         let mut counts: Vec<(&'static str, usize)> = Vec::new();
         let mut add = |m: &Matrix| {
-            let name = m.format().map_or("bf16", BlockFormat::kernel_name);
+            let name = m.layout();
             match counts.iter_mut().find(|(n, _)| *n == name) {
                 Some(entry) => entry.1 += 1,
                 None => counts.push((name, 1)),
@@ -300,6 +317,102 @@ pub(super) struct BlockPolicy {
     /// The row-parallel projections (o, down) are computed as K-slices of this many columns
     /// (the shard order), which must be whole blocks; `None` in the fused order.
     pub(super) row_kslice: Option<(usize, usize)>,
+    /// Keep NVFP4 in fragment-ordered tiles where the layout allows (whole tensors, the fused
+    /// order) instead of in blocks.
+    pub(super) nvfp4_tiles: bool,
+}
+
+impl BlockPolicy {
+    /// The policy of `options`; `shard_order` when o and down are computed as K-slices.
+    pub(super) fn of(
+        options: &super::CudaOptions,
+        config: &ModelConfig,
+        shard_order: bool,
+    ) -> Self {
+        let slices = (
+            config.q_dim() / super::ROW_SHARDS,
+            config.intermediate_size / super::ROW_SHARDS,
+        );
+        BlockPolicy {
+            keep: !options.widen_blocks,
+            keep_quantized: options.keep_quantized,
+            nvfp4_tiles: !options.nvfp4_blocks,
+            row_kslice: shard_order.then_some(slices),
+        }
+    }
+}
+
+/// NVFP4 tensor `name` (`shape`, all of it: `whole`) in tiles when `policy` keeps it so (one
+/// GPU, the fused order); never the embedding table.
+fn tiles_of(
+    ckpt: &Checkpoint,
+    policy: BlockPolicy,
+    name: &str,
+    shape: [usize; 2],
+    whole: bool,
+) -> Result<Option<HostTiles>, CudaError> {
+    let kept = policy.keep_quantized && policy.nvfp4_tiles && policy.row_kslice.is_none();
+    if !(kept && whole) || name == EMBED {
+        return Ok(None);
+    }
+    let Some(q) = ckpt.quantized(name)? else {
+        return Ok(None);
+    };
+    if q.shape() != shape {
+        return Ok(None);
+    }
+    safetensors_tiles(&q).map_err(|e| CudaError::Unsupported(format!("{name}: {e}")))
+}
+
+/// Gate then up (`[inter, h]` each, all rows: `whole`) as one tiled matrix: whole bands of 16
+/// rows each, one output scale per row.
+fn gate_up_tiles(
+    ckpt: &Checkpoint,
+    policy: BlockPolicy,
+    (gate, up): (&str, &str),
+    shape: [usize; 2],
+    whole: bool,
+) -> Result<Option<HostTiles>, CudaError> {
+    if !shape[0].is_multiple_of(16) {
+        return Ok(None);
+    }
+    Ok(
+        match (
+            tiles_of(ckpt, policy, gate, shape, whole)?,
+            tiles_of(ckpt, policy, up, shape, whole)?,
+        ) {
+            (Some(mut g), Some(u)) => {
+                g.data.extend_from_slice(&u.data);
+                g.scales.extend_from_slice(&u.scales);
+                Some(g)
+            }
+            _ => None,
+        },
+    )
+}
+
+/// Gate then up (`[inter, h]` each, rows `ir` of each) as one bf16 matrix: read in place when
+/// both are bf16 and whole, else sliced and widened.
+fn gate_up_bf16(
+    ckpt: &Checkpoint,
+    staging: &mut Staging,
+    (gate, up): (&str, &str),
+    ir: &Range<usize>,
+    [inter, h]: [usize; 2],
+) -> Result<Matrix, CudaError> {
+    let gate = ckpt.get_shaped(gate, &[inter, h])?;
+    let up = ckpt.get_shaped(up, &[inter, h])?;
+    let whole = ir.start == 0 && ir.end == inter;
+    Ok(Matrix::Bf16(
+        match (as_bf16(gate.dtype, gate.bytes), as_bf16(up.dtype, up.bytes)) {
+            (Some(g), Some(u)) if whole => staging.upload_parts(&[g, u])?,
+            _ => {
+                let mut host = slice_bf16(&gate, h, ir.clone(), 0..h, 0);
+                host.extend(slice_bf16(&up, h, ir.clone(), 0..h, 0));
+                staging.upload(&host)?
+            }
+        },
+    ))
 }
 
 /// Rows `rows` and columns `cols` of a `[n, width]` block tensor (row `r`'s blocks: `row(r)`),
@@ -401,12 +514,19 @@ pub(super) fn upload_checkpoint(
         let Some((format, device)) = safetensors_blocks(&q) else {
             return Ok(None);
         };
-        if !fits(format, &shape_of(&q)) {
+        if !fits(format, &q.shape()) {
             return Ok(None);
         }
         let row_bytes = format.row_bytes(shape[1]);
         let row = |r: usize| &device[r * row_bytes..(r + 1) * row_bytes];
         Ok(slice_blocks(row, format, rows.clone(), cols.clone(), out_rows).map(|b| (format, b)))
+    };
+    let upload_tiles = |HostTiles { data, scales }: HostTiles| -> Result<Matrix, CudaError> {
+        staging.borrow_mut().bytes += data.len() + scales.len() * 4;
+        Ok(Matrix::Tiles {
+            data: stream.clone_htod(&data)?,
+            scales: stream.clone_htod(&scales)?,
+        })
     };
     // Blocks as the file stores them, uploaded in the device layout.
     let upload_blocks = |format: BlockFormat, file: &[u8]| -> Result<Matrix, CudaError> {
@@ -427,6 +547,10 @@ pub(super) fn upload_checkpoint(
                   out_rows: usize,
                   align: usize|
      -> Result<Matrix, CudaError> {
+        let whole = full(&rows, shape[0]) && full(&cols, shape[1]) && out_rows <= shape[0];
+        if let Some(t) = tiles_of(ckpt, policy, name, shape, whole)? {
+            return upload_tiles(t);
+        }
         if let Some((format, bytes)) = blocks(name, shape, &rows, &cols, out_rows, align)? {
             return upload_blocks(format, &bytes);
         }
@@ -464,31 +588,20 @@ pub(super) fn upload_checkpoint(
     for i in 0..config.num_layers {
         bar.inc(1);
         let n = LayerNames::new(i);
-        let gate_up = match (
-            blocks(&n.gate, [inter, h], &ir, &(0..h), 0, h)?,
-            blocks(&n.up, [inter, h], &ir, &(0..h), 0, h)?,
-        ) {
-            (Some((fg, mut g)), Some((fu, u))) if fg == fu => {
-                g.extend_from_slice(&u);
-                upload_blocks(fg, &g)?
-            }
-            _ => {
-                let gate = ckpt.get_shaped(&n.gate, &[inter, h])?;
-                let up_proj = ckpt.get_shaped(&n.up, &[inter, h])?;
-                match (
-                    as_bf16(gate.dtype, gate.bytes),
-                    as_bf16(up_proj.dtype, up_proj.bytes),
-                ) {
-                    (Some(g), Some(u)) if full(&ir, inter) => {
-                        Matrix::Bf16(staging.borrow_mut().upload_parts(&[g, u])?)
-                    }
-                    _ => {
-                        let mut host = slice_bf16(&gate, h, ir.clone(), 0..h, 0);
-                        host.extend(slice_bf16(&up_proj, h, ir.clone(), 0..h, 0));
-                        Matrix::Bf16(staging.borrow_mut().upload(&host)?)
-                    }
+        let names = (n.gate.as_str(), n.up.as_str());
+        let gate_up_tiles = gate_up_tiles(ckpt, policy, names, [inter, h], full(&ir, inter))?;
+        let gate_up = match gate_up_tiles {
+            Some(t) => upload_tiles(t)?,
+            None => match (
+                blocks(&n.gate, [inter, h], &ir, &(0..h), 0, h)?,
+                blocks(&n.up, [inter, h], &ir, &(0..h), 0, h)?,
+            ) {
+                (Some((fg, mut g)), Some((fu, u))) if fg == fu => {
+                    g.extend_from_slice(&u);
+                    upload_blocks(fg, &g)?
                 }
-            }
+                _ => gate_up_bf16(ckpt, &mut staging.borrow_mut(), names, &ir, [inter, h])?,
+            },
         };
         // Gemma 3 norms the MLP input with `pre_feedforward_layernorm`; its
         // `post_attention_layernorm` norms the attention output (the sandwich).
