@@ -40,9 +40,6 @@ pub const TILES_MAX_M: usize = 64;
 /// phase count is built for now (docs/receipts/tiles-nvfp4.json has the others' timings).
 pub const TILE_CONFIGS: [(usize, usize, usize); 2] = [(1, 16, 1), (1, 8, 2)];
 
-/// The phase counts built ([`tile_phases`]).
-pub const TILE_PHASES: [usize; 2] = [16, 8];
-
 /// The k phases (warps over k) a projection of `k` columns takes: 16 for long reductions (the
 /// MLP's down projection), 8 otherwise — a function of the shape alone, never of M, since it fixes
 /// a row's reduction order. Measured per 8B projection at M = 1, 8, 32 and 64 on an H100
@@ -51,17 +48,17 @@ pub fn tile_phases(k: usize) -> usize {
     if k >= 8192 { 16 } else { 8 }
 }
 
-/// The shape a launch takes at `phases` k phases (one of [`TILE_PHASES`]): one shape for every M,
-/// so a row's bits do not depend on the batch.
-pub fn tile_config(phases: usize) -> (usize, usize, usize) {
-    match phases {
-        16 => (1, 16, 1),
-        _ => (1, 8, 2),
-    }
+/// The shape a launch takes at `phases` k phases: the one built with that many ([`TILE_CONFIGS`]),
+/// for every M, so a row's bits do not depend on the batch. `None` when none is built.
+pub fn tile_config(phases: usize) -> Option<(usize, usize, usize)> {
+    TILE_CONFIGS.into_iter().find(|&(_, p, _)| p == phases)
 }
 
-/// The kernels the instruction budget reads (format name, function).
-pub const BUDGETED: [(&str, &str); 1] = [("nvfp4_tiles", "gemv_tiles_nvfp4_bf16_m1_r1_p16_u1")];
+/// The kernels the instruction budget reads (format name, function): each built shape.
+pub const BUDGETED: [(&str, &str); 2] = [
+    ("nvfp4_tiles", "gemv_tiles_nvfp4_bf16_m1_r1_p16_u1"),
+    ("nvfp4_tiles_p8", "gemv_tiles_nvfp4_bf16_m1_r1_p8_u2"),
+];
 
 /// Where a code's bits go in its lane word: for register `j` of an MMA (a0..a3), the rotations
 /// (right) that bring its magnitude bits and its sign bit into place — mirrored by
@@ -309,7 +306,7 @@ impl Kernels {
     /// `y[m, n] = s[n] × Σ_k x[m, k] · w'[n, k]` over tiles of `format` ([`reference`]), through
     /// the kernel shape `config` (one of [`TILE_CONFIGS`]): `1 ≤ m ≤ 64`, `k % 64 == 0`, x 16-byte
     /// aligned, `s` one output scale per row ([`output_scale`]). Row `m` of `y` is the same bits
-    /// for any M and any shape of the same phase count.
+    /// for any M.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_tiles<T: GemvOut>(
         &self,
@@ -368,8 +365,8 @@ impl Kernels {
         Ok(())
     }
 
-    /// [`Kernels::gemv_tiles`] at `phases` k phases (one of [`TILE_PHASES`]), the shape fixed
-    /// by the phase count ([`tile_config`]): a row's bits are the same for every M.
+    /// [`Kernels::gemv_tiles`] at `phases` k phases ([`tile_phases`]), in the shape built for
+    /// that count ([`tile_config`]): a row's bits are the same for every M.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_tiles_at<T: GemvOut>(
         &self,
@@ -381,12 +378,14 @@ impl Kernels {
         (m, n, k): (usize, usize, usize),
         phases: usize,
     ) -> Result<(), KernelError> {
-        ensure_shape!(
-            TILE_PHASES.contains(&phases),
-            "gemv_tiles",
-            "no kernel is built for {phases} phases (built: {TILE_PHASES:?})"
-        );
-        let config = tile_config(phases);
+        let Some(config) = tile_config(phases) else {
+            return Err(KernelError::Shape {
+                kernel: "gemv_tiles",
+                message: format!(
+                    "no kernel is built for {phases} phases (built: {TILE_CONFIGS:?})"
+                ),
+            });
+        };
         self.gemv_tiles(stream, y, x, w, format, (m, n, k), config)
     }
 

@@ -279,5 +279,20 @@ mod tests {
             bad(|s| s.device = Device::Cpu).contains("CUDA devices"),
             "a fraction of GPU memory means nothing on the CPU"
         );
+        // Kept NVFP4's arithmetic on the CPU reference is one rank's; the widened one is not.
+        let cpu_kept = |tp, nvfp4_blocks| EngineSpec {
+            tp,
+            keep_quantized: true,
+            nvfp4_blocks,
+            ..EngineSpec::default()
+        };
+        assert_eq!(cpu_kept(1, false).validate(), Ok(()));
+        assert!(
+            cpu_kept(2, false)
+                .validate()
+                .unwrap_err()
+                .contains("one rank")
+        );
+        assert_eq!(cpu_kept(2, true).validate(), Ok(()));
     }
 }

@@ -198,47 +198,57 @@ impl CpuWeights {
     /// Computes kept NVFP4's arithmetic (the CUDA backend's tiles) for each NVFP4 projection of
     /// `ckpt` instead of the widened weights: `bf16(code × group scale × 2^-7)` and the tensor
     /// scale once per output ([`Matrix::Scaled`]), where the tiles hold it: `k` a multiple of
-    /// 64, gate and up only with a multiple of 16 rows (elsewhere the CUDA backend keeps blocks,
-    /// the widened weights' bits). Whole tensors only (one rank); returns how many projections
-    /// changed. A negative or NaN group scale is refused naming the tensor.
+    /// 64, gate and up only both together and with a multiple of 16 rows (elsewhere the CUDA
+    /// backend keeps blocks or widens, the widened weights' bits). Whole tensors only (one rank);
+    /// returns how many projections changed. A negative or NaN group scale is refused naming the
+    /// tensor.
     pub fn keep_nvfp4(&mut self, ckpt: &Checkpoint) -> Result<usize, WeightError> {
-        let mut count = 0;
-        let mut keep = |matrix: &mut Matrix, name: &str, rows_of: usize| {
+        // A projection's kept weights and scale, and its rows, where the tiles hold it.
+        let kept = |name: &str| -> Result<Option<(Matrix, usize)>, WeightError> {
             let Some(q) = ckpt.quantized(name)? else {
-                return Ok::<_, WeightError>(());
+                return Ok(None);
             };
+            let [rows, cols] = q.shape();
             let kept = q.nvfp4_kept().map_err(|problem| WeightError::Malformed {
                 path: ckpt.dir().to_path_buf(),
                 problem: format!("tensor {name}: {problem}"),
             })?;
-            let [rows, cols] = q.shape();
-            if let Some((weights, scale)) = kept
-                && cols.is_multiple_of(64)
-                && rows.is_multiple_of(rows_of)
-            {
-                debug_assert_eq!(weights.len(), matrix.len(), "{name}");
-                *matrix = Matrix::Scaled { weights, scale };
-                count += 1;
-            }
-            Ok(())
+            Ok(kept
+                .filter(|_| cols.is_multiple_of(64))
+                .map(|(weights, scale)| (Matrix::Scaled { weights, scale }, rows)))
+        };
+        let mut count = 0;
+        let mut set = |matrix: &mut Matrix, scaled: Matrix| {
+            debug_assert_eq!(scaled.len(), matrix.len());
+            *matrix = scaled;
+            count += 1;
         };
         for (i, layer) in self.layers.iter_mut().enumerate() {
-            let names = LayerNames::new(i);
-            let matrices = [
-                (&mut layer.q, 1),
-                (&mut layer.k, 1),
-                (&mut layer.v, 1),
-                (&mut layer.o, 1),
-                (&mut layer.gate, 16),
-                (&mut layer.up, 16),
-                (&mut layer.down, 1),
+            let n = LayerNames::new(i);
+            let single = [
+                (&mut layer.q, &n.q),
+                (&mut layer.k, &n.k),
+                (&mut layer.v, &n.v),
+                (&mut layer.o, &n.o),
+                (&mut layer.down, &n.down),
             ];
-            for ((matrix, rows_of), name) in matrices.into_iter().zip(projection_names(&names)) {
-                keep(matrix, name, rows_of)?;
+            for (matrix, name) in single {
+                if let Some((scaled, _)) = kept(name)? {
+                    set(matrix, scaled);
+                }
+            }
+            // Gate and up are one tiled matrix on the GPU: whole 16-row bands, both or neither.
+            if let (Some((gate, rows)), Some((up, _))) = (kept(&n.gate)?, kept(&n.up)?)
+                && rows.is_multiple_of(16)
+            {
+                set(&mut layer.gate, gate);
+                set(&mut layer.up, up);
             }
         }
-        if let Some(head) = &mut self.lm_head {
-            keep(head, LM_HEAD, 1)?;
+        if let Some(head) = &mut self.lm_head
+            && let Some((scaled, _)) = kept(LM_HEAD)?
+        {
+            set(head, scaled);
         }
         Ok(count)
     }

@@ -1,11 +1,17 @@
 //! FP8 and NVFP4 projections of a safetensors checkpoint in strata's device blocks (64 weights
 //! of a row each: `BlockFormat::nvfp4_blocks`, `BlockFormat::fp8_blocks`), which the block
-//! kernels dequantize in registers to the bf16 the checkpoint loader widens to; and the blocks'
-//! values computed on the host, the kernels' reference.
+//! kernels dequantize in registers to the bf16 the checkpoint loader widens to; NVFP4 in
+//! fragment-ordered tiles (`strata_kernels::tiles`) where the policy keeps it so; and the
+//! blocks' values computed on the host, the kernels' reference.
 
 use strata_kernels::BlockFormat;
 use strata_kernels::tiles::{TILE_K, nvfp4_tiles, output_scale};
-use strata_model::weights::{QuantizedLinear, e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32};
+use strata_model::weights::{
+    Checkpoint, EMBED, QuantizedLinear, e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32,
+};
+
+use super::CudaError;
+use super::weights::BlockPolicy;
 
 /// A quantized Linear in device blocks, when its layout allows: rows a multiple of 64 wide and,
 /// for FP8, each scale covering whole blocks (a scale per tensor, per row, or per block at least
@@ -68,6 +74,55 @@ pub(super) fn safetensors_tiles(q: &QuantizedLinear<'_>) -> Result<Option<HostTi
         data: tiles,
         scales: vec![output_scale(*tensor_scale, *divide); *rows],
     }))
+}
+
+/// NVFP4 tensor `name` (`shape`, all of it: `whole`) in tiles when `policy` keeps it so (one
+/// GPU, the fused order); never the embedding table.
+pub(super) fn tiles_of(
+    ckpt: &Checkpoint,
+    policy: BlockPolicy,
+    name: &str,
+    shape: [usize; 2],
+    whole: bool,
+) -> Result<Option<HostTiles>, CudaError> {
+    let kept = policy.keep_quantized && policy.nvfp4_tiles && policy.row_kslice.is_none();
+    if !(kept && whole) || name == EMBED {
+        return Ok(None);
+    }
+    let Some(q) = ckpt.quantized(name)? else {
+        return Ok(None);
+    };
+    if q.shape() != shape {
+        return Ok(None);
+    }
+    safetensors_tiles(&q).map_err(|e| CudaError::Unsupported(format!("{name}: {e}")))
+}
+
+/// Gate then up (`[inter, h]` each, all rows: `whole`) as one tiled matrix: whole bands of 16
+/// rows each, one output scale per row.
+pub(super) fn gate_up_tiles(
+    ckpt: &Checkpoint,
+    policy: BlockPolicy,
+    (gate, up): (&str, &str),
+    shape: [usize; 2],
+    whole: bool,
+) -> Result<Option<HostTiles>, CudaError> {
+    if !shape[0].is_multiple_of(16) {
+        return Ok(None);
+    }
+    Ok(
+        match (
+            tiles_of(ckpt, policy, gate, shape, whole)?,
+            tiles_of(ckpt, policy, up, shape, whole)?,
+        ) {
+            (Some(mut g), Some(u)) => {
+                g.data.extend_from_slice(&u.data);
+                g.scales.extend_from_slice(&u.scales);
+                Some(g)
+            }
+            _ => None,
+        },
+    )
 }
 
 /// The values of device blocks of a safetensors format, computed on the host as the checkpoint

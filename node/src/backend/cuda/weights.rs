@@ -19,7 +19,7 @@ use strata_model::weights::{
 };
 
 use super::CudaError;
-use super::quant_blocks::{HostTiles, safetensors_blocks, safetensors_tiles};
+use super::quant_blocks::{HostTiles, gate_up_tiles, safetensors_blocks, tiles_of};
 
 /// A projection's weight on the device, `[n, k]` row-major (the HF Linear layout): bf16, or a
 /// GGUF block format kept as stored (each row `format.row_bytes(k)` bytes), which the block
@@ -340,55 +340,6 @@ impl BlockPolicy {
             row_kslice: shard_order.then_some(slices),
         }
     }
-}
-
-/// NVFP4 tensor `name` (`shape`, all of it: `whole`) in tiles when `policy` keeps it so (one
-/// GPU, the fused order); never the embedding table.
-fn tiles_of(
-    ckpt: &Checkpoint,
-    policy: BlockPolicy,
-    name: &str,
-    shape: [usize; 2],
-    whole: bool,
-) -> Result<Option<HostTiles>, CudaError> {
-    let kept = policy.keep_quantized && policy.nvfp4_tiles && policy.row_kslice.is_none();
-    if !(kept && whole) || name == EMBED {
-        return Ok(None);
-    }
-    let Some(q) = ckpt.quantized(name)? else {
-        return Ok(None);
-    };
-    if q.shape() != shape {
-        return Ok(None);
-    }
-    safetensors_tiles(&q).map_err(|e| CudaError::Unsupported(format!("{name}: {e}")))
-}
-
-/// Gate then up (`[inter, h]` each, all rows: `whole`) as one tiled matrix: whole bands of 16
-/// rows each, one output scale per row.
-fn gate_up_tiles(
-    ckpt: &Checkpoint,
-    policy: BlockPolicy,
-    (gate, up): (&str, &str),
-    shape: [usize; 2],
-    whole: bool,
-) -> Result<Option<HostTiles>, CudaError> {
-    if !shape[0].is_multiple_of(16) {
-        return Ok(None);
-    }
-    Ok(
-        match (
-            tiles_of(ckpt, policy, gate, shape, whole)?,
-            tiles_of(ckpt, policy, up, shape, whole)?,
-        ) {
-            (Some(mut g), Some(u)) => {
-                g.data.extend_from_slice(&u.data);
-                g.scales.extend_from_slice(&u.scales);
-                Some(g)
-            }
-            _ => None,
-        },
-    )
 }
 
 /// Gate then up (`[inter, h]` each, rows `ir` of each) as one bf16 matrix: read in place when
