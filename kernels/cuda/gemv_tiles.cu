@@ -54,8 +54,13 @@ struct Nvfp4Tiles {
     };
     const u8* w;
     u32 k_tiles;
+    // The tiles from band `band` on (a block's first band), whose fetches take a band a few past
+    // it: their offsets fit in 32 bits.
+    __device__ __forceinline__ Nvfp4Tiles at_band(u32 band) const {
+        return Nvfp4Tiles{w + (u64)band * k_tiles * TILE_BYTES, k_tiles};
+    }
     __device__ __forceinline__ Raw fetch(u32 band, u32 kt, u32 lane) const {
-        const u8* tile = w + ((u64)band * k_tiles + kt) * TILE_BYTES;
+        const u8* tile = w + (band * k_tiles + kt) * TILE_BYTES;
         Raw r;
         r.q = __ldg(reinterpret_cast<const uint4*>(tile + 16 * lane));
         r.s = __ldg(reinterpret_cast<const unsigned short*>(tile + 512 + 2 * lane));
@@ -78,29 +83,31 @@ struct Nvfp4Tiles {
 };
 
 // The same tiles as bf16 A registers, stored (64 bytes per lane: MMA h's four at 16 h): the
-// kernel's twin, whose weights the CPU decodes — the oracle of the decoding above.
+// kernel's twin, whose weights the CPU decodes — the oracle of the decoding above. Its speed does
+// not matter, so a step holds only where its tiles are and loads them where they are decoded
+// (64 bytes a lane per tile in flight would spill the wider shapes). Built with one row tile per
+// warp only, where every fetched step that is decoded was fetched (a skipped one is past k).
 struct Bf16Tiles {
     static constexpr u32 TILE_BYTES = 2048;
     struct Raw {
-        uint4 h[4];
+        const uint4* p;
     };
     const u8* w;
     u32 k_tiles;
+    __device__ __forceinline__ Bf16Tiles at_band(u32 band) const {
+        return Bf16Tiles{w + (u64)band * k_tiles * TILE_BYTES, k_tiles};
+    }
     __device__ __forceinline__ Raw fetch(u32 band, u32 kt, u32 lane) const {
-        const uint4* p = reinterpret_cast<const uint4*>(w + ((u64)band * k_tiles + kt) * TILE_BYTES +
-                                                        64 * lane);
-        Raw r;
-#pragma unroll
-        for (int h = 0; h < 4; ++h) r.h[h] = __ldg(p + h);
-        return r;
+        return Raw{reinterpret_cast<const uint4*>(w + (band * k_tiles + kt) * TILE_BYTES + 64 * lane)};
     }
     static __device__ __forceinline__ void decode(const Raw& r, u32 a[4][4]) {
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
-            a[h][0] = r.h[h].x;
-            a[h][1] = r.h[h].y;
-            a[h][2] = r.h[h].z;
-            a[h][3] = r.h[h].w;
+            const uint4 v = __ldg(r.p + h);
+            a[h][0] = v.x;
+            a[h][1] = v.y;
+            a[h][2] = v.z;
+            a[h][3] = v.w;
         }
     }
 };
@@ -131,7 +138,9 @@ __device__ __forceinline__ void fetch_step(TileStep<MT, U, R, W>& st, const W& w
         const u32 kt = kt0 + u * stride;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
-            if (kt < k_tiles && band0 + r < bands) st.raw[u][r] = w.fetch(band0 + r, kt, lane);
+            // A block's first band always exists (the grid covers each part's bands exactly).
+            if (kt < k_tiles && (r == 0 || band0 + r < bands))
+                st.raw[u][r] = w.fetch(r, kt, lane);
         }
         if constexpr (MT == 1) {
             st.xs[u][0] = st.xs[u][1] = make_uint4(0, 0, 0, 0);
@@ -183,12 +192,12 @@ template <int MT, int R, int P, int U, typename W, typename Out>
 __device__ __forceinline__ void gemv_tiles_body(Out* __restrict__ y,
                                                 const __nv_bfloat16* __restrict__ x, const W w,
                                                 u32 m, u32 n, u32 k,
-                                                const float* __restrict__ s) {
+                                                const float* __restrict__ s, u32 block) {
     __shared__ float partial[P][16 * R][8 + 1];
     const u32 lane = threadIdx.x & 31;
     const u32 phase = threadIdx.x >> 5;
     const u32 g = lane >> 2, tq = lane & 3;
-    const u32 band0 = blockIdx.x * R;
+    const u32 band0 = block * R;
     const u32 bands = (n + 15) / 16;
     const u32 k_tiles = k / 64;
     float c[R][MT][4];
@@ -199,12 +208,13 @@ __device__ __forceinline__ void gemv_tiles_body(Out* __restrict__ y,
 
     constexpr u32 STEP = P * U;
     TileStep<MT, U, R, W> sa, sb;
-    fetch_step(sa, w, x, m, k, phase, P, k_tiles, band0, bands, lane);
+    const W wb = w.at_band(band0);
+    fetch_step(sa, wb, x, m, k, phase, P, k_tiles, band0, bands, lane);
     for (u32 kt0 = phase; kt0 < k_tiles; kt0 += 2 * STEP) {
-        fetch_step(sb, w, x, m, k, kt0 + STEP, P, k_tiles, band0, bands, lane);
+        fetch_step(sb, wb, x, m, k, kt0 + STEP, P, k_tiles, band0, bands, lane);
         mma_step(c, sa, x, m, k, kt0, P, k_tiles, g, tq);
         if (kt0 + STEP >= k_tiles) break;
-        fetch_step(sa, w, x, m, k, kt0 + 2 * STEP, P, k_tiles, band0, bands, lane);
+        fetch_step(sa, wb, x, m, k, kt0 + 2 * STEP, P, k_tiles, band0, bands, lane);
         mma_step(c, sb, x, m, k, kt0 + STEP, P, k_tiles, g, tq);
     }
 
@@ -233,12 +243,25 @@ __device__ __forceinline__ void gemv_tiles_body(Out* __restrict__ y,
     }
 }
 
+// Up to three projections of one x in one launch (q, k and v: the narrow k and v alone leave SMs
+// idle): the first blocks take part 0's bands, the next part 1's, the rest part 2's; each part has
+// its own y [m, n_i], tiles and output scales, and a part's rows are the bits a launch of that part
+// alone gives (a block reads one part, the reduction order is K's and P's). A part with n_i = 0
+// takes no block.
 #define TILES_ENTRY(NAME, W, OUTN, OUT, MT, R, P, U)                                       \
     extern "C" __global__ void __launch_bounds__(P * 32)                                           \
         gemv_tiles_##NAME##_##OUTN##_m##MT##_r##R##_p##P##_u##U(                                   \
-            OUT* __restrict__ y, const __nv_bfloat16* __restrict__ x, const u8* __restrict__ w,    \
-            u32 m, u32 n, u32 k, const float* __restrict__ s) {                                    \
-        gemv_tiles_body<MT, R, P, U>(y, x, W{w, k / 64}, m, n, k, s);                              \
+            OUT* y0, OUT* y1, OUT* y2, const __nv_bfloat16* __restrict__ x, const u8* w0,          \
+            const u8* w1, const u8* w2, const float* s0, const float* s1, const float* s2, u32 m,  \
+            u32 n0, u32 n1, u32 n2, u32 k) {                                                       \
+        const u32 b0 = (n0 + 16 * R - 1) / (16 * R), b01 = b0 + (n1 + 16 * R - 1) / (16 * R);   \
+        const u32 bx = blockIdx.x;                                                                 \
+        const u32 part = bx >= b01 ? 2 : bx >= b0 ? 1 : 0;                                         \
+        const u32 block = bx - (part == 2 ? b01 : part == 1 ? b0 : 0);                             \
+        gemv_tiles_body<MT, R, P, U>(part == 2 ? y2 : part == 1 ? y1 : y0, x,                      \
+                                     W{part == 2 ? w2 : part == 1 ? w1 : w0, k / 64}, m,           \
+                                     part == 2 ? n2 : part == 1 ? n1 : n0, k,                      \
+                                     part == 2 ? s2 : part == 1 ? s1 : s0, block);                 \
     }
 
 #define TILES_MT(NAME, W, R, P, U)                                                         \
@@ -251,15 +274,16 @@ __device__ __forceinline__ void gemv_tiles_body(Out* __restrict__ y,
     TILES_ENTRY(NAME, W, f32, float, 4, R, P, U)                                           \
     TILES_ENTRY(NAME, W, f32, float, 8, R, P, U)
 
-// The built shapes (src/tiles.rs `TILE_CONFIGS`), each with its twin. P fixes a row's reduction
-// order; R and U only how the work is spread and how many loads are in flight (a launcher could
-// pick them by M and keep a row's bits; one shape per P is built, src/tiles.rs says why).
+// The built shapes (src/tiles.rs `TILE_CONFIGS`). P fixes a row's reduction order; R and U only
+// how the work is spread and how many loads are in flight, so the launcher picks them by M and n
+// (src/tiles.rs `tile_config`) and a row keeps its bits. The twin is built for the one-row-tile
+// shape only (the self-test holds the other to its bits).
 #define TILES_CONFIG(R, P, U)                  \
     TILES_MT(nvfp4, Nvfp4Tiles, R, P, U) \
     TILES_MT(twin, Bf16Tiles, R, P, U)
 
-TILES_CONFIG(1, 16, 1)
 TILES_CONFIG(1, 8, 2)
+TILES_MT(nvfp4, Nvfp4Tiles, 2, 8, 1)
 
 // out[n, k] (bf16, row-major) = bf16(w'[n, k] * s[n]): NVFP4 tiles widened for the prompt rows'
 // GEMM (the value the checkpoint loader widens to, up to where the tensor scale rounds). One
@@ -275,7 +299,7 @@ extern "C" __global__ void __launch_bounds__(256)
         const u32 band = tile / k_tiles, kt = tile % k_tiles;
         const u32 g = lane >> 2, tq = lane & 3;
         u32 a[4][4];
-        Nvfp4Tiles::decode(tiles.fetch(band, kt, lane), a);
+        Nvfp4Tiles::decode(tiles.at_band(band).fetch(0, kt, lane), a);
 #pragma unroll
         for (int h = 0; h < 4; ++h)
 #pragma unroll

@@ -2,9 +2,12 @@
 //! shape of the kernel:
 //!
 //! - the NVFP4 tiles give, bit for bit, what the twin kernel gives on the weights the CPU decodes
-//!   (`tiles::nvfp4_weights`: `bf16(e2m1 × scale × 2^-7)`), bf16 and f32 out, 1 to 64 rows;
+//!   (`tiles::nvfp4_weights`: `bf16(e2m1 × scale × 2^-7)`), bf16 and f32 out, 1 to 64 rows, in
+//!   every built shape against the twin's shape of the same phase count (so the shapes the
+//!   launcher picks by M give a row the same bits);
 //! - the twin agrees with the f64 reference (`tiles::reference`) to f32 summation error;
-//! - row 0 of every launch is the bits of the one-row launch (batch invariance).
+//! - row 0 of every launch is the bits of the one-row launch (batch invariance);
+//! - q, k and v in one launch give each part the bits of its own launch.
 //!
 //! Canaries: tiles written with the two nibbles of every code byte of one row swapped, and with
 //! one row's group scales changed, must differ from the twin.
@@ -18,8 +21,8 @@ use crate::bench::random_nvfp4;
 use crate::selftest::{Rng, download, poisoned_bf16, poisoned_f32, upload};
 use crate::selftest_gemv::{bit_mismatches, invariance_result};
 use crate::tiles::{
-    TILE_CONFIGS, TileFormat, nvfp4_tiles, nvfp4_weights, nvfp4_widened, output_scale, reference,
-    twin_tiles,
+    TILE_CONFIGS, TileFormat, has_twin, nvfp4_tiles, nvfp4_weights, nvfp4_widened, output_scale,
+    reference, twin_tiles,
 };
 use crate::{CheckResult, KernelError, Kernels};
 
@@ -103,6 +106,14 @@ fn fixture(s: &Arc<CudaStream>, rng: &mut Rng) -> Result<Fixture, KernelError> {
     })
 }
 
+/// The shape of `phases` phases the twin is built for.
+fn twin_config(phases: usize) -> Result<(usize, usize, usize), KernelError> {
+    TILE_CONFIGS
+        .into_iter()
+        .find(|&c| c.1 == phases && has_twin(c))
+        .ok_or_else(|| shape_error(format!("no twin is built for {phases} phases")))
+}
+
 /// Every tile check.
 pub(crate) fn check_tiles(
     kernels: &Kernels,
@@ -114,19 +125,25 @@ pub(crate) fn check_tiles(
     let mut results = Vec::new();
     for config in TILE_CONFIGS {
         let (r, p, u) = config;
-        let launch_bf16 = |w, format, m: usize| -> Result<Vec<bf16>, KernelError> {
+        // The shape of this phase count the twin is built for: a row's bits are P's alone.
+        let twin = twin_config(p)?;
+        let launch_bf16 = |w, format, m: usize, config| -> Result<Vec<bf16>, KernelError> {
             let dx = upload(s, &fx.x_all[..m * k])?;
             let mut y = poisoned_bf16(s, m * n)?;
             kernels.gemv_tiles(s, &mut y, &dx, (w, &fx.ds), format, (m, n, k), config)?;
             download(s, &y)
         };
-        let one = launch_bf16(&fx.tiles, TileFormat::Nvfp4, 1)?;
+        let one = launch_bf16(&fx.tiles, TileFormat::Nvfp4, 1, config)?;
         for m in [1, 9, 16, 33, 64] {
-            let q = launch_bf16(&fx.tiles, TileFormat::Nvfp4, m)?;
-            let b = launch_bf16(&fx.twin, TileFormat::Twin, m)?;
+            let q = launch_bf16(&fx.tiles, TileFormat::Nvfp4, m, config)?;
+            let b = launch_bf16(&fx.twin, TileFormat::Twin, m, twin)?;
+            let (tr, _, tu) = twin;
             results.push(invariance_result(
                 "gemv_tiles",
-                format!("{case} m={m} r{r}p{p}u{u}: vs the twin on the CPU-decoded weights"),
+                format!(
+                    "{case} m={m} r{r}p{p}u{u}: vs the twin (r{tr}p{p}u{tu}) on the CPU-decoded \
+                     weights"
+                ),
                 false,
                 bf16_mismatches(&q, &b),
             ));
@@ -137,12 +154,12 @@ pub(crate) fn check_tiles(
                 bf16_mismatches(&q[..n], &one),
             ));
         }
-        let b = launch_bf16(&fx.twin, TileFormat::Twin, 1)?;
+        let b = launch_bf16(&fx.twin, TileFormat::Twin, 1, twin)?;
         for (what, canary) in [
             ("nibbles swapped", &fx.swapped),
             ("scales changed", &fx.rescaled),
         ] {
-            let c = launch_bf16(canary, TileFormat::Nvfp4, 1)?;
+            let c = launch_bf16(canary, TileFormat::Nvfp4, 1, config)?;
             results.push(invariance_result(
                 "gemv_tiles",
                 format!("{case} m=1 r{r}p{p}u{u}: {what} in row 0 vs the twin (canary)"),
@@ -151,6 +168,7 @@ pub(crate) fn check_tiles(
             ));
         }
         results.extend(check_f32(kernels, s, &fx, config)?);
+        results.extend(check_parts(kernels, s, &fx, config)?);
     }
     results.extend(check_dequant(kernels, s, &fx)?);
     Ok(results)
@@ -165,13 +183,13 @@ fn check_f32(
 ) -> Result<Vec<CheckResult>, KernelError> {
     let ((n, k, m), (r, p, u), case) = ((fx.n, fx.k, 5), config, &fx.case);
     let dx = upload(s, &fx.x_all[..m * k])?;
-    let launch = |w, format| -> Result<Vec<f32>, KernelError> {
+    let launch = |w, format, config| -> Result<Vec<f32>, KernelError> {
         let mut y = poisoned_f32(s, m * n)?;
         kernels.gemv_tiles(s, &mut y, &dx, (w, &fx.ds), format, (m, n, k), config)?;
         download(s, &y)
     };
-    let q = launch(&fx.tiles, TileFormat::Nvfp4)?;
-    let b = launch(&fx.twin, TileFormat::Twin)?;
+    let q = launch(&fx.tiles, TileFormat::Nvfp4, config)?;
+    let b = launch(&fx.twin, TileFormat::Twin, twin_config(p)?)?;
     let mismatches = invariance_result(
         "gemv_tiles",
         format!("{case} m={m} f32 r{r}p{p}u{u}: vs the twin"),
@@ -201,6 +219,75 @@ fn check_f32(
         format!("worst error {worst:.2e} of the products' magnitude"),
     );
     Ok(vec![mismatches, reference])
+}
+
+/// Three projections in one launch (q, k, v): each part's rows bit for bit its own launch's, at
+/// three row counts (the fixture's tiles, its two canaries as other weights, cut to 72, 40 and 24
+/// rows); the canary: part 1 against part 0's own launch must differ.
+fn check_parts(
+    kernels: &Kernels,
+    s: &Arc<CudaStream>,
+    fx: &Fixture,
+    config: (usize, usize, usize),
+) -> Result<Vec<CheckResult>, KernelError> {
+    let ((k, case), (r, p, u)) = ((fx.k, &fx.case), config);
+    let ws = [&fx.tiles, &fx.swapped, &fx.rescaled];
+    let ns = [fx.n, 40, 24];
+    let mut results = Vec::new();
+    for m in [1, 33, 64] {
+        let dx = upload(s, &fx.x_all[..m * k])?;
+        let alone = |i: usize| -> Result<Vec<bf16>, KernelError> {
+            let mut y = poisoned_bf16(s, m * ns[i])?;
+            let shape = (m, ns[i], k);
+            kernels.gemv_tiles(
+                s,
+                &mut y,
+                &dx,
+                (ws[i], &fx.ds),
+                TileFormat::Nvfp4,
+                shape,
+                config,
+            )?;
+            download(s, &y)
+        };
+        let mut ys = [
+            poisoned_bf16(s, m * ns[0])?,
+            poisoned_bf16(s, m * ns[1])?,
+            poisoned_bf16(s, m * ns[2])?,
+        ];
+        {
+            let [y0, y1, y2] = &mut ys;
+            kernels.gemv_tiles_parts(
+                s,
+                [y0, y1, y2],
+                &dx,
+                ws.map(|w| (w, &fx.ds)),
+                TileFormat::Nvfp4,
+                (m, ns, k),
+                config,
+            )?;
+        }
+        let mut mismatches = 0;
+        for (i, y) in ys.iter().enumerate() {
+            mismatches += bf16_mismatches(&download(s, y)?, &alone(i)?);
+        }
+        results.push(invariance_result(
+            "gemv_tiles",
+            format!("{case} m={m} r{r}p{p}u{u}: q, k, v parts ({ns:?} rows) vs their own launches"),
+            false,
+            mismatches,
+        ));
+        if m == 1 {
+            let part1 = download(s, &ys[1])?;
+            results.push(invariance_result(
+                "gemv_tiles",
+                format!("{case} m=1 r{r}p{p}u{u}: part 1 vs part 0's own launch (canary)"),
+                true,
+                bf16_mismatches(&part1, &alone(0)?[..ns[1]]),
+            ));
+        }
+    }
+    Ok(results)
 }
 
 /// The prompt rows' widening: bit for bit the host's, and not the weights without the output

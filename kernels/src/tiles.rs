@@ -33,31 +33,39 @@ pub const TWIN_TILE_BYTES: usize = 2048;
 /// The largest M one launch takes (8 x tiles of 8 rows).
 pub const TILES_MAX_M: usize = 64;
 
-/// The (row tiles per warp, warps over k, k tiles per warp step) shapes built. The warps over k
-/// (the phase count, [`tile_phases`]) fix a row's reduction order; the other two could change
-/// with M and keep a row's bits. Those with two row tiles per warp, or two steps per warp at 16
-/// phases, spilled at eight x tiles (512 threads cap a thread at 128 registers), so one shape per
-/// phase count is built for now (docs/receipts/tiles-nvfp4.json has the others' timings).
-pub const TILE_CONFIGS: [(usize, usize, usize); 2] = [(1, 16, 1), (1, 8, 2)];
+/// The k phases (warps over k) of every tiles launch: they fix a row's reduction order, so they
+/// are one number for every shape and M. 8 won over 16 at every 8B projection and M measured
+/// (H100, docs/receipts/tiles-nvfp4.json) except the down projection (k = 14336) at 9-16 rows.
+pub const TILE_PHASES: usize = 8;
 
-/// The k phases (warps over k) a projection of `k` columns takes: 16 for long reductions (the
-/// MLP's down projection), 8 otherwise — a function of the shape alone, never of M, since it fixes
-/// a row's reduction order. Measured per 8B projection at M = 1, 8, 32 and 64 on an H100
-/// (docs/receipts/tiles-nvfp4.json): 8 phases won everywhere except k = 14336 at M >= 32.
-pub fn tile_phases(k: usize) -> usize {
-    if k >= 8192 { 16 } else { 8 }
+/// The (row tiles per warp, warps over k, k tiles per warp step) shapes built; the launcher picks
+/// one by M and n ([`tile_config`]) and a row keeps its bits (the phases are [`TILE_PHASES`]).
+/// Two row tiles per warp halve the x fragments each decoded weight tile's warp loads: at 64 rows
+/// x is 14 times the NVFP4 bytes a band reads, from L2, and one row tile per warp ran at 0.5-0.9x
+/// the bf16 GEMV there. Both fit sm_90a's registers at eight x tiles (150 and 184).
+pub const TILE_CONFIGS: [(usize, usize, usize); 2] = [(1, TILE_PHASES, 2), (2, TILE_PHASES, 1)];
+
+/// Whether the twin kernel is built for `config`: one row tile per warp only (the self-test holds
+/// the other shape to its bits).
+pub fn has_twin((r, _, _): (usize, usize, usize)) -> bool {
+    r == 1
 }
 
-/// The shape a launch takes at `phases` k phases: the one built with that many ([`TILE_CONFIGS`]),
-/// for every M, so a row's bits do not depend on the batch. `None` when none is built.
-pub fn tile_config(phases: usize) -> Option<(usize, usize, usize)> {
-    TILE_CONFIGS.into_iter().find(|&(_, p, _)| p == phases)
+/// The shape a launch of `m` rows of `n` outputs takes ([`TILE_CONFIGS`]): two row tiles per warp
+/// past 16 rows, and for wide projections (n >= 16384, the fused gate/up) at any M; one row tile
+/// with two k tiles in flight otherwise (measured on the four 8B projections at M = 1-64, H100).
+pub fn tile_config(m: usize, n: usize) -> (usize, usize, usize) {
+    if m > 16 || n >= 16384 {
+        TILE_CONFIGS[1]
+    } else {
+        TILE_CONFIGS[0]
+    }
 }
 
 /// The kernels the instruction budget reads (format name, function): each built shape.
 pub const BUDGETED: [(&str, &str); 2] = [
-    ("nvfp4_tiles", "gemv_tiles_nvfp4_bf16_m1_r1_p16_u1"),
-    ("nvfp4_tiles_p8", "gemv_tiles_nvfp4_bf16_m1_r1_p8_u2"),
+    ("nvfp4_tiles", "gemv_tiles_nvfp4_bf16_m1_r1_p8_u2"),
+    ("nvfp4_tiles_r2", "gemv_tiles_nvfp4_bf16_m1_r2_p8_u1"),
 ];
 
 /// Where a code's bits go in its lane word: for register `j` of an MMA (a0..a3), the rotations
@@ -313,36 +321,76 @@ impl Kernels {
         stream: &Arc<CudaStream>,
         y: &mut impl DevicePtrMut<T>,
         x: &impl DevicePtr<bf16>,
-        (w, s): (&impl DevicePtr<u8>, &impl DevicePtr<f32>),
+        w: (&impl DevicePtr<u8>, &impl DevicePtr<f32>),
         format: TileFormat,
         (m, n, k): (usize, usize, usize),
         config: (usize, usize, usize),
     ) -> Result<(), KernelError> {
+        self.gemv_tiles_parts(stream, [y], x, [w], format, (m, [n], k), config)
+    }
+
+    /// [`Kernels::gemv_tiles`] of up to three projections of one `x` in one launch (q, k and v:
+    /// the narrow k and v alone leave SMs idle): `ys[i][m, ns[i]]` from `ws[i]`, each part's rows
+    /// the bits its own launch gives.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemv_tiles_parts<
+        T: GemvOut,
+        Y: DevicePtrMut<T>,
+        W: DevicePtr<u8>,
+        S: DevicePtr<f32>,
+        const P: usize,
+    >(
+        &self,
+        stream: &Arc<CudaStream>,
+        ys: [&mut Y; P],
+        x: &impl DevicePtr<bf16>,
+        ws: [(&W, &S); P],
+        format: TileFormat,
+        (m, ns, k): (usize, [usize; P], usize),
+        config: (usize, usize, usize),
+    ) -> Result<(), KernelError> {
         const K: &str = "gemv_tiles";
+        ensure_shape!(
+            (1..=3).contains(&P),
+            K,
+            "{P} parts in one launch (one to three are built)"
+        );
         ensure_shape!(
             (1..=TILES_MAX_M).contains(&m),
             K,
             "m = {m} is outside 1..={TILES_MAX_M}"
         );
         ensure_shape!(
-            TILE_CONFIGS.contains(&config),
+            TILE_CONFIGS.contains(&config) && (format == TileFormat::Nvfp4 || has_twin(config)),
             K,
-            "no kernel is built for {config:?} (built: {TILE_CONFIGS:?})"
+            "no {} kernel is built for {config:?} (built: {TILE_CONFIGS:?}, the twin with one \
+             row tile)",
+            format.name()
         );
-        check_tiles(K, format, (w.len(), s.len()), (n, k))?;
-        need_len(K, "y", y.len(), product(K, &[m, n])?)?;
         need_len(K, "x", x.len(), product(K, &[m, k])?)?;
-        let (n32, k32) = (to_u32(K, "n", n)?, to_u32(K, "k", k)?);
-        if n == 0 {
+        let k32 = to_u32(K, "k", k)?;
+        let (r, p, u) = config;
+        let (mut y_at, mut w_at, mut s_at, mut n_at) = ([0u64; 3], [0u64; 3], [0u64; 3], [0u32; 3]);
+        let mut blocks = 0u32;
+        let mut guards = Vec::with_capacity(3 * P);
+        for (i, (y, (w, s))) in ys.into_iter().zip(ws).enumerate() {
+            let n = ns[i];
+            check_tiles(K, format, (w.len(), s.len()), (n, k))?;
+            need_len(K, "y", y.len(), product(K, &[m, n])?)?;
+            n_at[i] = to_u32(K, "n", n)?;
+            blocks += n_at[i].div_ceil((TILE_ROWS * r) as u32);
+            let (yp, yg) = y.device_ptr_mut(stream);
+            let (wp, wg) = w.device_ptr(stream);
+            let (sp, sg) = s.device_ptr(stream);
+            aligned16(K, "w", wp)?;
+            (y_at[i], w_at[i], s_at[i]) = (yp, wp, sp);
+            guards.push((yg, wg, sg));
+        }
+        if blocks == 0 {
             return Ok(());
         }
-        let (yp, _y) = y.device_ptr_mut(stream);
         let (xp, _x) = x.device_ptr(stream);
-        let (wp, _w) = w.device_ptr(stream);
-        let (sp, _s) = s.device_ptr(stream);
         aligned16(K, "x", xp)?;
-        aligned16(K, "w", wp)?;
-        let (r, p, u) = config;
         let mt = m.div_ceil(8).next_power_of_two();
         let name = format!(
             "gemv_tiles_{}_{}_m{mt}_r{r}_p{p}_u{u}",
@@ -351,22 +399,24 @@ impl Kernels {
         );
         let f = self.function(MODULE, &name)?;
         let m32 = m as u32;
-        let blocks = n32.div_ceil((TILE_ROWS * r) as u32);
         let mut b = stream.launch_builder(f);
-        b.arg(&yp)
-            .arg(&xp)
-            .arg(&wp)
-            .arg(&m32)
-            .arg(&n32)
-            .arg(&k32)
-            .arg(&sp);
-        // SAFETY: lengths, alignment and argument types checked above match the kernel.
+        b.arg(&y_at[0]).arg(&y_at[1]).arg(&y_at[2]).arg(&xp);
+        b.arg(&w_at[0]).arg(&w_at[1]).arg(&w_at[2]);
+        b.arg(&s_at[0]).arg(&s_at[1]).arg(&s_at[2]);
+        b.arg(&m32)
+            .arg(&n_at[0])
+            .arg(&n_at[1])
+            .arg(&n_at[2])
+            .arg(&k32);
+        // SAFETY: lengths, alignment and argument types checked above match the kernel; parts
+        // past P have no rows and take no block.
         unsafe { b.launch(grid(blocks, (32 * p) as u32)) }?;
+        drop(guards);
         Ok(())
     }
 
-    /// [`Kernels::gemv_tiles`] at `phases` k phases ([`tile_phases`]), in the shape built for
-    /// that count ([`tile_config`]): a row's bits are the same for every M.
+    /// [`Kernels::gemv_tiles`] in the shape [`tile_config`] picks for M and n: a row's bits are
+    /// the same for every M.
     #[allow(clippy::too_many_arguments)]
     pub fn gemv_tiles_at<T: GemvOut>(
         &self,
@@ -376,17 +426,29 @@ impl Kernels {
         w: (&impl DevicePtr<u8>, &impl DevicePtr<f32>),
         format: TileFormat,
         (m, n, k): (usize, usize, usize),
-        phases: usize,
     ) -> Result<(), KernelError> {
-        let Some(config) = tile_config(phases) else {
-            return Err(KernelError::Shape {
-                kernel: "gemv_tiles",
-                message: format!(
-                    "no kernel is built for {phases} phases (built: {TILE_CONFIGS:?})"
-                ),
-            });
-        };
+        let config = tile_config(m, n);
         self.gemv_tiles(stream, y, x, w, format, (m, n, k), config)
+    }
+
+    /// [`Kernels::gemv_tiles_parts`] in the shape [`tile_config`] picks for M and the parts' rows.
+    pub fn gemv_tiles_parts_at<
+        T: GemvOut,
+        Y: DevicePtrMut<T>,
+        W: DevicePtr<u8>,
+        S: DevicePtr<f32>,
+        const P: usize,
+    >(
+        &self,
+        stream: &Arc<CudaStream>,
+        ys: [&mut Y; P],
+        x: &impl DevicePtr<bf16>,
+        ws: [(&W, &S); P],
+        format: TileFormat,
+        (m, ns, k): (usize, [usize; P], usize),
+    ) -> Result<(), KernelError> {
+        let config = tile_config(m, ns.iter().sum());
+        self.gemv_tiles_parts(stream, ys, x, ws, format, (m, ns, k), config)
     }
 
     /// `out[n, k] = bf16(w'[n, k] × s[n])` ([`nvfp4_widened`]): NVFP4 tiles in bf16 for a GEMM.

@@ -82,6 +82,20 @@ fn expected_functions() -> Vec<String> {
             }
         }
     }
+    for (r, p, u) in strata_kernels::tiles::TILE_CONFIGS {
+        let twin = strata_kernels::tiles::has_twin((r, p, u));
+        for format in ["nvfp4", "twin"]
+            .into_iter()
+            .filter(|f| twin || *f == "nvfp4")
+        {
+            for out in ["bf16", "f32"] {
+                for mt in [1, 2, 4, 8] {
+                    names.push(format!("gemv_tiles_{format}_{out}_m{mt}_r{r}_p{p}_u{u}"));
+                }
+            }
+        }
+    }
+    names.push("dequant_tiles_nvfp4".to_string());
     for m in 1..=16 {
         names.push(format!("gemv_bf16_m{m}"));
         names.push(format!("gemv_f32_m{m}"));

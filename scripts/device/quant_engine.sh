@@ -28,6 +28,9 @@ BENCH_CONFIG=${BENCH_CONFIG:-configs/llama-3.1-8b.json}
 FILES=${FILES:-${TMPDIR:-/tmp}/strata-quant-engine}
 BATCHES=${BATCHES:-1,8,32,64}
 PARTS=${PARTS:-selftest,identity,decode,prefill}
+# The formats the decode part quantizes and measures; WIDENED=0 skips their widened arms.
+PLANS=${PLANS:-fp8 nvfp4}
+WIDENED=${WIDENED:-1}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 mkdir -p "$OUT/logs" "$FILES"
 failed=0
@@ -71,7 +74,7 @@ fi
 if part decode; then
     MODEL=$FILES/bf16-8b
     [[ -f $MODEL/config.json ]] || synth_bench_model
-    for plan in fp8 nvfp4; do
+    for plan in $PLANS; do
         # Quantized once per machine: FILES persists between parts and calls.
         if [[ ! -f $FILES/8b-$plan/config.json ]]; then
             start=$SECONDS
@@ -91,11 +94,12 @@ if part decode; then
         }
     }
     decode bf16 "$MODEL"
-    for plan in fp8 nvfp4; do
+    for plan in $PLANS; do
         decode "$plan-kept" "$FILES/8b-$plan" --keep-quantized
-        decode "$plan-widened" "$FILES/8b-$plan"
+        [[ $WIDENED == 1 ]] && decode "$plan-widened" "$FILES/8b-$plan"
     done
-    decode nvfp4-blocks "$FILES/8b-nvfp4" --keep-quantized --nvfp4-blocks
+    [[ " $PLANS " == *" nvfp4 "* && $WIDENED == 1 ]] &&
+        decode nvfp4-blocks "$FILES/8b-nvfp4" --keep-quantized --nvfp4-blocks
 fi
 
 if part prefill; then

@@ -120,15 +120,9 @@ pub(super) fn gemv<T: GemvOut>(
         Matrix::Blocks { format, data } => {
             kernels.gemv_blocks(role.variant(), stream, y, x, data, *format, (m, n, k))?
         }
-        Matrix::Tiles { data, scales } => kernels.gemv_tiles_at(
-            stream,
-            y,
-            x,
-            (data, scales),
-            TileFormat::Nvfp4,
-            (m, n, k),
-            strata_kernels::tiles::tile_phases(k),
-        )?,
+        Matrix::Tiles { data, scales } => {
+            kernels.gemv_tiles_at(stream, y, x, (data, scales), TileFormat::Nvfp4, (m, n, k))?
+        }
     }
     Ok(())
 }
