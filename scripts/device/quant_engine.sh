@@ -3,7 +3,7 @@
 # (`--keep-quantized`) or widened to bf16 (issue 22's battery), with the carried release binary
 # and the Llama 3.1 tokenizer in .device/llama3_1:
 #   scripts/device/quant_engine.sh OUT_DIR
-# It builds nothing. In order (PARTS picks: selftest, identity, decode, prefill):
+# It builds nothing. In order (PARTS picks: selftest, identity, decode, prefill, tiles):
 #   1. `strata kernels selftest`: every block format's dequantizer, GEMV, shard GEMV and gather
 #      bit for bit against the bf16 kernels on the CPU loader's values (NVFP4 in both
 #      conventions, FP8), with canaries;
@@ -17,7 +17,9 @@
 #      both in tiles (the default) and in blocks, with its graph == eager checks: tokens/s
 #      against bf16 and against each format's byte roofline;
 #   4. prefill: `strata kernels bench --m 1`'s prompt-row GEMMs of a 4k prefill (m = 4096, the 8B
-#      projections), bf16 against FP8 (e4m3) in TFLOP/s — the W8A8 product, its scales aside.
+#      projections), bf16 against FP8 (e4m3) in TFLOP/s — the W8A8 product, its scales aside;
+#   5. tiles: `strata kernels bench --tiles` at 1-64 rows, the GEMV per weight layout on the four
+#      8B projections and per M the tiles in the engine's shapes against bf16 (tiles.json).
 # Everything lands in OUT_DIR with receipt.json; a short table is printed last.
 set -uo pipefail
 
@@ -27,7 +29,7 @@ TOKENIZER=${TOKENIZER:-.device/llama3_1/tokenizer.json}
 BENCH_CONFIG=${BENCH_CONFIG:-configs/llama-3.1-8b.json}
 FILES=${FILES:-${TMPDIR:-/tmp}/strata-quant-engine}
 BATCHES=${BATCHES:-1,8,32,64}
-PARTS=${PARTS:-selftest,identity,decode,prefill}
+PARTS=${PARTS:-selftest,identity,decode,prefill,tiles}
 # The formats the decode part quantizes and measures; WIDENED=0 skips their widened arms.
 PLANS=${PLANS:-fp8 nvfp4}
 WIDENED=${WIDENED:-1}
@@ -107,11 +109,17 @@ if part prefill; then
     grep "^gemm " "$OUT/logs/kernels-bench.log" | tee "$OUT/prefill.txt"
 fi
 
+if part tiles; then
+    "$BIN" kernels bench --tiles --m 1,8,16,32,64 --json "$OUT/tiles.json" \
+        >"$OUT/logs/kernels-bench-tiles.log" 2>&1 || failed=1
+    tail -6 "$OUT/logs/kernels-bench-tiles.log" | tee "$OUT/tiles.txt"
+fi
+
 python3 - "$OUT" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 receipt = {"machine": (out / "machine.txt").read_text().splitlines()}
-for name in ["selftest.txt", "identity.txt", "quantize.txt", "prefill.txt"]:
+for name in ["selftest.txt", "identity.txt", "quantize.txt", "prefill.txt", "tiles.txt"]:
     p = out / name
     if p.exists():
         receipt[name.split(".")[0]] = p.read_text().splitlines()[-12:]
@@ -119,6 +127,8 @@ decode = {}
 for p in sorted(out.glob("decode-*.json")):
     decode[p.stem[len("decode-"):]] = json.loads(p.read_text())
 receipt["decode"] = decode
+if (out / "tiles.json").exists():
+    receipt["tiles_per_m"] = json.loads((out / "tiles.json").read_text())["per_m"]
 (out / "receipt.json").write_text(json.dumps(receipt, indent=1) + "\n")
 for name, d in decode.items():
     rows = d.get("results") or d.get("batches") or []

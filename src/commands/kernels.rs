@@ -54,9 +54,13 @@ pub enum KernelsCommand {
         #[arg(long, value_delimiter = ',', default_value = "1,4,8,16,32,64")]
         m: Vec<usize>,
         /// Only the decode GEMV of each weight layout on the four projections: bf16, NVFP4 in
-        /// blocks and NVFP4 in fragment-ordered tiles (every built shape), side by side.
+        /// blocks and NVFP4 in fragment-ordered tiles (every built shape), side by side, then per
+        /// M the tiles in the shapes the engine picks against bf16 over the four.
         #[arg(long)]
         tiles: bool,
+        /// With --tiles: also write every timing and the per-M summary as JSON here.
+        #[arg(long, requires = "tiles")]
+        json: Option<PathBuf>,
     },
 }
 
@@ -74,9 +78,14 @@ pub fn run(command: KernelsCommand) -> Result<()> {
             seed,
             cache_dir,
         } => run_selftest(device, seed, cache_dir),
-        KernelsCommand::Bench { device, m, tiles } => {
+        KernelsCommand::Bench {
+            device,
+            m,
+            tiles,
+            json,
+        } => {
             if tiles {
-                bench_tiles(device, &m)
+                bench_tiles(device, &m, json.as_deref())
             } else {
                 bench(device, &m)
             }
@@ -255,8 +264,10 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
 /// The Llama-3-8B projections (n, k): qkv, o, gate_up, down.
 const PROJECTIONS: [(usize, usize); 4] = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)];
 
-/// `strata kernels bench --tiles`: the decode GEMV per weight layout, each timed in this run.
-fn bench_tiles(device: usize, rows: &[usize]) -> Result<()> {
+/// `strata kernels bench --tiles`: the decode GEMV per weight layout, each timed in this run, then
+/// per M the tiles in the shapes the engine picks ([`strata_kernels::tiles::tile_config`]) against
+/// bf16, summed over the four projections.
+fn bench_tiles(device: usize, rows: &[usize], json: Option<&std::path::Path>) -> Result<()> {
     let ctx = open(device, "bench")?;
     let kernels = Kernels::load(&ctx, None).context("loading the kernels")?;
     let stream = ctx.new_stream().context("creating a stream")?;
@@ -273,8 +284,15 @@ fn bench_tiles(device: usize, rows: &[usize]) -> Result<()> {
         "{:<16} {:>3} {:>7} {:>6} {:>9} {:>8}",
         "layout", "m", "n", "k", "us", "GB/s"
     );
+    let timings = std::cell::RefCell::new(Vec::<TileBenchRow>::new());
     let line = |layout: &str, (m, n, k): (usize, usize, usize), us: f64, gbps: f64| {
         println!("{layout:<16} {m:>3} {n:>7} {k:>6} {us:>9.2} {gbps:>8.0}");
+        timings.borrow_mut().push(TileBenchRow {
+            layout: layout.to_string(),
+            shape: (m, n, k),
+            us,
+            gbps,
+        });
     };
     let bf16: Vec<_> = shapes.iter().map(|&(m, n, k)| (m, n, k, false)).collect();
     strata_kernels::bench::gemv_timings(&kernels, &stream, &bf16, &[GemvVariant::Mma], &mut |t| {
@@ -294,16 +312,100 @@ fn bench_tiles(device: usize, rows: &[usize]) -> Result<()> {
         &shapes,
         &strata_kernels::tiles::TILE_CONFIGS,
         &mut |t| {
-            let (r, p, u) = t.config;
             line(
-                &format!("nvfp4 tiles r{r}p{p}u{u}"),
+                &tile_layout(t.config),
                 (t.m, t.n, t.k),
                 t.micros,
                 t.gbytes_per_s,
             )
         },
     )?;
+    let timings = timings.into_inner();
+    let summary = tiles_summary(&timings, &rows);
+    println!(
+        "\n{:>3} {:>10} {:>10} {:>8}",
+        "m", "bf16 us", "tiles us", "x bf16"
+    );
+    for s in &summary {
+        println!(
+            "{:>3} {:>10.2} {:>10.2} {:>8.2}",
+            s.m, s.bf16_us, s.tiles_us, s.ratio
+        );
+    }
+    if let Some(path) = json {
+        let rows: Vec<_> = timings
+            .iter()
+            .map(|t| {
+                let (m, n, k) = t.shape;
+                serde_json::json!({"layout": t.layout, "m": m, "n": n, "k": k, "us": t.us,
+                    "gbytes_per_s": t.gbps})
+            })
+            .collect();
+        let summary: Vec<_> = summary
+            .iter()
+            .map(|s| {
+                serde_json::json!({"m": s.m, "bf16_us": s.bf16_us, "tiles_us": s.tiles_us,
+                    "tiles_over_bf16": s.ratio})
+            })
+            .collect();
+        let device = ctx.name().unwrap_or_else(|_| "unknown".into());
+        let doc = serde_json::json!({
+            "device": device,
+            "projections": PROJECTIONS,
+            "summary": "per M, the four projections' bf16 GEMV time over the tiles' in the shape the engine picks (tile_config)",
+            "per_m": summary,
+            "timings": rows,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&doc)? + "\n")
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
+}
+
+/// One timed GEMV of `strata kernels bench --tiles`.
+struct TileBenchRow {
+    layout: String,
+    shape: (usize, usize, usize),
+    us: f64,
+    gbps: f64,
+}
+
+/// The table name of a tile shape.
+fn tile_layout((r, p, u): (usize, usize, usize)) -> String {
+    format!("nvfp4 tiles r{r}p{p}u{u}")
+}
+
+/// Per M: the bf16 GEMV and the tiles in the shape the engine picks, summed over the projections.
+struct TilesAtM {
+    m: usize,
+    bf16_us: f64,
+    tiles_us: f64,
+    ratio: f64,
+}
+
+fn tiles_summary(timings: &[TileBenchRow], rows: &[usize]) -> Vec<TilesAtM> {
+    let time = |layout: &str, shape| {
+        timings
+            .iter()
+            .find(|t| t.layout == layout && t.shape == shape)
+            .map(|t| t.us)
+    };
+    rows.iter()
+        .filter_map(|&m| {
+            let (mut bf16_us, mut tiles_us) = (0.0, 0.0);
+            for (n, k) in PROJECTIONS {
+                let kept = tile_layout(strata_kernels::tiles::tile_config(m, n));
+                bf16_us += time("bf16 mma", (m, n, k))?;
+                tiles_us += time(&kept, (m, n, k))?;
+            }
+            Some(TilesAtM {
+                m,
+                bf16_us,
+                tiles_us,
+                ratio: bf16_us / tiles_us,
+            })
+        })
+        .collect()
 }
 
 fn check(arches: &[String]) -> Result<()> {
@@ -538,5 +640,34 @@ mod tests {
         // Canary: compressed-tensors' NVFP4 read as ModelOpt's (tensor scale multiplied).
         let (differ, compared, _) = against_the_library("nvfp4", BlockFormat::Nvfp4Modelopt, false);
         assert!(differ > compared / 2, "{differ} of {compared}");
+    }
+
+    /// The summary takes each projection in the shape `tile_config` picks: a timing of any
+    /// other shape must not count.
+    #[test]
+    fn the_tiles_summary_takes_the_shapes_the_engine_picks() {
+        let mut timings = Vec::new();
+        for m in [1, 32] {
+            for (n, k) in PROJECTIONS {
+                let row = |layout: String, us: f64| TileBenchRow {
+                    layout,
+                    shape: (m, n, k),
+                    us,
+                    gbps: 0.0,
+                };
+                timings.push(row("bf16 mma".into(), 10.0));
+                for config in strata_kernels::tiles::TILE_CONFIGS {
+                    let kept = strata_kernels::tiles::tile_config(m, n) == config;
+                    timings.push(row(tile_layout(config), if kept { 5.0 } else { 50.0 }));
+                }
+            }
+        }
+        let summary = tiles_summary(&timings, &[1, 32, 8]);
+        // M = 8 has no timings: left out, not a division by zero.
+        assert_eq!(summary.iter().map(|s| s.m).collect::<Vec<_>>(), [1, 32]);
+        for s in &summary {
+            assert_eq!((s.bf16_us, s.tiles_us), (40.0, 20.0), "m = {}", s.m);
+            assert_eq!(s.ratio, 2.0);
+        }
     }
 }
