@@ -30,7 +30,8 @@ BENCH_CONFIG=${BENCH_CONFIG:-configs/llama-3.1-8b.json}
 FILES=${FILES:-${TMPDIR:-/tmp}/strata-quant-engine}
 BATCHES=${BATCHES:-1,8,32,64}
 PARTS=${PARTS:-selftest,identity,decode,prefill,tiles}
-# The formats the decode part quantizes and measures; WIDENED=0 skips their widened arms.
+# The formats the decode part quantizes and measures; WIDENED=0 skips the comparison arms (each
+# format widened to bf16, NVFP4 in blocks).
 PLANS=${PLANS:-fp8 nvfp4}
 WIDENED=${WIDENED:-1}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
