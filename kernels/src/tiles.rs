@@ -431,26 +431,6 @@ impl Kernels {
         self.gemv_tiles(stream, y, x, w, format, (m, n, k), config)
     }
 
-    /// [`Kernels::gemv_tiles_parts`] in the shape [`tile_config`] picks for M and the parts' rows.
-    pub fn gemv_tiles_parts_at<
-        T: GemvOut,
-        Y: DevicePtrMut<T>,
-        W: DevicePtr<u8>,
-        S: DevicePtr<f32>,
-        const P: usize,
-    >(
-        &self,
-        stream: &Arc<CudaStream>,
-        ys: [&mut Y; P],
-        x: &impl DevicePtr<bf16>,
-        ws: [(&W, &S); P],
-        format: TileFormat,
-        (m, ns, k): (usize, [usize; P], usize),
-    ) -> Result<(), KernelError> {
-        let config = tile_config(m, ns.iter().sum());
-        self.gemv_tiles_parts(stream, ys, x, ws, format, (m, ns, k), config)
-    }
-
     /// `out[n, k] = bf16(w'[n, k] × s[n])` ([`nvfp4_widened`]): NVFP4 tiles in bf16 for a GEMM.
     pub fn dequantize_tiles(
         &self,

@@ -9,7 +9,7 @@ use half::bf16;
 use strata_collective::DeviceCommunicator;
 use strata_kernels::cudarc::driver::sys::CUevent_flags;
 use strata_kernels::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView};
-use strata_kernels::tiles::TileFormat;
+use strata_kernels::tiles::{TileFormat, tile_config};
 use strata_kernels::{
     AttentionHeads, DecodeBatch, GEMV_MAX_M, GateActivation, Kernels, LtGemm, PagedKv,
     PrefillChunk, RopeKvShape, decode_workspace_elems,
@@ -303,13 +303,14 @@ impl Launch<'_> {
             ) = (&layer.q, &layer.k, &layer.v)
             {
                 // The same for tiles: each part's rows are the bits of its own launch.
-                k.gemv_tiles_parts_at(
+                k.gemv_tiles_parts(
                     stream,
                     [&mut yq, &mut yk, &mut yv],
                     &x,
                     [(wq, sq), (wk, sk), (wv, sv)],
                     TileFormat::Nvfp4,
                     (m, [qd, kvd, kvd], h),
+                    tile_config(m, qd + 2 * kvd),
                 )?;
             } else {
                 gemv(k, Role::Narrow, stream, &mut yq, &x, &layer.q, (m, qd, h))?;
