@@ -2,10 +2,17 @@
 //! through [`KvAccess`] so the same code serves a contiguous cache and a paged block pool.
 //! Each (token, head) output is computed alone, keys in ascending order, so it is the same whether
 //! its token came in a prefill chunk of 1 or of 4096, alone or in a batch of 64 sequences.
+//!
+//! What is shared is only the reading: one task takes up to [`ROWS_PER_TASK`] consecutive rows of
+//! one sequence and every query head of one KV head, and walks the keys and values once, in runs
+//! of contiguous slots, handing each key to every query that sees it. Each query still gets its
+//! own scores in ascending position, its own maximum, sum and weighted values in the order the
+//! one-query loop used, so its bits do not depend on which rows share its task (the verification
+//! rows of speculative decoding, a prefill chunk) — the tests hold it to that loop.
 
 use rayon::prelude::*;
 
-use super::ops::dot;
+use super::ops::{axpy, dot};
 
 /// Shape of the attention computation.
 #[derive(Debug, Clone, Copy)]
@@ -24,6 +31,18 @@ pub trait KvAccess: Sync {
     fn key(&self, seq: usize, layer: usize, position: usize) -> &[f32];
     fn value(&self, seq: usize, layer: usize, position: usize) -> &[f32];
     fn write(&mut self, seq: usize, layer: usize, position: usize, key: &[f32], value: &[f32]);
+
+    /// The keys of `position` and of the positions after it stored contiguously with it (the rest
+    /// of its block in a paged pool): a whole number of rows, at least one. What lies past the
+    /// last written position is not read.
+    fn key_run(&self, seq: usize, layer: usize, position: usize) -> &[f32] {
+        self.key(seq, layer, position)
+    }
+
+    /// [`KvAccess::key_run`] for values.
+    fn value_run(&self, seq: usize, layer: usize, position: usize) -> &[f32] {
+        self.value(seq, layer, position)
+    }
 }
 
 /// One query token: which sequence of the batch it belongs to and its absolute position.
@@ -32,6 +51,9 @@ pub struct QueryPos {
     pub seq: usize,
     pub position: usize,
 }
+
+/// Rows of one sequence that share one walk over its keys and values.
+const ROWS_PER_TASK: usize = 16;
 
 /// `q` holds one row of `num_heads · head_dim` per entry of `queries`; the K/V of every position
 /// up to each query's own must already be in `kv` for `layer`.
@@ -47,40 +69,184 @@ pub fn causal_attention(
         num_heads,
         num_kv_heads,
         head_dim,
+        ..
+    } = shape;
+    let group = num_heads / num_kv_heads;
+    // Tasks: runs of consecutive rows of one sequence, at most ROWS_PER_TASK, times KV heads.
+    let mut tasks = Vec::new();
+    let mut start = 0;
+    while start < queries.len() {
+        let seq = queries[start].seq;
+        let mut end = start + 1;
+        while end < queries.len() && end - start < ROWS_PER_TASK && queries[end].seq == seq {
+            end += 1;
+        }
+        tasks.extend((0..num_kv_heads).map(|g| (start, end, g * group..(g + 1) * group)));
+        start = end;
+    }
+    // Too few tasks to keep every thread busy (one decode row, few KV heads): one query head a
+    // task, each walking the keys alone. Which heads share a walk never changes a query's bits.
+    if tasks.len() < 2 * rayon::current_num_threads() {
+        tasks = tasks
+            .into_iter()
+            .flat_map(|(start, end, heads)| heads.map(move |h| (start, end, h..h + 1)))
+            .collect();
+    }
+    let results: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map_init(Scratch::default, |scratch, (start, end, heads)| {
+            let rows = Rows {
+                first: *start,
+                positions: &queries[*start..*end],
+                heads: heads.clone(),
+            };
+            attend(shape, layer, q, rows, kv, scratch)
+        })
+        .collect();
+    // A row's heads of one task are contiguous in `out`.
+    for ((start, end, heads), result) in tasks.iter().zip(&results) {
+        let width = heads.len() * head_dim;
+        for (i, row) in (*start..*end).enumerate() {
+            let at = (row * num_heads + heads.start) * head_dim;
+            out[at..at + width].copy_from_slice(&result[i * width..(i + 1) * width]);
+        }
+    }
+}
+
+/// One task's rows: consecutive entries of the step's queries, all of one sequence, and the query
+/// heads it computes for them (all of one KV head).
+struct Rows<'a> {
+    /// Index of the first row in the step's queries (and in `q`).
+    first: usize,
+    positions: &'a [QueryPos],
+    heads: std::ops::Range<usize>,
+}
+
+/// Per-thread buffers: each query's scores, maximum and sum.
+#[derive(Default)]
+struct Scratch {
+    scores: Vec<Vec<f32>>,
+    max: Vec<f32>,
+    sum: Vec<f32>,
+}
+
+/// The outputs of `rows` × `rows.heads`, row-major then head.
+fn attend(
+    shape: AttentionShape,
+    layer: usize,
+    q: &[f32],
+    rows: Rows<'_>,
+    kv: &dyn KvAccess,
+    scratch: &mut Scratch,
+) -> Vec<f32> {
+    let AttentionShape {
+        num_heads,
+        num_kv_heads,
+        head_dim,
         sliding_window,
         scale,
     } = shape;
-    let group = num_heads / num_kv_heads;
-    out.par_chunks_mut(head_dim)
-        .enumerate()
-        .for_each_init(Vec::new, |scores, (idx, o)| {
-            let QueryPos { seq, position } = queries[idx / num_heads];
-            let h = idx % num_heads;
-            let first_key = sliding_window.map_or(0, |w| (position + 1).saturating_sub(w));
-            let qh = &q[idx * head_dim..(idx + 1) * head_dim];
-            let kv_off = (h / group) * head_dim;
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for p in first_key..=position {
-                let k = &kv.key(seq, layer, p)[kv_off..kv_off + head_dim];
-                let s = dot(qh, k) * scale;
-                max = max.max(s);
-                scores.push(s);
-            }
-            let mut sum = 0.0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            o.fill(0.0);
-            for (p, s) in (first_key..=position).zip(scores.iter()) {
-                let v = &kv.value(seq, layer, p)[kv_off..kv_off + head_dim];
-                let w = s / sum;
-                for (oi, vi) in o.iter_mut().zip(v) {
-                    *oi += w * vi;
+    let per_row = rows.heads.len();
+    let seq = rows.positions[0].seq;
+    let kv_dim = num_kv_heads * head_dim;
+    let kv_off = rows.heads.start / (num_heads / num_kv_heads) * head_dim;
+    // Each row's keys: first..=position.
+    let ranges: Vec<(usize, usize)> = rows
+        .positions
+        .iter()
+        .map(|r| {
+            let first = sliding_window.map_or(0, |w| (r.position + 1).saturating_sub(w));
+            (first, r.position)
+        })
+        .collect();
+    let lo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+    let hi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    let queries = ranges.len() * per_row;
+    let query = |qi: usize| {
+        let (r, h) = (qi / per_row, rows.heads.start + qi % per_row);
+        let at = ((rows.first + r) * num_heads + h) * head_dim;
+        &q[at..at + head_dim]
+    };
+    let Scratch { scores, max, sum } = scratch;
+    scores.resize_with(queries.max(scores.len()), Vec::new);
+    scores.iter_mut().for_each(Vec::clear);
+    max.clear();
+    max.resize(queries, f32::NEG_INFINITY);
+
+    // Scores: every run of keys once, to each query whose range holds part of it.
+    walk(
+        lo,
+        hi,
+        kv_dim,
+        |p| kv.key_run(seq, layer, p),
+        |p0, run| {
+            let n = run.len() / kv_dim;
+            for (r, &(first, last)) in ranges.iter().enumerate() {
+                let (from, to) = (first.max(p0), last.min(p0 + n - 1));
+                for qi in r * per_row..(r + 1) * per_row {
+                    let qh = query(qi);
+                    for pos in from..=to {
+                        let at = (pos - p0) * kv_dim + kv_off;
+                        let s = dot(qh, &run[at..at + head_dim]) * scale;
+                        max[qi] = max[qi].max(s);
+                        scores[qi].push(s);
+                    }
                 }
             }
-        });
+        },
+    );
+    sum.clear();
+    for (s, &m) in scores.iter_mut().zip(max.iter()).take(queries) {
+        let mut total = 0.0f32;
+        for e in s.iter_mut() {
+            *e = (*e - m).exp();
+            total += *e;
+        }
+        sum.push(total);
+    }
+
+    // Values, in ascending position for every query.
+    let mut out = vec![0.0f32; queries * head_dim];
+    walk(
+        lo,
+        hi,
+        kv_dim,
+        |p| kv.value_run(seq, layer, p),
+        |p0, run| {
+            let n = run.len() / kv_dim;
+            for (r, &(first, last)) in ranges.iter().enumerate() {
+                let (from, to) = (first.max(p0), last.min(p0 + n - 1));
+                for qi in r * per_row..(r + 1) * per_row {
+                    let o = &mut out[qi * head_dim..(qi + 1) * head_dim];
+                    for pos in from..=to {
+                        let at = (pos - p0) * kv_dim + kv_off;
+                        let w = scores[qi][pos - first] / sum[qi];
+                        axpy(o, w, &run[at..at + head_dim]);
+                    }
+                }
+            }
+        },
+    );
+    out
+}
+
+/// Calls `each(first, rows)` for the positions `lo..=hi` in ascending order, a contiguous run at
+/// a time: `rows` holds the rows of positions `first..first + rows.len() / row_len`.
+fn walk<'a>(
+    lo: usize,
+    hi: usize,
+    row_len: usize,
+    run: impl Fn(usize) -> &'a [f32],
+    mut each: impl FnMut(usize, &[f32]),
+) {
+    let mut p = lo;
+    while p <= hi {
+        let rows = run(p);
+        let n = (rows.len() / row_len).min(hi + 1 - p);
+        assert!(n > 0, "a K/V run holds at least one position");
+        each(p, &rows[..n * row_len]);
+        p += n;
+    }
 }
 
 #[cfg(test)]
@@ -102,6 +268,154 @@ mod tests {
             &self.v[p * self.dim..(p + 1) * self.dim]
         }
         fn write(&mut self, _: usize, _: usize, _: usize, _: &[f32], _: &[f32]) {}
+    }
+
+    /// A pool of `block` slots per block, blocks handed out in a shuffled order per sequence: runs
+    /// end at every block boundary.
+    struct Paged {
+        k: Vec<f32>,
+        v: Vec<f32>,
+        dim: usize,
+        block: usize,
+        tables: Vec<Vec<usize>>,
+    }
+
+    impl Paged {
+        fn at(&self, seq: usize, p: usize) -> usize {
+            (self.tables[seq][p / self.block] * self.block + p % self.block) * self.dim
+        }
+        fn run_end(&self, seq: usize, p: usize) -> usize {
+            self.at(seq, p) + (self.block - p % self.block) * self.dim
+        }
+    }
+
+    impl KvAccess for Paged {
+        fn key(&self, s: usize, _: usize, p: usize) -> &[f32] {
+            &self.k[self.at(s, p)..self.at(s, p) + self.dim]
+        }
+        fn value(&self, s: usize, _: usize, p: usize) -> &[f32] {
+            &self.v[self.at(s, p)..self.at(s, p) + self.dim]
+        }
+        fn key_run(&self, s: usize, _: usize, p: usize) -> &[f32] {
+            &self.k[self.at(s, p)..self.run_end(s, p)]
+        }
+        fn value_run(&self, s: usize, _: usize, p: usize) -> &[f32] {
+            &self.v[self.at(s, p)..self.run_end(s, p)]
+        }
+        fn write(&mut self, _: usize, _: usize, _: usize, _: &[f32], _: &[f32]) {}
+    }
+
+    /// The one-query loop the shared walk must reproduce bit for bit; `reversed` sums the values
+    /// from the last key down (the canary: another order, other bits).
+    fn one_query(
+        shape: AttentionShape,
+        q: &[f32],
+        queries: &[QueryPos],
+        kv: &dyn KvAccess,
+        reversed: bool,
+    ) -> Vec<f32> {
+        let (hd, group) = (shape.head_dim, shape.num_heads / shape.num_kv_heads);
+        let mut out = vec![0.0; queries.len() * shape.num_heads * hd];
+        for (idx, o) in out.chunks_mut(hd).enumerate() {
+            let QueryPos { seq, position } = queries[idx / shape.num_heads];
+            let kv_off = (idx % shape.num_heads / group) * hd;
+            let first = shape
+                .sliding_window
+                .map_or(0, |w| (position + 1).saturating_sub(w));
+            let qh = &q[idx * hd..(idx + 1) * hd];
+            let scores: Vec<f32> = (first..=position)
+                .map(|p| dot(qh, &kv.key(seq, 0, p)[kv_off..kv_off + hd]) * shape.scale)
+                .collect();
+            let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+            let exps: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+            let sum = exps.iter().fold(0.0f32, |a, &e| a + e);
+            let mut order: Vec<usize> = (first..=position).collect();
+            if reversed {
+                order.reverse();
+            }
+            for p in order {
+                let v = &kv.value(seq, 0, p)[kv_off..kv_off + hd];
+                let w = exps[p - first] / sum;
+                for (oi, vi) in o.iter_mut().zip(v) {
+                    *oi += w * vi;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn shared_walk_equals_the_one_query_loop_bit_for_bit() {
+        let mut state = 0x2545_f491_u32;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            (state % 2000) as f32 / 1000.0 - 1.0
+        };
+        let (hd, kv_heads, block, blocks) = (40, 2, 7, 24);
+        let dim = kv_heads * hd;
+        let kv = Paged {
+            k: (0..blocks * block * dim).map(|_| next()).collect(),
+            v: (0..blocks * block * dim).map(|_| next()).collect(),
+            dim,
+            block,
+            // Two sequences of up to 84 positions on interleaved, out-of-order blocks.
+            tables: vec![
+                (0..12).map(|b| (b * 7 + 3) % 24).collect(),
+                (0..12).map(|b| (b * 7 + 10) % 24).collect(),
+            ],
+        };
+        // Sequence 0: 21 consecutive rows (two tasks), then sequence 1: one decode row and a
+        // verification run of 5, then sequence 0 again (not merged with the first run).
+        let mut queries: Vec<QueryPos> = (40..61)
+            .map(|p| QueryPos {
+                seq: 0,
+                position: p,
+            })
+            .collect();
+        queries.push(QueryPos {
+            seq: 1,
+            position: 9,
+        });
+        queries.extend((70..75).map(|p| QueryPos {
+            seq: 1,
+            position: p,
+        }));
+        queries.push(QueryPos {
+            seq: 0,
+            position: 83,
+        });
+        for window in [None, Some(16)] {
+            let shape = AttentionShape {
+                num_heads: 6,
+                num_kv_heads: kv_heads,
+                head_dim: hd,
+                sliding_window: window,
+                scale: 0.158,
+            };
+            let q: Vec<f32> = (0..queries.len() * 6 * hd).map(|_| next()).collect();
+            let mut out = vec![f32::NAN; q.len()];
+            causal_attention(shape, 0, &q, &queries, &kv, &mut out);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&out),
+                bits(&one_query(shape, &q, &queries, &kv, false))
+            );
+            // Each row alone gives its bits in the batch.
+            for (i, row) in queries.iter().enumerate() {
+                let mut alone = vec![0.0; 6 * hd];
+                let qr = &q[i * 6 * hd..(i + 1) * 6 * hd];
+                causal_attention(shape, 0, qr, &[*row], &kv, &mut alone);
+                assert_eq!(bits(&alone), bits(&out[i * 6 * hd..(i + 1) * 6 * hd]));
+            }
+            let canary = one_query(shape, &q, &queries, &kv, true);
+            assert_ne!(
+                bits(&out),
+                bits(&canary),
+                "another summation order must change bits"
+            );
+        }
     }
 
     #[test]

@@ -154,6 +154,14 @@ impl KvAccess for KvCache {
         &self.v[layer][position * self.kv_dim..(position + 1) * self.kv_dim]
     }
 
+    fn key_run(&self, _seq: usize, layer: usize, position: usize) -> &[f32] {
+        &self.k[layer][position * self.kv_dim..]
+    }
+
+    fn value_run(&self, _seq: usize, layer: usize, position: usize) -> &[f32] {
+        &self.v[layer][position * self.kv_dim..]
+    }
+
     fn write(&mut self, _seq: usize, layer: usize, position: usize, key: &[f32], value: &[f32]) {
         let end = (position + 1) * self.kv_dim;
         for (store, data) in [(&mut self.k[layer], key), (&mut self.v[layer], value)] {

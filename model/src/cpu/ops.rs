@@ -435,6 +435,44 @@ pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `o ← o + w · v`, elementwise: one rounded product, then one rounded sum (never fused), so the
+/// AVX path gives the portable loop's bits.
+#[inline]
+pub fn axpy(o: &mut [f32], w: f32, v: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the feature was detected at run time just above.
+        return unsafe { axpy_avx(o, w, v) };
+    }
+    for (oi, vi) in o.iter_mut().zip(v) {
+        *oi += w * vi;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn axpy_avx(o: &mut [f32], w: f32, v: &[f32]) {
+    use std::arch::x86_64::*;
+    let n = o.len().min(v.len());
+    let chunks = n / 8;
+    // SAFETY: every load and store covers 8 floats below `chunks * 8 <= n` of both slices.
+    unsafe {
+        let wv = _mm256_set1_ps(w);
+        let (po, pv) = (o.as_mut_ptr(), v.as_ptr());
+        for c in 0..chunks {
+            let at = c * 8;
+            let sum = _mm256_add_ps(
+                _mm256_loadu_ps(po.add(at)),
+                _mm256_mul_ps(wv, _mm256_loadu_ps(pv.add(at))),
+            );
+            _mm256_storeu_ps(po.add(at), sum);
+        }
+    }
+    for (oi, vi) in o[chunks * 8..n].iter_mut().zip(&v[chunks * 8..n]) {
+        *oi += w * vi;
+    }
+}
+
 pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
@@ -561,6 +599,29 @@ mod tests {
                 "n={n}"
             );
         }
+    }
+
+    #[test]
+    fn axpy_matches_the_unfused_loop_bit_for_bit() {
+        let v = fill(77, 5);
+        let mut fast = fill(77, 6);
+        let mut portable = fast.clone();
+        for w in [0.37f32, -1.9e-3, 3.1e4] {
+            axpy(&mut fast, w, &v);
+            for (oi, vi) in portable.iter_mut().zip(&v) {
+                *oi += w * vi;
+            }
+        }
+        let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&fast), bits(&portable));
+        // The fused form rounds once: other bits somewhere (the test can tell them apart).
+        let mut fused = fill(77, 6);
+        for w in [0.37f32, -1.9e-3, 3.1e4] {
+            for (oi, vi) in fused.iter_mut().zip(&v) {
+                *oi = w.mul_add(*vi, *oi);
+            }
+        }
+        assert_ne!(bits(&fast), bits(&fused));
     }
 
     #[test]

@@ -72,6 +72,19 @@ impl KvAccess for PagedView<'_> {
         &self.pool[o..o + self.kv_dim]
     }
 
+    /// The rest of `position`'s block: slots are contiguous within a block's layer.
+    fn key_run(&self, seq: usize, layer: usize, position: usize) -> &[f32] {
+        let o = self.offset(seq, layer, 0, position);
+        let slots = self.block_size - position % self.block_size;
+        &self.pool[o..o + slots * self.kv_dim]
+    }
+
+    fn value_run(&self, seq: usize, layer: usize, position: usize) -> &[f32] {
+        let o = self.offset(seq, layer, 1, position);
+        let slots = self.block_size - position % self.block_size;
+        &self.pool[o..o + slots * self.kv_dim]
+    }
+
     fn write(&mut self, seq: usize, layer: usize, position: usize, key: &[f32], value: &[f32]) {
         let k = self.offset(seq, layer, 0, position);
         self.pool[k..k + self.kv_dim].copy_from_slice(key);
