@@ -13,11 +13,12 @@ record_machine() {
 # A value of $BENCH_CONFIG (a config.json).
 shape() { python3 -c "import json,sys; c=json.load(open('$BENCH_CONFIG')); print(c[sys.argv[1]])" "$1"; }
 
-# $BENCH_CONFIG's shape synthesized into $MODEL (bf16, random weights, $TOKENIZER's vocabulary
-# sizing the embedding and LM head, a window of $MAX_POSITION tokens, 8192 by default), then read
-# once so it sits in the page cache as a served model usually does. Exits on failure.
+# $BENCH_CONFIG's shape (cut to $LAYERS layers when set) synthesized into $MODEL (bf16, random
+# weights, $TOKENIZER's vocabulary sizing the embedding and LM head, a window of $MAX_POSITION
+# tokens, 8192 by default), then read once so it sits in the page cache as a served model usually
+# does. Exits on failure.
 synth_bench_model() {
-    "$BIN" model synth --arch llama --out "$MODEL" --layers "$(shape num_hidden_layers)" \
+    "$BIN" model synth --arch llama --out "$MODEL" --layers "${LAYERS:-$(shape num_hidden_layers)}" \
         --hidden "$(shape hidden_size)" --heads "$(shape num_attention_heads)" \
         --kv-heads "$(shape num_key_value_heads)" --intermediate "$(shape intermediate_size)" \
         --max-position "${MAX_POSITION:-8192}" --rope-theta 500000 --tokenizer "$TOKENIZER" \

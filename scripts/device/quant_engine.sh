@@ -19,7 +19,10 @@
 #   4. prefill: `strata kernels bench --m 1`'s prompt-row GEMMs of a 4k prefill (m = 4096, the 8B
 #      projections), bf16 against FP8 (e4m3) in TFLOP/s — the W8A8 product, its scales aside;
 #   5. tiles: `strata kernels bench --tiles` at 1-64 rows, the GEMV per weight layout on the four
-#      8B projections and per M the tiles in the engine's shapes against bf16 (tiles.json).
+#      8B projections and per M the tiles in the engine's shapes against bf16 (tiles.json);
+#   6. profile: the 8B shape cut to PROFILE_LAYERS layers (4), bf16 and NVFP4 kept in tiles,
+#      `strata gpu decode --profile` at BATCHES: each step's kernel time by family (what the
+#      GEMVs leave to the norms, rope, attention and the LM head), profile-*.txt.
 # Everything lands in OUT_DIR with receipt.json; a short table is printed last.
 set -uo pipefail
 
@@ -29,7 +32,7 @@ TOKENIZER=${TOKENIZER:-.device/llama3_1/tokenizer.json}
 BENCH_CONFIG=${BENCH_CONFIG:-configs/llama-3.1-8b.json}
 FILES=${FILES:-${TMPDIR:-/tmp}/strata-quant-engine}
 BATCHES=${BATCHES:-1,8,32,64}
-PARTS=${PARTS:-selftest,identity,decode,prefill,tiles}
+PARTS=${PARTS:-selftest,identity,decode,prefill,tiles,profile}
 # The formats the decode part quantizes and measures; WIDENED=0 skips the comparison arms (each
 # format widened to bf16, NVFP4 in blocks).
 PLANS=${PLANS:-fp8 nvfp4}
@@ -116,6 +119,24 @@ if part tiles; then
     tail -6 "$OUT/logs/kernels-bench-tiles.log" | tee "$OUT/tiles.txt"
 fi
 
+if part profile; then
+    CUT=$FILES/cut-bf16
+    [[ -f $CUT/config.json ]] || MODEL=$CUT LAYERS=${PROFILE_LAYERS:-4} synth_bench_model
+    [[ -f $FILES/cut-nvfp4/config.json ]] ||
+        "$BIN" quantize --plan nvfp4 --model "$CUT" --out "$FILES/cut-nvfp4" \
+            >"$OUT/logs/quantize-cut.log" 2>&1 || { echo "quantize cut FAILED"; failed=1; }
+    for arm in bf16 nvfp4; do
+        flag=()
+        [[ $arm == nvfp4 ]] && flag=(--keep-quantized)
+        "$BIN" gpu decode --model "$FILES/cut-$arm" "${flag[@]}" --batch "$BATCHES" --steps 32 \
+            --profile >"$OUT/profile-$arm.txt" 2>"$OUT/logs/profile-$arm.log" || {
+            echo "profile $arm FAILED"
+            failed=1
+        }
+    done
+    grep -E "batch|lm head" "$OUT/profile-nvfp4.txt"
+fi
+
 python3 - "$OUT" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
@@ -128,6 +149,9 @@ decode = {}
 for p in sorted(out.glob("decode-*.json")):
     decode[p.stem[len("decode-"):]] = json.loads(p.read_text())
 receipt["decode"] = decode
+profile = {p.stem[len("profile-"):]: p.read_text().splitlines() for p in sorted(out.glob("profile-*.txt"))}
+if profile:
+    receipt["profile"] = profile
 if (out / "tiles.json").exists():
     receipt["tiles_per_m"] = json.loads((out / "tiles.json").read_text())["per_m"]
 (out / "receipt.json").write_text(json.dumps(receipt, indent=1) + "\n")
