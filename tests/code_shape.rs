@@ -11,8 +11,7 @@ const MAX_FUNCTION_LINES: usize = 120;
 const MAX_FILE_LINES: usize = 900;
 
 /// (file, function, lines today).
-const LONG_FUNCTIONS: [(&str, &str, usize); 16] = [
-    ("node/src/backend/cuda/mod.rs", "run", 264),
+const LONG_FUNCTIONS: [(&str, &str, usize); 15] = [
     ("node/src/backend/cuda/weights.rs", "upload_checkpoint", 223),
     ("src/commands/gpu.rs", "decode", 163),
     ("model/src/weights/folding.rs", "fold_quantized", 167),
@@ -31,8 +30,7 @@ const LONG_FUNCTIONS: [(&str, &str, usize); 16] = [
 ];
 
 /// (file, lines today, test module excluded).
-const LONG_FILES: [(&str, usize); 3] = [
-    ("node/src/backend/cuda/mod.rs", 1088),
+const LONG_FILES: [(&str, usize); 2] = [
     ("node/src/scheduler/mod.rs", 1032),
     ("router/src/metrics.rs", 916),
 ];
