@@ -13,17 +13,23 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-#[test]
-fn serve_bench_writes_its_receipt_and_sets_each_arm_against_its_own_microbenchmark() {
+/// A fixture of `tests/fixtures/` unpacked into a fresh directory.
+fn unpacked(fixture: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let untar = Command::new("tar")
         .arg("xzf")
-        .arg(root().join("tests/fixtures/serve_bench_h100.tar.gz"))
+        .arg(root().join("tests/fixtures").join(fixture))
         .arg("-C")
         .arg(dir.path())
         .status()
         .expect("tar");
-    assert!(untar.success());
+    assert!(untar.success(), "{fixture} did not unpack");
+    dir
+}
+
+#[test]
+fn serve_bench_writes_its_receipt_and_sets_each_arm_against_its_own_microbenchmark() {
+    let dir = unpacked("serve_bench_h100.tar.gz");
     let out = Command::new("python3")
         .arg(root().join("scripts/device/serve_bench_summary.py"))
         .arg(dir.path())
@@ -78,15 +84,7 @@ fn serve_bench_writes_its_receipt_and_sets_each_arm_against_its_own_microbenchma
 /// decode arms, the tiles' per-M summary and the profiles, and prints each arm's tokens/s.
 #[test]
 fn quant_engine_assembles_its_receipt_from_a_real_runs_files() {
-    let dir = tempfile::tempdir().unwrap();
-    let untar = Command::new("tar")
-        .arg("xzf")
-        .arg(root().join("tests/fixtures/quant_engine_h100.tar.gz"))
-        .arg("-C")
-        .arg(dir.path())
-        .status()
-        .expect("tar");
-    assert!(untar.success());
+    let dir = unpacked("quant_engine_h100.tar.gz");
     let out = Command::new("bash")
         .arg(root().join("scripts/device/quant_engine.sh"))
         .arg(dir.path())
