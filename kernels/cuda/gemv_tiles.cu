@@ -82,6 +82,45 @@ struct Nvfp4Tiles {
     }
 };
 
+// FP8 (e4m3) tiles (src/tiles.rs `fp8_tiles` writes them): per tile 1024 bytes, lane L's 32 at
+// 32 L; words 2 h and 2 h + 1 hold MMA h's registers 0, 1 and 2, 3. A word's bytes are placed so
+// that shifts and masks make two bf16 pairs of it: register 2 i from bytes 1 and 3 (the
+// `(q & S) | (q >> 4 & E)` pair: sign in place, exponent and mantissa four bits down), register
+// 2 i + 1 from bytes 0 and 2 (`(q << 8 & S) | (q << 4 & E)`). Each half is then the bf16 of the
+// e4m3 value times 2^-120 (e4m3's subnormals are bf16's), and one multiply by 2^120 makes it
+// exact; the output takes the row's scale s (per channel or per tensor) after the sum.
+struct Fp8Tiles {
+    static constexpr u32 TILE_BYTES = 1024;
+    struct Raw {
+        uint4 q[2];
+    };
+    const u8* w;
+    u32 k_tiles;
+    __device__ __forceinline__ Fp8Tiles at_band(u32 band) const {
+        return Fp8Tiles{w + (u64)band * k_tiles * TILE_BYTES, k_tiles};
+    }
+    __device__ __forceinline__ Raw fetch(u32 band, u32 kt, u32 lane) const {
+        const uint4* tile = reinterpret_cast<const uint4*>(w + (band * k_tiles + kt) * TILE_BYTES);
+        Raw r;
+        r.q[0] = __ldg(tile + 2 * lane);
+        r.q[1] = __ldg(tile + 2 * lane + 1);
+        return r;
+    }
+    static __device__ __forceinline__ void decode(const Raw& r, u32 a[4][4]) {
+        const u32 S = 0x80008000u, E = 0x07F007F0u, TWO_120 = 0x7B807B80u;
+        const u32 words[8] = {r.q[0].x, r.q[0].y, r.q[0].z, r.q[0].w,
+                              r.q[1].x, r.q[1].y, r.q[1].z, r.q[1].w};
+#pragma unroll
+        for (int h = 0; h < 4; ++h)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const u32 q = words[2 * h + i];
+                a[h][2 * i] = bf16x2_mul((q & S) | ((q >> 4) & E), TWO_120);
+                a[h][2 * i + 1] = bf16x2_mul(((q << 8) & S) | ((q << 4) & E), TWO_120);
+            }
+    }
+};
+
 // The same tiles as bf16 A registers, stored (64 bytes per lane: MMA h's four at 16 h): the
 // kernel's twin, whose weights the CPU decodes — the oracle of the decoding above. Its speed does
 // not matter, so a step holds only where its tiles are and loads them where they are decoded
@@ -280,26 +319,29 @@ __device__ __forceinline__ void gemv_tiles_body(Out* __restrict__ y,
 // shape only (the self-test holds the other to its bits).
 #define TILES_CONFIG(R, P, U)                  \
     TILES_MT(nvfp4, Nvfp4Tiles, R, P, U) \
+    TILES_MT(fp8, Fp8Tiles, R, P, U)     \
     TILES_MT(twin, Bf16Tiles, R, P, U)
 
 TILES_CONFIG(1, 8, 2)
 TILES_MT(nvfp4, Nvfp4Tiles, 2, 8, 1)
+TILES_MT(fp8, Fp8Tiles, 2, 8, 1)
 
-// out[n, k] (bf16, row-major) = bf16(w'[n, k] * s[n]): NVFP4 tiles widened for the prompt rows'
-// GEMM (the value the checkpoint loader widens to, up to where the tensor scale rounds). One
-// thread per lane slot of a tile: its 32 weights.
-extern "C" __global__ void __launch_bounds__(256)
-    dequant_tiles_nvfp4(__nv_bfloat16* __restrict__ out, const u8* __restrict__ w,
-                        const float* __restrict__ s, u32 n, u32 k) {
+// out[n, k] (bf16, row-major) = bf16(w'[n, k] * s[n]): tiles widened for the prompt rows' GEMM
+// (NVFP4: the value the checkpoint loader widens to, up to where the tensor scale rounds; FP8:
+// exactly the loader's `bf16(q * s)`). One thread per lane slot of a tile: its 32 weights.
+template <typename W>
+__device__ __forceinline__ void dequant_tiles_body(__nv_bfloat16* __restrict__ out,
+                                                   const u8* __restrict__ w,
+                                                   const float* __restrict__ s, u32 n, u32 k) {
     const u32 k_tiles = k / 64, bands = (n + 15) / 16;
-    const Nvfp4Tiles tiles{w, k_tiles};
+    const W tiles{w, k_tiles};
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (u64)bands * k_tiles * 32;
          i += (u64)gridDim.x * blockDim.x) {
         const u32 lane = i % 32, tile = i / 32;
         const u32 band = tile / k_tiles, kt = tile % k_tiles;
         const u32 g = lane >> 2, tq = lane & 3;
         u32 a[4][4];
-        Nvfp4Tiles::decode(tiles.at_band(band).fetch(0, kt, lane), a);
+        W::decode(tiles.at_band(band).fetch(0, kt, lane), a);
 #pragma unroll
         for (int h = 0; h < 4; ++h)
 #pragma unroll
@@ -315,3 +357,13 @@ extern "C" __global__ void __launch_bounds__(256)
             }
     }
 }
+
+#define DEQUANT_TILES(NAME, W)                                                                  \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
+        dequant_tiles_##NAME(__nv_bfloat16* __restrict__ out, const u8* __restrict__ w,         \
+                             const float* __restrict__ s, u32 n, u32 k) {                      \
+        dequant_tiles_body<W>(out, w, s, n, k);                                                 \
+    }
+
+DEQUANT_TILES(nvfp4, Nvfp4Tiles)
+DEQUANT_TILES(fp8, Fp8Tiles)

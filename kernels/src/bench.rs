@@ -503,9 +503,10 @@ pub fn prefill_attention_timings(
     Ok(out)
 }
 
-/// One timed NVFP4-tile GEMV shape ([`Kernels::gemv_tiles`], bf16 out).
+/// One timed tile GEMV shape ([`Kernels::gemv_tiles`], bf16 out).
 #[derive(Debug, Clone)]
 pub struct TileGemvTiming {
+    pub format: crate::tiles::TileFormat,
     /// (row tiles per warp, warps over k).
     pub config: (usize, usize, usize),
     pub m: usize,
@@ -527,16 +528,28 @@ pub(crate) fn random_nvfp4(rng: &mut Rng, n: usize, k: usize) -> (Vec<u8>, Vec<u
     (codes, scales)
 }
 
-/// Times the NVFP4-tile GEMV for each `(m, n, k)` and tile config, like [`gemv_timings`]
-/// (weights rotated past the L2 cache, batches, median), handing each timing to `report`.
+/// Random finite e4m3 bytes (NaN bytes made zero) for `[n, k]`.
+pub(crate) fn random_fp8(rng: &mut Rng, n: usize, k: usize) -> Vec<u8> {
+    (0..n * k)
+        .map(|_| match rng.next_u64() as u8 {
+            b if b & 0x7f == 0x7f => 0,
+            b => b,
+        })
+        .collect()
+}
+
+/// Times the tile GEMV of `format` (NVFP4 or FP8) for each `(m, n, k)` and tile config, like
+/// [`gemv_timings`] (weights rotated past the L2 cache, batches, median), handing each timing to
+/// `report`.
 pub fn tile_timings(
     kernels: &Kernels,
     stream: &Arc<CudaStream>,
+    format: crate::tiles::TileFormat,
     shapes: &[(usize, usize, usize)],
     configs: &[(usize, usize, usize)],
     report: &mut dyn FnMut(&TileGemvTiming),
 ) -> Result<Vec<TileGemvTiming>, KernelError> {
-    use crate::tiles::{TileFormat, nvfp4_tiles};
+    use crate::tiles::{TileFormat, fp8_tiles, nvfp4_tiles};
     let mut rng = Rng::new(0x711e);
     let mut out = Vec::new();
     let mut cache: HashMap<(usize, usize), Vec<CudaSlice<u8>>> = HashMap::new();
@@ -544,12 +557,16 @@ pub fn tile_timings(
         let weights = match cache.entry((n, k)) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => {
-                let (codes, scales) = random_nvfp4(&mut rng, n, k);
-                let host = nvfp4_tiles(&codes, &scales, n, k, false).map_err(|message| {
-                    KernelError::Shape {
-                        kernel: "gemv_tiles",
-                        message,
+                let host = match format {
+                    TileFormat::Fp8 => fp8_tiles(&random_fp8(&mut rng, n, k), n, k),
+                    _ => {
+                        let (codes, scales) = random_nvfp4(&mut rng, n, k);
+                        nvfp4_tiles(&codes, &scales, n, k, false)
                     }
+                }
+                .map_err(|message| KernelError::Shape {
+                    kernel: "gemv_tiles",
+                    message,
                 })?;
                 let copies = ROTATION_BYTES.div_ceil(host.len()).clamp(2, 16);
                 let copies: Result<Vec<_>, _> =
@@ -564,19 +581,12 @@ pub fn tile_timings(
         for &config in configs {
             let mut launch = |i: usize| -> Result<(), KernelError> {
                 let w = &weights[i % copies];
-                kernels.gemv_tiles(
-                    stream,
-                    &mut y,
-                    &x,
-                    (w, &s),
-                    TileFormat::Nvfp4,
-                    (m, n, k),
-                    config,
-                )
+                kernels.gemv_tiles(stream, &mut y, &x, (w, &s), format, (m, n, k), config)
             };
             let micros = median_micros(stream, &mut launch)?;
-            let bytes = TileFormat::Nvfp4.bytes(n, k) + (m * k + m * n) * 2;
+            let bytes = format.bytes(n, k) + (m * k + m * n) * 2;
             let timing = TileGemvTiming {
+                format,
                 config,
                 m,
                 n,

@@ -1,16 +1,18 @@
-//! Device self-test of the fragment-ordered NVFP4 tiles (`cuda/gemv_tiles.cu`), for every built
-//! shape of the kernel:
+//! Device self-test of the fragment-ordered NVFP4 and FP8 tiles (`cuda/gemv_tiles.cu`), for every
+//! built shape of the kernel:
 //!
-//! - the NVFP4 tiles give, bit for bit, what the twin kernel gives on the weights the CPU decodes
-//!   (`tiles::nvfp4_weights`: `bf16(e2m1 × scale × 2^-7)`), bf16 and f32 out, 1 to 64 rows, in
+//! - each format's tiles give, bit for bit, what the twin kernel gives on the weights the CPU
+//!   decodes (`tiles::nvfp4_weights`: `bf16(e2m1 × scale × 2^-7)`; `tiles::fp8_weights`: the e4m3
+//!   values), bf16 and f32 out, 1 to 64 rows, in
 //!   every built shape against the twin's shape of the same phase count (so the shapes the
 //!   launcher picks by M give a row the same bits);
 //! - the twin agrees with the f64 reference (`tiles::reference`) to f32 summation error;
 //! - row 0 of every launch is the bits of the one-row launch (batch invariance);
 //! - q, k and v in one launch give each part the bits of its own launch.
 //!
-//! Canaries: tiles written with the two nibbles of every code byte of one row swapped, and with
-//! one row's group scales changed, must differ from the twin.
+//! Canaries: NVFP4 tiles written with the two nibbles of every code byte of one row swapped, and
+//! with one row's group scales changed; FP8 tiles with one row's neighbouring bytes swapped, and
+//! with one row's signs flipped: each must differ from the twin.
 
 use std::sync::Arc;
 
@@ -21,8 +23,8 @@ use crate::bench::random_nvfp4;
 use crate::selftest::{Rng, download, poisoned_bf16, poisoned_f32, upload};
 use crate::selftest_gemv::{bit_mismatches, invariance_result};
 use crate::tiles::{
-    TILE_CONFIGS, TileFormat, has_twin, nvfp4_tiles, nvfp4_weights, nvfp4_widened, output_scale,
-    reference, twin_tiles,
+    TILE_CONFIGS, TileFormat, fp8_tiles, fp8_weights, has_twin, nvfp4_tiles, nvfp4_weights,
+    output_scale, reference, tiles_widened, twin_tiles,
 };
 use crate::{CheckResult, KernelError, Kernels};
 
@@ -42,6 +44,7 @@ fn bf16_mismatches(a: &[bf16], b: &[bf16]) -> usize {
 
 /// The weights, inputs and tiles every shape is checked on.
 struct Fixture {
+    format: TileFormat,
     n: usize,
     k: usize,
     case: String,
@@ -49,9 +52,9 @@ struct Fixture {
     weights: Vec<bf16>,
     tiles: CudaSlice<u8>,
     twin: CudaSlice<u8>,
-    /// Canaries: row 0's nibbles swapped, row 0's group scales changed.
-    swapped: CudaSlice<u8>,
-    rescaled: CudaSlice<u8>,
+    /// Canaries of row 0: NVFP4's nibbles swapped and group scales changed; FP8's neighbouring
+    /// bytes swapped and signs flipped.
+    canaries: [(&'static str, CudaSlice<u8>); 2],
     /// One output scale per row (two tensors' worth, as a fused gate/up), host and device.
     t: Vec<f32>,
     ds: CudaSlice<f32>,
@@ -59,9 +62,41 @@ struct Fixture {
     x_all: Vec<bf16>,
 }
 
-fn fixture(s: &Arc<CudaStream>, rng: &mut Rng) -> Result<Fixture, KernelError> {
-    // A row count that is no multiple of a tile's 16 nor of a block's rows; five k tiles.
-    let (n, k) = (72, 320);
+/// A row count that is no multiple of a tile's 16 nor of a block's rows; five k tiles.
+const N: usize = 72;
+const K: usize = 320;
+
+fn fixture(s: &Arc<CudaStream>, rng: &mut Rng, format: TileFormat) -> Result<Fixture, KernelError> {
+    let (n, k) = (N, K);
+    let (weights, tiles, canaries, t) = match format {
+        TileFormat::Fp8 => fp8_fixture(s, rng)?,
+        _ => nvfp4_fixture(s, rng)?,
+    };
+    Ok(Fixture {
+        format,
+        n,
+        k,
+        case: format!("{} tiles n={n} k={k}", format.name()),
+        canaries,
+        ds: upload(s, &t)?,
+        t,
+        twin: upload(s, &twin_tiles(&weights, n, k))?,
+        weights,
+        tiles,
+        x_all: rng.bf16_vec(64 * k, 1.0, 0.0),
+    })
+}
+
+/// A format's CPU-decoded weights, tiles, canaries and output scales.
+type Parts = (
+    Vec<bf16>,
+    CudaSlice<u8>,
+    [(&'static str, CudaSlice<u8>); 2],
+    Vec<f32>,
+);
+
+fn nvfp4_fixture(s: &Arc<CudaStream>, rng: &mut Rng) -> Result<Parts, KernelError> {
+    let (n, k) = (N, K);
     let (mut codes, mut scales) = random_nvfp4(rng, n, k);
     // Zero scales (whose groups the tiles zero) and the smallest subnormal.
     scales[3] = 0;
@@ -74,8 +109,6 @@ fn fixture(s: &Arc<CudaStream>, rng: &mut Rng) -> Result<Fixture, KernelError> {
             &nvfp4_tiles(codes, scales, n, k, false).map_err(shape_error)?,
         )
     };
-    let tiles = encode(&codes, &scales)?;
-    let twin = upload(s, &twin_tiles(&weights, n, k))?;
     let mut swapped = codes.clone();
     for b in &mut swapped[..k / 2] {
         *b = b.rotate_left(4);
@@ -84,26 +117,54 @@ fn fixture(s: &Arc<CudaStream>, rng: &mut Rng) -> Result<Fixture, KernelError> {
     for sc in &mut rescaled[..k / 16] {
         *sc = if *sc >= 0x70 { *sc - 0x08 } else { *sc + 0x08 };
     }
+    // Two tensors' scales, as a fused gate/up.
     let (t0, t1) = (
         output_scale((0.5 + rng.unit()) as f32, true),
         output_scale((0.5 + rng.unit()) as f32, false),
     );
-    let t: Vec<f32> = (0..n)
+    let t = (0..n)
         .map(|row| if row < n / 2 { t0 } else { t1 })
         .collect();
-    Ok(Fixture {
-        n,
-        k,
-        case: format!("nvfp4 tiles n={n} k={k}"),
-        swapped: encode(&swapped, &scales)?,
-        rescaled: encode(&codes, &rescaled)?,
-        ds: upload(s, &t)?,
-        t,
+    Ok((
         weights,
-        tiles,
-        twin,
-        x_all: rng.bf16_vec(64 * k, 1.0, 0.0),
-    })
+        encode(&codes, &scales)?,
+        [
+            ("nibbles swapped", encode(&swapped, &scales)?),
+            ("scales changed", encode(&codes, &rescaled)?),
+        ],
+        t,
+    ))
+}
+
+fn fp8_fixture(s: &Arc<CudaStream>, rng: &mut Rng) -> Result<Parts, KernelError> {
+    let (n, k) = (N, K);
+    // Every finite e4m3 byte is likely; zeros of both signs and subnormals are placed.
+    let mut data: Vec<u8> = (0..n * k)
+        .map(|_| match rng.below(256) as u8 {
+            b if b & 0x7f == 0x7f => 0x3f,
+            b => b,
+        })
+        .collect();
+    data[..8].copy_from_slice(&[0x00, 0x80, 0x01, 0x81, 0x07, 0x87, 0x7e, 0xfe]);
+    let weights = fp8_weights(&data, n, k).map_err(shape_error)?;
+    let encode = |data: &[u8]| -> Result<CudaSlice<u8>, KernelError> {
+        upload(s, &fp8_tiles(data, n, k).map_err(shape_error)?)
+    };
+    let mut swapped = data.clone();
+    swapped[..k].chunks_exact_mut(2).for_each(|p| p.swap(0, 1));
+    let mut negated = data.clone();
+    negated[..k].iter_mut().for_each(|b| *b ^= 0x80);
+    // One scale per channel.
+    let t = (0..n).map(|_| (0.01 + rng.unit() * 0.05) as f32).collect();
+    Ok((
+        weights,
+        encode(&data)?,
+        [
+            ("bytes swapped", encode(&swapped)?),
+            ("signs flipped", encode(&negated)?),
+        ],
+        t,
+    ))
 }
 
 /// The shape of `phases` phases the twin is built for.
@@ -114,14 +175,27 @@ fn twin_config(phases: usize) -> Result<(usize, usize, usize), KernelError> {
         .ok_or_else(|| shape_error(format!("no twin is built for {phases} phases")))
 }
 
-/// Every tile check.
+/// Every tile check, for each format.
 pub(crate) fn check_tiles(
     kernels: &Kernels,
     s: &Arc<CudaStream>,
     rng: &mut Rng,
 ) -> Result<Vec<CheckResult>, KernelError> {
-    let fx = fixture(s, rng)?;
-    let (n, k, case) = (fx.n, fx.k, &fx.case);
+    let mut results = Vec::new();
+    for format in [TileFormat::Nvfp4, TileFormat::Fp8] {
+        let fx = fixture(s, rng, format)?;
+        results.extend(check_format(kernels, s, &fx)?);
+    }
+    Ok(results)
+}
+
+/// Every tile check of one format.
+fn check_format(
+    kernels: &Kernels,
+    s: &Arc<CudaStream>,
+    fx: &Fixture,
+) -> Result<Vec<CheckResult>, KernelError> {
+    let (n, k, case, format) = (fx.n, fx.k, &fx.case, fx.format);
     let mut results = Vec::new();
     for config in TILE_CONFIGS {
         let (r, p, u) = config;
@@ -133,9 +207,9 @@ pub(crate) fn check_tiles(
             kernels.gemv_tiles(s, &mut y, &dx, (w, &fx.ds), format, (m, n, k), config)?;
             download(s, &y)
         };
-        let one = launch_bf16(&fx.tiles, TileFormat::Nvfp4, 1, config)?;
+        let one = launch_bf16(&fx.tiles, format, 1, config)?;
         for m in [1, 9, 16, 33, 64] {
-            let q = launch_bf16(&fx.tiles, TileFormat::Nvfp4, m, config)?;
+            let q = launch_bf16(&fx.tiles, format, m, config)?;
             let b = launch_bf16(&fx.twin, TileFormat::Twin, m, twin)?;
             let (tr, _, tu) = twin;
             results.push(invariance_result(
@@ -155,11 +229,8 @@ pub(crate) fn check_tiles(
             ));
         }
         let b = launch_bf16(&fx.twin, TileFormat::Twin, 1, twin)?;
-        for (what, canary) in [
-            ("nibbles swapped", &fx.swapped),
-            ("scales changed", &fx.rescaled),
-        ] {
-            let c = launch_bf16(canary, TileFormat::Nvfp4, 1, config)?;
+        for (what, canary) in &fx.canaries {
+            let c = launch_bf16(canary, format, 1, config)?;
             results.push(invariance_result(
                 "gemv_tiles",
                 format!("{case} m=1 r{r}p{p}u{u}: {what} in row 0 vs the twin (canary)"),
@@ -167,10 +238,10 @@ pub(crate) fn check_tiles(
                 bf16_mismatches(&c[..n], &b),
             ));
         }
-        results.extend(check_f32(kernels, s, &fx, config)?);
-        results.extend(check_parts(kernels, s, &fx, config)?);
+        results.extend(check_f32(kernels, s, fx, config)?);
+        results.extend(check_parts(kernels, s, fx, config)?);
     }
-    results.extend(check_dequant(kernels, s, &fx)?);
+    results.extend(check_dequant(kernels, s, fx)?);
     Ok(results)
 }
 
@@ -188,7 +259,7 @@ fn check_f32(
         kernels.gemv_tiles(s, &mut y, &dx, (w, &fx.ds), format, (m, n, k), config)?;
         download(s, &y)
     };
-    let q = launch(&fx.tiles, TileFormat::Nvfp4, config)?;
+    let q = launch(&fx.tiles, fx.format, config)?;
     let b = launch(&fx.twin, TileFormat::Twin, twin_config(p)?)?;
     let mismatches = invariance_result(
         "gemv_tiles",
@@ -231,7 +302,7 @@ fn check_parts(
     config: (usize, usize, usize),
 ) -> Result<Vec<CheckResult>, KernelError> {
     let ((k, case), (r, p, u)) = ((fx.k, &fx.case), config);
-    let ws = [&fx.tiles, &fx.swapped, &fx.rescaled];
+    let ws = [&fx.tiles, &fx.canaries[0].1, &fx.canaries[1].1];
     let ns = [fx.n, 40, 24];
     let mut results = Vec::new();
     for m in [1, 33, 64] {
@@ -239,15 +310,7 @@ fn check_parts(
         let alone = |i: usize| -> Result<Vec<bf16>, KernelError> {
             let mut y = poisoned_bf16(s, m * ns[i])?;
             let shape = (m, ns[i], k);
-            kernels.gemv_tiles(
-                s,
-                &mut y,
-                &dx,
-                (ws[i], &fx.ds),
-                TileFormat::Nvfp4,
-                shape,
-                config,
-            )?;
+            kernels.gemv_tiles(s, &mut y, &dx, (ws[i], &fx.ds), fx.format, shape, config)?;
             download(s, &y)
         };
         let mut ys = [
@@ -262,7 +325,7 @@ fn check_parts(
                 [y0, y1, y2],
                 &dx,
                 ws.map(|w| (w, &fx.ds)),
-                TileFormat::Nvfp4,
+                fx.format,
                 (m, ns, k),
                 config,
             )?;
@@ -299,14 +362,14 @@ fn check_dequant(
 ) -> Result<Vec<CheckResult>, KernelError> {
     let (n, k, case) = (fx.n, fx.k, &fx.case);
     let mut wide = poisoned_bf16(s, n * k)?;
-    kernels.dequantize_tiles(s, &mut wide, (&fx.tiles, &fx.ds), (n, k))?;
+    kernels.dequantize_tiles(s, &mut wide, (&fx.tiles, &fx.ds), fx.format, (n, k))?;
     let wide = download(s, &wide)?;
     Ok(vec![
         invariance_result(
             "dequant_tiles",
             format!("{case}: vs the host's bf16(w' x s)"),
             false,
-            bf16_mismatches(&wide, &nvfp4_widened(&fx.weights, &fx.t, (n, k))),
+            bf16_mismatches(&wide, &tiles_widened(&fx.weights, &fx.t, (n, k))),
         ),
         invariance_result(
             "dequant_tiles",

@@ -1,7 +1,12 @@
 //! Fragment-ordered weight tiles and their decode GEMV (`cuda/gemv_tiles.cu`, issue 36): NVFP4
-//! re-laid at load time so that each lane's 16-byte load is exactly the A registers of four
-//! tensor-core MMAs, decoded by rotations and masks and one bf16 multiply per pair, the tensor
-//! scale applied once per output.
+//! and FP8 re-laid at load time so that each lane's 16-byte (NVFP4) or two 16-byte (FP8) loads
+//! are exactly the A registers of four tensor-core MMAs, decoded by rotations, shifts and masks
+//! and one bf16 multiply per pair, the tensor (NVFP4) or channel (FP8) scale applied once per
+//! output.
+//!
+//! FP8's arithmetic: the weight is the e4m3 value itself (exact in bf16), the sum the MMA's f32
+//! sum, the output `sum × s` with `s` the row's scale (per channel or the tensor's) — where the
+//! widened model rounds `bf16(q × s)` per weight.
 //!
 //! The arithmetic (what [`reference`] computes and the twin kernel checks bit for bit): the
 //! weight is `bf16(e2m1 × group scale × 2^-7)` — exact, at most 6 significant bits — the sum is
@@ -28,6 +33,8 @@ pub const TILE_ROWS: usize = 16;
 pub const TILE_K: usize = 64;
 /// Bytes of one NVFP4 tile: 512 of codes, 64 of scales.
 pub const NVFP4_TILE_BYTES: usize = 576;
+/// Bytes of one FP8 tile: one byte a weight.
+pub const FP8_TILE_BYTES: usize = 1024;
 /// Bytes of one twin (bf16) tile.
 pub const TWIN_TILE_BYTES: usize = 2048;
 /// The largest M one launch takes (8 x tiles of 8 rows).
@@ -63,9 +70,11 @@ pub fn tile_config(m: usize, n: usize) -> (usize, usize, usize) {
 }
 
 /// The kernels the instruction budget reads (format name, function): each built shape.
-pub const BUDGETED: [(&str, &str); 2] = [
+pub const BUDGETED: [(&str, &str); 4] = [
     ("nvfp4_tiles", "gemv_tiles_nvfp4_bf16_m1_r1_p8_u2"),
     ("nvfp4_tiles_r2", "gemv_tiles_nvfp4_bf16_m1_r2_p8_u1"),
+    ("fp8_tiles", "gemv_tiles_fp8_bf16_m1_r1_p8_u2"),
+    ("fp8_tiles_r2", "gemv_tiles_fp8_bf16_m1_r2_p8_u1"),
 ];
 
 /// Where a code's bits go in its lane word: for register `j` of an MMA (a0..a3), the rotations
@@ -238,6 +247,111 @@ pub fn nvfp4_weights(codes: &[u8], scales: &[u8], n: usize, k: usize) -> Result<
     Ok(out)
 }
 
+/// The e4m3 bytes a tile cannot hold: NaN (`0x7f`, `0xff`).
+fn check_fp8(data: &[u8], n: usize, k: usize) -> Result<(), String> {
+    if !k.is_multiple_of(TILE_K) || k == 0 {
+        return Err(format!("k = {k} is not a positive multiple of {TILE_K}"));
+    }
+    if data.len() != n * k {
+        return Err(format!(
+            "{} bytes for [{n}, {k}] (want {})",
+            data.len(),
+            n * k
+        ));
+    }
+    match data.iter().position(|&b| b & 0x7f == 0x7f) {
+        Some(at) => Err(format!("NaN weight at row {}, column {}", at / k, at % k)),
+        None => Ok(()),
+    }
+}
+
+/// Where lane (`g`, `t`)'s word `2 h + i` of a tile takes its four bytes from: (row offset in the
+/// band, column in the tile) of bytes 0..4 — register `2 i + 1`'s pair in bytes 0 and 2 (row
+/// `g + 8`), register `2 i`'s in bytes 1 and 3 (row `g`), columns `16 t + 4 h + 2 i` and the next
+/// (mirrored by `Fp8Tiles::decode` in `cuda/gemv_tiles.cu`).
+fn fp8_sources(g: usize, t: usize, h: usize, i: usize) -> [(usize, usize); 4] {
+    let col = 16 * t + 4 * h + 2 * i;
+    [(g + 8, col), (g, col), (g + 8, col + 1), (g, col + 1)]
+}
+
+/// FP8 (e4m3) weights `[n, k]` (`k % 64 == 0`) in tiles; rows past `n` up to the tile are zeros.
+/// A NaN weight is refused.
+pub fn fp8_tiles(data: &[u8], n: usize, k: usize) -> Result<Vec<u8>, String> {
+    check_fp8(data, n, k)?;
+    let k_tiles = k / TILE_K;
+    let band_bytes = k_tiles * FP8_TILE_BYTES;
+    let mut out = vec![0u8; n.div_ceil(TILE_ROWS) * band_bytes];
+    out.par_chunks_mut(band_bytes)
+        .enumerate()
+        .for_each(|(band, out)| {
+            for kt in 0..k_tiles {
+                let tile = &mut out[kt * FP8_TILE_BYTES..][..FP8_TILE_BYTES];
+                for lane in 0..32 {
+                    let (g, t) = (lane / 4, lane % 4);
+                    for word in 0..8 {
+                        for (b, (dr, col)) in
+                            fp8_sources(g, t, word / 2, word % 2).iter().enumerate()
+                        {
+                            let row = band * TILE_ROWS + dr;
+                            if row < n {
+                                tile[32 * lane + 4 * word + b] = data[row * k + kt * TILE_K + col];
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    Ok(out)
+}
+
+/// The weights the FP8 kernel multiplies: each e4m3 value in bf16 (exact), `[n, k]`.
+pub fn fp8_weights(data: &[u8], n: usize, k: usize) -> Result<Vec<bf16>, String> {
+    check_fp8(data, n, k)?;
+    Ok(data
+        .iter()
+        .map(|&b| bf16::from_f32(e4m3(b).unwrap_or(f32::NAN)))
+        .collect())
+}
+
+/// FP8 tiles decoded as the kernel decodes them (shifts and masks, one bf16 multiply by 2^120):
+/// every weight of `[n, k]`, the oracle of the encoder and of the CPU reference's kept FP8.
+pub fn decode_fp8_tiles(tiles: &[u8], n: usize, k: usize) -> Vec<bf16> {
+    const S: u32 = 0x8000_8000;
+    const E: u32 = 0x07F0_07F0;
+    let two_120 = bf16::from_bits(0x7B80);
+    let k_tiles = k / TILE_K;
+    let mut out = vec![bf16::NAN; n * k];
+    for band in 0..n.div_ceil(TILE_ROWS) {
+        for kt in 0..k_tiles {
+            let tile = &tiles[(band * k_tiles + kt) * FP8_TILE_BYTES..];
+            for lane in 0..32 {
+                let (g, t) = (lane / 4, lane % 4);
+                for word in 0..8 {
+                    let at = 32 * lane + 4 * word;
+                    let q =
+                        u32::from_le_bytes([tile[at], tile[at + 1], tile[at + 2], tile[at + 3]]);
+                    let pairs = [(q & S) | ((q >> 4) & E), ((q << 8) & S) | ((q << 4) & E)];
+                    let sources = fp8_sources(g, t, word / 2, word % 2);
+                    // Register 2 i (row g) from bytes 1 and 3, register 2 i + 1 from 0 and 2.
+                    for (pair, [lo, hi]) in pairs.into_iter().zip([[1, 3], [0, 2]]) {
+                        for (half, b) in [lo, hi].into_iter().enumerate() {
+                            let (dr, col) = sources[b];
+                            let row = band * TILE_ROWS + dr;
+                            let raw = bf16::from_bits((pair >> (16 * half)) as u16);
+                            // Exact: a power of two times a value of at most 4 significant bits.
+                            let w = bf16::from_f64(raw.to_f64() * two_120.to_f64());
+                            if row < n {
+                                out[row * k + kt * TILE_K + col] = w;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// bf16 weights `[n, k]` in the twin's tiles (each lane's A registers as stored).
 pub fn twin_tiles(w: &[bf16], n: usize, k: usize) -> Vec<u8> {
     let (bands, k_tiles) = (n.div_ceil(TILE_ROWS), k / TILE_K);
@@ -287,7 +401,9 @@ pub fn reference(x: &[bf16], w: &[bf16], (m, n, k): (usize, usize, usize), s: &[
 pub enum TileFormat {
     /// [`nvfp4_tiles`].
     Nvfp4,
-    /// [`twin_tiles`] of [`nvfp4_weights`]: the oracle of `Nvfp4`.
+    /// [`fp8_tiles`].
+    Fp8,
+    /// [`twin_tiles`] of a format's weights ([`nvfp4_weights`], [`fp8_weights`]): its oracle.
     Twin,
 }
 
@@ -295,6 +411,7 @@ impl TileFormat {
     pub fn name(self) -> &'static str {
         match self {
             TileFormat::Nvfp4 => "nvfp4",
+            TileFormat::Fp8 => "fp8",
             TileFormat::Twin => "twin",
         }
     }
@@ -305,6 +422,7 @@ impl TileFormat {
         tiles
             * match self {
                 TileFormat::Nvfp4 => NVFP4_TILE_BYTES,
+                TileFormat::Fp8 => FP8_TILE_BYTES,
                 TileFormat::Twin => TWIN_TILE_BYTES,
             }
     }
@@ -361,7 +479,7 @@ impl Kernels {
             "m = {m} is outside 1..={TILES_MAX_M}"
         );
         ensure_shape!(
-            TILE_CONFIGS.contains(&config) && (format == TileFormat::Nvfp4 || has_twin(config)),
+            TILE_CONFIGS.contains(&config) && (format != TileFormat::Twin || has_twin(config)),
             K,
             "no {} kernel is built for {config:?} (built: {TILE_CONFIGS:?}, the twin with one \
              row tile)",
@@ -431,16 +549,28 @@ impl Kernels {
         self.gemv_tiles(stream, y, x, w, format, (m, n, k), config)
     }
 
-    /// `out[n, k] = bf16(w'[n, k] × s[n])` ([`nvfp4_widened`]): NVFP4 tiles in bf16 for a GEMM.
+    /// `out[n, k] = bf16(w'[n, k] × s[n])` ([`tiles_widened`]): NVFP4 or FP8 tiles in bf16 for a
+    /// GEMM.
     pub fn dequantize_tiles(
         &self,
         stream: &Arc<CudaStream>,
         out: &mut impl DevicePtrMut<bf16>,
         (w, s): (&impl DevicePtr<u8>, &impl DevicePtr<f32>),
+        format: TileFormat,
         (n, k): (usize, usize),
     ) -> Result<(), KernelError> {
-        const K: &str = "dequant_tiles_nvfp4";
-        check_tiles(K, TileFormat::Nvfp4, (w.len(), s.len()), (n, k))?;
+        let kernel = match format {
+            TileFormat::Nvfp4 => "dequant_tiles_nvfp4",
+            TileFormat::Fp8 => "dequant_tiles_fp8",
+            TileFormat::Twin => {
+                return Err(KernelError::Shape {
+                    kernel: "dequant_tiles",
+                    message: "the twin holds bf16 already".into(),
+                });
+            }
+        };
+        const K: &str = "dequant_tiles";
+        check_tiles(K, format, (w.len(), s.len()), (n, k))?;
         need_len(K, "out", out.len(), product(K, &[n, k])?)?;
         let (n32, k32) = (to_u32(K, "n", n)?, to_u32(K, "k", k)?);
         if n == 0 {
@@ -451,7 +581,7 @@ impl Kernels {
         let (sp, _s) = s.device_ptr(stream);
         aligned16(K, "w", wp)?;
         let slots = (n.div_ceil(TILE_ROWS) * (k / TILE_K) * 32) as u32;
-        let f = self.function(MODULE, K)?;
+        let f = self.function(MODULE, kernel)?;
         let mut b = stream.launch_builder(f);
         b.arg(&op).arg(&wp).arg(&sp).arg(&n32).arg(&k32);
         // SAFETY: lengths, alignment and argument types checked above match the kernel.
@@ -477,7 +607,7 @@ fn check_tiles(
 }
 
 /// The bf16 [`Kernels::dequantize_tiles`] writes: `bf16(f32(w') × s[row])`, `[n, k]`.
-pub fn nvfp4_widened(weights: &[bf16], s: &[f32], (n, k): (usize, usize)) -> Vec<bf16> {
+pub fn tiles_widened(weights: &[bf16], s: &[f32], (n, k): (usize, usize)) -> Vec<bf16> {
     weights
         .iter()
         .enumerate()
@@ -622,7 +752,7 @@ mod tests {
             .collect();
         let t = 0.37f32;
         let weights = nvfp4_weights(&codes, &scales, n, k).unwrap();
-        let wide = nvfp4_widened(&weights, &vec![output_scale(t, true); n], (n, k));
+        let wide = tiles_widened(&weights, &vec![output_scale(t, true); n], (n, k));
         for (i, w) in wide.iter().enumerate() {
             let c = (codes[i / 2] >> (4 * (i % 2))) & 15;
             let loader = bf16::from_f32(e2m1(c) * (e4m3(scales[i / 16]).unwrap() / t));
@@ -651,5 +781,71 @@ mod tests {
         assert_eq!(scale_byte(0).unwrap(), None);
         assert!(scale_byte(0x7f).is_err(), "NaN");
         assert!(scale_byte(0x88).is_err(), "negative");
+    }
+
+    /// Every e4m3 byte, placed in each of a word's four slots, decodes to its own value (signs,
+    /// subnormals and both zeros included), and the word's bytes fill all 32 bits.
+    #[test]
+    fn shifts_and_masks_give_every_e4m3_byte_its_bf16() {
+        let mut covered = std::collections::HashSet::new();
+        for g in 0..8 {
+            for t in 0..4 {
+                for word in 0..8 {
+                    for (dr, col) in fp8_sources(g, t, word / 2, word % 2) {
+                        assert!(covered.insert((g, t, dr, col)), "a weight placed twice");
+                    }
+                }
+            }
+        }
+        // 32 lanes x 32 bytes: each of the tile's 16 x 64 weights once.
+        assert_eq!(covered.len(), TILE_ROWS * TILE_K);
+        for byte in (0..=255u8).filter(|b| b & 0x7f != 0x7f) {
+            let data = vec![byte; TILE_ROWS * TILE_K];
+            let got = decode_fp8_tiles(&fp8_tiles(&data, 16, 64).unwrap(), 16, 64);
+            let want = e4m3(byte).unwrap();
+            assert!(
+                got.iter()
+                    .all(|w| w.to_bits() == bf16::from_f32(want).to_bits()),
+                "byte {byte:#04x} ({want})"
+            );
+        }
+    }
+
+    #[test]
+    fn fp8_tiles_decode_to_the_weights_the_twin_holds() {
+        let (n, k) = (40, 192);
+        let mut state = 0xf8_u64;
+        let data: Vec<u8> = (0..n * k)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                match (state >> 33) as u8 {
+                    b if b & 0x7f == 0x7f => 0,
+                    b => b,
+                }
+            })
+            .collect();
+        let want = fp8_weights(&data, n, k).unwrap();
+        let got = decode_fp8_tiles(&fp8_tiles(&data, n, k).unwrap(), n, k);
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        );
+        // Canary: row 0's neighbouring bytes swapped decode to other weights.
+        let mut swapped = data.clone();
+        swapped[..k].chunks_exact_mut(2).for_each(|p| p.swap(0, 1));
+        let got = decode_fp8_tiles(&fp8_tiles(&swapped, n, k).unwrap(), n, k);
+        assert!(
+            got.iter()
+                .zip(&want)
+                .any(|(a, b)| a.to_bits() != b.to_bits())
+        );
+        // A NaN weight is refused by place.
+        let mut nan = data;
+        nan[k + 5] = 0xff;
+        let err = fp8_tiles(&nan, n, k).unwrap_err();
+        assert!(err.contains("row 1, column 5"), "{err}");
     }
 }

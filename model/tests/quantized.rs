@@ -648,20 +648,43 @@ fn activation_quantized_logits_follow_compressed_tensors_forward() {
     }
 }
 
-/// Kept NVFP4's arithmetic on the CPU reference (what the CUDA tiles compute with
+/// Kept NVFP4's and FP8's arithmetic on the CPU reference (what the CUDA tiles compute with
 /// `--keep-quantized`): on compressed-tensors' and ModelOpt's own files every NVFP4 projection
-/// changes arithmetic, and the last position's logits stay within 1e-4 of their range from the
-/// widened model's (the weights differ by at most one bf16 rounding of `w' × s`) without being
-/// the same (the canary: `keep_nvfp4` changed nothing).
+/// and every FP8 one with a scale per tensor or per channel changes arithmetic, and the last
+/// position's logits stay within 1e-4 of their range from the widened model's (the weights differ
+/// by at most one bf16 rounding of `w' × s`) without being the same (the canary: `keep_tiled`
+/// changed nothing). FP8 with scales per 32 × 32 block is not held by the tiles: nothing changes.
 #[test]
-fn kept_nvfp4_arithmetic_stays_within_a_rounding_of_the_widened_model() {
+fn kept_arithmetic_stays_within_a_rounding_of_the_widened_model() {
     let tokens = [1u32, 17, 42, 99, 5, 250, 3, 77];
-    for dir in ["ct-nvfp4", "modelopt-nvfp4"] {
+    for (dir, projections) in [
+        ("ct-nvfp4", 14),
+        ("modelopt-nvfp4", 14),
+        ("ct-fp8-tensor", 14),
+        ("ct-fp8-channel", 14),
+        ("modelopt-fp8", 14),
+        ("ct-fp8-block", 0),
+    ] {
         let dir = fixtures().join(dir);
         let widened = CpuModel::load(&dir).unwrap();
         let mut kept = CpuModel::load(&dir).unwrap();
-        let changed = kept.keep_nvfp4(&Checkpoint::open(&dir).unwrap()).unwrap();
-        assert_eq!(changed, 14, "{}", dir.display());
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        // FP8 only when asked for (`fp8_tiles`).
+        assert_eq!(
+            CpuModel::load(&dir)
+                .unwrap()
+                .keep_tiled(&ckpt, false)
+                .unwrap(),
+            if dir.ends_with("nvfp4") {
+                projections
+            } else {
+                0
+            },
+            "{}",
+            dir.display()
+        );
+        let changed = kept.keep_tiled(&ckpt, true).unwrap();
+        assert_eq!(changed, projections, "{}", dir.display());
         let logits = |m: &CpuModel| {
             m.forward(&tokens, &mut m.new_cache(), LogitRows::Last)
                 .unwrap()
@@ -677,9 +700,13 @@ fn kept_nvfp4_arithmetic_stays_within_a_rounding_of_the_widened_model() {
             "{}: kept vs widened {off:.2e} of the logits' range",
             dir.display()
         );
+        if projections == 0 {
+            assert_eq!(off, 0.0, "{}: nothing is kept", dir.display());
+            continue;
+        }
         assert!(
             off > 0.0,
-            "{}: kept NVFP4 computed the widened model",
+            "{}: the kept arithmetic computed the widened model",
             dir.display()
         );
         assert!(off < 1e-4, "{}: {off:.2e}", dir.display());

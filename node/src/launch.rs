@@ -142,11 +142,11 @@ pub fn build_backend(dir: &Path, spec: &EngineSpec) -> Result<BuiltBackend, Mode
                     .map_err(LoadError::from)?;
                 tracing::info!("{quantized} projections quantize their inputs (W8A8 / W4A4)");
             }
-            if spec.keep_quantized && !spec.nvfp4_blocks {
+            if spec.keep_quantized && !spec.quant_blocks {
                 let kept = Checkpoint::open(dir)
-                    .and_then(|ckpt| loaded.model.keep_nvfp4(&ckpt))
+                    .and_then(|ckpt| loaded.model.keep_tiled(&ckpt, spec.fp8_tiles))
                     .map_err(LoadError::from)?;
-                tracing::info!("{kept} NVFP4 projections compute kept NVFP4's arithmetic");
+                tracing::info!("{kept} NVFP4 / FP8 projections compute the tiles' arithmetic");
             }
             let backend = CpuBackend::new(loaded.model, spec.block_size, cpu_bytes()?);
             let parts = ServingParts {
@@ -276,7 +276,8 @@ fn build_cuda_backend(
         sharded_reduction: placement.sharded_reduction,
         widen_blocks: spec.widen_gguf,
         keep_quantized: spec.keep_quantized,
-        nvfp4_blocks: spec.nvfp4_blocks,
+        quant_blocks: spec.quant_blocks,
+        fp8_tiles: spec.fp8_tiles,
         run_order: spec.run_order,
     };
     let source = WeightSource::Checkpoint(&checkpoint);

@@ -117,15 +117,20 @@ pub struct EngineSpec {
     pub widen_gguf: bool,
     /// CUDA: keep an FP8 or NVFP4 safetensors checkpoint's quantized projections on the device
     /// instead of widening them to bf16 at load: about 1.9x (FP8) and 3.2x (NVFP4) less weight
-    /// memory. FP8 stays in strata's blocks (the widened model's bits, slower decode than bf16:
-    /// docs/receipts/quant-blocks-h100.json); NVFP4 on one GPU goes into fragment-ordered tiles
-    /// (its own arithmetic, the tensor scale once per output; 1.9x bf16's decode at batch 1:
-    /// docs/receipts/tiles-nvfp4.json), in blocks elsewhere or with `nvfp4_blocks`. The CPU
-    /// reference (one rank) then computes the tiles' arithmetic for NVFP4 too, its oracle.
+    /// memory. On one GPU NVFP4 goes into fragment-ordered tiles (its own arithmetic, the tensor
+    /// scale once per output; 2.06x bf16's decode at batch 1: docs/receipts/tiles-nvfp4.json),
+    /// and so does FP8 with a scale per tensor or per channel with `fp8_tiles`; elsewhere, or
+    /// with `quant_blocks`, they stay in strata's blocks (the widened model's bits, slower decode
+    /// than bf16: docs/receipts/quant-blocks-h100.json). The CPU reference (one rank) then
+    /// computes the tiles' arithmetic too, their oracle.
     pub keep_quantized: bool,
-    /// With `keep_quantized`: NVFP4 in blocks (the widened model's bits) even where tiles could
-    /// hold it, and the widened arithmetic on the CPU reference.
-    pub nvfp4_blocks: bool,
+    /// With `keep_quantized`: NVFP4 and FP8 in blocks (the widened model's bits) even where
+    /// tiles could hold them, and the widened arithmetic on the CPU reference.
+    pub quant_blocks: bool,
+    /// With `keep_quantized`: FP8 with a scale per tensor or per channel in fragment-ordered
+    /// tiles too (its own arithmetic: the e4m3 values exact in bf16, the scale once per output),
+    /// on the CPU reference as well. Off until its GPU gate and speed are measured (issue 36).
+    pub fp8_tiles: bool,
     /// CPU: compute a quantized checkpoint's activation quantization (W8A8 / W4A4: each
     /// projection's input quantized as its config asks) instead of weight-only arithmetic — the
     /// reference the FP8 / FP4 activation kernels are gated against.
@@ -168,7 +173,8 @@ impl EngineSpec {
             limits,
             widen_gguf: false,
             keep_quantized: false,
-            nvfp4_blocks: false,
+            quant_blocks: false,
+            fp8_tiles: false,
             quantize_activations: false,
             run_order: false,
             tiers: KvTiers::default(),
@@ -191,10 +197,17 @@ impl EngineSpec {
                     .into(),
             );
         }
-        if self.keep_quantized && !self.nvfp4_blocks && self.device == Device::Cpu && self.tp > 1 {
+        if self.fp8_tiles && (!self.keep_quantized || self.quant_blocks) {
             return Err(
-                "keep_quantized on the CPU reference computes kept NVFP4's arithmetic on one rank \
-                 (tp = 1); nvfp4_blocks keeps the widened weights' arithmetic at any tp"
+                "fp8_tiles keeps FP8 in tiles, which needs keep_quantized and contradicts \
+                 quant_blocks"
+                    .into(),
+            );
+        }
+        if self.keep_quantized && !self.quant_blocks && self.device == Device::Cpu && self.tp > 1 {
+            return Err(
+                "keep_quantized on the CPU reference computes the tiles' arithmetic on one rank \
+                 (tp = 1); quant_blocks keeps the widened weights' arithmetic at any tp"
                     .into(),
             );
         }
@@ -280,10 +293,10 @@ mod tests {
             "a fraction of GPU memory means nothing on the CPU"
         );
         // Kept NVFP4's arithmetic on the CPU reference is one rank's; the widened one is not.
-        let cpu_kept = |tp, nvfp4_blocks| EngineSpec {
+        let cpu_kept = |tp, quant_blocks| EngineSpec {
             tp,
             keep_quantized: true,
-            nvfp4_blocks,
+            quant_blocks,
             ..EngineSpec::default()
         };
         assert_eq!(cpu_kept(1, false).validate(), Ok(()));
@@ -294,5 +307,24 @@ mod tests {
                 .contains("one rank")
         );
         assert_eq!(cpu_kept(2, true).validate(), Ok(()));
+        let fp8_tiles = |keep_quantized, quant_blocks| EngineSpec {
+            keep_quantized,
+            quant_blocks,
+            fp8_tiles: true,
+            ..EngineSpec::default()
+        };
+        assert_eq!(fp8_tiles(true, false).validate(), Ok(()));
+        assert!(
+            fp8_tiles(false, false)
+                .validate()
+                .unwrap_err()
+                .contains("fp8_tiles")
+        );
+        assert!(
+            fp8_tiles(true, true)
+                .validate()
+                .unwrap_err()
+                .contains("fp8_tiles")
+        );
     }
 }

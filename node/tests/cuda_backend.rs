@@ -34,7 +34,8 @@ fn starts_on_a_gpu_or_says_why_not() {
         sharded_reduction: false,
         widen_blocks: false,
         keep_quantized: false,
-        nvfp4_blocks: false,
+        quant_blocks: false,
+        fp8_tiles: false,
         run_order: false,
     };
     let backend = CudaBackend::new(&config, WeightSource::Checkpoint(&checkpoint), &options);

@@ -9,13 +9,15 @@
 #      conventions, FP8), with canaries;
 #   2. identity: a small Llama (4 layers, hidden 1024) synthesized, quantized by
 #      `strata quantize` (fp8, nvfp4, mixed); each generates greedily on the GPU with its
-#      weights kept in blocks (`--nvfp4-blocks` for NVFP4) and widened — the texts must be equal
-#      (the blocks compute the widened model's bits) — and passes `strata gpu parity
-#      --keep-quantized` (NVFP4 in tiles, their own arithmetic) against the CPU reference;
+#      weights kept in blocks (`--quant-blocks`) and widened — the texts must be equal (the
+#      blocks compute the widened model's bits) — and passes `strata gpu parity
+#      --keep-quantized` (NVFP4 in tiles, their own arithmetic) against the CPU reference, and
+#      for FP8 plans `--keep-quantized --fp8-tiles` too (FP8 in tiles);
 #   3. decode: the Llama-3.1-8B shape synthesized (bf16), quantized to fp8 and nvfp4 (timed),
-#      `strata gpu decode` at BATCHES for bf16, each format kept and each widened, NVFP4 kept
-#      both in tiles (the default) and in blocks, with its graph == eager checks: tokens/s
-#      against bf16 and against each format's byte roofline;
+#      `strata gpu decode` at BATCHES for bf16, each format kept (NVFP4 in tiles, FP8 in blocks)
+#      and FP8 in tiles (`--fp8-tiles`), and with WIDENED=1 each widened and each in blocks
+#      (`--quant-blocks`), with its graph == eager checks: tokens/s against bf16 and against
+#      each format's byte roofline;
 #   4. prefill: `strata kernels bench --m 1`'s prompt-row GEMMs of a 4k prefill (m = 4096, the 8B
 #      projections), bf16 against FP8 (e4m3) in TFLOP/s — the W8A8 product, its scales aside;
 #   5. tiles: `strata kernels bench --tiles` at 1-64 rows, the GEMV per weight layout on the four
@@ -62,7 +64,7 @@ if part identity; then
         for prompt in "The capital of France is" "def fibonacci(n):" "Once upon a time"; do
             for arm in kept widened; do
                 flag=()
-                [[ $arm == kept ]] && flag=(--keep-quantized --nvfp4-blocks)
+                [[ $arm == kept ]] && flag=(--keep-quantized --quant-blocks)
                 "$BIN" generate --model "$FILES/small-$plan" --device cuda:0 --prompt "$prompt" \
                     --max-tokens 48 --temperature 0 "${flag[@]}" >"$FILES/gen-$arm.txt" \
                     2>>"$OUT/logs/generate-$plan.log" || failed=1
@@ -74,6 +76,12 @@ if part identity; then
         "$BIN" gpu parity --model "$FILES/small-$plan" --keep-quantized --prompts 8 --tokens 32 \
             --json "$OUT/parity-$plan.json" 2>&1 | tail -1 | tee -a "$OUT/identity.txt"
         [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
+        if [[ $plan != nvfp4 ]]; then
+            "$BIN" gpu parity --model "$FILES/small-$plan" --keep-quantized --fp8-tiles \
+                --prompts 8 --tokens 32 --json "$OUT/parity-$plan-tiles.json" 2>&1 | tail -1 |
+                sed "s/^/fp8 tiles: /" | tee -a "$OUT/identity.txt"
+            [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
+        fi
     done
 fi
 
@@ -102,10 +110,12 @@ if part decode; then
     decode bf16 "$MODEL"
     for plan in $PLANS; do
         decode "$plan-kept" "$FILES/8b-$plan" --keep-quantized
-        [[ $WIDENED == 1 ]] && decode "$plan-widened" "$FILES/8b-$plan"
+        [[ $plan == fp8 ]] && decode fp8-tiles "$FILES/8b-fp8" --keep-quantized --fp8-tiles
+        if [[ $WIDENED == 1 ]]; then
+            decode "$plan-widened" "$FILES/8b-$plan"
+            decode "$plan-blocks" "$FILES/8b-$plan" --keep-quantized --quant-blocks
+        fi
     done
-    [[ " $PLANS " == *" nvfp4 "* && $WIDENED == 1 ]] &&
-        decode nvfp4-blocks "$FILES/8b-nvfp4" --keep-quantized --nvfp4-blocks
 fi
 
 if part prefill; then

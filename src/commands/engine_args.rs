@@ -45,16 +45,25 @@ pub struct EngineSettings {
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub widen_gguf: Option<bool>,
     /// CUDA: keep an FP8 or NVFP4 safetensors checkpoint's weights quantized on the device:
-    /// about 1.9x / 3.2x less weight memory; FP8 in strata's blocks (the widened model's
-    /// outputs, slower decode), NVFP4 on one GPU in fragment-ordered tiles (its own arithmetic,
-    /// about 1.9x bf16's decode); the CPU reference then computes the tiles' arithmetic too
-    /// (docs/MODELS.md) [default: false, widened to bf16].
+    /// about 1.9x / 3.2x less weight memory; on one GPU NVFP4 and FP8 (a scale per tensor or
+    /// per channel) in fragment-ordered tiles (their own arithmetic, the scale once per output;
+    /// NVFP4 about 2x bf16's decode at batch 1), elsewhere in strata's blocks (the widened
+    /// model's outputs, slower decode); the CPU reference then computes the tiles' arithmetic
+    /// too (docs/MODELS.md) [default: false, widened to bf16].
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
     pub keep_quantized: Option<bool>,
-    /// With --keep-quantized: NVFP4 in strata's blocks (the widened model's outputs, slower)
-    /// instead of tiles, and the widened arithmetic on the CPU [default: false].
+    /// With --keep-quantized: NVFP4 and FP8 in strata's blocks (the widened model's outputs,
+    /// slower) instead of tiles, and the widened arithmetic on the CPU; `--nvfp4-blocks` is the
+    /// earlier spelling [default: false].
+    #[arg(long, alias = "nvfp4-blocks", num_args = 0..=1, default_missing_value = "true")]
+    #[serde(alias = "nvfp4_blocks")]
+    pub quant_blocks: Option<bool>,
+    /// With --keep-quantized: FP8 with a scale per tensor or per channel in fragment-ordered
+    /// tiles too (its own arithmetic: the e4m3 values, the scale once per output; on the CPU
+    /// reference as well) instead of blocks. Off until its GPU gate and speed are measured
+    /// [default: false].
     #[arg(long, num_args = 0..=1, default_missing_value = "true")]
-    pub nvfp4_blocks: Option<bool>,
+    pub fp8_tiles: Option<bool>,
     /// CPU: compute a quantized checkpoint's activation quantization (W8A8 / W4A4, as its
     /// config asks) instead of weight-only arithmetic: the reference for activation-quantized
     /// kernels and for quality comparisons (docs/MODELS.md) [default: false].
@@ -101,7 +110,8 @@ impl EngineSettings {
             max_running: self.max_running.or(fallback.max_running),
             widen_gguf: self.widen_gguf.or(fallback.widen_gguf),
             keep_quantized: self.keep_quantized.or(fallback.keep_quantized),
-            nvfp4_blocks: self.nvfp4_blocks.or(fallback.nvfp4_blocks),
+            quant_blocks: self.quant_blocks.or(fallback.quant_blocks),
+            fp8_tiles: self.fp8_tiles.or(fallback.fp8_tiles),
             quantize_activations: self.quantize_activations.or(fallback.quantize_activations),
             run_order: self.run_order.or(fallback.run_order),
             kv_host_mib: self.kv_host_mib.or(fallback.kv_host_mib),
@@ -146,8 +156,11 @@ impl EngineSettings {
         if let Some(keep) = self.keep_quantized {
             spec.keep_quantized = keep;
         }
-        if let Some(blocks) = self.nvfp4_blocks {
-            spec.nvfp4_blocks = blocks;
+        if let Some(tiles) = self.fp8_tiles {
+            spec.fp8_tiles = tiles;
+        }
+        if let Some(blocks) = self.quant_blocks {
+            spec.quant_blocks = blocks;
         }
         if let Some(quantize) = self.quantize_activations {
             spec.quantize_activations = quantize;
@@ -323,14 +336,31 @@ mod tests {
         let spec = |args: &[&str]| settings_of_flags(args).spec().unwrap();
         assert!(!spec(&[]).keep_quantized);
         assert!(spec(&["--keep-quantized"]).keep_quantized);
-        assert!(!spec(&[]).nvfp4_blocks);
-        assert!(spec(&["--keep-quantized", "--nvfp4-blocks"]).nvfp4_blocks);
+        assert!(!spec(&[]).quant_blocks);
+        assert!(spec(&["--keep-quantized", "--quant-blocks"]).quant_blocks);
+        assert!(spec(&["--keep-quantized", "--nvfp4-blocks"]).quant_blocks);
+        assert!(!spec(&["--keep-quantized"]).fp8_tiles);
+        assert!(spec(&["--keep-quantized", "--fp8-tiles"]).fp8_tiles);
         assert!(!spec(&[]).quantize_activations);
         assert!(spec(&["--quantize-activations"]).quantize_activations);
         let toml: EngineSettings = toml::from_str("keep_quantized = true").unwrap();
         assert!(toml.spec().unwrap().keep_quantized);
         let toml: EngineSettings = toml::from_str("quantize_activations = true").unwrap();
         assert!(toml.spec().unwrap().quantize_activations);
+        // The blocks' key in both spellings, FP8's tiles by their key.
+        for text in [
+            "keep_quantized = true\nquant_blocks = true",
+            "keep_quantized = true\nnvfp4_blocks = true",
+        ] {
+            let toml: EngineSettings = toml::from_str(text).unwrap();
+            assert!(toml.spec().unwrap().quant_blocks, "{text}");
+        }
+        let toml: EngineSettings =
+            toml::from_str("keep_quantized = true\nfp8_tiles = true").unwrap();
+        assert!(toml.spec().unwrap().fp8_tiles);
+        // Tiles without keeping the weights quantized mean nothing: refused by name.
+        let refused = settings_of_flags(&["--fp8-tiles"]).spec().unwrap_err();
+        assert!(refused.to_string().contains("fp8_tiles"), "{refused}");
     }
 
     #[test]

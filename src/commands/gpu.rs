@@ -62,6 +62,9 @@ pub struct ParityArgs {
     /// device blocks (NVFP4 in tiles), the CPU computing the same arithmetic.
     #[arg(long)]
     keep_quantized: bool,
+    /// With --keep-quantized: FP8 in tiles too, on both sides.
+    #[arg(long, requires = "keep_quantized")]
+    fp8_tiles: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -97,14 +100,18 @@ pub struct DecodeArgs {
     /// spelling, `--widen-blocks` still read).
     #[arg(long = "widen-gguf", alias = "widen-blocks")]
     widen_blocks: bool,
-    /// With --model: keep an FP8 / NVFP4 checkpoint's weights in strata's device blocks
-    /// (widened to bf16 without it); NVFP4 in fragment-ordered tiles unless --nvfp4-blocks.
+    /// With --model: keep an FP8 / NVFP4 checkpoint's weights quantized on the device (widened
+    /// to bf16 without it): in fragment-ordered tiles where they hold the layout, unless
+    /// --quant-blocks.
     #[arg(long)]
     keep_quantized: bool,
-    /// With --keep-quantized: NVFP4 in 64-weight blocks (the widened model's bits) instead of
-    /// tiles (the comparison arm).
-    #[arg(long, requires = "keep_quantized")]
-    nvfp4_blocks: bool,
+    /// With --keep-quantized: NVFP4 and FP8 in 64-weight blocks (the widened model's bits)
+    /// instead of tiles (the comparison arm; `--nvfp4-blocks` the earlier spelling).
+    #[arg(long, alias = "nvfp4-blocks", requires = "keep_quantized")]
+    quant_blocks: bool,
+    /// With --keep-quantized: FP8 (a scale per tensor or per channel) in tiles too.
+    #[arg(long, requires = "keep_quantized", conflicts_with = "quant_blocks")]
+    fp8_tiles: bool,
     #[arg(long, default_value = "cuda:0", value_parser = super::engine_args::cuda_ordinal)]
     device: usize,
     /// Batch sizes, comma separated.
@@ -232,12 +239,14 @@ fn parity(args: ParityArgs) -> Result<()> {
     // The CPU side computes what the kept weights compute (NVFP4: the tiles' arithmetic).
     let cpu_spec = EngineSpec {
         keep_quantized: args.keep_quantized,
+        fp8_tiles: args.fp8_tiles,
         ..fixed_kv(Device::Cpu, 64 << 20)
     };
     let (cpu, _) = start_engine(reference_dir, &cpu_spec)?;
     let gpu_spec = |device| EngineSpec {
         widen_gguf: args.widen_gguf,
         keep_quantized: args.keep_quantized,
+        fp8_tiles: args.fp8_tiles,
         ..fixed_kv(device, 256 << 20)
     };
     let gpu = match (args.nccl, args.device) {
@@ -413,8 +422,10 @@ struct Holding {
     widen_blocks: bool,
     /// Keep FP8 / NVFP4 weights in strata's device blocks.
     keep_quantized: bool,
-    /// NVFP4 in blocks rather than tiles.
-    nvfp4_blocks: bool,
+    /// NVFP4 and FP8 in blocks rather than tiles.
+    quant_blocks: bool,
+    /// FP8 in tiles.
+    fp8_tiles: bool,
 }
 
 impl Holding {
@@ -422,7 +433,8 @@ impl Holding {
         Self {
             widen_blocks: args.widen_blocks,
             keep_quantized: args.keep_quantized,
-            nvfp4_blocks: args.nvfp4_blocks,
+            quant_blocks: args.quant_blocks,
+            fp8_tiles: args.fp8_tiles,
         }
     }
 }
@@ -453,7 +465,8 @@ fn bench_backend(
         sharded_reduction: sharded,
         widen_blocks: checkpoint.is_some_and(|(_, h)| h.widen_blocks),
         keep_quantized: checkpoint.is_some_and(|(_, h)| h.keep_quantized),
-        nvfp4_blocks: checkpoint.is_some_and(|(_, h)| h.nvfp4_blocks),
+        quant_blocks: checkpoint.is_some_and(|(_, h)| h.quant_blocks),
+        fp8_tiles: checkpoint.is_some_and(|(_, h)| h.fp8_tiles),
         run_order: false,
     };
     let source = match checkpoint {
@@ -789,7 +802,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
     write_json(
         args.json.as_deref(),
         &json!({"config": args.config, "model": args.model, "widen_blocks": args.widen_blocks,
-                "keep_quantized": args.keep_quantized, "nvfp4_blocks": args.nvfp4_blocks, "weight_formats": formats, "device": backend.device_name(),
+                "keep_quantized": args.keep_quantized, "quant_blocks": args.quant_blocks, "fp8_tiles": args.fp8_tiles, "weight_formats": formats, "device": backend.device_name(),
                 "weight_bytes": weight_bytes, "context": args.context,
                 "bandwidth_bytes_per_s": bandwidth, "bandwidth_source": bandwidth_source,
                 "includes": "greedy sampling on the device, token ids copied to the host",

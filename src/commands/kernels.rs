@@ -9,6 +9,7 @@ use clap::Subcommand;
 use strata_kernels::bench::GemvTiming;
 use strata_kernels::cudarc::driver::CudaContext;
 use strata_kernels::selftest_lowp::RowQuant;
+use strata_kernels::tiles::TileFormat;
 use strata_kernels::{
     BlockFormat, CheckResult, GEMV_FMA_MAX_M, GemvVariant, Kernels, PrefillVariant, libs, selftest,
 };
@@ -54,8 +55,8 @@ pub enum KernelsCommand {
         #[arg(long, value_delimiter = ',', default_value = "1,4,8,16,32,64")]
         m: Vec<usize>,
         /// Only the decode GEMV of each weight layout on the four projections: bf16, NVFP4 in
-        /// blocks and NVFP4 in fragment-ordered tiles (every built shape), side by side, then per
-        /// M the tiles in the shapes the engine picks against bf16 over the four.
+        /// blocks and NVFP4 and FP8 in fragment-ordered tiles (every built shape), side by side,
+        /// then per M the tiles in the shapes the engine picks against bf16 over the four.
         #[arg(long)]
         tiles: bool,
         /// With --tiles: also write every timing and the per-M summary as JSON here.
@@ -306,30 +307,38 @@ fn bench_tiles(device: usize, rows: &[usize], json: Option<&std::path::Path>) ->
         &[GemvVariant::Mma],
         &mut |t| line("nvfp4 blocks", (t.m, t.n, t.k), t.micros, t.gbytes_per_s),
     )?;
-    strata_kernels::bench::tile_timings(
-        &kernels,
-        &stream,
-        &shapes,
-        &strata_kernels::tiles::TILE_CONFIGS,
-        &mut |t| {
-            line(
-                &tile_layout(t.config),
-                (t.m, t.n, t.k),
-                t.micros,
-                t.gbytes_per_s,
-            )
-        },
-    )?;
+    for format in TILED {
+        strata_kernels::bench::tile_timings(
+            &kernels,
+            &stream,
+            format,
+            &shapes,
+            &strata_kernels::tiles::TILE_CONFIGS,
+            &mut |t| {
+                line(
+                    &tile_layout(t.format, t.config),
+                    (t.m, t.n, t.k),
+                    t.micros,
+                    t.gbytes_per_s,
+                )
+            },
+        )?;
+    }
     let timings = timings.into_inner();
     let summary = tiles_summary(&timings, &rows);
     println!(
-        "\n{:>3} {:>10} {:>10} {:>8}",
-        "m", "bf16 us", "tiles us", "x bf16"
+        "\n{:>3} {:>10} {:>10} {:>8} {:>10} {:>8}",
+        "m", "bf16 us", "nvfp4 us", "x bf16", "fp8 us", "x bf16"
     );
     for s in &summary {
         println!(
-            "{:>3} {:>10.2} {:>10.2} {:>8.2}",
-            s.m, s.bf16_us, s.tiles_us, s.ratio
+            "{:>3} {:>10.2} {:>10.2} {:>8.2} {:>10.2} {:>8.2}",
+            s.m,
+            s.bf16_us,
+            s.tiles_us[0],
+            s.bf16_us / s.tiles_us[0],
+            s.tiles_us[1],
+            s.bf16_us / s.tiles_us[1]
         );
     }
     if let Some(path) = json {
@@ -344,15 +353,16 @@ fn bench_tiles(device: usize, rows: &[usize], json: Option<&std::path::Path>) ->
         let summary: Vec<_> = summary
             .iter()
             .map(|s| {
-                serde_json::json!({"m": s.m, "bf16_us": s.bf16_us, "tiles_us": s.tiles_us,
-                    "tiles_over_bf16": s.ratio})
+                serde_json::json!({"m": s.m, "bf16_us": s.bf16_us, "tiles_us": s.tiles_us[0],
+                    "tiles_over_bf16": s.bf16_us / s.tiles_us[0], "fp8_tiles_us": s.tiles_us[1],
+                    "fp8_tiles_over_bf16": s.bf16_us / s.tiles_us[1]})
             })
             .collect();
         let device = ctx.name().unwrap_or_else(|_| "unknown".into());
         let doc = serde_json::json!({
             "device": device,
             "projections": PROJECTIONS,
-            "summary": "per M, the four projections' bf16 GEMV time over the tiles' in the shape the engine picks (tile_config)",
+            "summary": "per M, the four projections' bf16 GEMV time over the NVFP4 tiles' and the FP8 tiles' in the shape the engine picks (tile_config)",
             "per_m": summary,
             "timings": rows,
         });
@@ -370,17 +380,20 @@ struct TileBenchRow {
     gbps: f64,
 }
 
+/// The tiled formats the bench times, in the order of [`TilesAtM::tiles_us`].
+const TILED: [TileFormat; 2] = [TileFormat::Nvfp4, TileFormat::Fp8];
+
 /// The table name of a tile shape.
-fn tile_layout((r, p, u): (usize, usize, usize)) -> String {
-    format!("nvfp4 tiles r{r}p{p}u{u}")
+fn tile_layout(format: TileFormat, (r, p, u): (usize, usize, usize)) -> String {
+    format!("{} tiles r{r}p{p}u{u}", format.name())
 }
 
-/// Per M: the bf16 GEMV and the tiles in the shape the engine picks, summed over the projections.
+/// Per M: the bf16 GEMV and each tiled format ([`TILED`]) in the shape the engine picks, summed
+/// over the projections.
 struct TilesAtM {
     m: usize,
     bf16_us: f64,
-    tiles_us: f64,
-    ratio: f64,
+    tiles_us: [f64; 2],
 }
 
 fn tiles_summary(timings: &[TileBenchRow], rows: &[usize]) -> Vec<TilesAtM> {
@@ -392,17 +405,18 @@ fn tiles_summary(timings: &[TileBenchRow], rows: &[usize]) -> Vec<TilesAtM> {
     };
     rows.iter()
         .filter_map(|&m| {
-            let (mut bf16_us, mut tiles_us) = (0.0, 0.0);
+            let (mut bf16_us, mut tiles_us) = (0.0, [0.0; 2]);
             for (n, k) in PROJECTIONS {
-                let kept = tile_layout(strata_kernels::tiles::tile_config(m, n));
                 bf16_us += time("bf16 mma", (m, n, k))?;
-                tiles_us += time(&kept, (m, n, k))?;
+                for (us, format) in tiles_us.iter_mut().zip(TILED) {
+                    let kept = tile_layout(format, strata_kernels::tiles::tile_config(m, n));
+                    *us += time(&kept, (m, n, k))?;
+                }
             }
             Some(TilesAtM {
                 m,
                 bf16_us,
                 tiles_us,
-                ratio: bf16_us / tiles_us,
             })
         })
         .collect()
@@ -656,9 +670,12 @@ mod tests {
                     gbps: 0.0,
                 };
                 timings.push(row("bf16 mma".into(), 10.0));
-                for config in strata_kernels::tiles::TILE_CONFIGS {
-                    let kept = strata_kernels::tiles::tile_config(m, n) == config;
-                    timings.push(row(tile_layout(config), if kept { 5.0 } else { 50.0 }));
+                for (format, us) in [(TileFormat::Nvfp4, 5.0), (TileFormat::Fp8, 8.0)] {
+                    for config in strata_kernels::tiles::TILE_CONFIGS {
+                        let kept = strata_kernels::tiles::tile_config(m, n) == config;
+                        let us = if kept { us } else { 50.0 };
+                        timings.push(row(tile_layout(format, config), us));
+                    }
                 }
             }
         }
@@ -666,8 +683,7 @@ mod tests {
         // M = 8 has no timings: left out, not a division by zero.
         assert_eq!(summary.iter().map(|s| s.m).collect::<Vec<_>>(), [1, 32]);
         for s in &summary {
-            assert_eq!((s.bf16_us, s.tiles_us), (40.0, 20.0), "m = {}", s.m);
-            assert_eq!(s.ratio, 2.0);
+            assert_eq!((s.bf16_us, s.tiles_us), (40.0, [20.0, 32.0]), "m = {}", s.m);
         }
     }
 }

@@ -263,11 +263,11 @@ impl CpuModel {
         self.weights.quantize_activations(ckpt)
     }
 
-    /// Computes kept NVFP4's arithmetic (what the CUDA backend's tiles compute with
-    /// `keep_quantized`) instead of the widened weights' (`CpuWeights::keep_nvfp4`); returns
-    /// how many projections changed.
-    pub fn keep_nvfp4(&mut self, ckpt: &Checkpoint) -> Result<usize, WeightError> {
-        self.weights.keep_nvfp4(ckpt)
+    /// Computes kept NVFP4's arithmetic, and with `fp8` kept FP8's (what the CUDA backend's
+    /// tiles compute with `keep_quantized`), instead of the widened weights'
+    /// (`CpuWeights::keep_tiled`); returns how many projections changed.
+    pub fn keep_tiled(&mut self, ckpt: &Checkpoint, fp8: bool) -> Result<usize, WeightError> {
+        self.weights.keep_tiled(ckpt, fp8)
     }
 
     pub fn new_cache(&self) -> KvCache {

@@ -178,11 +178,12 @@ pub fn dot_bf16(a: &[f32], w: &[u16]) -> f32 {
 pub enum Matrix {
     F32(Vec<f32>),
     Bf16(Vec<u16>),
-    /// bf16 weights whose every output sum is multiplied by `scale` once (before any bias): kept
-    /// NVFP4's arithmetic (`QuantizedLinear::nvfp4_kept`), what the CUDA backend's tiles compute.
+    /// bf16 weights whose row `r`'s output sum is multiplied by `scales[r]` once (before any
+    /// bias): kept NVFP4's and FP8's arithmetic (`QuantizedLinear::nvfp4_kept`, `fp8_kept`), what
+    /// the CUDA backend's tiles compute.
     Scaled {
         weights: Vec<u16>,
-        scale: f32,
+        scales: Vec<f32>,
     },
 }
 
@@ -194,10 +195,10 @@ impl Matrix {
         }
     }
 
-    /// The scale each output sum is multiplied by, when there is one.
-    fn output_scale(&self) -> Option<f32> {
+    /// The scale each row's output sum is multiplied by, when there are some.
+    fn output_scales(&self) -> Option<&[f32]> {
         match self {
-            Self::Scaled { scale, .. } => Some(*scale),
+            Self::Scaled { scales, .. } => Some(scales),
             Self::F32(_) | Self::Bf16(_) => None,
         }
     }
@@ -216,9 +217,9 @@ impl Matrix {
                     *o = bf16_to_f32(*b);
                 }
             }
-            Self::Scaled { weights, scale } => {
+            Self::Scaled { weights, scales } => {
                 for (o, b) in out.iter_mut().zip(&weights[r * k..(r + 1) * k]) {
-                    *o = bf16_to_f32(*b) * scale;
+                    *o = bf16_to_f32(*b) * scales[r];
                 }
             }
         }
@@ -240,11 +241,11 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// while every row of `x` passes over them, so `w` is read from memory once per call.
 const COLUMN_BLOCK: usize = 64;
 
-/// `y[m][n] = Σ_k x[m][k] · w[n][k] (× scale) (+ bias[n])` — `w` in HF `[out, in]` layout.
+/// `y[m][n] = Σ_k x[m][k] · w[n][k] (× scale[n]) (+ bias[n])` — `w` in HF `[out, in]` layout.
 ///
 /// Parallel over blocks of output features; every element is one `dot`, whatever `m` is.
 pub fn linear(x: &[f32], w: &Matrix, bias: Option<&[f32]>, k: usize, y: &mut [f32]) {
-    let scale = w.output_scale();
+    let scale = w.output_scales();
     match w {
         Matrix::F32(w) => linear_with(x, w, (scale, bias), k, y, dot),
         Matrix::Bf16(w) | Matrix::Scaled { weights: w, .. } => {
@@ -256,7 +257,7 @@ pub fn linear(x: &[f32], w: &Matrix, bias: Option<&[f32]>, k: usize, y: &mut [f3
 fn linear_with<W: Sync>(
     x: &[f32],
     w: &[W],
-    (scale, bias): (Option<f32>, Option<&[f32]>),
+    (scale, bias): (Option<&[f32]>, Option<&[f32]>),
     k: usize,
     y: &mut [f32],
     dot: impl Fn(&[f32], &[W]) -> f32 + Sync,
@@ -272,7 +273,7 @@ fn linear_with<W: Sync>(
             for xr in x.chunks_exact(k) {
                 for (c, wr) in wb.chunks_exact(k).enumerate() {
                     let v = dot(xr, wr);
-                    let v = scale.map_or(v, |s| v * s);
+                    let v = scale.map_or(v, |s| v * s[bi * COLUMN_BLOCK + c]);
                     out.push(bias.map_or(v, |b| v + b[bi * COLUMN_BLOCK + c]));
                 }
             }
@@ -383,11 +384,13 @@ pub fn linear_row_parallel(x: &[f32], w: &Matrix, bias: Option<&[f32]>, k: usize
     }
     let mut partials = vec![0.0; shards * y.len()];
     linear_partials(x, w, k, shards, &mut partials);
-    let Some(scale) = w.output_scale() else {
+    let Some(scales) = w.output_scales() else {
         return sum_partials(&partials, shards, bias, y);
     };
     sum_partials(&partials, shards, None, y);
-    y.iter_mut().for_each(|v| *v *= scale);
+    for row in y.chunks_exact_mut(scales.len()) {
+        row.iter_mut().zip(scales).for_each(|(v, s)| *v *= s);
+    }
     if let Some(b) = bias {
         for row in y.chunks_exact_mut(b.len()) {
             add_in_place(row, b);

@@ -195,27 +195,31 @@ impl CpuWeights {
         Ok(count)
     }
 
-    /// Computes kept NVFP4's arithmetic (the CUDA backend's tiles) for each NVFP4 projection of
-    /// `ckpt` instead of the widened weights: `bf16(code × group scale × 2^-7)` and the tensor
-    /// scale once per output ([`Matrix::Scaled`]), where the tiles hold it: `k` a multiple of
-    /// 64, gate and up only both together and with a multiple of 16 rows (elsewhere the CUDA
-    /// backend keeps blocks or widens, the widened weights' bits). Whole tensors only (one rank);
-    /// returns how many projections changed. A negative or NaN group scale is refused naming the
-    /// tensor.
-    pub fn keep_nvfp4(&mut self, ckpt: &Checkpoint) -> Result<usize, WeightError> {
-        // A projection's kept weights and scale, and its rows, where the tiles hold it.
+    /// Computes kept NVFP4's arithmetic, and with `fp8` kept FP8's (the CUDA backend's tiles),
+    /// for each such projection of `ckpt` instead of the widened weights: NVFP4 as `bf16(code ×
+    /// group scale × 2^-7)` and the tensor scale once per output, FP8 as its e4m3 values and the
+    /// row's scale once per output ([`Matrix::Scaled`]), where the tiles hold it: `k` a multiple of 64, FP8
+    /// scales per tensor or per row, gate and up only both together and with a multiple of 16
+    /// rows (elsewhere the CUDA backend keeps blocks or widens, the widened weights' bits). Whole
+    /// tensors only (one rank); returns how many projections changed. A negative or NaN group
+    /// scale and a NaN weight are refused naming the tensor.
+    pub fn keep_tiled(&mut self, ckpt: &Checkpoint, fp8: bool) -> Result<usize, WeightError> {
+        // A projection's kept weights and scales, and its rows, where the tiles hold it.
         let kept = |name: &str| -> Result<Option<(Matrix, usize)>, WeightError> {
-            let Some(q) = ckpt.quantized(name)? else {
+            let Some(q) = ckpt
+                .quantized(name)?
+                .filter(|q| fp8 || !matches!(q, crate::weights::QuantizedLinear::Fp8 { .. }))
+            else {
                 return Ok(None);
             };
             let [rows, cols] = q.shape();
-            let kept = q.nvfp4_kept().map_err(|problem| WeightError::Malformed {
+            let kept = q.kept().map_err(|problem| WeightError::Malformed {
                 path: ckpt.dir().to_path_buf(),
                 problem: format!("tensor {name}: {problem}"),
             })?;
             Ok(kept
                 .filter(|_| cols.is_multiple_of(64))
-                .map(|(weights, scale)| (Matrix::Scaled { weights, scale }, rows)))
+                .map(|(weights, scales)| (Matrix::Scaled { weights, scales }, rows)))
         };
         let mut count = 0;
         let mut set = |matrix: &mut Matrix, scaled: Matrix| {

@@ -134,6 +134,10 @@ fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
 }
 
+/// A kept projection's arithmetic: its weights `[rows, cols]` as bf16 bits and the scale each
+/// row's output sum is multiplied by once ([`QuantizedLinear::kept`]).
+pub type Kept = (Vec<u16>, Vec<f32>);
+
 /// A quantized Linear's stored parts, checked against its logical shape `[rows, cols]`: what a
 /// backend that keeps the weight quantized needs ([`super::Checkpoint::quantized`]).
 #[derive(Debug, Clone, PartialEq)]
@@ -165,6 +169,49 @@ impl QuantizedLinear<'_> {
         match self {
             QuantizedLinear::Fp8 { shape, .. } | QuantizedLinear::Nvfp4 { shape, .. } => *shape,
         }
+    }
+
+    /// The kept arithmetic of either format (the CUDA backend's tiles, issue 36): the weights
+    /// `[rows, cols]` as bf16 bits and the scale each row's output sum is multiplied by once
+    /// ([`QuantizedLinear::nvfp4_kept`], [`QuantizedLinear::fp8_kept`]); `None` where the tiles
+    /// do not hold the layout (FP8 with scales per block narrower than a row).
+    pub fn kept(&self) -> Result<Option<Kept>, String> {
+        if let Some((weights, scale)) = self.nvfp4_kept()? {
+            return Ok(Some((weights, vec![scale; self.shape()[0]])));
+        }
+        self.fp8_kept()
+    }
+
+    /// Kept FP8's arithmetic (the CUDA backend's tiles, issue 36), `None` for NVFP4 and for
+    /// scales per block narrower than a row: the weights `[rows, cols]` as the bf16 bits of
+    /// their e4m3 values (exact) and each row's scale, which its output sum is multiplied by once
+    /// (where the widened model rounds `q × s` per weight). A NaN weight is refused.
+    pub fn fp8_kept(&self) -> Result<Option<Kept>, String> {
+        let QuantizedLinear::Fp8 {
+            shape: [rows, cols],
+            data,
+            scales,
+            block: (bh, bw),
+        } = self
+        else {
+            return Ok(None);
+        };
+        if *bw < *cols || *bh == 0 {
+            return Ok(None);
+        }
+        if let Some(at) = data.iter().position(|&b| b & 0x7f == 0x7f) {
+            return Err(format!(
+                "NaN weight at row {}, column {}",
+                at / cols.max(&1),
+                at % cols.max(&1)
+            ));
+        }
+        let weights = data
+            .iter()
+            .map(|&b| half::bf16::from_f32(e4m3_to_f32(b)).to_bits())
+            .collect();
+        let row_scales = (0..*rows).map(|r| scales[r / bh]).collect();
+        Ok(Some((weights, row_scales)))
     }
 
     /// Kept NVFP4's arithmetic (the CUDA backend's tiles, issue 36), `None` for FP8: the weights

@@ -9,7 +9,7 @@ use half::bf16;
 use strata_collective::DeviceCommunicator;
 use strata_kernels::cudarc::driver::sys::CUevent_flags;
 use strata_kernels::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, CudaView};
-use strata_kernels::tiles::{TileFormat, tile_config};
+use strata_kernels::tiles::tile_config;
 use strata_kernels::{
     AttentionHeads, DecodeBatch, GEMV_MAX_M, GateActivation, Kernels, LtGemm, PagedKv,
     PrefillChunk, RopeKvShape, decode_workspace_elems,
@@ -289,18 +289,23 @@ impl Launch<'_> {
                 )?;
             } else if let (
                 Matrix::Tiles {
+                    format,
                     data: wq,
                     scales: sq,
                 },
                 Matrix::Tiles {
+                    format: fk,
                     data: wk,
                     scales: sk,
                 },
                 Matrix::Tiles {
+                    format: fv,
                     data: wv,
                     scales: sv,
                 },
             ) = (&layer.q, &layer.k, &layer.v)
+                && fk == format
+                && fv == format
             {
                 // The same for tiles: each part's rows are the bits of its own launch.
                 k.gemv_tiles_parts(
@@ -308,7 +313,7 @@ impl Launch<'_> {
                     [&mut yq, &mut yk, &mut yv],
                     &x,
                     [(wq, sq), (wk, sk), (wv, sv)],
-                    TileFormat::Nvfp4,
+                    *format,
                     (m, [qd, kvd, kvd], h),
                     tile_config(m, qd + 2 * kvd),
                 )?;

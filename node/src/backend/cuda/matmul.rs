@@ -15,7 +15,6 @@ use half::bf16;
 use strata_kernels::cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut,
 };
-use strata_kernels::tiles::TileFormat;
 use strata_kernels::{
     DEFAULT_VARIANT, GEMV_MAX_M, GemmShape, GemvOut, GemvVariant, Kernels, LtGemm,
 };
@@ -41,11 +40,15 @@ pub(super) fn gemm_weight<'a>(
             kernels.dequantize(stream, buffer, data, *format, (n, k))?;
             Ok(buffer)
         }
-        Matrix::Tiles { data, scales } => {
+        Matrix::Tiles {
+            format,
+            data,
+            scales,
+        } => {
             let buffer = buffer.ok_or_else(|| {
                 CudaError::Unsupported("no dequantization buffer for a tiled weight".into())
             })?;
-            kernels.dequantize_tiles(stream, buffer, (data, scales), (n, k))?;
+            kernels.dequantize_tiles(stream, buffer, (data, scales), *format, (n, k))?;
             Ok(buffer)
         }
     }
@@ -120,9 +123,11 @@ pub(super) fn gemv<T: GemvOut>(
         Matrix::Blocks { format, data } => {
             kernels.gemv_blocks(role.variant(), stream, y, x, data, *format, (m, n, k))?
         }
-        Matrix::Tiles { data, scales } => {
-            kernels.gemv_tiles_at(stream, y, x, (data, scales), TileFormat::Nvfp4, (m, n, k))?
-        }
+        Matrix::Tiles {
+            format,
+            data,
+            scales,
+        } => kernels.gemv_tiles_at(stream, y, x, (data, scales), *format, (m, n, k))?,
     }
     Ok(())
 }

@@ -126,8 +126,11 @@ pub struct CudaOptions {
     /// Keep an FP8 or NVFP4 safetensors checkpoint's projections in strata's device blocks
     /// (`BlockFormat::SAFETENSORS`) instead of widening them to bf16: the same bits.
     pub keep_quantized: bool,
-    /// With `keep_quantized`, NVFP4 in blocks (the widened model's bits), never in tiles.
-    pub nvfp4_blocks: bool,
+    /// With `keep_quantized`, NVFP4 and FP8 in blocks (the widened model's bits), never in tiles.
+    pub quant_blocks: bool,
+    /// With `keep_quantized` and not `quant_blocks`: FP8 (a scale per tensor or per channel) in
+    /// fragment-ordered tiles too, else in blocks.
+    pub fp8_tiles: bool,
     /// Every row of a step in the run order ([`CudaBackend::set_run_order`]); a model or
     /// layout the order does not take is refused at construction.
     pub run_order: bool,

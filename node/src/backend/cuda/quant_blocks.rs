@@ -1,11 +1,11 @@
 //! FP8 and NVFP4 projections of a safetensors checkpoint in strata's device blocks (64 weights
 //! of a row each: `BlockFormat::nvfp4_blocks`, `BlockFormat::fp8_blocks`), which the block
-//! kernels dequantize in registers to the bf16 the checkpoint loader widens to; NVFP4 in
-//! fragment-ordered tiles (`strata_kernels::tiles`) where the policy keeps it so; and the
+//! kernels dequantize in registers to the bf16 the checkpoint loader widens to; NVFP4 and FP8 in
+//! fragment-ordered tiles (`strata_kernels::tiles`) where the policy keeps them so; and the
 //! blocks' values computed on the host, the kernels' reference.
 
 use strata_kernels::BlockFormat;
-use strata_kernels::tiles::{TILE_K, nvfp4_tiles, output_scale};
+use strata_kernels::tiles::{TILE_K, TileFormat, fp8_tiles, nvfp4_tiles, output_scale};
 use strata_model::weights::{
     Checkpoint, EMBED, QuantizedLinear, e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32,
 };
@@ -46,38 +46,52 @@ pub(super) fn safetensors_blocks(q: &QuantizedLinear<'_>) -> Option<(BlockFormat
     }
 }
 
-/// An NVFP4 Linear in fragment-ordered tiles on the host, and one output scale per row.
+/// An NVFP4 or FP8 Linear in fragment-ordered tiles on the host, and one output scale per row.
 pub(super) struct HostTiles {
+    pub(super) format: TileFormat,
     pub(super) data: Vec<u8>,
     pub(super) scales: Vec<f32>,
 }
 
-/// An NVFP4 Linear in fragment-ordered tiles (`strata_kernels::tiles`): `None` for another
-/// format or a width that is no multiple of 64; an error for a group scale the tiles cannot hold
-/// (NaN, negative).
+/// An NVFP4 or FP8 Linear in fragment-ordered tiles (`strata_kernels::tiles`): `None` for a
+/// width that is no multiple of 64 or FP8 scales per block narrower than a row; an error for a
+/// value the tiles cannot hold (a NaN or negative group scale, a NaN weight).
 pub(super) fn safetensors_tiles(q: &QuantizedLinear<'_>) -> Result<Option<HostTiles>, String> {
-    let QuantizedLinear::Nvfp4 {
-        shape: [rows, cols],
-        packed,
-        group_scales,
-        tensor_scale,
-        divide,
-    } = q
-    else {
-        return Ok(None);
-    };
-    if !cols.is_multiple_of(TILE_K) {
+    if !q.shape()[1].is_multiple_of(TILE_K) {
         return Ok(None);
     }
-    let tiles = nvfp4_tiles(packed, group_scales, *rows, *cols, !divide)?;
-    Ok(Some(HostTiles {
-        data: tiles,
-        scales: vec![output_scale(*tensor_scale, *divide); *rows],
-    }))
+    match q {
+        QuantizedLinear::Nvfp4 {
+            shape: [rows, cols],
+            packed,
+            group_scales,
+            tensor_scale,
+            divide,
+        } => Ok(Some(HostTiles {
+            format: TileFormat::Nvfp4,
+            data: nvfp4_tiles(packed, group_scales, *rows, *cols, !divide)?,
+            scales: vec![output_scale(*tensor_scale, *divide); *rows],
+        })),
+        QuantizedLinear::Fp8 {
+            shape: [rows, cols],
+            data,
+            scales,
+            block: (bh, bw),
+        } => {
+            if *bw < *cols || *bh == 0 {
+                return Ok(None);
+            }
+            Ok(Some(HostTiles {
+                format: TileFormat::Fp8,
+                data: fp8_tiles(data, *rows, *cols)?,
+                scales: (0..*rows).map(|r| scales[r / bh]).collect(),
+            }))
+        }
+    }
 }
 
-/// NVFP4 tensor `name` (`shape`, all of it: `whole`) in tiles when `policy` keeps it so (one
-/// GPU, the fused order); never the embedding table.
+/// NVFP4 or FP8 tensor `name` (`shape`, all of it: `whole`) in tiles when `policy` keeps it so
+/// (one GPU, the fused order); never the embedding table.
 pub(super) fn tiles_of(
     ckpt: &Checkpoint,
     policy: BlockPolicy,
@@ -85,21 +99,21 @@ pub(super) fn tiles_of(
     shape: [usize; 2],
     whole: bool,
 ) -> Result<Option<HostTiles>, CudaError> {
-    let kept = policy.keep_quantized && policy.nvfp4_tiles && policy.row_kslice.is_none();
+    let kept = policy.keep_quantized && policy.tiles && policy.row_kslice.is_none();
     if !(kept && whole) || name == EMBED {
         return Ok(None);
     }
     let Some(q) = ckpt.quantized(name)? else {
         return Ok(None);
     };
-    if q.shape() != shape {
+    if q.shape() != shape || matches!(q, QuantizedLinear::Fp8 { .. }) && !policy.fp8_tiles {
         return Ok(None);
     }
     safetensors_tiles(&q).map_err(|e| CudaError::Unsupported(format!("{name}: {e}")))
 }
 
 /// Gate then up (`[inter, h]` each, all rows: `whole`) as one tiled matrix: whole bands of 16
-/// rows each, one output scale per row.
+/// rows each, one format, one output scale per row.
 pub(super) fn gate_up_tiles(
     ckpt: &Checkpoint,
     policy: BlockPolicy,
@@ -115,7 +129,7 @@ pub(super) fn gate_up_tiles(
             tiles_of(ckpt, policy, gate, shape, whole)?,
             tiles_of(ckpt, policy, up, shape, whole)?,
         ) {
-            (Some(mut g), Some(u)) => {
+            (Some(mut g), Some(u)) if g.format == u.format => {
                 g.data.extend_from_slice(&u.data);
                 g.scales.extend_from_slice(&u.scales);
                 Some(g)
@@ -241,14 +255,20 @@ mod tests {
         }
     }
 
-    /// The CPU reference's kept NVFP4 (`QuantizedLinear::nvfp4_kept`) is what the tiles hold:
-    /// every weight as the kernel decodes it, bit for bit, and the same output scale, on
-    /// compressed-tensors' and ModelOpt's own files; the canary, a scale byte changed in the
-    /// tiles, is seen.
+    /// The CPU reference's kept arithmetic (`QuantizedLinear::kept`) is what the tiles hold:
+    /// every weight as the kernel decodes it, bit for bit, and the same output scales, on
+    /// compressed-tensors' and ModelOpt's own NVFP4 and FP8 files; the canary, a byte changed in
+    /// the tiles (NVFP4: row 0's scale byte; FP8: a weight), is seen.
     #[test]
-    fn tiles_hold_the_cpu_references_kept_nvfp4() {
-        use strata_kernels::tiles::decode_nvfp4_tiles;
-        for dir in ["ct-nvfp4", "modelopt-nvfp4"] {
+    fn tiles_hold_the_cpu_references_kept_arithmetic() {
+        use strata_kernels::tiles::{decode_fp8_tiles, decode_nvfp4_tiles};
+        for dir in [
+            "ct-nvfp4",
+            "modelopt-nvfp4",
+            "ct-fp8-tensor",
+            "ct-fp8-channel",
+            "modelopt-fp8",
+        ] {
             let ckpt = Checkpoint::open(&fixtures().join(dir)).unwrap();
             let names: Vec<String> = ckpt.names().map(str::to_string).collect();
             let mut checked = 0;
@@ -256,21 +276,26 @@ mod tests {
                 let Some(q) = ckpt.quantized(&name).unwrap() else {
                     continue;
                 };
-                let (Some(mut tiles), Some((weights, scale))) =
-                    (safetensors_tiles(&q).unwrap(), q.nvfp4_kept().unwrap())
+                let (Some(mut tiles), Some((weights, scales))) =
+                    (safetensors_tiles(&q).unwrap(), q.kept().unwrap())
                 else {
                     panic!("{dir}: {name} has no tiles or no kept arithmetic");
                 };
                 let [n, k] = q.shape();
+                let format = tiles.format;
                 let bits = |tiles: &[u8]| -> Vec<u16> {
-                    decode_nvfp4_tiles(tiles, n, k)
-                        .iter()
-                        .map(|w| w.to_bits())
-                        .collect()
+                    match format {
+                        TileFormat::Fp8 => decode_fp8_tiles(tiles, n, k),
+                        _ => decode_nvfp4_tiles(tiles, n, k),
+                    }
+                    .iter()
+                    .map(|w| w.to_bits())
+                    .collect()
                 };
                 assert_eq!(bits(&tiles.data), weights, "{dir}: {name}");
-                assert!(tiles.scales.iter().all(|&s| s == scale), "{dir}: {name}");
-                tiles.data[512] ^= 0x10; // row 0's scale byte in the first tile
+                assert_eq!(tiles.scales, scales, "{dir}: {name}");
+                // NVFP4: row 0's scale byte in the first tile; FP8: a weight byte.
+                tiles.data[512] ^= 0x10;
                 assert_ne!(bits(&tiles.data), weights, "{dir}: {name}: canary unseen");
                 checked += 1;
             }

@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use std::ops::Range;
 use strata_kernels::BlockFormat;
 use strata_kernels::cudarc::driver::{CudaEvent, CudaSlice, CudaStream, PinnedHostSlice};
+use strata_kernels::tiles::TileFormat;
 
 use strata_model::ModelConfig;
 use strata_model::cpu::TpLayout;
@@ -23,9 +24,9 @@ use super::quant_blocks::{HostTiles, gate_up_tiles, safetensors_blocks, tiles_of
 
 /// A projection's weight on the device, `[n, k]` row-major (the HF Linear layout): bf16, or a
 /// GGUF block format kept as stored (each row `format.row_bytes(k)` bytes), which the block
-/// kernels dequantize in registers to the bf16 the widening would give, or NVFP4 in
-/// fragment-ordered tiles with one output scale per row (`strata_kernels::tiles`: its own
-/// arithmetic, the tensor scale applied once per output).
+/// kernels dequantize in registers to the bf16 the widening would give, or NVFP4 / FP8 in
+/// fragment-ordered tiles with one output scale per row (`strata_kernels::tiles`: their own
+/// arithmetic, the tensor's or channel's scale applied once per output).
 pub(super) enum Matrix {
     Bf16(CudaSlice<bf16>),
     Blocks {
@@ -33,6 +34,7 @@ pub(super) enum Matrix {
         data: CudaSlice<u8>,
     },
     Tiles {
+        format: TileFormat,
         data: CudaSlice<u8>,
         scales: CudaSlice<f32>,
     },
@@ -44,25 +46,32 @@ impl Matrix {
         match self {
             Matrix::Bf16(w) => w.len() * 2,
             Matrix::Blocks { data, .. } => data.len(),
-            Matrix::Tiles { data, scales } => data.len() + scales.len() * 4,
+            Matrix::Tiles { data, scales, .. } => data.len() + scales.len() * 4,
         }
     }
 
-    /// The quantized format, `None` for bf16 (NVFP4 tiles report NVFP4).
+    /// The quantized format, `None` for bf16 (tiles report their format's blocks: NVFP4, FP8).
     pub(super) fn format(&self) -> Option<BlockFormat> {
         match self {
             Matrix::Bf16(_) => None,
             Matrix::Blocks { format, .. } => Some(*format),
-            Matrix::Tiles { .. } => Some(BlockFormat::Nvfp4),
+            Matrix::Tiles { format, .. } => Some(match format {
+                TileFormat::Fp8 => BlockFormat::Fp8,
+                TileFormat::Nvfp4 | TileFormat::Twin => BlockFormat::Nvfp4,
+            }),
         }
     }
 
-    /// How the weight is held, for reports: `bf16`, a block format's name, `nvfp4 tiles`.
+    /// How the weight is held, for reports: `bf16`, a block format's name, `nvfp4 tiles`,
+    /// `fp8 tiles`.
     pub(super) fn layout(&self) -> &'static str {
         match self {
             Matrix::Bf16(_) => "bf16",
             Matrix::Blocks { format, .. } => format.kernel_name(),
-            Matrix::Tiles { .. } => "nvfp4 tiles",
+            Matrix::Tiles { format, .. } => match format {
+                TileFormat::Fp8 => "fp8 tiles",
+                TileFormat::Nvfp4 | TileFormat::Twin => "nvfp4 tiles",
+            },
         }
     }
 }
@@ -319,7 +328,9 @@ pub(super) struct BlockPolicy {
     pub(super) row_kslice: Option<(usize, usize)>,
     /// Keep NVFP4 in fragment-ordered tiles where the layout allows (whole tensors, the fused
     /// order) instead of in blocks.
-    pub(super) nvfp4_tiles: bool,
+    pub(super) tiles: bool,
+    /// And FP8 with a scale per tensor or per channel.
+    pub(super) fp8_tiles: bool,
 }
 
 impl BlockPolicy {
@@ -336,7 +347,8 @@ impl BlockPolicy {
         BlockPolicy {
             keep: !options.widen_blocks,
             keep_quantized: options.keep_quantized,
-            nvfp4_tiles: !options.nvfp4_blocks,
+            tiles: !options.quant_blocks,
+            fp8_tiles: !options.quant_blocks && options.fp8_tiles,
             row_kslice: shard_order.then_some(slices),
         }
     }
@@ -472,9 +484,15 @@ pub(super) fn upload_checkpoint(
         let row = |r: usize| &device[r * row_bytes..(r + 1) * row_bytes];
         Ok(slice_blocks(row, format, rows.clone(), cols.clone(), out_rows).map(|b| (format, b)))
     };
-    let upload_tiles = |HostTiles { data, scales }: HostTiles| -> Result<Matrix, CudaError> {
+    let upload_tiles = |HostTiles {
+                            format,
+                            data,
+                            scales,
+                        }: HostTiles|
+     -> Result<Matrix, CudaError> {
         staging.borrow_mut().bytes += data.len() + scales.len() * 4;
         Ok(Matrix::Tiles {
+            format,
             data: stream.clone_htod(&data)?,
             scales: stream.clone_htod(&scales)?,
         })
