@@ -31,7 +31,7 @@ const LONG_FUNCTIONS: [(&str, &str, usize); 15] = [
 
 /// (file, lines today, test module excluded).
 const LONG_FILES: [(&str, usize); 2] = [
-    ("node/src/scheduler/mod.rs", 1032),
+    ("node/src/scheduler/mod.rs", 963),
     ("router/src/metrics.rs", 916),
 ];
 

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
-use strata_node::kv::{KvDump, Tier};
+use strata_engine_api::kv::{KvDump, Tier};
 
 use crate::state::AppState;
 
@@ -672,11 +672,11 @@ fn sample(name: &str, node: &str, extra: &str) -> String {
 /// Engine gauges: the local engine's load (`node` empty), or each node's last report to a
 /// router (labelled `node="ADDR"`): sequences, KV use, preemptions and the KV tiers' traffic. Each
 /// family is written once, with a sample per load.
-fn render_engine_loads(out: &mut String, loads: &[(String, strata_node::scheduler::EngineLoad)]) {
+fn render_engine_loads(out: &mut String, loads: &[(String, strata_engine_api::load::EngineLoad)]) {
     if loads.is_empty() {
         return;
     }
-    let nodes: Vec<(String, &strata_node::scheduler::EngineLoad)> = loads
+    let nodes: Vec<(String, &strata_engine_api::load::EngineLoad)> = loads
         .iter()
         .map(|(addr, load)| {
             let label = if addr.is_empty() {
@@ -687,7 +687,7 @@ fn render_engine_loads(out: &mut String, loads: &[(String, strata_node::schedule
             (label, load)
         })
         .collect();
-    type Value = fn(&strata_node::scheduler::EngineLoad) -> String;
+    type Value = fn(&strata_engine_api::load::EngineLoad) -> String;
     let families: [(&str, &str, &str, Value); 4] = [
         (
             "strata_engine_requests_running",
@@ -746,7 +746,7 @@ fn render_engine_loads(out: &mut String, loads: &[(String, strata_node::schedule
             );
         }
     }
-    type Tiers = fn(&strata_node::scheduler::EngineLoad) -> [String; 2];
+    type Tiers = fn(&strata_engine_api::load::EngineLoad) -> [String; 2];
     let traffic: [(&str, &str, &str, Tiers); 3] = [
         (
             "strata_kv_restored_bytes_total",
@@ -797,11 +797,11 @@ fn render_engine_loads(out: &mut String, loads: &[(String, strata_node::schedule
 /// Speculative decoding's counters, in vLLM's `spec_decode_*` families: verifications,
 /// proposed and accepted tokens, and verifications by accepted length (a histogram: bucket `le`
 /// counts those that accepted at most that many). Written only where an engine speculates.
-fn render_spec_decode(out: &mut String, nodes: &[(String, &strata_node::scheduler::EngineLoad)]) {
+fn render_spec_decode(out: &mut String, nodes: &[(String, &strata_engine_api::load::EngineLoad)]) {
     if nodes.iter().all(|(_, l)| l.spec.drafts == 0) {
         return;
     }
-    type Count = fn(&strata_node::speculative::SpecCounters) -> u64;
+    type Count = fn(&strata_engine_api::load::SpecCounters) -> u64;
     let counters: [(&str, &str, Count); 3] = [
         (
             "strata_spec_decode_num_drafts_total",
@@ -866,7 +866,7 @@ fn render_spec_decode(out: &mut String, nodes: &[(String, &strata_node::schedule
 
 /// The engine thread's steps: how many, the tokens they computed, and their time by phase
 /// (docs/PERFORMANCE.md reads a step's host overhead from these).
-fn render_step_times(out: &mut String, t: &strata_node::scheduler::StepTimes) {
+fn render_step_times(out: &mut String, t: &strata_engine_api::load::StepTimes) {
     let name = "strata_engine_steps_total";
     let _ = writeln!(
         out,
@@ -987,7 +987,7 @@ mod tests {
 
     #[test]
     fn spec_decode_families_appear_once_an_engine_speculates() {
-        let mut load = strata_node::scheduler::EngineLoad::default();
+        let mut load = strata_engine_api::load::EngineLoad::default();
         let mut text = String::new();
         render_engine_loads(&mut text, &[(String::new(), load)]);
         assert!(!text.contains("spec_decode"), "{text}");

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use strata_node::kv::{BlockHash, prompt_block_hashes};
+use strata_engine_api::kv::{BlockHash, prompt_block_hashes};
 
 use crate::state::{AppState, EngineHandle};
 

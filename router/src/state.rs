@@ -5,11 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use strata_engine_api::kv::KvDump;
 use strata_model::chat::ChatTemplate;
 use strata_model::grammar::vocabulary_bytes;
 use strata_model::tokenizer::Tokenizer;
 use strata_model::{EmbeddingConfig, GenerationConfig, ModelConfig};
-use strata_node::kv::KvDump;
 use strata_node::{Engine, RequestStream, ServingParts, SubmitError};
 use strata_protocol::GenerateRequest;
 
@@ -222,7 +222,7 @@ impl EngineHandle {
     }
 
     /// The local engine's step times by phase; `None` for a cluster.
-    pub fn step_times(&self) -> Option<strata_node::scheduler::StepTimes> {
+    pub fn step_times(&self) -> Option<strata_engine_api::load::StepTimes> {
         match self {
             Self::Local(engine) => Some(engine.step_times()),
             Self::Cluster(_) => None,
@@ -231,7 +231,7 @@ impl EngineHandle {
 
     /// The local engine's load (running and waiting sequences, KV blocks, preemptions); `None`
     /// for a cluster (each node reports its own).
-    pub fn load(&self) -> Option<strata_node::scheduler::EngineLoad> {
+    pub fn load(&self) -> Option<strata_engine_api::load::EngineLoad> {
         match self {
             Self::Local(engine) => Some(engine.load()),
             Self::Cluster(_) => None,

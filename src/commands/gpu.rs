@@ -415,35 +415,11 @@ fn read_config(path: &Path) -> Result<ModelConfig> {
     ModelConfig::from_json(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
-/// How a bench backend holds a checkpoint's quantized weights.
-#[derive(Clone, Copy)]
-struct Holding {
-    /// Widen GGUF block weights to bf16.
-    widen_blocks: bool,
-    /// Keep FP8 / NVFP4 weights in strata's device blocks.
-    keep_quantized: bool,
-    /// NVFP4 and FP8 in blocks rather than tiles.
-    quant_blocks: bool,
-    /// FP8 in tiles.
-    fp8_tiles: bool,
-}
-
-impl Holding {
-    fn of(args: &DecodeArgs) -> Self {
-        Self {
-            widen_blocks: args.widen_blocks,
-            keep_quantized: args.keep_quantized,
-            quant_blocks: args.quant_blocks,
-            fp8_tiles: args.fp8_tiles,
-        }
-    }
-}
-
 /// A backend of `config` with synthesized weights, or the weights of `checkpoint` (GGUF block
-/// formats kept unless widened, FP8 / NVFP4 widened unless kept: `Holding`).
+/// formats kept unless widened, FP8 / NVFP4 widened unless kept, as `args` say).
 fn bench_backend(
     config: &ModelConfig,
-    checkpoint: Option<(&strata_model::weights::Checkpoint, Holding)>,
+    checkpoint: Option<(&strata_model::weights::Checkpoint, &DecodeArgs)>,
     device: usize,
     positions: usize,
     kv_tokens: usize,
@@ -674,7 +650,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
     let blocks_per_seq = positions.div_ceil(16);
     let mut backend = bench_backend(
         &config,
-        checkpoint.as_ref().map(|c| (c, Holding::of(&args))),
+        checkpoint.as_ref().map(|c| (c, &args)),
         args.device,
         positions,
         max_batch * blocks_per_seq * 16, // whole blocks: each table holds blocks_per_seq

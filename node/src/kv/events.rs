@@ -4,43 +4,11 @@
 //! lagged channel, a reconnect) it asks for a [`KvDump`] and restarts from it. Replaying events
 //! `1..=seq` onto an empty replica gives exactly the dump taken at `seq`.
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+pub use strata_engine_api::kv::{KvDump, KvEvent, KvEventKind};
+
 use super::types::{BlockHash, BlockHashMap, Tier};
-
-/// One change to the cache index.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum KvEventKind {
-    /// A block became cached (always on device: it was just computed).
-    Stored {
-        hash: BlockHash,
-        parent: Option<BlockHash>,
-        tier: Tier,
-    },
-    /// A block left the cache entirely.
-    Removed { hash: BlockHash, tier: Tier },
-    /// A cached block moved between tiers (demotion on eviction, promotion on a hit).
-    TierChanged {
-        hash: BlockHash,
-        from: Tier,
-        to: Tier,
-    },
-}
-
-/// An event with its per-node sequence number.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KvEvent {
-    pub seq: u64,
-    pub kind: KvEventKind,
-}
-
-/// Full cache state as of event `seq`: every cached block with its parent and tier.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KvDump {
-    pub seq: u64,
-    pub blocks: Vec<(BlockHash, Option<BlockHash>, Tier)>,
-}
 
 /// Numbers events and publishes them. Publishing with no subscriber is fine: the dump covers
 /// anyone who connects later.

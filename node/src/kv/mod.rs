@@ -6,7 +6,6 @@
 
 pub mod block_manager;
 pub mod events;
-pub mod hash;
 mod read_ahead;
 pub mod tiers;
 pub mod types;
@@ -17,7 +16,7 @@ pub use block_manager::{
     BlockManager, BlockManagerConfig, CommitOutcome, PinStatus, PrefixLookup, TierTraffic,
 };
 pub use events::{KvDump, KvEvent, KvEventKind, KvEventLog, KvReplica, ReplicaError};
-pub use hash::{block_hash, prompt_block_hashes};
+pub use strata_engine_api::kv::{block_hash, prompt_block_hashes};
 pub use tiers::{DiskTier, HostMemory, HostTier};
 pub use types::{
     BlockHash, BlockHashHasher, BlockHashMap, BlockId, CacheSalt, KvBlockIo, KvLayout, Tier,

@@ -1,41 +1,13 @@
 //! The vocabulary shared by the block manager, the tiers, the events and the backends.
 
-use serde::{Deserialize, Serialize};
-
 use super::KvError;
+
+pub use strata_engine_api::kv::{
+    BlockHash, BlockHashHasher, BlockHashMap, CacheSalt, KvLayout, Tier,
+};
 
 /// Index of a block in the backend's device KV pool.
 pub type BlockId = u32;
-
-/// Identity of a full block's contents: `h_i = xxh3_128(h_{i-1}, tokens of block i, salt)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct BlockHash(pub u128);
-
-/// What a block hash is salted with: the tenant's cache isolation and anything else that changes
-/// the KV bytes for the same tokens (KV format, adapter).
-pub type CacheSalt = u64;
-
-/// Where a cached block's bytes live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Tier {
-    Device,
-    Host,
-    Disk,
-}
-
-/// What two nodes must share to exchange KV blocks: the same model shape, block size and byte
-/// layout. A block's hash names its tokens, not its bytes; this names the bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KvLayout {
-    /// The backend's [`crate::backend::Backend::kv_layout`].
-    pub backend: String,
-    pub model_type: String,
-    pub num_layers: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub block_size: usize,
-    pub block_bytes: usize,
-}
 
 /// Moves one block's KV bytes between the backend's device pool and the lower tiers. Implemented
 /// by each backend (the CPU backend copies memory, the CUDA backend copies over PCIe). A copy
@@ -65,29 +37,3 @@ pub trait KvBlockIo {
         Ok(Box::new(vec![0u8; bytes]))
     }
 }
-
-/// Hashes a [`BlockHash`] by folding its halves: the key is already the output of xxh3-128, so
-/// hashing it again (SipHash by default) only costs time.
-#[derive(Default, Clone, Copy)]
-pub struct BlockHashHasher(u64);
-
-impl std::hash::Hasher for BlockHashHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only reached for keys other than BlockHash; fold them in FNV-1a style.
-        for b in bytes {
-            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    fn write_u128(&mut self, v: u128) {
-        self.0 ^= (v as u64) ^ ((v >> 64) as u64);
-    }
-}
-
-/// A map keyed by block hash.
-pub type BlockHashMap<V> =
-    std::collections::HashMap<BlockHash, V, std::hash::BuildHasherDefault<BlockHashHasher>>;

@@ -23,6 +23,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use crate::backend::{Backend, BackendError, HiddenRows, RowSampling, StepOutput, StepSeq};
 use crate::kv::{BlockHash, BlockId, BlockManager, KvError, block_hash, prompt_block_hashes};
 use crate::speculative::{Acceptance, SpecCounters, Speculator};
+pub use strata_engine_api::load::{EngineLoad, StepTimes};
 
 use draws::Outputs;
 
@@ -231,75 +232,6 @@ pub struct Scheduler {
     speculator: Option<Speculator>,
     #[cfg(test)]
     pub(crate) faults: Faults,
-}
-
-/// A node's load: requests queued and running, prompt tokens not yet prefilled, KV blocks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct EngineLoad {
-    pub waiting: u64,
-    pub running: u64,
-    /// Prompt tokens admitted but not yet prefilled (queued and partially prefilled requests).
-    pub queued_prefill_tokens: u64,
-    /// Device KV blocks held by running sequences.
-    pub active_blocks: u64,
-    /// Device KV blocks in all.
-    pub capacity_blocks: u64,
-    /// Tokens per second the engine computes in steps of at least
-    /// [`crate::RATE_SAMPLE_TOKENS`] tokens (prefill-heavy steps), a moving average;
-    /// 0 until such a step ran. What a router's fetch cost model takes as the prefill rate.
-    #[serde(default)]
-    pub tokens_per_s: u64,
-    /// Bytes per second this node's cross-node KV fetches achieved, a moving average (filled by
-    /// the node service; 0 until a fetch ran).
-    #[serde(default)]
-    pub fetch_bytes_per_s: u64,
-    /// Sequences preempted so far (their blocks released when the cache ran out; they resume
-    /// later).
-    #[serde(default)]
-    pub preemptions: u64,
-    /// Capacity of the host and disk KV tiers in blocks (0 where there is none).
-    #[serde(default)]
-    pub host_capacity_blocks: u64,
-    #[serde(default)]
-    pub disk_capacity_blocks: u64,
-    /// Bytes of one KV block (what the tiers' block counts are in).
-    #[serde(default)]
-    pub block_bytes: u64,
-    /// Blocks restored to the device from host and disk, the time that took, and blocks
-    /// demoted into host and disk, so far.
-    #[serde(default)]
-    pub restored_blocks: [u64; 2],
-    #[serde(default)]
-    pub restore_ns: [u64; 2],
-    #[serde(default)]
-    pub demoted_blocks: [u64; 2],
-    /// Copies between tiers that failed (each cost a cached block or one request).
-    #[serde(default)]
-    pub tier_copy_failures: u64,
-    /// Cached blocks on the device (held by no sequence), on the host tier and on the disk tier.
-    #[serde(default)]
-    pub cached_blocks: [u64; 3],
-    /// Device blocks only pins hold, which no request can have while there is no lower tier
-    /// (`BlockManager::held_by_pins`): a prompt is admitted against the capacity less these.
-    #[serde(default)]
-    pub pinned_blocks: u64,
-    /// Speculative decoding's proposals and acceptances so far (zero without speculation).
-    #[serde(default)]
-    pub spec: SpecCounters,
-}
-
-/// Where the engine thread's steps spent their time, summed over every step that computed
-/// something: planning (expiry, admission, block allocation, prefix lookups), the backend's
-/// forward pass (with the copy of logits or sampled tokens back to the host), and sampling and
-/// bookkeeping on the host (penalties, grammar, events, finished sequences).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StepTimes {
-    pub steps: u64,
-    /// Tokens computed (prompt and generated).
-    pub tokens: u64,
-    pub plan_ns: u64,
-    pub forward_ns: u64,
-    pub sample_ns: u64,
 }
 
 /// One sequence's share of the step being built.

@@ -4,9 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-/// The most tokens one verification may propose per sequence: the draft lengths the
-/// byte-identity gate covers (docs/TESTING.md, `run-spec`).
-pub const MAX_SPECULATIVE_TOKENS: usize = 8;
+pub use strata_engine_api::load::MAX_SPECULATIVE_TOKENS;
 
 /// The longest suffix the n-gram proposer matches.
 pub const MAX_PROMPT_LOOKUP: usize = 32;

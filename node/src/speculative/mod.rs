@@ -28,6 +28,7 @@ pub use config::{
 pub use draft::DraftModelProposer;
 pub use ngram::NgramProposer;
 pub use policy::{Acceptance, StepCost, choose};
+pub use strata_engine_api::load::SpecCounters;
 
 /// One sequence asking for proposals.
 #[derive(Debug, Clone, Copy)]
@@ -69,52 +70,6 @@ pub fn proposer(config: &SpeculativeConfig) -> Result<Box<dyn Proposer>, String>
              its proposer (strata_node::start_engine does that)"
                 .into(),
         ),
-    }
-}
-
-/// Speculation's counters since the engine started (vLLM's `spec_decode_*` families).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SpecCounters {
-    /// Verifications run (sequences whose step carried at least one proposal).
-    pub drafts: u64,
-    /// Tokens proposed and verified.
-    pub draft_tokens: u64,
-    /// Proposed tokens accepted (each one a step saved).
-    pub accepted_tokens: u64,
-    /// Verifications by how many of their proposals were accepted (0..=k).
-    pub accepted_hist: [u64; MAX_SPECULATIVE_TOKENS + 1],
-}
-
-impl SpecCounters {
-    pub fn record(&mut self, proposed: usize, accepted: usize) {
-        self.drafts += 1;
-        self.draft_tokens += proposed as u64;
-        self.accepted_tokens += accepted as u64;
-        self.accepted_hist[accepted.min(MAX_SPECULATIVE_TOKENS)] += 1;
-    }
-
-    /// Accepted ÷ proposed (0 before any proposal).
-    pub fn acceptance_rate(&self) -> f64 {
-        if self.draft_tokens == 0 {
-            0.0
-        } else {
-            self.accepted_tokens as f64 / self.draft_tokens as f64
-        }
-    }
-
-    /// The acceptance a sequence not yet verified is expected to have: accepted ÷ proposed
-    /// smoothed by one accepted and one rejected (1/2 before any proposal).
-    pub fn prior(&self) -> f64 {
-        (self.accepted_tokens as f64 + 1.0) / (self.draft_tokens as f64 + 2.0)
-    }
-
-    /// Tokens committed per verification, the bonus or corrected token included.
-    pub fn mean_accepted_len(&self) -> f64 {
-        if self.drafts == 0 {
-            0.0
-        } else {
-            1.0 + self.accepted_tokens as f64 / self.drafts as f64
-        }
     }
 }
 

@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
+use strata_engine_api::kv::{BlockHash, KvLayout, block_hash, prompt_block_hashes};
 use strata_model::ModelConfig;
 use strata_model::grammar::GrammarCompiler;
-use strata_node::kv::{BlockHash, KvLayout, block_hash, prompt_block_hashes};
 use strata_node::rpc::{KvFetch, NodeClient, NodeError, NodeInfo, PinReport, Refusal, RefusalKind};
 use strata_node::{Admission, RequestStream, SubmitError};
 use strata_protocol::GenerateRequest;
@@ -77,7 +77,7 @@ struct Node {
     /// Its compute and fetch rates as it last reported them.
     rates: Mutex<MeasuredRates>,
     /// Its whole last load report (for the router's `/metrics`); `None` before the first.
-    report: Mutex<Option<strata_node::scheduler::EngineLoad>>,
+    report: Mutex<Option<strata_engine_api::load::EngineLoad>>,
     /// Requests routed here (first attempts and failovers).
     routed: AtomicU64,
     /// Taken out of the cluster: its supervisor ends.
@@ -422,7 +422,7 @@ impl Cluster {
 
     /// Each node's last load report, by node address (nodes that have not reported yet are left
     /// out).
-    pub fn node_loads(&self) -> Vec<(String, strata_node::scheduler::EngineLoad)> {
+    pub fn node_loads(&self) -> Vec<(String, strata_engine_api::load::EngineLoad)> {
         self.nodes()
             .iter()
             .filter_map(|n| {

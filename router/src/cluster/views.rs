@@ -5,7 +5,7 @@ use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 
 use serde::Serialize;
-use strata_node::scheduler::EngineLoad;
+use strata_engine_api::load::EngineLoad;
 use strata_topology::state::{ClusterState, Health, RaftRole};
 
 use super::Cluster;

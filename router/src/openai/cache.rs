@@ -18,7 +18,8 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use strata_node::kv::{BlockHash, KvError, prompt_block_hashes};
+use strata_engine_api::kv::{BlockHash, prompt_block_hashes};
+use strata_node::kv::KvError;
 use strata_node::rpc::PinReport;
 use strata_protocol::{GenerateRequest, SamplingParams};
 

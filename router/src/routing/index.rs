@@ -7,7 +7,7 @@
 //! slots, one per tier, so a lookup answers for every node at once and an event flips one bit.
 //! Keys are xxh3-128 outputs already, so the map does not hash them again.
 
-use strata_node::kv::{BlockHash, BlockHashMap, KvDump, KvEvent, KvEventKind, Tier};
+use strata_engine_api::kv::{BlockHash, BlockHashMap, KvDump, KvEvent, KvEventKind, Tier};
 
 /// Nodes one index tracks: the width of its per-tier node sets.
 pub const MAX_NODES: usize = 64;

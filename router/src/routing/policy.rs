@@ -5,7 +5,7 @@
 //! exist for comparison.
 
 use serde::{Deserialize, Serialize};
-use strata_node::kv::BlockHash;
+use strata_engine_api::kv::BlockHash;
 pub use strata_topology::ring::VNODES_PER_GPU;
 use strata_topology::ring::{key_hash, member_score};
 

@@ -1,4 +1,4 @@
-use strata_node::kv::{BlockHash, KvDump, KvEvent, KvEventKind, Tier};
+use strata_engine_api::kv::{BlockHash, KvDump, KvEvent, KvEventKind, Tier};
 
 use super::*;
 

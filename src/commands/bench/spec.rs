@@ -77,7 +77,7 @@ const COPY_SOURCES: [(&str, &str); 4] = [
         "code",
         include_str!("../../../node/src/speculative/ngram.rs"),
     ),
-    ("code", include_str!("../../../node/src/kv/hash.rs")),
+    ("code", include_str!("../../../engine-api/src/hash.rs")),
     ("code", include_str!("../../../model/src/stop.rs")),
     ("text", include_str!("../../../docs/OPERATIONS.md")),
 ];

@@ -4,14 +4,17 @@
 //! fragment-ordered tiles (`strata_kernels::tiles`) where the policy keeps them so; and the
 //! blocks' values computed on the host, the kernels' reference.
 
+use std::sync::Arc;
+
 use strata_kernels::BlockFormat;
+use strata_kernels::cudarc::driver::CudaStream;
 use strata_kernels::tiles::{TILE_K, TileFormat, fp8_tiles, nvfp4_tiles, output_scale};
 use strata_model::weights::{
     Checkpoint, EMBED, QuantizedLinear, e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32,
 };
 
 use super::CudaError;
-use super::weights::BlockPolicy;
+use super::weights::{BlockPolicy, Matrix};
 
 /// A quantized Linear in device blocks, when its layout allows: rows a multiple of 64 wide and,
 /// for FP8, each scale covering whole blocks (a scale per tensor, per row, or per block at least
@@ -51,6 +54,17 @@ pub(super) struct HostTiles {
     pub(super) format: TileFormat,
     pub(super) data: Vec<u8>,
     pub(super) scales: Vec<f32>,
+}
+
+impl HostTiles {
+    /// The tiles and their scales on the device.
+    pub(super) fn upload(self, stream: &Arc<CudaStream>) -> Result<Matrix, CudaError> {
+        Ok(Matrix::Tiles {
+            format: self.format,
+            data: stream.clone_htod(&self.data)?,
+            scales: stream.clone_htod(&self.scales)?,
+        })
+    }
 }
 
 /// An NVFP4 or FP8 Linear in fragment-ordered tiles (`strata_kernels::tiles`): `None` for a

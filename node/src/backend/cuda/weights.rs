@@ -484,18 +484,9 @@ pub(super) fn upload_checkpoint(
         let row = |r: usize| &device[r * row_bytes..(r + 1) * row_bytes];
         Ok(slice_blocks(row, format, rows.clone(), cols.clone(), out_rows).map(|b| (format, b)))
     };
-    let upload_tiles = |HostTiles {
-                            format,
-                            data,
-                            scales,
-                        }: HostTiles|
-     -> Result<Matrix, CudaError> {
-        staging.borrow_mut().bytes += data.len() + scales.len() * 4;
-        Ok(Matrix::Tiles {
-            format,
-            data: stream.clone_htod(&data)?,
-            scales: stream.clone_htod(&scales)?,
-        })
+    let upload_tiles = |t: HostTiles| -> Result<Matrix, CudaError> {
+        staging.borrow_mut().bytes += t.data.len() + t.scales.len() * 4;
+        t.upload(stream)
     };
     // Blocks as the file stores them, uploaded in the device layout.
     let upload_blocks = |format: BlockFormat, file: &[u8]| -> Result<Matrix, CudaError> {

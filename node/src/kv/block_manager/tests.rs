@@ -6,7 +6,7 @@ use rand_core::{Rng, SeedableRng};
 
 use super::*;
 use crate::kv::events::KvReplica;
-use crate::kv::hash::prompt_block_hashes;
+use crate::kv::prompt_block_hashes;
 
 const BYTES: usize = 24;
 

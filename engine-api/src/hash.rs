@@ -5,7 +5,7 @@
 
 use xxhash_rust::xxh3::Xxh3Default;
 
-use super::types::{BlockHash, CacheSalt};
+use crate::kv::{BlockHash, CacheSalt};
 
 /// Tags the first input field so a root block can never collide with a child by construction
 /// of the input bytes (the root carries 16 zero bytes after its tag, a child its parent's hash).

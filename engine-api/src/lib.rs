@@ -1,0 +1,7 @@
+//! The engine's vocabulary, what a router and the surfaces speak to an engine without linking
+//! one (issue 37): KV block identities, events and dumps ([`kv`]); an engine's load and step
+//! times ([`load`]). strata-node re-exports each at its old path.
+
+mod hash;
+pub mod kv;
+pub mod load;
