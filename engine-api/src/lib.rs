@@ -1,7 +1,10 @@
 //! The engine's vocabulary, what a router and the surfaces speak to an engine without linking
 //! one (issue 37): KV block identities, events and dumps ([`kv`]); an engine's load and step
-//! times ([`load`]). strata-node re-exports each at its old path.
+//! times ([`load`]); what submitting a request checks and how it is refused ([`submit`]); the
+//! node RPC's messages and client ([`rpc`]). strata-node re-exports each at its old path.
 
 mod hash;
 pub mod kv;
 pub mod load;
+pub mod rpc;
+pub mod submit;

@@ -6,11 +6,11 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+use strata_engine_api::rpc::RefusalKind;
+use strata_engine_api::submit::SubmitError;
 use strata_model::chat::TemplateError;
 use strata_model::grammar::GrammarError;
 use strata_model::tokenizer::TokenizerError;
-use strata_node::SubmitError;
-use strata_node::rpc::RefusalKind;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {

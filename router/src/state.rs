@@ -6,11 +6,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use strata_engine_api::kv::KvDump;
+use strata_engine_api::submit::{RequestStream, SubmitError};
 use strata_model::chat::ChatTemplate;
 use strata_model::grammar::vocabulary_bytes;
 use strata_model::tokenizer::Tokenizer;
 use strata_model::{EmbeddingConfig, GenerationConfig, ModelConfig};
-use strata_node::{Engine, RequestStream, ServingParts, SubmitError};
+use strata_node::{Engine, ServingParts};
 use strata_protocol::GenerateRequest;
 
 use crate::cluster::Cluster;

@@ -1,30 +1,23 @@
 //! The node RPC service (DESIGN.md §2, §6): the engine behind QUIC with mutual TLS, for routers.
-//!
-//! One call per bidirectional stream: the caller writes one [`NodeRequest`] frame; the node
-//! answers with one frame, or a sequence of them:
-//! - `Generate`: [`GenerateFrame::Accepted`] (or `Refused`, with the reason's kind), then the
-//!   request's token events until `Finished` or `Failed`. The caller cancels by stopping the
-//!   stream (or closing the connection); the node frees the request's blocks before its next step.
-//! - `Load`: the scheduler's [`EngineLoad`](crate::scheduler::EngineLoad).
-//! - `KvDump`: every cached block and its tier as of an event number.
-//! - `KvEvents`: the KV events from now on, numbered without gaps; a subscriber that fell behind
-//!   receives [`KvFeed::Lagged`] and should take a dump.
-//! - `Info`: what the node serves (model shape, block size, capacity, KV layout).
-//! - `KvExport`: the bytes of the leading cached run of some blocks ([`KvExportHead`], then one
-//!   rkyv [`KvBlockPayload`] frame per block). A `Generate` call may carry a [`KvFetch`]: the
-//!   node imports those prompt blocks from the peer named before the request starts (nodes dial
-//!   each other with their member certificates).
-//!
-//! The certificates come from the cluster CA (`strata cluster`); this crate only uses them, so
-//! that the node does not depend on the topology group.
+//! The messages and the client are strata-engine-api's (`strata_engine_api::rpc`, re-exported
+//! here); the protocol is described there.
 
-mod client;
 mod server;
-mod wire;
 
-pub use client::{KvSubscription, NodeClient, NodeError, RemoteStream};
 pub use server::{NodeService, PeerCheck, Peers, serve};
-pub use wire::{
-    ALPN, GenerateCall, GenerateFrame, KvBlockPayload, KvExportHead, KvFeed, KvFetch, NodeInfo,
-    NodeRequest, PinReport, Refusal, RefusalKind,
+pub use strata_engine_api::rpc::{
+    ALPN, GenerateCall, GenerateFrame, KvBlockPayload, KvExportHead, KvFeed, KvFetch,
+    KvSubscription, NodeClient, NodeError, NodeInfo, NodeRequest, PinReport, Refusal, RefusalKind,
+    RemoteStream,
 };
+
+/// Where a pinned prefix's blocks are, as the RPC reports it.
+pub fn pin_report(s: crate::kv::PinStatus) -> PinReport {
+    PinReport {
+        name: s.name,
+        blocks: s.blocks,
+        device: s.device,
+        host: s.host,
+        disk: s.disk,
+    }
+}

@@ -10,10 +10,9 @@ use strata_protocol::GenerateRequest;
 use strata_quic::{FrameError, read_frame, write_frame, write_frame_bytes};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::client::NodeClient;
-use super::wire::{
-    GenerateCall, GenerateFrame, KvBlockPayload, KvExportHead, KvFeed, KvFetch, NodeInfo,
-    NodeRequest, PinReport, Refusal, RefusalKind,
+use super::{
+    GenerateCall, GenerateFrame, KvBlockPayload, KvExportHead, KvFeed, KvFetch, NodeClient,
+    NodeInfo, NodeRequest, PinReport, Refusal, RefusalKind, pin_report,
 };
 use crate::Engine;
 use crate::engine::average_rate;
@@ -421,7 +420,7 @@ async fn serve_stream(
             let pinned =
                 tokio::task::spawn_blocking(move || engine.pin(name, hashes, Some(expires))).await;
             let answer: Result<PinReport, String> = match pinned {
-                Ok(Ok(Ok(status))) => Ok(status.into()),
+                Ok(Ok(Ok(status))) => Ok(pin_report(status)),
                 Ok(Ok(Err(e))) => Err(e.to_string()),
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(e) => Err(e.to_string()),
@@ -437,7 +436,7 @@ async fn serve_stream(
             let engine = Arc::clone(engine);
             let pins = tokio::task::spawn_blocking(move || engine.pins()).await;
             let reports: Vec<PinReport> = match pins {
-                Ok(Ok((statuses, _))) => statuses.into_iter().map(PinReport::from).collect(),
+                Ok(Ok((statuses, _))) => statuses.into_iter().map(pin_report).collect(),
                 _ => Vec::new(),
             };
             write_frame(&mut send, &reports).await?

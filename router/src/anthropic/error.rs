@@ -61,7 +61,7 @@ impl IntoResponse for AnthropicError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use strata_node::SubmitError;
+    use strata_engine_api::submit::SubmitError;
 
     #[test]
     fn context_overflow_keeps_its_numbers_in_anthropics_shape() {

@@ -18,10 +18,12 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use strata_engine_api::kv::{BlockHash, KvLayout, block_hash, prompt_block_hashes};
+use strata_engine_api::rpc::{
+    KvFetch, NodeClient, NodeError, NodeInfo, PinReport, Refusal, RefusalKind,
+};
+use strata_engine_api::submit::{Admission, RequestStream, SubmitError};
 use strata_model::ModelConfig;
 use strata_model::grammar::GrammarCompiler;
-use strata_node::rpc::{KvFetch, NodeClient, NodeError, NodeInfo, PinReport, Refusal, RefusalKind};
-use strata_node::{Admission, RequestStream, SubmitError};
 use strata_protocol::GenerateRequest;
 use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::oneshot;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use strata_node::rpc::{KvFetch, NodeError, RefusalKind, RemoteStream};
+use strata_engine_api::rpc::{KvFetch, NodeError, RefusalKind, RemoteStream};
 use strata_protocol::{GenerateRequest, Resume, TokenEvent};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;

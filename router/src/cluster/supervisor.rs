@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
+use strata_engine_api::rpc::{KvFeed, NodeClient, NodeInfo};
 use strata_model::ModelConfig;
-use strata_node::rpc::{KvFeed, NodeClient, NodeInfo};
 
 use super::{Cluster, ClusterError, MeasuredRates, Node, NodeLoad};
 

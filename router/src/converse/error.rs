@@ -80,7 +80,7 @@ impl IntoResponse for ConverseError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use strata_node::SubmitError;
+    use strata_engine_api::submit::SubmitError;
 
     #[test]
     fn context_overflow_is_a_validation_exception_with_the_numbers() {

@@ -19,8 +19,9 @@ use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use strata_engine_api::kv::{BlockHash, prompt_block_hashes};
+use strata_engine_api::rpc::PinReport;
 use strata_node::kv::KvError;
-use strata_node::rpc::PinReport;
+use strata_node::rpc::pin_report;
 use strata_protocol::{GenerateRequest, SamplingParams};
 
 use super::chat::{normalize_message, render_conversation};
@@ -249,7 +250,7 @@ async fn live_pins(state: &AppState) -> Result<Vec<PinReport>, ApiError> {
     let statuses = match &state.engine {
         EngineHandle::Local(_) => {
             let (statuses, _) = local(state, |engine| engine.pins()).await?;
-            statuses.into_iter().map(PinReport::from).collect()
+            statuses.into_iter().map(pin_report).collect()
         }
         EngineHandle::Cluster(cluster) => summed(cluster.pins().await),
     };
@@ -298,7 +299,7 @@ async fn pin(
             let pinned =
                 local(state, move |engine| engine.pin(name, hashes, Some(expires))).await?;
             pinned
-                .map(PinReport::from)
+                .map(pin_report)
                 .map_err(|e: KvError| refused(e.to_string()))
         }
         EngineHandle::Cluster(cluster) => {
@@ -370,7 +371,9 @@ fn block_size(state: &AppState) -> usize {
 /// thread's next loop turn, at most one step).
 async fn local<T: Send + 'static>(
     state: &AppState,
-    call: impl FnOnce(&strata_node::Engine) -> Result<T, strata_node::SubmitError> + Send + 'static,
+    call: impl FnOnce(&strata_node::Engine) -> Result<T, strata_engine_api::submit::SubmitError>
+    + Send
+    + 'static,
 ) -> Result<T, ApiError> {
     let state = state.clone();
     tokio::task::spawn_blocking(move || match &state.engine {

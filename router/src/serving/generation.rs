@@ -2,8 +2,8 @@
 //! strings applied → a finish reason and usage. Dropping a `Generation` drops the engine stream,
 //! which cancels the request and frees its KV blocks (this is how a client disconnect cancels).
 
+use strata_engine_api::submit::RequestStream;
 use strata_model::text_stream::TextStream;
-use strata_node::RequestStream;
 use strata_protocol::{FinishReason, TokenEvent, TokenLogprobs};
 
 use super::usage::UsageBody;

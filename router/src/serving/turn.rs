@@ -9,8 +9,8 @@
 //! usage still comes from the engine (it may count the few tokens decoded before the cancel
 //! landed).
 
+use strata_engine_api::submit::RequestStream;
 use strata_model::stop::StopStrings;
-use strata_node::RequestStream;
 use strata_protocol::{Constraint, GenerateRequest, SamplingParams};
 
 use super::generation::{Generation, Step};

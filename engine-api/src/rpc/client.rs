@@ -11,7 +11,7 @@ use super::wire::{
     NodeRequest, PinReport, Refusal,
 };
 use crate::kv::{BlockHash, KvDump, KvLayout};
-use crate::scheduler::EngineLoad;
+use crate::load::EngineLoad;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {

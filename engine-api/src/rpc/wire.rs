@@ -7,8 +7,8 @@ use serde::{Deserialize, Serialize};
 use strata_model::grammar::GrammarError;
 use strata_protocol::{GenerateRequest, TokenEvent};
 
-use crate::SubmitError;
 use crate::kv::{BlockHash, KvEvent, KvLayout};
+use crate::submit::SubmitError;
 
 /// The application protocol of the node service.
 pub const ALPN: &[u8] = b"strata-node/1";
@@ -50,18 +50,6 @@ pub struct PinReport {
     pub device: usize,
     pub host: usize,
     pub disk: usize,
-}
-
-impl From<crate::kv::PinStatus> for PinReport {
-    fn from(s: crate::kv::PinStatus) -> Self {
-        Self {
-            name: s.name,
-            blocks: s.blocks,
-            device: s.device,
-            host: s.host,
-            disk: s.disk,
-        }
-    }
 }
 
 /// A request to run, and where to fetch part of its prefix's KV from first.
