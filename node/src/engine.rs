@@ -421,3 +421,68 @@ fn run(
         }
     }
 }
+
+/// The surfaces' view of this engine (strata-engine-api's seam): the same calls, pins reported
+/// as the node RPC reports them.
+impl strata_engine_api::client::EngineClient for Engine {
+    fn model_config(&self) -> &ModelConfig {
+        Engine::model_config(self)
+    }
+
+    fn block_size(&self) -> usize {
+        Engine::block_size(self)
+    }
+
+    fn submit(&self, request: GenerateRequest) -> Result<RequestStream, SubmitError> {
+        Engine::submit(self, request)
+    }
+
+    fn cancel(&self, id: u64) -> Result<(), SubmitError> {
+        Engine::cancel(self, id)
+    }
+
+    fn load(&self) -> EngineLoad {
+        Engine::load(self)
+    }
+
+    fn step_times(&self) -> StepTimes {
+        Engine::step_times(self)
+    }
+
+    fn kv_dump(&self) -> Result<KvDump, SubmitError> {
+        Engine::kv_dump(self)
+    }
+
+    fn pin(
+        &self,
+        name: String,
+        hashes: Vec<BlockHash>,
+        expires: Option<std::time::Instant>,
+    ) -> Result<Result<crate::rpc::PinReport, String>, SubmitError> {
+        Ok(Engine::pin(self, name, hashes, expires)?
+            .map(crate::rpc::pin_report)
+            .map_err(|e| e.to_string()))
+    }
+
+    fn pin_detached(
+        &self,
+        name: String,
+        hashes: Vec<BlockHash>,
+        expires: Option<std::time::Instant>,
+    ) {
+        Engine::pin_detached(self, name, hashes, expires)
+    }
+
+    fn unpin(&self, name: String) -> Result<bool, SubmitError> {
+        Engine::unpin(self, name)
+    }
+
+    fn pins(&self) -> Result<Vec<crate::rpc::PinReport>, SubmitError> {
+        let (pins, _) = Engine::pins(self)?;
+        Ok(pins.into_iter().map(crate::rpc::pin_report).collect())
+    }
+
+    fn park_on_disk(&self) -> Result<usize, SubmitError> {
+        Engine::park_on_disk(self)
+    }
+}

@@ -21,6 +21,8 @@ use crate::kv::KvError;
 use crate::spec::{Device, EngineSpec, KvBudget};
 use crate::speculative::{DraftModelProposer, Speculator};
 use crate::{Engine, EngineConfig};
+pub use strata_engine_api::client::ServingParts;
+use strata_engine_api::client::{EngineClient, StartEngine, StartError};
 
 /// Why a checkpoint could not be made ready to serve.
 #[derive(Debug, thiserror::Error)]
@@ -317,7 +319,7 @@ fn build_cuda_backend(
 fn serving_parts(
     dir: &Path,
 ) -> Result<(ModelConfig, Checkpoint, ServingParts, Vec<u32>), ModelLoadError> {
-    let (config, parts, eos_token_ids) = ServingParts::from_dir(dir)?;
+    let (config, parts, eos_token_ids) = front_door_parts(dir)?;
     let checkpoint = Checkpoint::open(dir).map_err(LoadError::from)?;
     Ok((config, checkpoint, parts, eos_token_ids))
 }
@@ -431,31 +433,30 @@ impl LoadedModel {
     }
 }
 
-/// The pieces of a [`LoadedModel`] the front door keeps once the engine owns the weights.
-pub struct ServingParts {
-    pub tokenizer: Tokenizer,
-    pub template: Option<ChatTemplate>,
-    pub generation_config: GenerationConfig,
-    /// How `/v1/embeddings` pools and scales (the checkpoint's sentence-transformers files).
-    pub embedding: EmbeddingConfig,
+/// The front door's pieces of the checkpoint in `dir`, without its weights (a router's machine
+/// need not hold them), with the model's config and end-of-sequence ids.
+pub fn front_door_parts(
+    dir: &Path,
+) -> Result<(ModelConfig, ServingParts, Vec<u32>), ModelLoadError> {
+    let config = ModelConfig::from_dir(dir)?;
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    let template = ChatTemplate::from_dir(dir)?;
+    let generation_config = GenerationConfig::from_dir(dir)?;
+    let eos_token_ids = eos_ids(&config, &generation_config, &tokenizer);
+    let parts = ServingParts {
+        tokenizer,
+        template,
+        generation_config,
+        embedding: EmbeddingConfig::from_dir(dir)?,
+    };
+    Ok((config, parts, eos_token_ids))
 }
 
-impl ServingParts {
-    /// The front door's pieces of the checkpoint in `dir`, without its weights (a router's
-    /// machine need not hold them), with the model's config and end-of-sequence ids.
-    pub fn from_dir(dir: &Path) -> Result<(ModelConfig, Self, Vec<u32>), ModelLoadError> {
-        let config = ModelConfig::from_dir(dir)?;
-        let tokenizer = Tokenizer::from_dir(dir)?;
-        let template = ChatTemplate::from_dir(dir)?;
-        let generation_config = GenerationConfig::from_dir(dir)?;
-        let eos_token_ids = eos_ids(&config, &generation_config, &tokenizer);
-        let parts = Self {
-            tokenizer,
-            template,
-            generation_config,
-            embedding: EmbeddingConfig::from_dir(dir)?,
-        };
-        Ok((config, parts, eos_token_ids))
+/// A server starts its engine through the spec ([`start_engine`]).
+impl StartEngine for EngineSpec {
+    fn start(&self, dir: &Path) -> Result<(Arc<dyn EngineClient>, ServingParts), StartError> {
+        let (engine, parts) = start_engine(dir, self)?;
+        Ok((Arc::new(engine), parts))
     }
 }
 

@@ -19,6 +19,6 @@ pub use engine::{
 };
 pub use launch::{
     BuiltBackend, CudaPlacement, LoadedModel, ModelLoadError, ServingParts, build_backend, eos_ids,
-    grammar_compiler, start_cuda_engine, start_engine,
+    front_door_parts, grammar_compiler, start_cuda_engine, start_engine,
 };
 pub use spec::{Device, DiskTierSpec, EngineSpec, KvBudget, KvTiers};

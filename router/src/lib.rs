@@ -46,8 +46,8 @@ use crate::error::ApiError;
 use crate::request_id::RequestIds;
 pub use crate::serving_options::{OptionsError, ServingOptions};
 pub use crate::state::{AppState, EngineHandle, ServedModel};
+use strata_engine_api::client::{StartEngine, StartError};
 use strata_model::ModelConfig;
-use strata_node::{EngineSpec, ModelLoadError, start_engine};
 
 /// Everything `strata serve` needs to start.
 #[derive(Debug, Clone)]
@@ -59,8 +59,8 @@ pub struct ServeConfig {
     /// `owned_by` in /v1/models.
     pub owned_by: String,
     pub addr: SocketAddr,
-    /// The engine to build (the node crate's concern: the router only passes it on).
-    pub engine: EngineSpec,
+    /// How to start the engine (strata-node's `EngineSpec`: the router only calls it).
+    pub engine: Arc<dyn StartEngine>,
     /// Aliases, a smaller context window, a chat template file.
     pub options: ServingOptions,
 }
@@ -68,10 +68,7 @@ pub struct ServeConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error("{}: {source}", path.display())]
-    Model {
-        path: PathBuf,
-        source: ModelLoadError,
-    },
+    Model { path: PathBuf, source: StartError },
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -93,11 +90,10 @@ pub fn load_state(config: &ServeConfig) -> Result<AppState, ServeError> {
     let options = &config.options;
     let template = options.chat_template(&config.model_dir)?;
     if options.max_model_len.is_some() {
-        let model = ModelConfig::from_dir(&config.model_dir)
-            .map_err(|e| model_err(ModelLoadError::from(e)))?;
+        let model = ModelConfig::from_dir(&config.model_dir).map_err(|e| model_err(Box::new(e)))?;
         options.context_window(model.max_position_embeddings)?;
     }
-    let (engine, mut parts) = start_engine(&config.model_dir, &config.engine).map_err(model_err)?;
+    let (engine, mut parts) = config.engine.start(&config.model_dir).map_err(model_err)?;
     if template.is_some() {
         parts.template = template;
     }

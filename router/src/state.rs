@@ -5,13 +5,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use strata_engine_api::client::{EngineClient, ServingParts};
 use strata_engine_api::kv::KvDump;
 use strata_engine_api::submit::{RequestStream, SubmitError};
 use strata_model::chat::ChatTemplate;
 use strata_model::grammar::vocabulary_bytes;
 use strata_model::tokenizer::Tokenizer;
 use strata_model::{EmbeddingConfig, GenerationConfig, ModelConfig};
-use strata_node::{Engine, ServingParts};
 use strata_protocol::GenerateRequest;
 
 use crate::cluster::Cluster;
@@ -180,13 +180,13 @@ pub type AppState = Arc<ServedModel>;
 /// Where requests run: this process's engine (`strata serve`), or nodes over QUIC
 /// (`strata router`). One code path above it (DESIGN.md §2).
 pub enum EngineHandle {
-    Local(Box<Engine>),
+    Local(Arc<dyn EngineClient>),
     Cluster(Arc<Cluster>),
 }
 
-impl From<Engine> for EngineHandle {
-    fn from(engine: Engine) -> Self {
-        Self::Local(Box::new(engine))
+impl From<Arc<dyn EngineClient>> for EngineHandle {
+    fn from(engine: Arc<dyn EngineClient>) -> Self {
+        Self::Local(engine)
     }
 }
 
@@ -197,6 +197,11 @@ impl From<Arc<Cluster>> for EngineHandle {
 }
 
 impl EngineHandle {
+    /// An engine in this process.
+    pub fn local(engine: impl EngineClient + 'static) -> Self {
+        Self::Local(Arc::new(engine))
+    }
+
     pub fn model_config(&self) -> &ModelConfig {
         match self {
             Self::Local(engine) => engine.model_config(),

@@ -51,10 +51,10 @@ fn run_schemathesis(args: &[&str]) -> Output {
         model_name: "tiny".into(),
         owned_by: "strata (test)".into(),
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        engine: EngineSpec {
+        engine: std::sync::Arc::new(EngineSpec {
             kv: KvBudget::Bytes(16 << 20),
             ..EngineSpec::default()
-        },
+        }),
         options: ServingOptions {
             max_model_len: Some(32),
             ..ServingOptions::default()

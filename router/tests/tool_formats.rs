@@ -33,10 +33,10 @@ async fn serve_with_template(dir: &std::path::Path, template: &str) -> SocketAdd
         model_name: "tiny".into(),
         owned_by: "test".into(),
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        engine: EngineSpec {
+        engine: std::sync::Arc::new(EngineSpec {
             kv: KvBudget::Bytes(16 << 20),
             ..EngineSpec::default()
-        },
+        }),
         options: ServingOptions {
             chat_template: Some(template_file),
             ..ServingOptions::default()

@@ -110,10 +110,10 @@ async fn serve_presented(model_dir: &std::path::Path, template: &str) -> SocketA
         model_name: "served".into(),
         owned_by: "test".into(),
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        engine: EngineSpec {
+        engine: std::sync::Arc::new(EngineSpec {
             kv: KvBudget::Bytes(16 << 20),
             ..EngineSpec::default()
-        },
+        }),
         options: ServingOptions {
             aliases: vec!["alias".into()],
             max_model_len: Some(SERVED_WINDOW as usize),

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use strata_node::rpc::ALPN;
-use strata_node::{ServingParts, grammar_compiler};
+use strata_node::{front_door_parts, grammar_compiler};
 use strata_quic::LiveIdentity;
 use strata_quic::tls::{live_client_config, set_liveness};
 use strata_router::ServedModel;
@@ -173,7 +173,7 @@ pub fn run(args: RouterArgs) -> Result<()> {
     if args.nodes.is_empty() && args.cluster.is_empty() {
         bail!("give the nodes (--nodes) or the topology group to find them in (--cluster)");
     }
-    let (config, mut parts, eos) = ServingParts::from_dir(&args.model)
+    let (config, mut parts, eos) = front_door_parts(&args.model)
         .with_context(|| format!("{}: reading the model", args.model.display()))?;
     let grammar = grammar_compiler(&parts.tokenizer, config.vocab_size, &eos);
     // The checkpoint's name finds the nodes serving it in the group; clients may know the

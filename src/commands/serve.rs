@@ -153,7 +153,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         owned_by,
         options,
         addr: settings.front_door.addr(),
-        engine: settings.engine.spec()?,
+        engine: std::sync::Arc::new(settings.engine.spec()?),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -18,10 +18,10 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use strata_engine_api::client::EngineClient;
 use strata_engine_api::kv::{BlockHash, prompt_block_hashes};
 use strata_engine_api::rpc::PinReport;
-use strata_node::kv::KvError;
-use strata_node::rpc::pin_report;
+use strata_engine_api::submit::SubmitError;
 use strata_protocol::{GenerateRequest, SamplingParams};
 
 use super::chat::{normalize_message, render_conversation};
@@ -248,10 +248,7 @@ fn unknown(id: &str) -> ApiError {
 /// of those that expired.
 async fn live_pins(state: &AppState) -> Result<Vec<PinReport>, ApiError> {
     let statuses = match &state.engine {
-        EngineHandle::Local(_) => {
-            let (statuses, _) = local(state, |engine| engine.pins()).await?;
-            statuses.into_iter().map(pin_report).collect()
-        }
+        EngineHandle::Local(_) => local(state, |engine| engine.pins()).await?,
         EngineHandle::Cluster(cluster) => summed(cluster.pins().await),
     };
     let mut primed = lock(&state.primed);
@@ -298,9 +295,7 @@ async fn pin(
             let (name, expires) = (id.to_string(), Instant::now() + ttl);
             let pinned =
                 local(state, move |engine| engine.pin(name, hashes, Some(expires))).await?;
-            pinned
-                .map(pin_report)
-                .map_err(|e: KvError| refused(e.to_string()))
+            pinned.map_err(refused)
         }
         EngineHandle::Cluster(cluster) => {
             let answers = cluster.pin(id, &hashes, ttl).await;
@@ -371,13 +366,13 @@ fn block_size(state: &AppState) -> usize {
 /// thread's next loop turn, at most one step).
 async fn local<T: Send + 'static>(
     state: &AppState,
-    call: impl FnOnce(&strata_node::Engine) -> Result<T, strata_engine_api::submit::SubmitError>
-    + Send
-    + 'static,
+    call: impl FnOnce(&dyn EngineClient) -> Result<T, SubmitError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let state = state.clone();
     tokio::task::spawn_blocking(move || match &state.engine {
-        EngineHandle::Local(engine) => call(engine).map_err(|e| ApiError::internal(e.to_string())),
+        EngineHandle::Local(engine) => {
+            call(engine.as_ref()).map_err(|e| ApiError::internal(e.to_string()))
+        }
         EngineHandle::Cluster(_) => Err(ApiError::internal("no local engine")),
     })
     .await

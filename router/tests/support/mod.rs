@@ -134,11 +134,11 @@ fn sdk_serve_config(
         model_name: "tiny-qwen3".into(),
         owned_by: "strata (test)".into(),
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        engine: EngineSpec {
+        engine: std::sync::Arc::new(EngineSpec {
             kv: KvBudget::Bytes(16 << 20),
             speculative,
             ..EngineSpec::default()
-        },
+        }),
         options: ServingOptions::default(),
     }
 }
@@ -321,7 +321,7 @@ pub fn paced_tiny_state(model_dir: &Path, delay: Duration, steps: Arc<AtomicUsiz
     Arc::new(ServedModel::new(
         "tiny".into(),
         "test".into(),
-        engine,
+        strata_router::EngineHandle::local(engine),
         parts,
     ))
 }
