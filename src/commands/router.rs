@@ -16,7 +16,7 @@ use strata_router::ServedModel;
 use strata_router::auth::KeyStore;
 use strata_router::cluster::{Cluster, ClusterOptions};
 use strata_router::drain::{StopSignals, stop_after_drain};
-use strata_router::routing::{Policy, Router, RoutingSettings};
+use strata_router::routing::{KvFetchConfig, Policy, Router, RoutingSettings};
 use strata_router::watcher;
 use strata_topology::state::ClusterState;
 use strata_topology::transport::renew::{IdentityKind, Renewer, keep_identity};
@@ -153,7 +153,9 @@ async fn serving_state_now(client: &Client, seeds: &[String], model: &str) -> Re
     }
 }
 
-pub fn run(args: RouterArgs) -> Result<()> {
+/// The placement policy `args` ask for and the cross-node fetch settings (the routing config
+/// file's, off unless allowed).
+fn routing(args: &RouterArgs) -> Result<(Policy, KvFetchConfig)> {
     let mut settings = match &args.routing_config {
         None => RoutingSettings::default(),
         Some(path) => {
@@ -170,6 +172,11 @@ pub fn run(args: RouterArgs) -> Result<()> {
         PolicyName::RoundRobin => Policy::RoundRobin,
         PolicyName::LeastLoaded => Policy::LeastLoaded,
     };
+    Ok((policy, settings.kv_fetch))
+}
+
+pub fn run(args: RouterArgs) -> Result<()> {
+    let (policy, kv_fetch) = routing(&args)?;
     if args.nodes.is_empty() && args.cluster.is_empty() {
         bail!("give the nodes (--nodes) or the topology group to find them in (--cluster)");
     }
@@ -251,7 +258,7 @@ pub fn run(args: RouterArgs) -> Result<()> {
             Router::new(policy),
             ClusterOptions {
                 failover: args.failover,
-                kv_fetch: settings.kv_fetch,
+                kv_fetch,
             },
         )
         .await?;
