@@ -347,38 +347,23 @@ async fn serve_stream(
         Ok(None) => return Ok(()),
         Err(e) => {
             tracing::warn!("node RPC: malformed call refused: {e}");
-            let refusal = Refusal {
-                kind: RefusalKind::Unavailable,
-                message: format!("malformed call: {e}"),
-            };
-            write_frame(&mut send, &GenerateFrame::Refused(refusal)).await?;
-            send.finish()?;
-            return Ok(());
+            let message = format!("malformed call: {e}");
+            return refuse(send, RefusalKind::Unavailable, message).await;
         }
     };
     let engine = &service.engine;
     match request {
         NodeRequest::Generate(call) => {
             if service.draining.load(Ordering::Acquire) {
-                let refusal = Refusal {
-                    kind: RefusalKind::Busy,
-                    message: "the node is stopping; retry on another node".into(),
-                };
-                write_frame(&mut send, &GenerateFrame::Refused(refusal)).await?;
-                send.finish()?;
-                return Ok(());
+                let message = "the node is stopping; retry on another node".into();
+                return refuse(send, RefusalKind::Busy, message).await;
             }
             let Some(_slot) = service.admit() else {
-                let refusal = Refusal {
-                    kind: RefusalKind::Busy,
-                    message: format!(
-                        "the node holds its limit of {} requests; retry on another node or later",
-                        service.max_calls.unwrap_or_default()
-                    ),
-                };
-                write_frame(&mut send, &GenerateFrame::Refused(refusal)).await?;
-                send.finish()?;
-                return Ok(());
+                let message = format!(
+                    "the node holds its limit of {} requests; retry on another node or later",
+                    service.max_calls.unwrap_or_default()
+                );
+                return refuse(send, RefusalKind::Busy, message).await;
             };
             let GenerateCall { request, fetch } = *call;
             if let Some(fetch) = fetch {
@@ -459,6 +444,21 @@ async fn serve_stream(
         }
         NodeRequest::KvEvents => return kv_events(&mut send, engine).await,
     }
+    send.finish()?;
+    Ok(())
+}
+
+/// Answers a call with a refusal of `kind` and ends the stream.
+async fn refuse(
+    mut send: quinn::SendStream,
+    kind: RefusalKind,
+    message: String,
+) -> Result<(), FrameError> {
+    write_frame(
+        &mut send,
+        &GenerateFrame::Refused(Refusal { kind, message }),
+    )
+    .await?;
     send.finish()?;
     Ok(())
 }
