@@ -26,9 +26,9 @@ pub struct ServingParts {
     pub embedding: EmbeddingConfig,
 }
 
-/// An engine in this process, as the surfaces use it. Every call but [`EngineClient::submit`],
-/// [`EngineClient::cancel`], [`EngineClient::load`] and [`EngineClient::pin_detached`] waits for
-/// the engine thread's next loop turn (at most one step): call those off the async workers.
+/// An engine in this process, as the surfaces use it. [`EngineClient::kv_dump`], `pin`, `unpin`,
+/// `pins` and `park_on_disk` wait for the engine thread's next loop turn (at most one step): call
+/// those off the async workers; the rest answer at once.
 pub trait EngineClient: Send + Sync {
     fn model_config(&self) -> &ModelConfig;
     /// Tokens per KV block.
