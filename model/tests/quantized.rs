@@ -675,7 +675,7 @@ fn kept_arithmetic_stays_within_a_rounding_of_the_widened_model() {
                 .unwrap()
                 .keep_tiled(&ckpt, false)
                 .unwrap(),
-            if dir.ends_with("nvfp4") {
+            if dir.to_string_lossy().ends_with("nvfp4") {
                 projections
             } else {
                 0

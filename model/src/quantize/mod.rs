@@ -383,20 +383,7 @@ pub fn quantize(
     calibration: Option<&Calibration>,
     mut report: impl FnMut(&TensorReport),
 ) -> Result<Vec<TensorReport>, QuantizeError> {
-    if calibration.is_some() && plan == Plan::Fp8Block {
-        return Err(QuantizeError::Unsupported(
-            "fp8-block takes no calibration: engines quantize its activations per token group \
-             of 128 at run time"
-                .into(),
-        ));
-    }
-    if calibration.is_some() && plan == Plan::Fp8Dynamic {
-        return Err(QuantizeError::Unsupported(
-            "fp8-dynamic takes no calibration: its activation scales are computed per token at \
-             run time"
-                .into(),
-        ));
-    }
+    refuse_calibration(plan, calibration)?;
     let io = |path: &Path, e: &dyn std::fmt::Display| QuantizeError::Io {
         path: path.to_path_buf(),
         problem: e.to_string(),
@@ -454,58 +441,14 @@ pub fn quantize(
             stored.push((spec.name.clone(), Dtype::BF16, spec.shape.clone(), bf16));
             continue;
         };
-        let (rows, cols) = (spec.shape[0], spec.shape[1]);
-        let base = spec.name.strip_suffix(".weight").unwrap_or(&spec.name);
-        let attention = matches!(input, LinearInput::Attention | LinearInput::Output);
-        let format = plan.format(attention);
-        if matches!(format, Format::Nvfp4 { .. }) && cols % 16 != 0 {
-            return Err(QuantizeError::Unsupported(format!(
-                "{}: {cols} columns are not a whole number of NVFP4's 16-value groups",
-                spec.name
-            )));
-        }
-        let (mut parts, dq) = match format {
-            Format::Fp8Channel => fp8(base, &values, rows, cols, None),
-            Format::Fp8Block => fp8(base, &values, rows, cols, Some(FP8_BLOCK)),
-            Format::Nvfp4 { four_over_six } => nvfp4(base, &values, rows, cols, four_over_six),
-        };
-        let input_amax = match calibration {
-            Some(c) => {
-                let amax = c.amax(layer, input).ok_or_else(|| {
-                    QuantizeError::Unsupported(format!(
-                        "{}: the calibration saw no input of this projection",
-                        spec.name
-                    ))
-                })?;
-                let (suffix, scale) = match format {
-                    Format::Nvfp4 { .. } => ("input_global_scale", nvfp4_input_global_scale(amax)),
-                    _ => ("input_scale", fp8_input_scale(amax)),
-                };
-                parts.push((
-                    format!("{base}.{suffix}"),
-                    Dtype::F32,
-                    vec![1],
-                    f32_bytes(&[scale]),
-                ));
-                Some(amax)
-            }
-            None => None,
-        };
-        let r = TensorReport {
-            name: spec.name.clone(),
-            format: match format {
-                Format::Fp8Channel => "fp8 (channel)",
-                Format::Fp8Block => "fp8 (128x128 block)",
-                Format::Nvfp4 {
-                    four_over_six: false,
-                } => "nvfp4",
-                Format::Nvfp4 {
-                    four_over_six: true,
-                } => "nvfp4 (4o6)",
-            },
-            relative_rms_error: relative_rms(&values, &dq),
-            input_amax,
-        };
+        let (parts, r) = quantize_linear(
+            &spec.name,
+            &spec.shape,
+            &values,
+            (layer, input),
+            plan,
+            calibration,
+        )?;
         report(&r);
         reports.push(r);
         stored.extend(parts);
@@ -542,6 +485,88 @@ pub fn quantize(
         }
     }
     Ok(reports)
+}
+
+/// The plans whose activation scales are computed at run time take no calibration.
+fn refuse_calibration(plan: Plan, calibration: Option<&Calibration>) -> Result<(), QuantizeError> {
+    if calibration.is_some() && plan == Plan::Fp8Block {
+        return Err(QuantizeError::Unsupported(
+            "fp8-block takes no calibration: engines quantize its activations per token group \
+             of 128 at run time"
+                .into(),
+        ));
+    }
+    if calibration.is_some() && plan == Plan::Fp8Dynamic {
+        return Err(QuantizeError::Unsupported(
+            "fp8-dynamic takes no calibration: its activation scales are computed per token at \
+             run time"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// One Linear of `plan`'s format: its stored parts (with a static input scale when calibrated)
+/// and its report.
+fn quantize_linear(
+    name: &str,
+    shape: &[usize],
+    values: &[f32],
+    (layer, input): (usize, LinearInput),
+    plan: Plan,
+    calibration: Option<&Calibration>,
+) -> Result<(Vec<Stored>, TensorReport), QuantizeError> {
+    let (rows, cols) = (shape[0], shape[1]);
+    let base = name.strip_suffix(".weight").unwrap_or(name);
+    let attention = matches!(input, LinearInput::Attention | LinearInput::Output);
+    let format = plan.format(attention);
+    if matches!(format, Format::Nvfp4 { .. }) && cols % 16 != 0 {
+        return Err(QuantizeError::Unsupported(format!(
+            "{name}: {cols} columns are not a whole number of NVFP4's 16-value groups"
+        )));
+    }
+    let (mut parts, dq) = match format {
+        Format::Fp8Channel => fp8(base, values, rows, cols, None),
+        Format::Fp8Block => fp8(base, values, rows, cols, Some(FP8_BLOCK)),
+        Format::Nvfp4 { four_over_six } => nvfp4(base, values, rows, cols, four_over_six),
+    };
+    let input_amax = match calibration {
+        Some(c) => {
+            let amax = c.amax(layer, input).ok_or_else(|| {
+                QuantizeError::Unsupported(format!(
+                    "{name}: the calibration saw no input of this projection"
+                ))
+            })?;
+            let (suffix, scale) = match format {
+                Format::Nvfp4 { .. } => ("input_global_scale", nvfp4_input_global_scale(amax)),
+                _ => ("input_scale", fp8_input_scale(amax)),
+            };
+            parts.push((
+                format!("{base}.{suffix}"),
+                Dtype::F32,
+                vec![1],
+                f32_bytes(&[scale]),
+            ));
+            Some(amax)
+        }
+        None => None,
+    };
+    let r = TensorReport {
+        name: name.to_string(),
+        format: match format {
+            Format::Fp8Channel => "fp8 (channel)",
+            Format::Fp8Block => "fp8 (128x128 block)",
+            Format::Nvfp4 {
+                four_over_six: false,
+            } => "nvfp4",
+            Format::Nvfp4 {
+                four_over_six: true,
+            } => "nvfp4 (4o6)",
+        },
+        relative_rms_error: relative_rms(values, &dq),
+        input_amax,
+    };
+    Ok((parts, r))
 }
 
 /// A Hugging Face `config.json` for a GGUF file's model (the Llama and Qwen families, and
