@@ -20,13 +20,6 @@ impl Checkpoint {
     pub(super) fn fold_quantized(&mut self, q: Option<&Value>) -> Result<(), WeightError> {
         self.activations = ActivationSchemes::from_config(q);
         let block = quant_block(q);
-        let malformed = |this: &Self, name: &str, problem: String| {
-            let path = this
-                .tensors
-                .get(name)
-                .map_or_else(|| this.dir.clone(), |t| this.files[t.file].path.clone());
-            WeightError::Malformed { path, problem }
-        };
         let mut names: Vec<String> = self.tensors.keys().cloned().collect();
         names.sort();
         for name in &names {
@@ -37,58 +30,13 @@ impl Checkpoint {
                 TensorData::Mapped(dtype) => dtype,
                 _ => continue,
             };
-            let (base, kind, part_names) = if let Some(base) = name.strip_suffix(".weight_packed") {
-                let parts = [
-                    name.clone(),
-                    format!("{base}.weight_scale"),
-                    format!("{base}.weight_global_scale"),
-                ];
-                (
-                    base.to_string(),
-                    quant::QuantKind::Nvfp4 { divide: true },
-                    parts.to_vec(),
-                )
-            } else if let Some(base) = name.strip_suffix(".weight") {
-                let scale_2 = format!("{base}.weight_scale_2");
-                if dtype == Dtype::U8 && self.tensors.contains_key(&scale_2) {
-                    let parts = [name.clone(), format!("{base}.weight_scale"), scale_2];
-                    (
-                        base.to_string(),
-                        quant::QuantKind::Nvfp4 { divide: false },
-                        parts.to_vec(),
-                    )
-                } else if dtype == Dtype::F8_E4M3 {
-                    let scale = [
-                        format!("{base}.weight_scale"),
-                        format!("{base}.weight_scale_inv"),
-                    ]
-                    .into_iter()
-                    .find(|s| self.tensors.contains_key(s))
-                    .ok_or_else(|| {
-                        malformed(
-                            self,
-                            name,
-                            format!(
-                                "tensor {name} is F8_E4M3 but has no {base}.weight_scale (or \
-                                 weight_scale_inv) to dequantize it with"
-                            ),
-                        )
-                    })?;
-                    (
-                        base.to_string(),
-                        quant::QuantKind::Fp8 { block },
-                        vec![name.clone(), scale],
-                    )
-                } else {
-                    continue;
-                }
-            } else {
+            let Some((base, kind, part_names)) = self.quantized_linear_of(name, dtype, block)?
+            else {
                 continue;
             };
             let zero_point = format!("{base}.weight_zero_point");
             if self.tensors.contains_key(&zero_point) {
-                return Err(malformed(
-                    self,
+                return Err(self.malformed_at(
                     &zero_point,
                     format!(
                         "tensor {zero_point}: asymmetric (zero-point) quantization is not supported"
@@ -98,18 +46,14 @@ impl Checkpoint {
             let mut parts = Vec::with_capacity(part_names.len());
             for part in &part_names {
                 let entry = self.tensors.remove(part).ok_or_else(|| {
-                    malformed(
-                        self,
+                    self.malformed_at(
                         name,
                         format!("tensor {name} is quantized but {part} is missing"),
                     )
                 })?;
                 let TensorData::Mapped(dtype) = entry.data else {
-                    return Err(malformed(
-                        self,
-                        name,
-                        format!("tensor {part} cannot be a quantized part"),
-                    ));
+                    return Err(self
+                        .malformed_at(name, format!("tensor {part} cannot be a quantized part")));
                 };
                 parts.push(quant::Part {
                     file: entry.file,
@@ -126,8 +70,7 @@ impl Checkpoint {
                 quant::QuantKind::Fp8 { .. } => stored_cols,
             };
             if parts[0].shape.len() != 2 {
-                return Err(malformed(
-                    self,
+                return Err(self.malformed_at(
                     name,
                     format!(
                         "quantized tensor {name} has shape {:?}; only matrices are quantized",
@@ -135,35 +78,7 @@ impl Checkpoint {
                     ),
                 ));
             }
-            for aside in quant::SET_ASIDE {
-                let Some(entry) = self.tensors.remove(&format!("{base}{aside}")) else {
-                    continue;
-                };
-                // Static input scales are kept for an engine that quantizes activations.
-                if !matches!(aside, ".input_scale" | ".input_global_scale") {
-                    continue;
-                }
-                let part = quant::Part {
-                    file: entry.file,
-                    offsets: entry.offsets,
-                    dtype: match entry.data {
-                        TensorData::Mapped(dtype) => dtype,
-                        _ => continue,
-                    },
-                    shape: entry.shape,
-                    name: format!("{base}{aside}"),
-                };
-                let bytes = self.files[part.file].data(part.offsets);
-                // A weight-only engine never reads it: a bad one is refused only when asked
-                // for (`activation_quant`), as not positive and finite.
-                let value = quant::scale_value(&part, bytes).unwrap_or(f32::NAN);
-                let kept = if aside == ".input_scale" {
-                    &mut self.activations.input_scale
-                } else {
-                    &mut self.activations.input_global_scale
-                };
-                kept.insert(base.to_string(), value);
-            }
+            self.set_aside(&base);
             let (file, offsets) = (parts[0].file, parts[0].offsets);
             self.tensors.insert(
                 format!("{base}.weight"),
@@ -183,6 +98,107 @@ impl Checkpoint {
         self.tensors
             .retain(|name, _| !(name.ends_with(".k_scale") || name.ends_with(".v_scale")));
         Ok(())
+    }
+
+    /// The quantized Linear `name` (stored as `dtype`) heads, if any: its base name, kind and
+    /// the names of its stored parts. An FP8 weight without a scale is refused naming it.
+    fn quantized_linear_of(
+        &self,
+        name: &str,
+        dtype: Dtype,
+        block: (usize, usize),
+    ) -> Result<Option<(String, quant::QuantKind, Vec<String>)>, WeightError> {
+        let found = if let Some(base) = name.strip_suffix(".weight_packed") {
+            let parts = [
+                name.to_string(),
+                format!("{base}.weight_scale"),
+                format!("{base}.weight_global_scale"),
+            ];
+            (
+                base.to_string(),
+                quant::QuantKind::Nvfp4 { divide: true },
+                parts.to_vec(),
+            )
+        } else if let Some(base) = name.strip_suffix(".weight") {
+            let scale_2 = format!("{base}.weight_scale_2");
+            if dtype == Dtype::U8 && self.tensors.contains_key(&scale_2) {
+                let parts = [name.to_string(), format!("{base}.weight_scale"), scale_2];
+                (
+                    base.to_string(),
+                    quant::QuantKind::Nvfp4 { divide: false },
+                    parts.to_vec(),
+                )
+            } else if dtype == Dtype::F8_E4M3 {
+                let scale = [
+                    format!("{base}.weight_scale"),
+                    format!("{base}.weight_scale_inv"),
+                ]
+                .into_iter()
+                .find(|s| self.tensors.contains_key(s))
+                .ok_or_else(|| {
+                    self.malformed_at(
+                        name,
+                        format!(
+                            "tensor {name} is F8_E4M3 but has no {base}.weight_scale (or \
+                             weight_scale_inv) to dequantize it with"
+                        ),
+                    )
+                })?;
+                (
+                    base.to_string(),
+                    quant::QuantKind::Fp8 { block },
+                    vec![name.to_string(), scale],
+                )
+            } else {
+                return Ok(None);
+            }
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(found))
+    }
+
+    /// Takes the tensors stored beside the Linear `base` out of the checkpoint, keeping its
+    /// static input scales for [`Checkpoint::activation_quant`].
+    fn set_aside(&mut self, base: &str) {
+        for aside in quant::SET_ASIDE {
+            let Some(entry) = self.tensors.remove(&format!("{base}{aside}")) else {
+                continue;
+            };
+            // Static input scales are kept for an engine that quantizes activations.
+            if !matches!(aside, ".input_scale" | ".input_global_scale") {
+                continue;
+            }
+            let part = quant::Part {
+                file: entry.file,
+                offsets: entry.offsets,
+                dtype: match entry.data {
+                    TensorData::Mapped(dtype) => dtype,
+                    _ => continue,
+                },
+                shape: entry.shape,
+                name: format!("{base}{aside}"),
+            };
+            let bytes = self.files[part.file].data(part.offsets);
+            // A weight-only engine never reads it: a bad one is refused only when asked
+            // for (`activation_quant`), as not positive and finite.
+            let value = quant::scale_value(&part, bytes).unwrap_or(f32::NAN);
+            let kept = if aside == ".input_scale" {
+                &mut self.activations.input_scale
+            } else {
+                &mut self.activations.input_global_scale
+            };
+            kept.insert(base.to_string(), value);
+        }
+    }
+
+    /// A malformed checkpoint error naming `name`'s file (the directory when it has none).
+    fn malformed_at(&self, name: &str, problem: String) -> WeightError {
+        let path = self
+            .tensors
+            .get(name)
+            .map_or_else(|| self.dir.clone(), |t| self.files[t.file].path.clone());
+        WeightError::Malformed { path, problem }
     }
 
     /// The tensor called `name` as its stored quantized parts, when it is a quantized Linear of a
