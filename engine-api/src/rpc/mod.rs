@@ -16,8 +16,8 @@
 //!   node imports those prompt blocks from the peer named before the request starts (nodes dial
 //!   each other with their member certificates).
 //!
-//! The certificates come from the cluster CA (`strata cluster`); the node and router crates only
-//! use them, so that neither depends on the topology group.
+//! The certificates come from the cluster CA (`strata cluster`); the RPC only uses them, so that
+//! the node does not depend on the topology group.
 
 mod client;
 mod wire;
