@@ -2,7 +2,8 @@
 //! each `scripts/device/*.sh` and Python's compiler on each `scripts/device/*.py`. The batteries
 //! whose plumbing runs end to end without a GPU are tested on their own (`spec_battery.rs`,
 //! `battery_summaries.rs`); this catches the syntax slips of the rest (quant_engine.sh,
-//! gguf_blocks.sh, the PyTorch peers).
+//! gguf_blocks.sh, the PyTorch peers), and runs `common.sh`'s model synthesis, which most of them
+//! start with.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -65,4 +66,59 @@ fn a_broken_script_is_refused() {
     std::fs::write(&py, "def f(:\n    pass\n").unwrap();
     assert_eq!(refused(std::slice::from_ref(&sh), bash_n).len(), 1);
     assert_eq!(refused(std::slice::from_ref(&py), py_compile).len(), 1);
+}
+
+/// `common.sh`'s `synth_bench_model` on the CPU machine, as the batteries call it: the shape of
+/// `BENCH_CONFIG` synthesized by the real binary, cut to `LAYERS` when it is set (the profile
+/// part of quant_engine.sh), else with the config's own layers (the canary: the cut is seen).
+#[test]
+fn synth_bench_model_writes_the_configs_shape_cut_to_layers() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let tokenizer = root.join("target/test-data/tokenizers/llama3_1/tokenizer.json");
+    assert!(
+        tokenizer.is_file(),
+        "{} missing (scripts/fetch-test-data.sh)",
+        tokenizer.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shape.json");
+    std::fs::write(
+        &config,
+        r#"{"num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "intermediate_size": 128}"#,
+    )
+    .unwrap();
+    std::fs::create_dir_all(dir.path().join("logs")).unwrap();
+    let layers_of = |layers: Option<&str>| -> u64 {
+        let model = dir
+            .path()
+            .join(format!("model-{}", layers.unwrap_or("all")));
+        let mut c = Command::new("bash");
+        c.arg("-c")
+            .arg(". scripts/device/common.sh && synth_bench_model")
+            .current_dir(&root)
+            .env("BIN", env!("CARGO_BIN_EXE_strata"))
+            .env("OUT", dir.path())
+            .env("MODEL", &model)
+            .env("BENCH_CONFIG", &config)
+            .env("TOKENIZER", &tokenizer)
+            .env("MAX_POSITION", "256")
+            .env_remove("LAYERS");
+        if let Some(n) = layers {
+            c.env("LAYERS", n);
+        }
+        let out = c.output().expect("bash");
+        assert!(
+            out.status.success(),
+            "synth_bench_model failed:\n{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let written: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap())
+                .unwrap();
+        assert_eq!(written["hidden_size"], 64);
+        written["num_hidden_layers"].as_u64().unwrap()
+    };
+    assert_eq!(layers_of(Some("2")), 2);
+    assert_eq!(layers_of(None), 3);
 }

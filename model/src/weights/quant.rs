@@ -182,23 +182,38 @@ impl QuantizedLinear<'_> {
         self.fp8_kept()
     }
 
+    /// Each row's scale of an FP8 Linear whose scales cover whole rows (one per tensor or per
+    /// row, or blocks at least a row wide): what the tiles multiply each output by. `None` for
+    /// NVFP4 and for scales per block narrower than a row.
+    pub fn fp8_row_scales(&self) -> Option<Vec<f32>> {
+        let QuantizedLinear::Fp8 {
+            shape: [rows, cols],
+            scales,
+            block: (bh, bw),
+            ..
+        } = self
+        else {
+            return None;
+        };
+        (*bw >= *cols && *bh > 0).then(|| (0..*rows).map(|r| scales[r / bh]).collect())
+    }
+
     /// Kept FP8's arithmetic (the CUDA backend's tiles, issue 36), `None` for NVFP4 and for
     /// scales per block narrower than a row: the weights `[rows, cols]` as the bf16 bits of
     /// their e4m3 values (exact) and each row's scale, which its output sum is multiplied by once
     /// (where the widened model rounds `q × s` per weight). A NaN weight is refused.
     pub fn fp8_kept(&self) -> Result<Option<Kept>, String> {
-        let QuantizedLinear::Fp8 {
-            shape: [rows, cols],
-            data,
-            scales,
-            block: (bh, bw),
-        } = self
+        let (
+            QuantizedLinear::Fp8 {
+                shape: [_, cols],
+                data,
+                ..
+            },
+            Some(row_scales),
+        ) = (self, self.fp8_row_scales())
         else {
             return Ok(None);
         };
-        if *bw < *cols || *bh == 0 {
-            return Ok(None);
-        }
         if let Some(at) = data.iter().position(|&b| b & 0x7f == 0x7f) {
             return Err(format!(
                 "NaN weight at row {}, column {}",
@@ -210,7 +225,6 @@ impl QuantizedLinear<'_> {
             .iter()
             .map(|&b| half::bf16::from_f32(e4m3_to_f32(b)).to_bits())
             .collect();
-        let row_scales = (0..*rows).map(|r| scales[r / bh]).collect();
         Ok(Some((weights, row_scales)))
     }
 

@@ -89,16 +89,15 @@ pub(super) fn safetensors_tiles(q: &QuantizedLinear<'_>) -> Result<Option<HostTi
         QuantizedLinear::Fp8 {
             shape: [rows, cols],
             data,
-            scales,
-            block: (bh, bw),
+            ..
         } => {
-            if *bw < *cols || *bh == 0 {
+            let Some(scales) = q.fp8_row_scales() else {
                 return Ok(None);
-            }
+            };
             Ok(Some(HostTiles {
                 format: TileFormat::Fp8,
                 data: fp8_tiles(data, *rows, *cols)?,
-                scales: (0..*rows).map(|r| scales[r / bh]).collect(),
+                scales,
             }))
         }
     }
