@@ -12,7 +12,9 @@
 
 use rayon::prelude::*;
 
-use super::ops::{axpy, dot};
+mod runs;
+
+use runs::{axpy_rows, dot_rows};
 
 /// Shape of the attention computation.
 #[derive(Debug, Clone, Copy)]
@@ -94,13 +96,13 @@ pub fn causal_attention(
     }
     let results: Vec<Vec<f32>> = tasks
         .par_iter()
-        .map_init(Scratch::default, |scratch, (start, end, heads)| {
+        .map(|(start, end, heads)| {
             let rows = Rows {
                 first: *start,
                 positions: &queries[*start..*end],
                 heads: heads.clone(),
             };
-            attend(shape, layer, q, rows, kv, scratch)
+            SCRATCH.with_borrow_mut(|scratch| attend(shape, layer, q, rows, kv, scratch))
         })
         .collect();
     // A row's heads of one task are contiguous in `out`.
@@ -122,12 +124,17 @@ struct Rows<'a> {
     heads: std::ops::Range<usize>,
 }
 
-/// Per-thread buffers: each query's scores, maximum and sum.
+thread_local! {
+    /// Kept across steps: a long context's scores are megabytes, and fresh pages cost more than
+    /// the arithmetic that fills them.
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// Per-thread buffers: each query's scores (then weights) and maximum.
 #[derive(Default)]
 struct Scratch {
     scores: Vec<Vec<f32>>,
     max: Vec<f32>,
-    sum: Vec<f32>,
 }
 
 /// The outputs of `rows` × `rows.heads`, row-major then head.
@@ -167,7 +174,7 @@ fn attend(
         let at = ((rows.first + r) * num_heads + h) * head_dim;
         &q[at..at + head_dim]
     };
-    let Scratch { scores, max, sum } = scratch;
+    let Scratch { scores, max } = scratch;
     scores.resize_with(queries.max(scores.len()), Vec::new);
     scores.iter_mut().for_each(Vec::clear);
     max.clear();
@@ -183,26 +190,32 @@ fn attend(
             let n = run.len() / kv_dim;
             for (r, &(first, last)) in ranges.iter().enumerate() {
                 let (from, to) = (first.max(p0), last.min(p0 + n - 1));
+                if from > to {
+                    continue;
+                }
+                let keys = &run[(from - p0) * kv_dim + kv_off..];
                 for qi in r * per_row..(r + 1) * per_row {
-                    let qh = query(qi);
-                    for pos in from..=to {
-                        let at = (pos - p0) * kv_dim + kv_off;
-                        let s = dot(qh, &run[at..at + head_dim]) * scale;
-                        max[qi] = max[qi].max(s);
-                        scores[qi].push(s);
-                    }
+                    let run_max = dot_rows(
+                        query(qi),
+                        keys,
+                        kv_dim,
+                        to + 1 - from,
+                        scale,
+                        &mut scores[qi],
+                    );
+                    max[qi] = max[qi].max(run_max);
                 }
             }
         },
     );
-    sum.clear();
     for (s, &m) in scores.iter_mut().zip(max.iter()).take(queries) {
         let mut total = 0.0f32;
         for e in s.iter_mut() {
             *e = (*e - m).exp();
             total += *e;
         }
-        sum.push(total);
+        // Each value's weight, `exp / sum`, once.
+        s.iter_mut().for_each(|e| *e /= total);
     }
 
     // Values, in ascending position for every query.
@@ -216,13 +229,14 @@ fn attend(
             let n = run.len() / kv_dim;
             for (r, &(first, last)) in ranges.iter().enumerate() {
                 let (from, to) = (first.max(p0), last.min(p0 + n - 1));
+                if from > to {
+                    continue;
+                }
+                let values = &run[(from - p0) * kv_dim + kv_off..];
                 for qi in r * per_row..(r + 1) * per_row {
                     let o = &mut out[qi * head_dim..(qi + 1) * head_dim];
-                    for pos in from..=to {
-                        let at = (pos - p0) * kv_dim + kv_off;
-                        let w = scores[qi][pos - first] / sum[qi];
-                        axpy(o, w, &run[at..at + head_dim]);
-                    }
+                    let weights = &scores[qi][from - first..=to - first];
+                    axpy_rows(o, weights, values, kv_dim);
                 }
             }
         },
@@ -252,6 +266,7 @@ fn walk<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::ops::dot;
 
     /// One sequence, one layer, contiguous rows.
     struct Rows {
@@ -344,8 +359,16 @@ mod tests {
         out
     }
 
+    /// Head dim 40 takes the portable loops, 64 and 128 the vector runs of `runs.rs` (eight keys
+    /// at a time once a block holds more than 7).
     #[test]
     fn shared_walk_equals_the_one_query_loop_bit_for_bit() {
+        for (hd, block) in [(40, 7), (64, 7), (64, 19), (128, 19)] {
+            shared_walk_case(hd, block);
+        }
+    }
+
+    fn shared_walk_case(hd: usize, block: usize) {
         let mut state = 0x2545_f491_u32;
         let mut next = move || {
             state ^= state << 13;
@@ -353,7 +376,7 @@ mod tests {
             state ^= state << 5;
             (state % 2000) as f32 / 1000.0 - 1.0
         };
-        let (hd, kv_heads, block, blocks) = (40, 2, 7, 24);
+        let (kv_heads, blocks) = (2, 24);
         let dim = kv_heads * hd;
         let kv = Paged {
             k: (0..blocks * block * dim).map(|_| next()).collect(),
@@ -400,7 +423,8 @@ mod tests {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(
                 bits(&out),
-                bits(&one_query(shape, &q, &queries, &kv, false))
+                bits(&one_query(shape, &q, &queries, &kv, false)),
+                "head dim {hd}, block {block}, window {window:?}"
             );
             // Each row alone gives its bits in the batch.
             for (i, row) in queries.iter().enumerate() {

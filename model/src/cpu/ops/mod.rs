@@ -9,6 +9,9 @@
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
 const LANES: usize = 32;
 
 /// The portable definition: `LANES` running sums (lane `l` takes elements `l, l + LANES, …`), then
@@ -60,7 +63,14 @@ fn tree_avx(s: [std::arch::x86_64::__m256; 4]) -> f32 {
     use std::arch::x86_64::*;
     // Width 16, then 8: lanes l += l + 16, then l += l + 8.
     let w16 = [_mm256_add_ps(s[0], s[2]), _mm256_add_ps(s[1], s[3])];
-    let w8 = _mm256_add_ps(w16[0], w16[1]);
+    tree_from_width8(_mm256_add_ps(w16[0], w16[1]))
+}
+
+/// The rest of `finish_dot`'s tree once lanes 0–7 hold the width-8 sums.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn tree_from_width8(w8: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
     // Width 4: lanes 0–3 += lanes 4–7.
     let w4 = _mm_add_ps(_mm256_castps256_ps128(w8), _mm256_extractf128_ps(w8, 1));
     // Width 2: lanes 0–1 += lanes 2–3.
@@ -165,6 +175,11 @@ fn dot_bf16_avx2(a: &[f32], w: &[u16]) -> f32 {
 #[inline]
 pub fn dot_bf16(a: &[f32], w: &[u16]) -> f32 {
     #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the feature was detected at run time just above.
+        return unsafe { avx512::dot_bf16(a, w) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the feature was detected at run time just above.
         return unsafe { dot_bf16_avx2(a, w) };
@@ -229,6 +244,11 @@ impl Matrix {
 /// `Σ a[i]·b[i]` over the common length, in the fixed order of `dot_portable`.
 #[inline]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the feature was detected at run time just above.
+        return unsafe { avx512::dot(a, b) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx") {
         // SAFETY: the feature was detected at run time just above.
@@ -568,16 +588,49 @@ mod tests {
         assert_eq!(a, b);
     }
 
+    /// Every vector form this machine can run, beside the portable definition: `dot`'s
+    /// dispatch takes only the widest, so each is called by name here.
+    #[allow(clippy::type_complexity)]
+    fn dot_forms() -> Vec<(
+        &'static str,
+        fn(&[f32], &[f32]) -> f32,
+        fn(&[f32], &[u16]) -> f32,
+    )> {
+        let mut forms: Vec<(&str, fn(&[f32], &[f32]) -> f32, fn(&[f32], &[u16]) -> f32)> =
+            vec![("dispatch", dot, dot_bf16)];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                // SAFETY (both): the features were detected just above.
+                forms.push((
+                    "avx",
+                    |a, b| unsafe { dot_avx(a, b) },
+                    |a, w| unsafe { dot_bf16_avx2(a, w) },
+                ));
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                forms.push((
+                    "avx512",
+                    |a, b| unsafe { avx512::dot(a, b) },
+                    |a, w| unsafe { avx512::dot_bf16(a, w) },
+                ));
+            }
+        }
+        forms
+    }
+
     #[test]
     fn dot_avx_tree_matches_portable_over_many_inputs() {
-        for seed in 0..64 {
-            let (a, b) = (fill(640, seed), fill(640, seed ^ 0x5bd1));
-            for n in [32, 64, 96, 100, 640] {
-                assert_eq!(
-                    dot(&a[..n], &b[..n]).to_bits(),
-                    dot_portable(&a[..n], &b[..n]).to_bits(),
-                    "seed={seed} n={n}"
-                );
+        for (name, dot, _) in dot_forms() {
+            for seed in 0..64 {
+                let (a, b) = (fill(640, seed), fill(640, seed ^ 0x5bd1));
+                for n in [32, 64, 96, 100, 640] {
+                    assert_eq!(
+                        dot(&a[..n], &b[..n]).to_bits(),
+                        dot_portable(&a[..n], &b[..n]).to_bits(),
+                        "{name} seed={seed} n={n}"
+                    );
+                }
             }
         }
     }
@@ -586,22 +639,28 @@ mod tests {
     fn dot_avx_and_portable_agree_bitwise() {
         let a = fill(1000, 1);
         let b = fill(1000, 2);
-        for n in [0, 5, 31, 32, 33, 100, 1000] {
-            assert_eq!(
-                dot(&a[..n], &b[..n]).to_bits(),
-                dot_portable(&a[..n], &b[..n]).to_bits(),
-                "n={n}"
-            );
-            let w: Vec<u16> = b[..n]
-                .iter()
-                .map(|v| half::bf16::from_f32(*v).to_bits())
-                .collect();
-            assert_eq!(
-                dot_bf16(&a[..n], &w).to_bits(),
-                dot_bf16_portable(&a[..n], &w).to_bits(),
-                "n={n}"
-            );
+        for (name, dot, dot_bf16) in dot_forms() {
+            for n in [0, 5, 31, 32, 33, 100, 1000] {
+                assert_eq!(
+                    dot(&a[..n], &b[..n]).to_bits(),
+                    dot_portable(&a[..n], &b[..n]).to_bits(),
+                    "{name} n={n}"
+                );
+                let w: Vec<u16> = b[..n]
+                    .iter()
+                    .map(|v| half::bf16::from_f32(*v).to_bits())
+                    .collect();
+                assert_eq!(
+                    dot_bf16(&a[..n], &w).to_bits(),
+                    dot_bf16_portable(&a[..n], &w).to_bits(),
+                    "{name} n={n}"
+                );
+            }
         }
+        // The canary: these inputs tell summation orders apart (one running sum is not the
+        // 32 lanes' order).
+        let chained = a.iter().zip(&b).fold(0.0f32, |s, (x, y)| s + x * y);
+        assert_ne!(chained.to_bits(), dot_portable(&a, &b).to_bits());
     }
 
     #[test]
