@@ -260,14 +260,14 @@ impl CpuModel {
     /// quantized and dequantized before its product, `crate::quantize::ActivationQuant`) instead
     /// of strata's weight-only arithmetic; returns how many projections quantize their input.
     pub fn quantize_activations(&mut self, ckpt: &Checkpoint) -> Result<usize, WeightError> {
-        self.weights.quantize_activations(ckpt)
+        self.weights.quantize_activations(&self.config, ckpt)
     }
 
     /// Computes kept NVFP4's arithmetic, and with `fp8` kept FP8's (what the CUDA backend's
     /// tiles compute with `keep_quantized`), instead of the widened weights'
     /// (`CpuWeights::keep_tiled`); returns how many projections changed.
     pub fn keep_tiled(&mut self, ckpt: &Checkpoint, fp8: bool) -> Result<usize, WeightError> {
-        self.weights.keep_tiled(ckpt, fp8)
+        self.weights.keep_tiled(&self.config, ckpt, fp8)
     }
 
     pub fn new_cache(&self) -> KvCache {

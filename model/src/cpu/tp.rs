@@ -24,7 +24,7 @@ use super::{
     rms_norm, scale_embeddings,
 };
 use crate::config::ModelConfig;
-use crate::weights::{Checkpoint, WeightError};
+use crate::weights::{Checkpoint, Share, Split, TensorSpec, WeightError};
 
 /// The collectives a rank's forward pass issues; every rank issues the same ones in the same
 /// order. Implemented over `strata-collective` by the node, which this crate does not depend on.
@@ -135,6 +135,27 @@ impl TpLayout {
             vocab: (rank * per).min(c.vocab_size)..((rank + 1) * per).min(c.vocab_size),
             vocab_per_rank: per,
         })
+    }
+
+    /// What this rank holds of `share`.
+    pub fn part(&self, share: Share) -> Range<usize> {
+        match share {
+            Share::Heads => self.q_rows.clone(),
+            Share::KvHeads => self.kv_rows.clone(),
+            Share::Intermediate => self.inter_rows.clone(),
+            Share::Vocab => self.vocab.clone(),
+        }
+    }
+
+    /// The rows and columns of `t` that `rank` holds (by the tensor's [`Split`]); all of it
+    /// without a rank.
+    pub fn slice(rank: Option<&Self>, t: &TensorSpec) -> (Range<usize>, Range<usize>) {
+        let [rows, cols] = t.dims();
+        match (rank, t.split) {
+            (Some(l), Split::Rows(share)) => (l.part(share), 0..cols),
+            (Some(l), Split::Cols(share)) => (0..rows, l.part(share)),
+            _ => (0..rows, 0..cols),
+        }
     }
 }
 

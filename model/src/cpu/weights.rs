@@ -12,7 +12,8 @@ use super::tp::TpLayout;
 use crate::config::ModelConfig;
 use crate::quantize::ActivationQuant;
 use crate::weights::{
-    Checkpoint, EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorRef, WeightDtype, WeightError,
+    Checkpoint, LM_HEAD, LayerSpec, TensorRef, TensorSpec, WeightDtype, WeightError, embed_spec,
+    final_norm_spec, lm_head_spec,
 };
 
 pub struct LayerWeights {
@@ -34,11 +35,6 @@ pub struct LayerWeights {
     /// How each projection's input is quantized before its product (q, k, v, o, gate, up,
     /// down): all `None` (weight-only) unless [`CpuWeights::quantize_activations`] set them.
     pub activations: [Option<ActivationQuant>; 7],
-}
-
-/// The projections of a layer in [`LayerWeights::activations`]' order, by their weight names.
-fn projection_names(n: &LayerNames) -> [&str; 7] {
-    [&n.q, &n.k, &n.v, &n.o, &n.gate, &n.up, &n.down]
 }
 
 pub struct CpuWeights {
@@ -75,100 +71,62 @@ impl CpuWeights {
         {
             bar.set_style(style);
         }
-        let (h, q, kv, inter, hd) = (
-            config.hidden_size,
-            config.q_dim(),
-            config.kv_dim(),
-            config.intermediate_size,
-            config.head_dim,
-        );
-        let (q_rows, kv_rows, i_rows, vocab) = match rank {
-            Some(l) => (
-                l.q_rows.clone(),
-                l.kv_rows.clone(),
-                l.inter_rows.clone(),
-                l.vocab.clone(),
-            ),
-            None => (0..q, 0..kv, 0..inter, 0..config.vocab_size),
-        };
         let get = |name: &str, shape: &[usize]| ckpt.get_shaped(name, shape).map(|t| t.to_f32());
         // RMSNorm weights, with Gemma 3's `1 + w` where the checkpoint stores `w`.
         let offset = config.gemma3.as_ref().map_or(0.0, |g| g.norm_offset);
-        let norm = |name: &str, len: usize| {
-            get(name, &[len]).map(|mut w| {
+        let norm = |t: &TensorSpec| {
+            get(&t.name, &t.shape).map(|mut w| {
                 if offset != 0.0 {
                     w.iter_mut().for_each(|v| *v += offset);
                 }
                 w
             })
         };
-        // Biases are short: read whole, keep the rows.
-        let part = |name: &str, shape: &[usize], rows: Range<usize>| {
-            get(name, shape).map(|v| v[rows].to_vec())
+        // Vectors (biases) are short: read whole, keep the rank's rows.
+        let vector = |t: &TensorSpec| {
+            let (rows, _) = TpLayout::slice(rank, t);
+            get(&t.name, &t.shape).map(|v| v[rows].to_vec())
         };
-        // Rows `rows`, columns `cols` of the `[shape[0], shape[1]]` weight `name`.
-        let mat = |name: &str, shape: [usize; 2], rows: Range<usize>, cols: Range<usize>| {
-            ckpt.get_shaped(name, &shape)
-                .map(|t| matrix(&t, shape[1], rows, cols))
+        // The rank's rows and columns of a matrix.
+        let mat = |t: &TensorSpec| {
+            let (rows, cols) = TpLayout::slice(rank, t);
+            ckpt.get_shaped(&t.name, &t.shape)
+                .map(|r| matrix(&r, t.dims()[1], rows, cols))
         };
-        let embed = mat(EMBED, [config.vocab_size, h], vocab.clone(), 0..h)?;
+        let embed = mat(&embed_spec(config))?;
         bar.inc(1);
         let mut layers = Vec::with_capacity(config.num_layers);
         for i in 0..config.num_layers {
-            let n = LayerNames::new(i);
-            let qkv_bias = if config.qkv_bias {
-                Some([
-                    part(&n.q_bias, &[q], q_rows.clone())?,
-                    part(&n.k_bias, &[kv], kv_rows.clone())?,
-                    part(&n.v_bias, &[kv], kv_rows.clone())?,
-                ])
-            } else {
-                None
-            };
-            let qk_norm = if config.qk_norm {
-                Some([norm(&n.q_norm, hd)?, norm(&n.k_norm, hd)?])
-            } else {
-                None
-            };
-            let (mlp_norm, sandwich) = if config.gemma3.is_some() {
-                (
-                    norm(&n.pre_feedforward_norm, h)?,
-                    Some([
-                        norm(&n.post_attention_norm, h)?,
-                        norm(&n.post_feedforward_norm, h)?,
-                    ]),
-                )
-            } else {
-                (norm(&n.post_attention_norm, h)?, None)
+            let spec = LayerSpec::new(config, i);
+            let norms = |pair: &Option<[TensorSpec; 2]>| {
+                pair.as_ref()
+                    .map(|[a, b]| Ok::<_, WeightError>([norm(a)?, norm(b)?]))
+                    .transpose()
             };
             layers.push(LayerWeights {
-                input_norm: norm(&n.input_norm, h)?,
-                q: mat(&n.q, [q, h], q_rows.clone(), 0..h)?,
-                k: mat(&n.k, [kv, h], kv_rows.clone(), 0..h)?,
-                v: mat(&n.v, [kv, h], kv_rows.clone(), 0..h)?,
-                o: mat(&n.o, [h, q], 0..h, q_rows.clone())?,
-                qkv_bias,
-                o_bias: if config.o_bias {
-                    Some(get(&n.o_bias, &[h])?)
-                } else {
-                    None
-                },
-                qk_norm,
-                post_attention_norm: mlp_norm,
-                sandwich,
-                gate: mat(&n.gate, [inter, h], i_rows.clone(), 0..h)?,
-                up: mat(&n.up, [inter, h], i_rows.clone(), 0..h)?,
-                down: mat(&n.down, [h, inter], 0..h, i_rows.clone())?,
+                input_norm: norm(&spec.input_norm)?,
+                q: mat(&spec.q)?,
+                k: mat(&spec.k)?,
+                v: mat(&spec.v)?,
+                o: mat(&spec.o)?,
+                qkv_bias: spec
+                    .qkv_bias
+                    .as_ref()
+                    .map(|[q, k, v]| Ok::<_, WeightError>([vector(q)?, vector(k)?, vector(v)?]))
+                    .transpose()?,
+                o_bias: spec.o_bias.as_ref().map(vector).transpose()?,
+                qk_norm: norms(&spec.qk_norm)?,
+                post_attention_norm: norm(&spec.mlp_norm)?,
+                sandwich: norms(&spec.sandwich)?,
+                gate: mat(&spec.gate)?,
+                up: mat(&spec.up)?,
+                down: mat(&spec.down)?,
                 activations: [None; 7],
             });
             bar.inc(1);
         }
-        let final_norm = norm(FINAL_NORM, h)?;
-        let lm_head = if config.tie_word_embeddings {
-            None
-        } else {
-            Some(mat(LM_HEAD, [config.vocab_size, h], vocab, 0..h)?)
-        };
+        let final_norm = norm(&final_norm_spec(config))?;
+        let lm_head = lm_head_spec(config).map(|t| mat(&t)).transpose()?;
         bar.inc(1);
         bar.finish_and_clear();
         Ok(Self {
@@ -183,12 +141,16 @@ impl CpuWeights {
     /// arithmetic instead of weight-only); returns how many projections quantize their input.
     /// A scheme strata does not compute, or a static scale missing or not positive, is refused
     /// naming it.
-    pub fn quantize_activations(&mut self, ckpt: &Checkpoint) -> Result<usize, WeightError> {
+    pub fn quantize_activations(
+        &mut self,
+        config: &ModelConfig,
+        ckpt: &Checkpoint,
+    ) -> Result<usize, WeightError> {
         let mut count = 0;
         for (i, layer) in self.layers.iter_mut().enumerate() {
-            let names = LayerNames::new(i);
-            for (slot, name) in layer.activations.iter_mut().zip(projection_names(&names)) {
-                *slot = ckpt.activation_quant(name)?;
+            let spec = LayerSpec::new(config, i);
+            for (slot, t) in layer.activations.iter_mut().zip(spec.projections()) {
+                *slot = ckpt.activation_quant(&t.name)?;
                 count += usize::from(slot.is_some());
             }
         }
@@ -203,7 +165,12 @@ impl CpuWeights {
     /// rows (elsewhere the CUDA backend keeps blocks or widens, the widened weights' bits). Whole
     /// tensors only (one rank); returns how many projections changed. A negative or NaN group
     /// scale and a NaN weight are refused naming the tensor.
-    pub fn keep_tiled(&mut self, ckpt: &Checkpoint, fp8: bool) -> Result<usize, WeightError> {
+    pub fn keep_tiled(
+        &mut self,
+        config: &ModelConfig,
+        ckpt: &Checkpoint,
+        fp8: bool,
+    ) -> Result<usize, WeightError> {
         // A projection's kept weights and scales, and its rows, where the tiles hold it.
         let kept = |name: &str| -> Result<Option<(Matrix, usize)>, WeightError> {
             let Some(q) = ckpt
@@ -228,13 +195,13 @@ impl CpuWeights {
             count += 1;
         };
         for (i, layer) in self.layers.iter_mut().enumerate() {
-            let n = LayerNames::new(i);
+            let n = LayerSpec::new(config, i);
             let single = [
-                (&mut layer.q, &n.q),
-                (&mut layer.k, &n.k),
-                (&mut layer.v, &n.v),
-                (&mut layer.o, &n.o),
-                (&mut layer.down, &n.down),
+                (&mut layer.q, &n.q.name),
+                (&mut layer.k, &n.k.name),
+                (&mut layer.v, &n.v.name),
+                (&mut layer.o, &n.o.name),
+                (&mut layer.down, &n.down.name),
             ];
             for (matrix, name) in single {
                 if let Some((scaled, _)) = kept(name)? {
@@ -242,7 +209,7 @@ impl CpuWeights {
                 }
             }
             // Gate and up are one tiled matrix on the GPU: whole 16-row bands, both or neither.
-            if let (Some((gate, rows)), Some((up, _))) = (kept(&n.gate)?, kept(&n.up)?)
+            if let (Some((gate, rows)), Some((up, _))) = (kept(&n.gate.name)?, kept(&n.up.name)?)
                 && rows.is_multiple_of(16)
             {
                 set(&mut layer.gate, gate);

@@ -28,7 +28,7 @@ use serde_json::{Value, json};
 
 use crate::config::ModelConfig;
 use crate::cpu::LinearInput;
-use crate::weights::{Checkpoint, LayerNames, e2m1_to_f32, e4m3_to_f32, expected_tensors};
+use crate::weights::{Checkpoint, LayerSpec, e2m1_to_f32, e4m3_to_f32, expected_tensors};
 
 /// e4m3's largest finite magnitude, and e2m1's.
 const E4M3_MAX: f32 = 448.0;
@@ -409,18 +409,14 @@ pub fn quantize(
     ckpt.validate(&config)?;
     let mut linears = std::collections::HashMap::new();
     for i in 0..config.num_layers {
-        let l = LayerNames::new(i);
-        for (name, role) in [
-            (l.q, "q"),
-            (l.k, "k"),
-            (l.v, "v"),
-            (l.o, "o"),
-            (l.gate, "gate"),
-            (l.up, "up"),
-            (l.down, "down"),
-        ] {
+        let roles = ["q", "k", "v", "o", "gate", "up", "down"];
+        for (t, role) in LayerSpec::new(&config, i)
+            .projections()
+            .into_iter()
+            .zip(roles)
+        {
             let input = LinearInput::of(role).expect("a projection role");
-            linears.insert(name, (i, input));
+            linears.insert(t.name.clone(), (i, input));
         }
     }
     let mut stored: Vec<Stored> = Vec::new();

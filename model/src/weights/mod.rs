@@ -27,8 +27,8 @@ use serde::Deserialize;
 pub use quant::{QuantizedLinear, e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32};
 
 pub use layout::{
-    EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorSpec, expected_tensors, is_ignorable,
-    parameter_count,
+    EMBED, FINAL_NORM, LM_HEAD, LayerNames, LayerSpec, Share, Split, TensorSpec, embed_spec,
+    expected_tensors, final_norm_spec, is_ignorable, lm_head_spec, parameter_count,
 };
 
 use crate::config::ModelConfig;

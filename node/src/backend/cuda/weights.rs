@@ -16,7 +16,8 @@ use strata_kernels::tiles::TileFormat;
 use strata_model::ModelConfig;
 use strata_model::cpu::TpLayout;
 use strata_model::weights::{
-    Checkpoint, EMBED, FINAL_NORM, LM_HEAD, LayerNames, TensorRef, WeightDtype,
+    Checkpoint, LayerSpec, TensorRef, TensorSpec, WeightDtype, embed_spec, final_norm_spec,
+    lm_head_spec,
 };
 
 use super::CudaError;
@@ -402,11 +403,12 @@ fn slice_blocks<'a>(
     Some(out)
 }
 
-/// Uploads rank `shard.rank`'s slices of the checkpoint (the whole model at TP = 1): q/k/v rows
-/// of its heads, gate/up rows of its intermediate slice, the matching o/down columns, its
-/// vocabulary rows of the embedding and LM head (padded with zero rows to `vocab_per_rank`);
-/// norms and the o bias whole. Projections stored in a block format the kernels read stay in it
-/// (per `policy`); every other weight is widened to bf16.
+/// Uploads rank `shard.rank`'s slices of the checkpoint (the whole model at TP = 1), as the
+/// layer description splits them (`LayerSpec`): q/k/v rows of its heads, gate/up rows of its
+/// intermediate slice, the matching o/down columns, its vocabulary rows of the embedding and LM
+/// head (padded with zero rows to `vocab_per_rank`); norms and the o bias whole. Projections
+/// stored in a block format the kernels read stay in it (per `policy`); every other weight is
+/// widened to bf16.
 pub(super) fn upload_checkpoint(
     stream: &Arc<CudaStream>,
     config: &ModelConfig,
@@ -414,116 +416,14 @@ pub(super) fn upload_checkpoint(
     shard: &TpLayout,
     policy: BlockPolicy,
 ) -> Result<Weights, CudaError> {
-    let (h, q, kv, inter, hd) = (
-        config.hidden_size,
-        config.q_dim(),
-        config.kv_dim(),
-        config.intermediate_size,
-        config.head_dim,
-    );
-    let vector = |name: &str, len: usize, part: Range<usize>| {
-        let t = ckpt.get_shaped(name, &[len])?;
-        Ok::<_, CudaError>(stream.clone_htod(&slice_bf16(&t, len, 0..1, part, 1))?)
-    };
-    // RMSNorm weights: bf16, or for Gemma 3 f32 with its offset added (as the CPU reference).
-    let gemma_norm = |name: &str, len: usize| {
-        let offset = config.gemma3.as_ref().map_or(0.0, |g| g.norm_offset);
-        let mut w = ckpt.get_shaped(name, &[len])?.to_f32();
-        w.iter_mut().for_each(|v| *v += offset);
-        Ok::<_, CudaError>(stream.clone_htod(&w)?)
-    };
-    let norm = |name: &str, len: usize| {
-        Ok::<_, CudaError>(if config.gemma3.is_some() {
-            Norm::F32(gemma_norm(name, len)?)
-        } else {
-            Norm::Bf16(vector(name, len, 0..len)?)
-        })
-    };
     let started = Instant::now();
-    let staging = RefCell::new(Staging::new(stream)?);
-    let full = |r: &Range<usize>, n: usize| r.start == 0 && r.end == n;
-    // The stored blocks of `rows` × `cols` of `name` (`[n, width]`), when kept: a block format
-    // the kernels read, cut at whole blocks, with `align` columns per K-slice.
-    let blocks = |name: &str,
-                  shape: [usize; 2],
-                  rows: &Range<usize>,
-                  cols: &Range<usize>,
-                  out_rows: usize,
-                  align: usize|
-     -> Result<Option<(BlockFormat, Vec<u8>)>, CudaError> {
-        let fits = |format: BlockFormat, stored: &[usize]| {
-            stored == shape
-                && cols.len().is_multiple_of(32)
-                && align.is_multiple_of(format.block_elems())
-        };
-        if policy.keep
-            && let Some(t) = ckpt.blocks(name)?
-        {
-            let Some(format) = BlockFormat::from_ggml_type(t.ty.id()) else {
-                return Ok(None);
-            };
-            if !fits(format, t.shape) {
-                return Ok(None);
-            }
-            let sliced = slice_blocks(|r| t.row(r), format, rows.clone(), cols.clone(), out_rows);
-            return Ok(sliced.map(|b| (format, b)));
-        }
-        if !policy.keep_quantized {
-            return Ok(None);
-        }
-        let Some(q) = ckpt.quantized(name)? else {
-            return Ok(None);
-        };
-        let Some((format, device)) = safetensors_blocks(&q) else {
-            return Ok(None);
-        };
-        if !fits(format, &q.shape()) {
-            return Ok(None);
-        }
-        let row_bytes = format.row_bytes(shape[1]);
-        let row = |r: usize| &device[r * row_bytes..(r + 1) * row_bytes];
-        Ok(slice_blocks(row, format, rows.clone(), cols.clone(), out_rows).map(|b| (format, b)))
-    };
-    let upload_tiles = |t: HostTiles| -> Result<Matrix, CudaError> {
-        staging.borrow_mut().bytes += t.data.len() + t.scales.len() * 4;
-        t.upload(stream)
-    };
-    // Blocks as the file stores them, uploaded in the device layout.
-    let upload_blocks = |format: BlockFormat, file: &[u8]| -> Result<Matrix, CudaError> {
-        let device = format.to_device(file);
-        staging.borrow_mut().bytes += device.len();
-        Ok(Matrix::Blocks {
-            format,
-            data: stream.clone_htod(&device)?,
-        })
-    };
-    // Rows `rows` × columns `cols` of `[n, width]` tensor `name`, padded with zero rows to
-    // `out_rows`: kept in its block format where it can be, else as bf16 (a whole bf16 tensor
-    // goes from the mapping to the staging buffer without a vector between).
-    let matrix = |name: &str,
-                  shape: [usize; 2],
-                  rows: Range<usize>,
-                  cols: Range<usize>,
-                  out_rows: usize,
-                  align: usize|
-     -> Result<Matrix, CudaError> {
-        let whole = full(&rows, shape[0]) && full(&cols, shape[1]) && out_rows <= shape[0];
-        if let Some(t) = tiles_of(ckpt, policy, name, shape, whole)? {
-            return upload_tiles(t);
-        }
-        if let Some((format, bytes)) = blocks(name, shape, &rows, &cols, out_rows, align)? {
-            return upload_blocks(format, &bytes);
-        }
-        let t = ckpt.get_shaped(name, &shape)?;
-        if full(&rows, shape[0])
-            && full(&cols, shape[1])
-            && out_rows <= shape[0]
-            && let Some(values) = as_bf16(t.dtype, t.bytes)
-        {
-            return Ok(Matrix::Bf16(staging.borrow_mut().upload(values)?));
-        }
-        let host = slice_bf16(&t, shape[1], rows, cols, out_rows);
-        Ok(Matrix::Bf16(staging.borrow_mut().upload(&host)?))
+    let up = Upload {
+        stream,
+        config,
+        ckpt,
+        shard,
+        policy,
+        staging: RefCell::new(Staging::new(stream)?),
     };
     // A progress bar on a terminal (stderr); nothing otherwise.
     let bar = ProgressBar::with_draw_target(
@@ -533,88 +433,20 @@ pub(super) fn upload_checkpoint(
     if let Ok(style) = ProgressStyle::with_template("uploading weights {bar:30} {pos}/{len}") {
         bar.set_style(style);
     }
-    let v = config.vocab_size;
-    let per = shard.vocab_per_rank;
-    let embed = matrix(EMBED, [v, h], shard.vocab.clone(), 0..h, per, h)?;
+    let (h, per) = (config.hidden_size, shard.vocab_per_rank);
+    let embed = up.matrix(&embed_spec(config), per, h)?;
     bar.inc(1);
-    let (qr, kvr, ir) = (
-        shard.q_rows.clone(),
-        shard.kv_rows.clone(),
-        shard.inter_rows.clone(),
-    );
-    // The K-slice the row-parallel projections are cut into (the whole K in the fused order).
-    let (o_align, down_align) = policy.row_kslice.unwrap_or((q, inter));
     let mut layers = Vec::with_capacity(config.num_layers);
     for i in 0..config.num_layers {
         bar.inc(1);
-        let n = LayerNames::new(i);
-        let names = (n.gate.as_str(), n.up.as_str());
-        let gate_up_tiles = gate_up_tiles(ckpt, policy, names, [inter, h], full(&ir, inter))?;
-        let gate_up = match gate_up_tiles {
-            Some(t) => upload_tiles(t)?,
-            None => match (
-                blocks(&n.gate, [inter, h], &ir, &(0..h), 0, h)?,
-                blocks(&n.up, [inter, h], &ir, &(0..h), 0, h)?,
-            ) {
-                (Some((fg, mut g)), Some((fu, u))) if fg == fu => {
-                    g.extend_from_slice(&u);
-                    upload_blocks(fg, &g)?
-                }
-                _ => gate_up_bf16(ckpt, &mut staging.borrow_mut(), names, &ir, [inter, h])?,
-            },
-        };
-        // Gemma 3 norms the MLP input with `pre_feedforward_layernorm`; its
-        // `post_attention_layernorm` norms the attention output (the sandwich).
-        let (post_norm, sandwich) = if config.gemma3.is_some() {
-            (
-                norm(&n.pre_feedforward_norm, h)?,
-                Some([
-                    gemma_norm(&n.post_attention_norm, h)?,
-                    gemma_norm(&n.post_feedforward_norm, h)?,
-                ]),
-            )
-        } else {
-            (norm(&n.post_attention_norm, h)?, None)
-        };
-        layers.push(Layer {
-            input_norm: norm(&n.input_norm, h)?,
-            q: matrix(&n.q, [q, h], qr.clone(), 0..h, 0, h)?,
-            k: matrix(&n.k, [kv, h], kvr.clone(), 0..h, 0, h)?,
-            v: matrix(&n.v, [kv, h], kvr.clone(), 0..h, 0, h)?,
-            o: matrix(&n.o, [h, q], 0..h, qr.clone(), 0, o_align)?,
-            qkv_bias: if config.qkv_bias {
-                Some([
-                    vector(&n.q_bias, q, qr.clone())?,
-                    vector(&n.k_bias, kv, kvr.clone())?,
-                    vector(&n.v_bias, kv, kvr.clone())?,
-                ])
-            } else {
-                None
-            },
-            o_bias: if config.o_bias {
-                Some(vector(&n.o_bias, h, 0..h)?)
-            } else {
-                None
-            },
-            qk_norm: if config.qk_norm {
-                Some([norm(&n.q_norm, hd)?, norm(&n.k_norm, hd)?])
-            } else {
-                None
-            },
-            post_norm,
-            sandwich,
-            gate_up,
-            down: matrix(&n.down, [h, inter], 0..h, ir.clone(), 0, down_align)?,
-        });
+        layers.push(up.layer(&LayerSpec::new(config, i))?);
     }
-    let final_norm = norm(FINAL_NORM, h)?;
-    let lm_head = if config.tie_word_embeddings {
-        None
-    } else {
-        Some(matrix(LM_HEAD, [v, h], shard.vocab.clone(), 0..h, per, h)?)
-    };
+    let final_norm = up.norm(&final_norm_spec(config))?;
+    let lm_head = lm_head_spec(config)
+        .map(|t| up.matrix(&t, per, h))
+        .transpose()?;
     bar.finish_and_clear();
-    let (bytes, seconds) = (staging.borrow().bytes, started.elapsed().as_secs_f64());
+    let (bytes, seconds) = (up.staging.borrow().bytes, started.elapsed().as_secs_f64());
     tracing::info!(
         "uploaded {:.2} GB of weights in {seconds:.2} s ({:.2} GB/s)",
         bytes as f64 / 1e9,
@@ -626,6 +458,193 @@ pub(super) fn upload_checkpoint(
         final_norm,
         lm_head,
     })
+}
+
+/// What one upload reads from and writes through.
+struct Upload<'a> {
+    stream: &'a Arc<CudaStream>,
+    config: &'a ModelConfig,
+    ckpt: &'a Checkpoint,
+    shard: &'a TpLayout,
+    policy: BlockPolicy,
+    staging: RefCell<Staging>,
+}
+
+impl Upload<'_> {
+    /// The rank's rows and columns of a tensor.
+    fn slice(&self, t: &TensorSpec) -> (Range<usize>, Range<usize>) {
+        TpLayout::slice(Some(self.shard), t)
+    }
+
+    /// One decoder layer.
+    fn layer(&self, n: &LayerSpec) -> Result<Layer, CudaError> {
+        let c = self.config;
+        // The K-slice the row-parallel projections are cut into (the whole K in the fused order).
+        let (o_align, down_align) = self
+            .policy
+            .row_kslice
+            .unwrap_or((c.q_dim(), c.intermediate_size));
+        let h = c.hidden_size;
+        Ok(Layer {
+            input_norm: self.norm(&n.input_norm)?,
+            q: self.matrix(&n.q, 0, h)?,
+            k: self.matrix(&n.k, 0, h)?,
+            v: self.matrix(&n.v, 0, h)?,
+            o: self.matrix(&n.o, 0, o_align)?,
+            qkv_bias: n
+                .qkv_bias
+                .as_ref()
+                .map(|[q, k, v]| {
+                    Ok::<_, CudaError>([self.vector(q)?, self.vector(k)?, self.vector(v)?])
+                })
+                .transpose()?,
+            o_bias: n.o_bias.as_ref().map(|t| self.vector(t)).transpose()?,
+            qk_norm: pair(&n.qk_norm, |t| self.norm(t))?,
+            // Gemma 3 norms the MLP input with `pre_feedforward_layernorm`; its
+            // `post_attention_layernorm` norms the attention output (the sandwich).
+            post_norm: self.norm(&n.mlp_norm)?,
+            sandwich: pair(&n.sandwich, |t| self.gemma_norm(t))?,
+            gate_up: self.gate_up(n)?,
+            down: self.matrix(&n.down, 0, down_align)?,
+        })
+    }
+
+    /// Gate and up as one matrix (the rank's rows of gate, then of up).
+    fn gate_up(&self, n: &LayerSpec) -> Result<Matrix, CudaError> {
+        let names = (n.gate.name.as_str(), n.up.name.as_str());
+        let (dims, (ir, cols)) = (n.gate.dims(), self.slice(&n.gate));
+        let whole = ir.start == 0 && ir.end == dims[0];
+        if let Some(t) = gate_up_tiles(self.ckpt, self.policy, names, dims, whole)? {
+            return self.upload_tiles(t);
+        }
+        match (
+            self.blocks(names.0, dims, &ir, &cols, 0, dims[1])?,
+            self.blocks(names.1, dims, &ir, &cols, 0, dims[1])?,
+        ) {
+            (Some((fg, mut g)), Some((fu, u))) if fg == fu => {
+                g.extend_from_slice(&u);
+                self.upload_blocks(fg, &g)
+            }
+            _ => gate_up_bf16(self.ckpt, &mut self.staging.borrow_mut(), names, &ir, dims),
+        }
+    }
+
+    /// A vector (a bias, a norm outside Gemma 3): the rank's part, as bf16.
+    fn vector(&self, t: &TensorSpec) -> Result<CudaSlice<bf16>, CudaError> {
+        let (len, part) = (t.numel(), self.slice(t).0);
+        let r = self.ckpt.get_shaped(&t.name, &t.shape)?;
+        Ok(self
+            .stream
+            .clone_htod(&slice_bf16(&r, len, 0..1, part, 1))?)
+    }
+
+    /// A Gemma 3 norm: f32 with its offset added (as the CPU reference).
+    fn gemma_norm(&self, t: &TensorSpec) -> Result<CudaSlice<f32>, CudaError> {
+        let offset = self.config.gemma3.as_ref().map_or(0.0, |g| g.norm_offset);
+        let mut w = self.ckpt.get_shaped(&t.name, &t.shape)?.to_f32();
+        w.iter_mut().for_each(|v| *v += offset);
+        Ok(self.stream.clone_htod(&w)?)
+    }
+
+    /// RMSNorm weights: bf16, or for Gemma 3 f32 with its offset added.
+    fn norm(&self, t: &TensorSpec) -> Result<Norm, CudaError> {
+        Ok(if self.config.gemma3.is_some() {
+            Norm::F32(self.gemma_norm(t)?)
+        } else {
+            Norm::Bf16(self.vector(t)?)
+        })
+    }
+
+    /// The stored blocks of `rows` × `cols` of `name` (`[n, width]`), when kept: a block format
+    /// the kernels read, cut at whole blocks, with `align` columns per K-slice.
+    fn blocks(
+        &self,
+        name: &str,
+        shape: [usize; 2],
+        rows: &Range<usize>,
+        cols: &Range<usize>,
+        out_rows: usize,
+        align: usize,
+    ) -> Result<Option<(BlockFormat, Vec<u8>)>, CudaError> {
+        let fits = |format: BlockFormat, stored: &[usize]| {
+            stored == shape
+                && cols.len().is_multiple_of(32)
+                && align.is_multiple_of(format.block_elems())
+        };
+        if self.policy.keep
+            && let Some(t) = self.ckpt.blocks(name)?
+        {
+            let Some(format) = BlockFormat::from_ggml_type(t.ty.id()) else {
+                return Ok(None);
+            };
+            if !fits(format, t.shape) {
+                return Ok(None);
+            }
+            let sliced = slice_blocks(|r| t.row(r), format, rows.clone(), cols.clone(), out_rows);
+            return Ok(sliced.map(|b| (format, b)));
+        }
+        if !self.policy.keep_quantized {
+            return Ok(None);
+        }
+        let Some(q) = self.ckpt.quantized(name)? else {
+            return Ok(None);
+        };
+        let Some((format, device)) = safetensors_blocks(&q) else {
+            return Ok(None);
+        };
+        if !fits(format, &q.shape()) {
+            return Ok(None);
+        }
+        let row_bytes = format.row_bytes(shape[1]);
+        let row = |r: usize| &device[r * row_bytes..(r + 1) * row_bytes];
+        Ok(slice_blocks(row, format, rows.clone(), cols.clone(), out_rows).map(|b| (format, b)))
+    }
+
+    fn upload_tiles(&self, t: HostTiles) -> Result<Matrix, CudaError> {
+        self.staging.borrow_mut().bytes += t.data.len() + t.scales.len() * 4;
+        t.upload(self.stream)
+    }
+
+    /// Blocks as the file stores them, uploaded in the device layout.
+    fn upload_blocks(&self, format: BlockFormat, file: &[u8]) -> Result<Matrix, CudaError> {
+        let device = format.to_device(file);
+        self.staging.borrow_mut().bytes += device.len();
+        Ok(Matrix::Blocks {
+            format,
+            data: self.stream.clone_htod(&device)?,
+        })
+    }
+
+    /// The rank's rows × columns of matrix `t`, padded with zero rows to `out_rows`: kept in
+    /// its block format where it can be, else as bf16 (a whole bf16 tensor goes from the mapping
+    /// to the staging buffer without a vector between).
+    fn matrix(&self, t: &TensorSpec, out_rows: usize, align: usize) -> Result<Matrix, CudaError> {
+        let (name, shape, (rows, cols)) = (t.name.as_str(), t.dims(), self.slice(t));
+        let whole = rows == (0..shape[0]) && cols == (0..shape[1]) && out_rows <= shape[0];
+        if let Some(t) = tiles_of(self.ckpt, self.policy, name, shape, whole)? {
+            return self.upload_tiles(t);
+        }
+        if let Some((format, bytes)) = self.blocks(name, shape, &rows, &cols, out_rows, align)? {
+            return self.upload_blocks(format, &bytes);
+        }
+        let t = self.ckpt.get_shaped(name, &shape)?;
+        let mut staging = self.staging.borrow_mut();
+        if whole && let Some(values) = as_bf16(t.dtype, t.bytes) {
+            return Ok(Matrix::Bf16(staging.upload(values)?));
+        }
+        let host = slice_bf16(&t, shape[1], rows, cols, out_rows);
+        Ok(Matrix::Bf16(staging.upload(&host)?))
+    }
+}
+
+/// Both tensors of an optional pair, each as `each` uploads it.
+fn pair<T>(
+    p: &Option<[TensorSpec; 2]>,
+    each: impl Fn(&TensorSpec) -> Result<T, CudaError>,
+) -> Result<Option<[T; 2]>, CudaError> {
+    p.as_ref()
+        .map(|[a, b]| Ok([each(a)?, each(b)?]))
+        .transpose()
 }
 
 /// Random weights for benchmarks: every projection is a window of one device pool of
