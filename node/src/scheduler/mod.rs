@@ -9,23 +9,25 @@
 //! arrival rank, its sampler state intact — so its output is the same as if it never stopped.
 
 mod draws;
+mod sequence;
 mod speculation;
 
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use strata_model::grammar::ConstrainedDecoder;
-use strata_model::sampler::{RowPlan, Sampler};
+use strata_model::sampler::RowPlan;
 use strata_model::stop::is_stop_token;
-use strata_protocol::{FinishReason, GenerateRequest, Pooling, TokenEvent, Usage};
-use tokio::sync::mpsc::UnboundedSender;
+use strata_protocol::{FinishReason, TokenEvent};
 
 use crate::backend::{Backend, BackendError, HiddenRows, RowSampling, StepOutput, StepSeq};
-use crate::kv::{BlockHash, BlockId, BlockManager, KvError, block_hash, prompt_block_hashes};
-use crate::speculative::{Acceptance, SpecCounters, Speculator};
+#[cfg(test)]
+use crate::kv::BlockHash;
+use crate::kv::{BlockManager, KvError, block_hash, prompt_block_hashes};
+use crate::speculative::{SpecCounters, Speculator};
 pub use strata_engine_api::load::{EngineLoad, StepTimes};
 
 use draws::Outputs;
+pub use sequence::Sequence;
 
 /// Limits of one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,136 +42,6 @@ impl Default for SchedulerLimits {
         Self {
             max_batch_tokens: 512,
             max_running: 64,
-        }
-    }
-}
-
-/// A request inside the engine.
-pub struct Sequence {
-    pub id: u64,
-    arrival: u64,
-    request: GenerateRequest,
-    /// Prompt followed by every generated token.
-    tokens: Vec<u32>,
-    /// Leading tokens whose K/V is in `blocks`.
-    computed: usize,
-    blocks: Vec<BlockId>,
-    /// Hashes of the leading full blocks registered so far (`hashes.len()` ≤ `blocks.len()`).
-    hashes: Vec<BlockHash>,
-    sampler: Sampler,
-    /// The output grammar's position, when the request has one.
-    constraint: Option<ConstrainedDecoder>,
-    generated: u32,
-    /// Tokens generated elsewhere before this request continued here.
-    resumed: u32,
-    cached_tokens: u32,
-    deadline: Option<Instant>,
-    /// When the engine took the request, and when it first ran (the engine's queue between).
-    submitted: Instant,
-    started: Option<Instant>,
-    events: UnboundedSender<TokenEvent>,
-    /// An embedding request's pooled hidden states so far: their sum, and how many rows.
-    pooled: (Vec<f64>, usize),
-    /// Proposed tokens at the end of `tokens` that this step verifies (0 outside a step).
-    draft: usize,
-    /// How many of this sequence's proposals were accepted lately.
-    acceptance: Acceptance,
-}
-
-impl Sequence {
-    pub fn new(
-        id: u64,
-        request: GenerateRequest,
-        sampler: Sampler,
-        events: UnboundedSender<TokenEvent>,
-    ) -> Self {
-        let deadline = request.deadline.map(|d| Instant::now() + d);
-        let mut sampler = sampler;
-        sampler.observe_prompt(&request.prompt);
-        // A continued request's output so far is computed like its prompt, and counts as
-        // generated (the sampler was resumed over it at admission).
-        let output = request.resume.as_ref().map_or(&[][..], |r| &r.output[..]);
-        let tokens = [&request.prompt[..], output].concat();
-        let generated = output.len() as u32;
-        Self {
-            id,
-            arrival: id,
-            tokens,
-            request,
-            computed: 0,
-            blocks: Vec::new(),
-            hashes: Vec::new(),
-            sampler,
-            constraint: None,
-            generated,
-            resumed: generated,
-            cached_tokens: 0,
-            deadline,
-            submitted: Instant::now(),
-            started: None,
-            events,
-            pooled: (Vec::new(), 0),
-            draft: 0,
-            acceptance: Acceptance::default(),
-        }
-    }
-
-    /// Every token this sequence samples must keep its output inside `constraint`.
-    pub fn with_constraint(mut self, constraint: Option<ConstrainedDecoder>) -> Self {
-        self.constraint = constraint;
-        self
-    }
-
-    fn pending(&self) -> usize {
-        self.tokens.len() - self.computed
-    }
-
-    /// Whether the prefix cache may stand in for computing this sequence's prompt: not when
-    /// every prompt row's hidden state is pooled.
-    fn reads_cache(&self) -> bool {
-        self.request.embed != Some(Pooling::Mean)
-    }
-
-    /// The hidden rows a chunk of `chunk` tokens returns for this sequence, if it embeds.
-    fn hidden_rows(&self, chunk: usize) -> Option<HiddenRows> {
-        match self.request.embed? {
-            Pooling::Mean => Some(HiddenRows::All),
-            Pooling::Last if self.computed + chunk == self.tokens.len() => Some(HiddenRows::Last),
-            Pooling::Last => None,
-        }
-    }
-
-    /// Adds `rows` (whole hidden rows of `hidden` values) to the pool.
-    fn pool(&mut self, rows: &[f32], hidden: usize) {
-        let (sum, n) = &mut self.pooled;
-        sum.resize(hidden, 0.0);
-        for row in rows.chunks_exact(hidden) {
-            for (s, &v) in sum.iter_mut().zip(row) {
-                *s += f64::from(v);
-            }
-            *n += 1;
-        }
-    }
-
-    /// The pooled vector: the mean of the rows pooled (the one row, for last-token pooling).
-    fn pooled_vector(&self) -> Vec<f32> {
-        let (sum, n) = &self.pooled;
-        sum.iter()
-            .map(|s| (s / (*n).max(1) as f64) as f32)
-            .collect()
-    }
-
-    fn usage(&self) -> Usage {
-        Usage {
-            prompt_tokens: self.request.prompt.len() as u32,
-            completion_tokens: self.generated,
-            cached_tokens: self.cached_tokens,
-            queued_ms: self.started.map_or(0, |started| {
-                let waited = started
-                    .saturating_duration_since(self.submitted)
-                    .as_millis();
-                u32::try_from(waited).unwrap_or(u32::MAX)
-            }),
         }
     }
 }
@@ -360,13 +232,47 @@ impl Scheduler {
             return Ok(0);
         }
         self.speculate(&mut plan, backend)?;
-        // How each row wanting logits is sampled: rows that need nothing but the argmax of the
-        // raw logits, and rows a sampling plan describes (grammar masks included), are reduced
-        // by the backend (on the GPU, where the logits are). A non-greedy plan takes its random
-        // word from the sequence's stream here.
         let vocab = backend.model_config().vocab_size;
+        let plans = self.row_plans(&plan, vocab);
+        let steps = self.step_seqs(&plan);
+        let sampling = self.row_sampling(&plan, &plans);
+        let hidden = backend.model_config().hidden_size;
+        // Steps of decode rows alone are what the speculation policy prices.
+        let decode_only = steps.iter().all(|s| s.first_position >= s.prompt_len);
+        let planned = Instant::now();
+        let mut output = backend.step_sampling(&steps, &sampling)?;
+        let forwarded = Instant::now();
+        check_output(&output, &plan, &steps, &sampling, (vocab, hidden))?;
+        let computed: usize = plan.iter().map(|p| p.chunk).sum();
+        self.steps += 1;
+        // One row (or token) per sequence wanting logits, checked just above.
+        let kinds: Vec<Kind> = sampling.iter().map(Kind::of).collect();
+        drop(sampling);
+        self.apply(&plan, &kinds, plans, &mut output, (vocab, hidden))?;
+        // What a row costs the step is what it costs from the forward to its draw: logits read
+        // back and drawn on the host count as much as the kernels.
+        if let Some(spec) = self.speculator.as_mut()
+            && decode_only
+        {
+            spec.cost.observe(computed, planned.elapsed().as_secs_f64());
+        }
+        let nanos = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let t = &mut self.times;
+        t.steps += 1;
+        t.tokens += computed as u64;
+        t.plan_ns += nanos(planned - started);
+        t.forward_ns += nanos(forwarded - planned);
+        t.sample_ns += nanos(forwarded.elapsed());
+        Ok(computed)
+    }
+
+    /// How each planned row wanting logits is sampled: rows that need nothing but the argmax
+    /// of the raw logits, and rows a sampling plan describes (grammar masks included), are
+    /// reduced by the backend (on the GPU, where the logits are). A non-greedy plan takes its
+    /// random word from the sequence's stream here; `None` leaves the row to the host.
+    fn row_plans(&mut self, plan: &[Planned], vocab: usize) -> Vec<Option<RowPlan>> {
         let mut plans: Vec<Option<RowPlan>> = Vec::with_capacity(plan.len());
-        for p in &plan {
+        for p in plan {
             let s = &self.running[p.index];
             let wants = s.computed + p.chunk == s.tokens.len() && s.request.embed.is_none();
             let masks_stops = self.masks_stops(s);
@@ -399,8 +305,12 @@ impl Scheduler {
             row_plan.allowed = allowed;
             plans.push(Some(row_plan));
         }
-        let steps: Vec<StepSeq<'_>> = plan
-            .iter()
+        plans
+    }
+
+    /// The backend's view of each planned sequence: its tokens this step and their rows.
+    fn step_seqs(&self, plan: &[Planned]) -> Vec<StepSeq<'_>> {
+        plan.iter()
             .map(|p| {
                 let s = &self.running[p.index];
                 let wants = s.computed + p.chunk == s.tokens.len() && s.request.embed.is_none();
@@ -420,10 +330,17 @@ impl Scheduler {
                     logit_rows: if wants { 1 + s.draft } else { 0 },
                 }
             })
-            .collect();
-        let sampling: Vec<RowSampling<'_>> = plan
-            .iter()
-            .zip(&plans)
+            .collect()
+    }
+
+    /// How the backend reduces each planned sequence's rows (`plans` from [`Self::row_plans`]).
+    fn row_sampling<'a>(
+        &self,
+        plan: &[Planned],
+        plans: &'a [Option<RowPlan>],
+    ) -> Vec<RowSampling<'a>> {
+        plan.iter()
+            .zip(plans)
             .map(|(p, row_plan)| {
                 let s = &self.running[p.index];
                 if s.request.embed.is_some() {
@@ -443,73 +360,7 @@ impl Scheduler {
                     None => RowSampling::Host,
                 }
             })
-            .collect();
-        let mut counts = [0usize; 3];
-        for (step, how) in steps.iter().zip(&sampling) {
-            counts[match how {
-                RowSampling::Host => 0,
-                RowSampling::Greedy => 1,
-                RowSampling::Summary(_) => 2,
-                RowSampling::Hidden(_) => continue,
-            }] += step.logit_rows;
-        }
-        let [rows, greedy_rows, summary_rows] = counts;
-        let hidden_rows: usize = plan
-            .iter()
-            .zip(&sampling)
-            .map(|(p, how)| match how {
-                RowSampling::Hidden(rows) => rows.count(p.chunk),
-                _ => 0,
-            })
-            .sum();
-        let hidden = backend.model_config().hidden_size;
-        // Steps of decode rows alone are what the speculation policy prices.
-        let decode_only = steps.iter().all(|s| s.first_position >= s.prompt_len);
-        let planned = Instant::now();
-        let mut output = backend.step_sampling(&steps, &sampling)?;
-        let forwarded = Instant::now();
-        if output.logits.len() != rows * vocab
-            || output.tokens.len() != greedy_rows
-            || output.summaries.len() != summary_rows
-        {
-            return Err(StepError::Logits {
-                got: output.logits.len(),
-                rows,
-                vocab,
-                tokens: output.tokens.len(),
-                greedy: greedy_rows,
-                summaries: output.summaries.len(),
-                summary_rows,
-            });
-        }
-        if output.hidden.len() != hidden_rows * hidden {
-            return Err(StepError::Hidden {
-                got: output.hidden.len(),
-                rows: hidden_rows,
-                hidden,
-            });
-        }
-        let computed: usize = plan.iter().map(|p| p.chunk).sum();
-        self.steps += 1;
-        // One row (or token) per sequence wanting logits, checked just above.
-        let kinds: Vec<Kind> = sampling.iter().map(Kind::of).collect();
-        drop(sampling);
-        self.apply(&plan, &kinds, plans, &mut output, (vocab, hidden))?;
-        // What a row costs the step is what it costs from the forward to its draw: logits read
-        // back and drawn on the host count as much as the kernels.
-        if let Some(spec) = self.speculator.as_mut()
-            && decode_only
-        {
-            spec.cost.observe(computed, planned.elapsed().as_secs_f64());
-        }
-        let nanos = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        let t = &mut self.times;
-        t.steps += 1;
-        t.tokens += computed as u64;
-        t.plan_ns += nanos(planned - started);
-        t.forward_ns += nanos(forwarded - planned);
-        t.sample_ns += nanos(forwarded.elapsed());
-        Ok(computed)
+            .collect()
     }
 
     /// Whether `seq`'s stop tokens must be masked before sampling: it has not reached its
@@ -933,6 +784,57 @@ impl Scheduler {
         });
         Ok(())
     }
+}
+
+/// The backend's output has the rows the step asked for: logits of host rows, tokens of greedy
+/// rows, summaries of planned rows, hidden states of embedding rows.
+fn check_output(
+    output: &StepOutput,
+    plan: &[Planned],
+    steps: &[StepSeq<'_>],
+    sampling: &[RowSampling<'_>],
+    (vocab, hidden): (usize, usize),
+) -> Result<(), StepError> {
+    let mut counts = [0usize; 3];
+    for (step, how) in steps.iter().zip(sampling) {
+        counts[match how {
+            RowSampling::Host => 0,
+            RowSampling::Greedy => 1,
+            RowSampling::Summary(_) => 2,
+            RowSampling::Hidden(_) => continue,
+        }] += step.logit_rows;
+    }
+    let [rows, greedy_rows, summary_rows] = counts;
+    let hidden_rows: usize = plan
+        .iter()
+        .zip(sampling)
+        .map(|(p, how)| match how {
+            RowSampling::Hidden(rows) => rows.count(p.chunk),
+            _ => 0,
+        })
+        .sum();
+    if output.logits.len() != rows * vocab
+        || output.tokens.len() != greedy_rows
+        || output.summaries.len() != summary_rows
+    {
+        return Err(StepError::Logits {
+            got: output.logits.len(),
+            rows,
+            vocab,
+            tokens: output.tokens.len(),
+            greedy: greedy_rows,
+            summaries: output.summaries.len(),
+            summary_rows,
+        });
+    }
+    if output.hidden.len() != hidden_rows * hidden {
+        return Err(StepError::Hidden {
+            got: output.hidden.len(),
+            rows: hidden_rows,
+            hidden,
+        });
+    }
+    Ok(())
 }
 
 /// The tokens `params` stops on, masked before `min_tokens`: the request's stop token ids and,
