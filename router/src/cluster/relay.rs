@@ -3,6 +3,7 @@
 //! as busy (at its admission limit: the request tries the other nodes, and when all are busy
 //! waits [`BUSY_BACKOFF`] and tries them again, for up to [`FAILOVER_WAIT`]).
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -13,6 +14,53 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 
 use super::{BUSY_BACKOFF, Cluster, FAILOVER_ATTEMPTS, FAILOVER_POLL, FAILOVER_WAIT, Node, Slot};
+
+/// Where one request's attempts stand across the nodes.
+#[derive(Default)]
+struct Attempts {
+    /// The incarnations that failed this request: each is left out of its later attempts, but
+    /// the same node restarted is a new incarnation and may take it again (a rolling restart
+    /// must not use up a long stream's nodes).
+    failed: Vec<(Slot, u64)>,
+    failures: Vec<String>,
+    /// Nodes that refused it as busy (at their admission limit): healthy, so not failed; the
+    /// request tries the others first and, when every node is busy, waits BUSY_BACKOFF and
+    /// tries them all again, for up to FAILOVER_WAIT.
+    busy: Vec<(Slot, u64)>,
+    busy_since: Option<tokio::time::Instant>,
+    /// The budget is per attempt and time, not per node: FAILOVER_ATTEMPTS attempts, and while
+    /// no node can take it, waiting up to FAILOVER_WAIT for one to come (back).
+    count: usize,
+}
+
+impl Attempts {
+    /// `node`'s `incarnation` failed the request.
+    fn fail(&mut self, node: &Node, incarnation: u64, why: String) {
+        self.failures.push(why);
+        self.failed.push((node.slot, incarnation));
+    }
+
+    /// Why no node could take the request.
+    fn why(&self) -> String {
+        if self.failures.is_empty() && self.busy_since.is_some() {
+            "every node is at its admission limit; retry later".to_string()
+        } else if self.failures.is_empty() {
+            "no node is available".to_string()
+        } else {
+            format!(
+                "no node could finish the request: {}",
+                self.failures.join("; ")
+            )
+        }
+    }
+}
+
+/// What the relay does next.
+enum Next {
+    Run(Arc<Node>, Option<KvFetch>),
+    Again,
+    Stop,
+}
 
 impl Cluster {
     /// [`Cluster::route`] leaving out the incarnations in `failed`; while none can take the
@@ -59,19 +107,7 @@ impl Cluster {
         let prompt_tokens = request.prompt.len() as u32;
         let mut emitted: Vec<u32> = Vec::new();
         let mut rng_pos = 0;
-        // The incarnations that failed this request: each is left out of its later attempts,
-        // but the same node restarted is a new incarnation and may take it again (a rolling
-        // restart must not use up a long stream's nodes).
-        let mut failed: Vec<(Slot, u64)> = Vec::new();
-        let mut failures: Vec<String> = Vec::new();
-        // Nodes that refused it as busy (at their admission limit): healthy, so not failed; the
-        // request tries the others first and, when every node is busy, waits BUSY_BACKOFF and
-        // tries them all again, for up to FAILOVER_WAIT.
-        let mut busy: Vec<(Slot, u64)> = Vec::new();
-        let mut busy_since: Option<tokio::time::Instant> = None;
-        // The budget is per attempt and time, not per node: FAILOVER_ATTEMPTS attempts, and
-        // while no node can take it, waiting up to FAILOVER_WAIT for one to come (back).
-        let mut attempts = 0;
+        let mut attempts = Attempts::default();
         loop {
             let Some(attempt) = resumed(&request, &emitted, rng_pos) else {
                 // The budget was spent exactly when the node failed: the stream is complete.
@@ -86,83 +122,32 @@ impl Cluster {
                 });
                 return;
             };
-            attempts += 1;
-            let routed = if attempts > FAILOVER_ATTEMPTS {
-                None
-            } else if let Some(since) = busy_since {
-                let exclude: Vec<(Slot, u64)> = failed.iter().chain(&busy).copied().collect();
-                let found = self
-                    .route_within(&attempt, &exclude, Duration::ZERO, &mut cancelled, &tx)
-                    .await;
-                if found.is_none() && since.elapsed() < FAILOVER_WAIT {
-                    // Every node that could take it is busy: a pause, then all of them again.
-                    busy.clear();
-                    attempts -= 1;
-                    tokio::select! {
-                        () = tokio::time::sleep(BUSY_BACKOFF) => {}
-                        _ = &mut cancelled => return,
-                        () = tx.closed() => return,
-                    }
-                    continue;
-                }
-                found
-            } else {
-                self.route_within(&attempt, &failed, FAILOVER_WAIT, &mut cancelled, &tx)
-                    .await
-            };
-            let Some((node, fetch)) = routed else {
-                let why = if failures.is_empty() && busy_since.is_some() {
-                    "every node is at its admission limit; retry later".to_string()
-                } else if failures.is_empty() {
-                    "no node is available".to_string()
-                } else {
-                    format!("no node could finish the request: {}", failures.join("; "))
-                };
-                let _ = tx.send(TokenEvent::Failed { message: why });
-                return;
+            let (node, fetch) = match self
+                .next_node(&attempt, &mut attempts, &mut cancelled, &tx)
+                .await
+            {
+                Next::Run(node, fetch) => (node, fetch),
+                Next::Again => continue,
+                Next::Stop => return,
             };
             let incarnation = node.incarnation();
             if !emitted.is_empty() {
                 self.stats.failovers.fetch_add(1, Ordering::Relaxed);
             }
             let Some(client) = node.client() else {
-                failures.push(format!("node {} went away", node.addr));
-                failed.push((node.slot, incarnation));
+                attempts.fail(&node, incarnation, format!("node {} went away", node.addr));
                 continue;
             };
             let mut stream = match client.generate_with(attempt.clone(), fetch).await {
                 Ok(stream) => stream,
-                // A node at its admission limit: another may take the request, or this one a
-                // little later (not a failure: the node stays healthy).
-                Err(NodeError::Refused(refusal)) if refusal.kind == RefusalKind::Busy => {
-                    self.stats.busy_refusals.fetch_add(1, Ordering::Relaxed);
-                    busy.push((node.slot, incarnation));
-                    busy_since.get_or_insert_with(tokio::time::Instant::now);
-                    attempts -= 1;
-                    continue;
-                }
-                // A node shutting down refuses as unavailable: another may take the request.
-                Err(NodeError::Refused(refusal)) if refusal.kind == RefusalKind::Unavailable => {
-                    failures.push(format!("node {}: {}", node.addr, refusal.message));
-                    failed.push((node.slot, incarnation));
-                    continue;
-                }
-                Err(NodeError::Refused(refusal)) => {
-                    let _ = tx.send(TokenEvent::Failed {
-                        message: refusal.message,
-                    });
-                    return;
-                }
-                Err(e) => {
-                    node_failed(&node, &e);
-                    failures.push(e.to_string());
-                    failed.push((node.slot, incarnation));
-                    continue;
-                }
+                Err(e) => match self.start_failed(&node, incarnation, e, &mut attempts, &tx) {
+                    ControlFlow::Continue(()) => continue,
+                    ControlFlow::Break(()) => return,
+                },
             };
             // Accepted: busy refusals before it no longer hold the request back.
-            busy.clear();
-            busy_since = None;
+            attempts.busy.clear();
+            attempts.busy_since = None;
             match self
                 .forward(&mut stream, &tx, &mut cancelled, &mut emitted, &mut rng_pos)
                 .await
@@ -179,11 +164,94 @@ impl Cluster {
                         let _ = tx.send(TokenEvent::Failed { message });
                         return;
                     }
-                    failures.push(e.to_string());
-                    failed.push((node.slot, incarnation));
+                    attempts.fail(&node, incarnation, e.to_string());
                 }
             }
         }
+    }
+
+    /// The node the request's next attempt runs on. `Again` after a pause while every node
+    /// that could take it is busy; `Stop` when none can (the client is told why) or the request
+    /// was cancelled or its client went away.
+    async fn next_node(
+        &self,
+        attempt: &GenerateRequest,
+        a: &mut Attempts,
+        cancelled: &mut oneshot::Receiver<()>,
+        tx: &UnboundedSender<TokenEvent>,
+    ) -> Next {
+        a.count += 1;
+        let routed = if a.count > FAILOVER_ATTEMPTS {
+            None
+        } else if let Some(since) = a.busy_since {
+            let exclude: Vec<(Slot, u64)> = a.failed.iter().chain(&a.busy).copied().collect();
+            let found = self
+                .route_within(attempt, &exclude, Duration::ZERO, cancelled, tx)
+                .await;
+            if found.is_none() && since.elapsed() < FAILOVER_WAIT {
+                // Every node that could take it is busy: a pause, then all of them again.
+                a.busy.clear();
+                a.count -= 1;
+                tokio::select! {
+                    () = tokio::time::sleep(BUSY_BACKOFF) => {}
+                    _ = &mut *cancelled => return Next::Stop,
+                    () = tx.closed() => return Next::Stop,
+                }
+                return Next::Again;
+            }
+            found
+        } else {
+            self.route_within(attempt, &a.failed, FAILOVER_WAIT, cancelled, tx)
+                .await
+        };
+        match routed {
+            Some((node, fetch)) => Next::Run(node, fetch),
+            None => {
+                let _ = tx.send(TokenEvent::Failed { message: a.why() });
+                Next::Stop
+            }
+        }
+    }
+
+    /// A node would not start the request: try another (`Continue`), or end the request with
+    /// the node's refusal (`Break`).
+    fn start_failed(
+        &self,
+        node: &Node,
+        incarnation: u64,
+        e: NodeError,
+        a: &mut Attempts,
+        tx: &UnboundedSender<TokenEvent>,
+    ) -> ControlFlow<()> {
+        match e {
+            // A node at its admission limit: another may take the request, or this one a
+            // little later (not a failure: the node stays healthy).
+            NodeError::Refused(refusal) if refusal.kind == RefusalKind::Busy => {
+                self.stats.busy_refusals.fetch_add(1, Ordering::Relaxed);
+                a.busy.push((node.slot, incarnation));
+                a.busy_since.get_or_insert_with(tokio::time::Instant::now);
+                a.count -= 1;
+            }
+            // A node shutting down refuses as unavailable: another may take the request.
+            NodeError::Refused(refusal) if refusal.kind == RefusalKind::Unavailable => {
+                a.fail(
+                    node,
+                    incarnation,
+                    format!("node {}: {}", node.addr, refusal.message),
+                );
+            }
+            NodeError::Refused(refusal) => {
+                let _ = tx.send(TokenEvent::Failed {
+                    message: refusal.message,
+                });
+                return ControlFlow::Break(());
+            }
+            e => {
+                node_failed(node, &e);
+                a.fail(node, incarnation, e.to_string());
+            }
+        }
+        ControlFlow::Continue(())
     }
 
     /// Relays one node's events until the request ends or the node fails, keeping the tokens
