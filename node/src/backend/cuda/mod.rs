@@ -289,24 +289,7 @@ impl CudaBackend {
         let (rank, world) = (options.tp_rank, options.tp_world);
         let shard = TpLayout::new(config, rank, world, 8)
             .map_err(|e| CudaError::Unsupported(e.to_string()))?;
-        let row_shards = if world > 1 || options.sharded_reduction {
-            let kslices = [
-                config.q_dim() / ROW_SHARDS,
-                config.intermediate_size / ROW_SHARDS,
-            ];
-            if kslices.iter().any(|k| !k.is_multiple_of(32)) {
-                return Err(CudaError::Unsupported(format!(
-                    "the shard order needs q_dim ({}) and intermediate ({}) to be multiples of \
-                     {}",
-                    config.q_dim(),
-                    config.intermediate_size,
-                    32 * ROW_SHARDS
-                )));
-            }
-            ROW_SHARDS / world
-        } else {
-            0
-        };
+        let row_shards = row_shards(config, options)?;
         strata_kernels::libs::ensure_driver()?;
         let ctx = CudaContext::new(options.device)?;
         // One stream does the compute; the KV block copies' streams order themselves against it
@@ -332,18 +315,7 @@ impl CudaBackend {
             .unwrap_or(config.max_position_embeddings)
             .min(config.max_position_embeddings)
             .max(1);
-        let cos_sin = stream.clone_htod(&cos_sin_table(
-            &Rope::new(config),
-            config.head_dim,
-            max_positions,
-        ))?;
-        let cos_sin_local = match &config.gemma3 {
-            Some(g) => {
-                let rope = Rope::with_theta(config.head_dim, g.rope_local_theta, None);
-                Some(stream.clone_htod(&cos_sin_table(&rope, config.head_dim, max_positions))?)
-            }
-            None => None,
-        };
+        let (cos_sin, cos_sin_local) = rope_tables(&stream, config, max_positions)?;
         let dequant_elems = weights.dequant_elems(LayerDims {
             hidden: config.hidden_size,
             q: shard.q_rows.len(),
@@ -361,24 +333,9 @@ impl CudaBackend {
         }
 
         let kv_dim = shard.kv_rows.len();
-        let per_block = config.num_layers * 2 * options.block_size * kv_dim * 2;
-        let kv_cache_bytes = match options.kv_memory_fraction {
-            None => options.kv_cache_bytes,
-            Some(fraction) => {
-                stream.context().bind_to_thread()?;
-                let (free, total) = strata_kernels::cudarc::driver::result::mem_get_info()?;
-                kv_bytes_from_fraction(fraction, free, total, per_block)?
-            }
-        };
+        let (num_blocks, k_cache, v_cache) = kv_caches(&stream, config, options, kv_dim)?;
         // One block beyond the budget's count is the scratch block of padding rows.
-        let num_blocks = (kv_cache_bytes / per_block.max(1)).max(1);
         let allocated = num_blocks + 1;
-        let mut k_cache = Vec::with_capacity(config.num_layers);
-        let mut v_cache = Vec::with_capacity(config.num_layers);
-        for _ in 0..config.num_layers {
-            k_cache.push(stream.alloc_zeros::<bf16>(allocated * options.block_size * kv_dim)?);
-            v_cache.push(stream.alloc_zeros::<bf16>(allocated * options.block_size * kv_dim)?);
-        }
         let kv_copy = kv_copy::BlockCopy::new(
             &stream,
             &k_cache,
@@ -603,6 +560,82 @@ pub fn check_model_shape(config: &ModelConfig) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Shards of the row-parallel reduction's fixed order a rank sums (0: the fused order), and
+/// whether the shapes allow it.
+fn row_shards(config: &ModelConfig, options: &CudaOptions) -> Result<usize, CudaError> {
+    let world = options.tp_world;
+    Ok(if world > 1 || options.sharded_reduction {
+        let kslices = [
+            config.q_dim() / ROW_SHARDS,
+            config.intermediate_size / ROW_SHARDS,
+        ];
+        if kslices.iter().any(|k| !k.is_multiple_of(32)) {
+            return Err(CudaError::Unsupported(format!(
+                "the shard order needs q_dim ({}) and intermediate ({}) to be multiples of \
+                 {}",
+                config.q_dim(),
+                config.intermediate_size,
+                32 * ROW_SHARDS
+            )));
+        }
+        ROW_SHARDS / world
+    } else {
+        0
+    })
+}
+
+/// The rope's cos/sin table, and Gemma 3's local-attention one.
+fn rope_tables(
+    stream: &Arc<CudaStream>,
+    config: &ModelConfig,
+    max_positions: usize,
+) -> Result<(CudaSlice<f32>, Option<CudaSlice<f32>>), CudaError> {
+    let cos_sin = stream.clone_htod(&cos_sin_table(
+        &Rope::new(config),
+        config.head_dim,
+        max_positions,
+    ))?;
+    let cos_sin_local = match &config.gemma3 {
+        Some(g) => {
+            let rope = Rope::with_theta(config.head_dim, g.rope_local_theta, None);
+            Some(stream.clone_htod(&cos_sin_table(&rope, config.head_dim, max_positions))?)
+        }
+        None => None,
+    };
+    Ok((cos_sin, cos_sin_local))
+}
+
+/// The paged KV cache, per layer K and V of `kv_dim` values a slot: as many blocks as the
+/// budget (bytes, or a fraction of the free memory) holds, plus the scratch block of padding
+/// rows; returns the budget's block count.
+#[allow(clippy::type_complexity)]
+fn kv_caches(
+    stream: &Arc<CudaStream>,
+    config: &ModelConfig,
+    options: &CudaOptions,
+    kv_dim: usize,
+) -> Result<(usize, Vec<CudaSlice<bf16>>, Vec<CudaSlice<bf16>>), CudaError> {
+    let per_block = config.num_layers * 2 * options.block_size * kv_dim * 2;
+    let kv_cache_bytes = match options.kv_memory_fraction {
+        None => options.kv_cache_bytes,
+        Some(fraction) => {
+            stream.context().bind_to_thread()?;
+            let (free, total) = strata_kernels::cudarc::driver::result::mem_get_info()?;
+            kv_bytes_from_fraction(fraction, free, total, per_block)?
+        }
+    };
+    // One block beyond the budget's count is the scratch block of padding rows.
+    let num_blocks = (kv_cache_bytes / per_block.max(1)).max(1);
+    let allocated = num_blocks + 1;
+    let mut k_cache = Vec::with_capacity(config.num_layers);
+    let mut v_cache = Vec::with_capacity(config.num_layers);
+    for _ in 0..config.num_layers {
+        k_cache.push(stream.alloc_zeros::<bf16>(allocated * options.block_size * kv_dim)?);
+        v_cache.push(stream.alloc_zeros::<bf16>(allocated * options.block_size * kv_dim)?);
+    }
+    Ok((num_blocks, k_cache, v_cache))
 }
 
 /// The KV cache of `fraction` of a GPU with `free` of `total` bytes free after the weights:
