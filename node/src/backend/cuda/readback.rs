@@ -127,76 +127,12 @@ impl CudaBackend {
     ) -> Result<Vec<Option<RowSummary>>, CudaError> {
         let n = rows.len();
         let (v, per) = (self.config.vocab_size, self.shard.vocab_per_rank);
-        // One upload: the rows' plans, then per row its descriptor (logits row, entry range,
-        // bitmask offset), then every shaping entry, then the grammar bitmasks.
-        let mut words: Vec<u32> = Vec::with_capacity(n * (SAMPLE_PLAN_WORDS + 2) + 1);
-        for &(row, plan) in rows {
-            let d = &plan.draw;
-            SamplePlan {
-                inv_t: d.inv_t,
-                min_p_ln: d.min_p_ln,
-                random: d.random,
-                top_p: d.top_p,
-                top_k: d.top_k,
-                logprobs: d.logprobs,
-                row: row as u32,
-            }
-            .write(&mut words);
-        }
-        // Per row: logits row, its entries' range, its bitmask's offset (after every entry).
-        let rows_at = words.len();
-        let mut entries: Vec<u32> = Vec::new();
-        let mut bitmasks: Vec<u32> = Vec::new();
-        let mut shaping = false;
-        let entries_len: usize = rows
-            .iter()
-            .map(|(_, p)| p.masked.len() + p.bias.len() + p.penalized.len() + p.subtract.len())
-            .sum::<usize>()
-            * SHAPE_ENTRY_WORDS;
-        for &(row, plan) in rows {
-            let first = (entries.len() / SHAPE_ENTRY_WORDS) as u32;
-            let in_row = |t: u32| (t as usize) < v;
-            let mut push = |token: u32, op: ShapeOp, value: f32| {
-                if in_row(token) {
-                    entries.extend([token, op as u32, value.to_bits()]);
-                }
-            };
-            plan.masked
-                .iter()
-                .for_each(|&t| push(t, ShapeOp::Mask, 0.0));
-            plan.bias
-                .iter()
-                .for_each(|&(t, b)| push(t, ShapeOp::Add, b));
-            for &t in &plan.penalized {
-                push(t, ShapeOp::Penalize, plan.penalty);
-            }
-            plan.subtract
-                .iter()
-                .for_each(|&(t, a)| push(t, ShapeOp::Subtract, a));
-            let end = (entries.len() / SHAPE_ENTRY_WORDS) as u32;
-            let bits_at = match &plan.allowed {
-                Some(bits) => {
-                    // The kernel reads `v` bits: a shorter mask allows nothing past its end.
-                    let at = entries_len + bitmasks.len();
-                    bitmasks.extend(
-                        bits.iter()
-                            .copied()
-                            .chain(std::iter::repeat(0))
-                            .take(v.div_ceil(32)),
-                    );
-                    at as u32
-                }
-                None => u32::MAX,
-            };
-            shaping |= end > first || bits_at != u32::MAX;
-            words.extend([row as u32, first, end, bits_at]);
-        }
-        let words_at = words.len();
-        words.extend_from_slice(&entries);
-        words.resize(words_at + entries_len, 0);
-        words.extend_from_slice(&bitmasks);
-        words.push(0); // never an empty buffer
-
+        let SampleInput {
+            words,
+            rows_at,
+            words_at,
+            shaping,
+        } = sample_input(rows, v);
         let out_words = n * (SAMPLE_HEAD_WORDS + SUMMARY_CAP * SAMPLE_CANDIDATE_WORDS);
         let s = &mut self.scratch;
         if s.sample_in.as_ref().is_none_or(|b| b.len() < words.len()) {
@@ -242,6 +178,21 @@ impl CudaBackend {
             .memcpy_dtoh(&output.slice(..out_words), &mut host)?;
         self.stream.synchronize()?;
 
+        self.read_summaries(rows, &host)
+    }
+
+    /// The rows' summaries from the sampling kernel's output read back (`host`): a row with
+    /// more candidates than the list holds is read whole and summarized on the host.
+    fn read_summaries(
+        &mut self,
+        rows: &[(usize, &RowPlan)],
+        host: &[u32],
+    ) -> Result<Vec<Option<RowSummary>>, CudaError> {
+        let (n, v, per) = (
+            rows.len(),
+            self.config.vocab_size,
+            self.shard.vocab_per_rank,
+        );
         let (heads, lists) = host.split_at(n * SAMPLE_HEAD_WORDS);
         let mut summaries = Vec::with_capacity(n);
         for (b, &(row, plan)) in rows.iter().enumerate() {
@@ -276,6 +227,94 @@ impl CudaBackend {
             }));
         }
         Ok(summaries)
+    }
+}
+
+/// One upload for the sampling kernels: the rows' plans, then per row its descriptor (logits
+/// row, entry range, bitmask offset), then every shaping entry, then the grammar bitmasks.
+struct SampleInput {
+    words: Vec<u32>,
+    /// Where the descriptors start, and the entries.
+    rows_at: usize,
+    words_at: usize,
+    /// Whether any row has shaping entries or a bitmask.
+    shaping: bool,
+}
+
+fn sample_input(rows: &[(usize, &RowPlan)], v: usize) -> SampleInput {
+    let n = rows.len();
+    let mut words: Vec<u32> = Vec::with_capacity(n * (SAMPLE_PLAN_WORDS + 2) + 1);
+    for &(row, plan) in rows {
+        let d = &plan.draw;
+        SamplePlan {
+            inv_t: d.inv_t,
+            min_p_ln: d.min_p_ln,
+            random: d.random,
+            top_p: d.top_p,
+            top_k: d.top_k,
+            logprobs: d.logprobs,
+            row: row as u32,
+        }
+        .write(&mut words);
+    }
+    // Per row: logits row, its entries' range, its bitmask's offset (after every entry).
+    let rows_at = words.len();
+    let mut entries: Vec<u32> = Vec::new();
+    let mut bitmasks: Vec<u32> = Vec::new();
+    let mut shaping = false;
+    let entries_len: usize = rows
+        .iter()
+        .map(|(_, p)| p.masked.len() + p.bias.len() + p.penalized.len() + p.subtract.len())
+        .sum::<usize>()
+        * SHAPE_ENTRY_WORDS;
+    for &(row, plan) in rows {
+        let first = (entries.len() / SHAPE_ENTRY_WORDS) as u32;
+        let in_row = |t: u32| (t as usize) < v;
+        let mut push = |token: u32, op: ShapeOp, value: f32| {
+            if in_row(token) {
+                entries.extend([token, op as u32, value.to_bits()]);
+            }
+        };
+        plan.masked
+            .iter()
+            .for_each(|&t| push(t, ShapeOp::Mask, 0.0));
+        plan.bias
+            .iter()
+            .for_each(|&(t, b)| push(t, ShapeOp::Add, b));
+        for &t in &plan.penalized {
+            push(t, ShapeOp::Penalize, plan.penalty);
+        }
+        plan.subtract
+            .iter()
+            .for_each(|&(t, a)| push(t, ShapeOp::Subtract, a));
+        let end = (entries.len() / SHAPE_ENTRY_WORDS) as u32;
+        let bits_at = match &plan.allowed {
+            Some(bits) => {
+                // The kernel reads `v` bits: a shorter mask allows nothing past its end.
+                let at = entries_len + bitmasks.len();
+                bitmasks.extend(
+                    bits.iter()
+                        .copied()
+                        .chain(std::iter::repeat(0))
+                        .take(v.div_ceil(32)),
+                );
+                at as u32
+            }
+            None => u32::MAX,
+        };
+        shaping |= end > first || bits_at != u32::MAX;
+        words.extend([row as u32, first, end, bits_at]);
+    }
+    let words_at = words.len();
+    words.extend_from_slice(&entries);
+    words.resize(words_at + entries_len, 0);
+    words.extend_from_slice(&bitmasks);
+    words.push(0); // never an empty buffer
+    SampleInput {
+        words,
+        rows_at,
+        words_at,
+        shaping,
     }
 }
 
