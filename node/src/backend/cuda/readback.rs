@@ -321,3 +321,54 @@ fn sample_input(rows: &[(usize, &RowPlan)], v: usize) -> SampleInput {
 fn no_step() -> CudaError {
     CudaError::Unsupported("logits were read before any step ran".to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_model::sampler::DrawParams;
+
+    fn plan(masked: Vec<u32>, bias: Vec<(u32, f32)>, allowed: Option<Vec<u32>>) -> RowPlan {
+        RowPlan {
+            draw: DrawParams {
+                inv_t: 1.0,
+                top_k: 0,
+                top_p: 0,
+                min_p_ln: f64::NEG_INFINITY,
+                logprobs: None,
+                random: 7,
+            },
+            allowed,
+            masked,
+            bias,
+            penalty: 1.0,
+            penalized: Vec::new(),
+            subtract: Vec::new(),
+        }
+    }
+
+    /// The upload's layout: plans, descriptors, entries (tokens outside the vocabulary dropped,
+    /// their room kept), bitmasks padded to the vocabulary.
+    #[test]
+    fn sample_input_lays_out_plans_descriptors_entries_and_bitmasks() {
+        let v = 40;
+        let a = plan(vec![3, 99], vec![(5, 0.5)], None);
+        let b = plan(Vec::new(), Vec::new(), Some(vec![0b1011]));
+        let input = sample_input(&[(2, &a), (0, &b)], v);
+        assert_eq!(input.rows_at, 2 * SAMPLE_PLAN_WORDS);
+        assert_eq!(input.words_at, input.rows_at + 2 * 4);
+        assert!(input.shaping);
+        let desc = &input.words[input.rows_at..input.words_at];
+        // Row 2: entries 0..2 (token 99 is past the vocabulary), no bitmask.
+        assert_eq!(desc[..4], [2, 0, 2, u32::MAX]);
+        // Row 0: no entries; its bitmask after the three entries' room.
+        assert_eq!(desc[4..], [0, 2, 2, 3 * SHAPE_ENTRY_WORDS as u32]);
+        let entries = &input.words[input.words_at..];
+        assert_eq!(entries[..3], [3, ShapeOp::Mask as u32, 0]);
+        assert_eq!(entries[3..6], [5, ShapeOp::Add as u32, 0.5f32.to_bits()]);
+        // The bitmask: one word given, two words for 40 tokens, then the closing zero.
+        assert_eq!(entries[9..], [0b1011, 0, 0]);
+        // Nothing to shape: the kernel is skipped.
+        let plain = plan(Vec::new(), Vec::new(), None);
+        assert!(!sample_input(&[(0, &plain)], v).shaping);
+    }
+}
