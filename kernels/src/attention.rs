@@ -288,51 +288,11 @@ impl Kernels {
         out: &mut CudaViewMut<'_, bf16>,
     ) -> Result<(), KernelError> {
         const K: &str = "decode_attention";
-        check_heads_and_cache(K, heads, cache, stream)?;
-        let d = heads.head_dim;
-        let n = batch.context_lens.len();
-        let row = heads.n_q_heads * d;
-        ensure_shape!(
-            batch.q.len() == n * row && out.len() == n * row,
-            K,
-            "q {} / out {} elements != batch {n} x n_q_heads {} x head_dim {d}",
-            batch.q.len(),
-            out.len(),
-            heads.n_q_heads
-        );
-        ensure_shape!(
-            batch.block_tables.len() == n * batch.max_blocks_per_seq,
-            K,
-            "block_tables {} elements != batch {n} x max_blocks_per_seq {}",
-            batch.block_tables.len(),
-            batch.max_blocks_per_seq
-        );
+        let n = check_decode(heads, cache, batch, workspace, out, stream)?;
         if n == 0 {
             return Ok(());
         }
-        ensure_shape!(
-            batch.max_context > 0 && batch.max_blocks_per_seq > 0,
-            K,
-            "max_context {} and max_blocks_per_seq {} must be positive",
-            batch.max_context,
-            batch.max_blocks_per_seq
-        );
-        ensure_shape!(n <= 65535, K, "batch {n} exceeds the grid's 65535");
-        let need = decode_workspace_elems(n, heads.n_q_heads, d, batch.max_context);
-        ensure_shape!(
-            workspace.len() >= need,
-            K,
-            "workspace {} f32 < {need} needed (decode_workspace_elems)",
-            workspace.len()
-        );
-        aligned16(K, "q", address(&batch.q, stream))?;
-        ensure_shape!(
-            address_mut(workspace, stream).is_multiple_of(8)
-                && address_mut(out, stream).is_multiple_of(4),
-            K,
-            "workspace must be 8-byte and out 4-byte aligned"
-        );
-
+        let d = heads.head_dim;
         let group = heads.n_q_heads / heads.n_kv_heads;
         // Rows per block: the whole group when it fits (each K/V byte read once per group);
         // 16 rows only at head_dim 128, where they still fit the default shared memory.
@@ -644,6 +604,64 @@ impl Kernels {
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }
+}
+
+/// `decode_attention`'s arguments against the layout its kernels index: the batch's rows, its
+/// block tables, the workspace, alignments and the grid's limits. Returns the batch size.
+fn check_decode(
+    heads: &AttentionHeads,
+    cache: &PagedKv<'_>,
+    batch: &DecodeBatch<'_>,
+    workspace: &mut CudaViewMut<'_, f32>,
+    out: &mut CudaViewMut<'_, bf16>,
+    stream: &Arc<CudaStream>,
+) -> Result<usize, KernelError> {
+    const K: &str = "decode_attention";
+    check_heads_and_cache(K, heads, cache, stream)?;
+    let d = heads.head_dim;
+    let n = batch.context_lens.len();
+    let row = heads.n_q_heads * d;
+    ensure_shape!(
+        batch.q.len() == n * row && out.len() == n * row,
+        K,
+        "q {} / out {} elements != batch {n} x n_q_heads {} x head_dim {d}",
+        batch.q.len(),
+        out.len(),
+        heads.n_q_heads
+    );
+    ensure_shape!(
+        batch.block_tables.len() == n * batch.max_blocks_per_seq,
+        K,
+        "block_tables {} elements != batch {n} x max_blocks_per_seq {}",
+        batch.block_tables.len(),
+        batch.max_blocks_per_seq
+    );
+    if n == 0 {
+        return Ok(0);
+    }
+    ensure_shape!(
+        batch.max_context > 0 && batch.max_blocks_per_seq > 0,
+        K,
+        "max_context {} and max_blocks_per_seq {} must be positive",
+        batch.max_context,
+        batch.max_blocks_per_seq
+    );
+    ensure_shape!(n <= 65535, K, "batch {n} exceeds the grid's 65535");
+    let need = decode_workspace_elems(n, heads.n_q_heads, d, batch.max_context);
+    ensure_shape!(
+        workspace.len() >= need,
+        K,
+        "workspace {} f32 < {need} needed (decode_workspace_elems)",
+        workspace.len()
+    );
+    aligned16(K, "q", address(&batch.q, stream))?;
+    ensure_shape!(
+        address_mut(workspace, stream).is_multiple_of(8)
+            && address_mut(out, stream).is_multiple_of(4),
+        K,
+        "workspace must be 8-byte and out 4-byte aligned"
+    );
+    Ok(n)
 }
 
 /// The scalar launch arguments both prefill kernels take, converted and checked once.
