@@ -551,58 +551,6 @@ pub(super) fn staggered_batch(
     Ok((tables, contexts, tokens))
 }
 
-/// Graph replay against eager launches, bit for bit, at each batch size: sequences of staggered
-/// context lengths (so the padded rows, the table width and the split counts all vary), the same
-/// step run with graphs on and off. The canary changes one row's token in the eager run and
-/// must be told apart.
-fn check_graphs(
-    backend: &mut CudaBackend,
-    batches: &[usize],
-    context: usize,
-    blocks_per_seq: usize,
-    vocab: usize,
-) -> Result<Value> {
-    let mut checks = Vec::new();
-    for &batch in batches {
-        let (tables, contexts, tokens) =
-            staggered_batch(backend, batch, context, blocks_per_seq, vocab)?;
-        backend.set_graphs(true);
-        let graphs_before = backend.captured_graphs();
-        let replayed = decode_step(backend, &tables, &contexts, &tokens)?;
-        // A second replay of the same graph, after its capture.
-        let replayed_again = decode_step(backend, &tables, &contexts, &tokens)?;
-        backend.set_graphs(false);
-        let eager = decode_step(backend, &tables, &contexts, &tokens)?;
-        let mut canary_tokens = tokens.clone();
-        canary_tokens[0] = (canary_tokens[0] + 1) % vocab as u32;
-        let canary = decode_step(backend, &tables, &contexts, &canary_tokens)?;
-        backend.set_graphs(true);
-        let same = |a: &[f32], b: &[f32]| {
-            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-        };
-        let identical = same(&replayed, &eager) && same(&replayed_again, &eager);
-        let canary_caught = !same(&canary, &eager);
-        let captured = backend.captured_graphs() > graphs_before;
-        println!(
-            "  graphs batch {batch:>3}: replay {} eager, canary {}, {} graph(s) cached",
-            if identical { "==" } else { "!=" },
-            if canary_caught { "caught" } else { "MISSED" },
-            backend.captured_graphs()
-        );
-        ensure!(
-            identical,
-            "batch {batch}: graph replay differs from eager launches"
-        );
-        ensure!(
-            canary_caught,
-            "batch {batch}: the canary was not told apart"
-        );
-        checks.push(json!({"batch": batch, "bitwise_identical": identical,
-            "canary_caught": canary_caught, "captured_new_graph": captured}));
-    }
-    Ok(Value::Array(checks))
-}
-
 /// Median, min and max seconds per decode step of `tables`, `steps` timed after 8 warm-ups.
 /// Every row is sampled greedily on the device, as the engine serves greedy requests.
 fn time_decode(
@@ -625,8 +573,15 @@ fn time_decode(
     Ok(median(times))
 }
 
-fn decode(args: DecodeArgs) -> Result<()> {
-    let (config, checkpoint, source) = match (&args.model, &args.config) {
+/// The shape `decode` runs: a checkpoint's (`--model`) or a config's alone (synthesized).
+fn decode_source(
+    args: &DecodeArgs,
+) -> Result<(
+    ModelConfig,
+    Option<strata_model::weights::Checkpoint>,
+    std::path::PathBuf,
+)> {
+    Ok(match (&args.model, &args.config) {
         (Some(model), _) => {
             let config = ModelConfig::from_dir(model)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", model.display()))?;
@@ -638,7 +593,59 @@ fn decode(args: DecodeArgs) -> Result<()> {
         }
         (None, Some(path)) => (read_config(path)?, None, path.clone()),
         (None, None) => bail!("give --config or --model"),
-    };
+    })
+}
+
+/// `--profile`: the eager step's time beside the graphs' median `med`, and one profiled step's
+/// time per kernel family, printed and added to `result`.
+fn profile_step(
+    backend: &mut CudaBackend,
+    tables: &[Vec<u32>],
+    args: &DecodeArgs,
+    med: f64,
+    result: &mut Value,
+) -> Result<()> {
+    backend.set_graphs(false);
+    let (_, eager, _) = time_decode(backend, tables, args.context, args.steps)?;
+    backend.profile_next_step();
+    decode_step(
+        backend,
+        tables,
+        &vec![args.context; tables.len()],
+        &vec![11; tables.len()],
+    )?;
+    backend.set_graphs(true);
+    let profile = backend
+        .take_profile()
+        .context("the profiled step left no profile")?;
+    let total: f64 = profile.families.iter().map(|f| f.1).sum();
+    println!(
+        "             eager {:.3} ms (graphs save {:.1} %); profiled step {:.3} ms:",
+        eager * 1e3,
+        100.0 * (1.0 - med / eager),
+        total
+    );
+    for (family, ms, launches) in &profile.families {
+        println!(
+            "               {family:<14} {ms:>8.3} ms {:>5.1} % ({launches} launches)",
+            100.0 * ms / total
+        );
+    }
+    result["eager_step_ms"] = json!(eager * 1e3);
+    result["profile_ms"] = Value::Object(
+        profile
+            .families
+            .iter()
+            .map(|(family, ms, launches)| {
+                (family.to_string(), json!({"ms": ms, "launches": launches}))
+            })
+            .collect(),
+    );
+    Ok(())
+}
+
+fn decode(args: DecodeArgs) -> Result<()> {
+    let (config, checkpoint, source) = decode_source(&args)?;
     let max_batch = args
         .batch
         .iter()
@@ -680,7 +687,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         formats.join(", "),
         args.context
     );
-    let graph_checks = check_graphs(
+    let graph_checks = super::gpu_sampling::check_graphs(
         &mut backend,
         &args.check_graphs,
         args.context,
@@ -736,42 +743,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
             "roofline_fraction": ideal / med, "runs": args.steps, "graphs": true,
             "sampled_step_ms": {"device": sampled_device * 1e3, "host": sampled_host * 1e3}});
         if args.profile {
-            backend.set_graphs(false);
-            let (_, eager, _) = time_decode(&mut backend, &tables, args.context, args.steps)?;
-            backend.profile_next_step();
-            decode_step(
-                &mut backend,
-                &tables,
-                &vec![args.context; batch],
-                &vec![11; batch],
-            )?;
-            backend.set_graphs(true);
-            let profile = backend
-                .take_profile()
-                .context("the profiled step left no profile")?;
-            let total: f64 = profile.families.iter().map(|f| f.1).sum();
-            println!(
-                "             eager {:.3} ms (graphs save {:.1} %); profiled step {:.3} ms:",
-                eager * 1e3,
-                100.0 * (1.0 - med / eager),
-                total
-            );
-            for (family, ms, launches) in &profile.families {
-                println!(
-                    "               {family:<14} {ms:>8.3} ms {:>5.1} % ({launches} launches)",
-                    100.0 * ms / total
-                );
-            }
-            result["eager_step_ms"] = json!(eager * 1e3);
-            result["profile_ms"] = Value::Object(
-                profile
-                    .families
-                    .iter()
-                    .map(|(family, ms, launches)| {
-                        (family.to_string(), json!({"ms": ms, "launches": launches}))
-                    })
-                    .collect(),
-            );
+            profile_step(&mut backend, &tables, &args, med, &mut result)?;
         }
         results.push(result);
     }

@@ -1,6 +1,6 @@
-//! `strata gpu decode`'s sampling gates and timing: greedy rows reduced on the device, and rows
-//! sampled on the device (shaping and the row pass in CUDA, the finish on the host), each against
-//! the CPU sampler over the same step's logits.
+//! `strata gpu decode`'s gates and sampling timing: graph replay against eager launches, greedy
+//! rows reduced on the device, and rows sampled on the device (shaping and the row pass in CUDA,
+//! the finish on the host), each against the CPU sampler over the same step's logits.
 
 use anyhow::{Result, ensure};
 use serde_json::{Value, json};
@@ -381,4 +381,56 @@ pub(super) fn time_sampled(
 fn backend_vocab(backend: &CudaBackend) -> usize {
     use strata_node::backend::Backend;
     backend.model_config().vocab_size
+}
+
+/// Graph replay against eager launches, bit for bit, at each batch size: sequences of staggered
+/// context lengths (so the padded rows, the table width and the split counts all vary), the same
+/// step run with graphs on and off. The canary changes one row's token in the eager run and
+/// must be told apart.
+pub(super) fn check_graphs(
+    backend: &mut CudaBackend,
+    batches: &[usize],
+    context: usize,
+    blocks_per_seq: usize,
+    vocab: usize,
+) -> Result<Value> {
+    let mut checks = Vec::new();
+    for &batch in batches {
+        let (tables, contexts, tokens) =
+            staggered_batch(backend, batch, context, blocks_per_seq, vocab)?;
+        backend.set_graphs(true);
+        let graphs_before = backend.captured_graphs();
+        let replayed = decode_step(backend, &tables, &contexts, &tokens)?;
+        // A second replay of the same graph, after its capture.
+        let replayed_again = decode_step(backend, &tables, &contexts, &tokens)?;
+        backend.set_graphs(false);
+        let eager = decode_step(backend, &tables, &contexts, &tokens)?;
+        let mut canary_tokens = tokens.clone();
+        canary_tokens[0] = (canary_tokens[0] + 1) % vocab as u32;
+        let canary = decode_step(backend, &tables, &contexts, &canary_tokens)?;
+        backend.set_graphs(true);
+        let same = |a: &[f32], b: &[f32]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+        };
+        let identical = same(&replayed, &eager) && same(&replayed_again, &eager);
+        let canary_caught = !same(&canary, &eager);
+        let captured = backend.captured_graphs() > graphs_before;
+        println!(
+            "  graphs batch {batch:>3}: replay {} eager, canary {}, {} graph(s) cached",
+            if identical { "==" } else { "!=" },
+            if canary_caught { "caught" } else { "MISSED" },
+            backend.captured_graphs()
+        );
+        ensure!(
+            identical,
+            "batch {batch}: graph replay differs from eager launches"
+        );
+        ensure!(
+            canary_caught,
+            "batch {batch}: the canary was not told apart"
+        );
+        checks.push(json!({"batch": batch, "bitwise_identical": identical,
+            "canary_caught": canary_caught, "captured_new_graph": captured}));
+    }
+    Ok(Value::Array(checks))
 }
