@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use clap::Subcommand;
 use strata_kernels::bench::GemvTiming;
-use strata_kernels::cudarc::driver::CudaContext;
+use strata_kernels::cudarc::driver::{CudaContext, CudaStream};
 use strata_kernels::selftest_lowp::RowQuant;
 use strata_kernels::tiles::TileFormat;
 use strata_kernels::{
@@ -110,6 +110,13 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
     let ctx = open(device, "bench")?;
     let kernels = Kernels::load(&ctx, None).context("loading the kernels")?;
     let stream = ctx.new_stream().context("creating a stream")?;
+    bench_decode_rows(&kernels, &stream, rows)?;
+    bench_prompt_rows(&kernels, &stream)
+}
+
+/// Decode rows: the GEMV variants, the block formats and the pinned cuBLASLt GEMM on the 8B
+/// projections and the LM head, at each of `rows`.
+fn bench_decode_rows(kernels: &Kernels, stream: &Arc<CudaStream>, rows: &[usize]) -> Result<()> {
     // Llama-3-8B projections: qkv, o, gate_up, down; and the f32 LM head.
     let mut shapes = Vec::new();
     for &m in rows {
@@ -141,8 +148,8 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
     ];
     let (narrow, wide): (Vec<_>, Vec<_>) =
         shapes.into_iter().partition(|&(m, ..)| m <= GEMV_FMA_MAX_M);
-    strata_kernels::bench::gemv_timings(&kernels, &stream, &narrow, &variants, &mut print)?;
-    strata_kernels::bench::gemv_timings(&kernels, &stream, &wide, &variants[1..], &mut print)?;
+    strata_kernels::bench::gemv_timings(kernels, stream, &narrow, &variants, &mut print)?;
+    strata_kernels::bench::gemv_timings(kernels, stream, &wide, &variants[1..], &mut print)?;
     // The block formats on the same projections (bf16 out), where the weights are the bytes
     // that move: GGUF's Q4_K and Q8_0 beside the safetensors NVFP4 and FP8.
     println!(
@@ -163,8 +170,8 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
         })
         .collect();
     strata_kernels::bench::gemv_block_timings(
-        &kernels,
-        &stream,
+        kernels,
+        stream,
         &formats,
         &block_shapes,
         &[GemvVariant::Mma, GemvVariant::Mma2],
@@ -187,8 +194,13 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
     let mut print = |t: &strata_kernels::bench::GemmTiming| {
         print_timing("Gemm", (t.m, t.n, t.k, t.f32_out), t.micros, t.gbytes_per_s);
     };
-    strata_kernels::bench::gemm_timings(&stream, &all, &mut print)?;
+    strata_kernels::bench::gemm_timings(stream, &all, &mut print)?;
+    Ok(())
+}
 
+/// Prompt rows: a 4k prefill's GEMMs (bf16 and FP8), the run-order GEMM against the pinned
+/// cuBLASLt GEMM, and prefill attention, on the 8B shape.
+fn bench_prompt_rows(kernels: &Kernels, stream: &Arc<CudaStream>) -> Result<()> {
     // Prompt rows of a 4k prefill through the bf16 GEMM and the FP8 (e4m3) GEMM: the W8A8 path's
     // product (its scales, one more elementwise pass, not included).
     println!(
@@ -199,7 +211,7 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
         [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)].map(|(n, k)| (4096, n, k));
     // A failure here (an FP8 GEMM this cuBLASLt or GPU refuses) is printed, not fatal: the
     // timings above stand, and the selftest is the FP8 path's gate.
-    let timed = strata_kernels::bench::prefill_gemm_timings(&stream, &shapes, &mut |t| {
+    let timed = strata_kernels::bench::prefill_gemm_timings(stream, &shapes, &mut |t| {
         println!(
             "{:<9} {:>5} {:>6} {:>6} {:>10.1} {:>8.1}",
             if t.fp8 { "gemm fp8" } else { "gemm bf16" },
@@ -227,7 +239,7 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
             [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)].map(|(n, k)| (m, n, k))
         })
         .collect();
-    let timed = strata_kernels::bench::runs_gemm_timings(&kernels, &stream, &shapes, &mut |t| {
+    let timed = strata_kernels::bench::runs_gemm_timings(kernels, stream, &shapes, &mut |t| {
         println!(
             "{:<9} {:>5} {:>6} {:>6} {:>10.1} {:>8.0} {:>8.1}",
             t.kernel, t.m, t.n, t.k, t.micros, t.gbytes_per_s, t.tflops
@@ -257,7 +269,7 @@ fn bench(device: usize, rows: &[usize]) -> Result<()> {
         );
     };
     strata_kernels::bench::prefill_attention_timings(
-        &kernels, &stream, &shapes, &variants, &mut print,
+        kernels, stream, &shapes, &variants, &mut print,
     )?;
     Ok(())
 }
