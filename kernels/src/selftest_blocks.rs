@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, CudaStream};
 use half::{bf16, f16};
 
 use crate::selftest::{Rng, download, poisoned_bf16, poisoned_f32, upload};
@@ -108,6 +108,9 @@ pub fn check_blocks(
     results
 }
 
+/// The row-parallel shards the checks cut K into.
+const SHARDS: usize = 8;
+
 fn check_format(
     kernels: &Kernels,
     s: &Arc<CudaStream>,
@@ -115,9 +118,8 @@ fn check_format(
     format: BlockFormat,
     reference: Dequantizer<'_>,
 ) -> Result<Vec<CheckResult>, KernelError> {
-    // 8 shards of 256 columns (a K-quant block each); a row count that is no multiple of the
-    // GEMV's 16 or 32 rows per block.
-    const SHARDS: usize = 8;
+    // SHARDS shards of 256 columns (a K-quant block each); a row count that is no multiple of
+    // the GEMV's 16 or 32 rows per block.
     let (n, k) = (72, SHARDS * 256);
     let name = format.kernel_name();
     let mut results = Vec::new();
@@ -187,14 +189,53 @@ fn check_format(
         }
     }
 
-    // f32 out (the LM head) and the row-parallel shards.
+    let held = Held {
+        format,
+        blocks: &dw,
+        wide: &wide,
+        case: &case,
+        n,
+        k,
+    };
+    results.extend(check_f32_and_shards(kernels, s, rng, &held)?);
+    results.push(check_embed(kernels, s, rng, &held)?);
+    Ok(results)
+}
+
+/// A format's weights on the device for its checks: the blocks, their dequantized bf16 copy,
+/// the case's name and the shape.
+struct Held<'a> {
+    format: BlockFormat,
+    blocks: &'a CudaSlice<u8>,
+    wide: &'a CudaSlice<bf16>,
+    case: &'a str,
+    n: usize,
+    k: usize,
+}
+
+/// f32 out (the LM head) and the row-parallel shards, against the bf16-weight kernels.
+fn check_f32_and_shards(
+    kernels: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    held: &Held<'_>,
+) -> Result<Vec<CheckResult>, KernelError> {
+    let &Held {
+        format,
+        blocks,
+        wide,
+        case,
+        n,
+        k,
+    } = held;
+    let mut results = Vec::new();
     let m = 5;
     let x = upload(s, &rng.bf16_vec(m * k, 1.0, 0.0))?;
     for variant in [GemvVariant::Mma, GemvVariant::Mma2] {
         let mut q = poisoned_f32(s, m * n)?;
-        kernels.gemv_blocks(variant, s, &mut q, &x, &dw, format, (m, n, k))?;
+        kernels.gemv_blocks(variant, s, &mut q, &x, blocks, format, (m, n, k))?;
         let mut b = poisoned_f32(s, m * n)?;
-        kernels.gemv_with(variant, s, &mut b, &x, &wide, (m, n, k))?;
+        kernels.gemv_with(variant, s, &mut b, &x, wide, (m, n, k))?;
         results.push(invariance_result(
             "gemv_blocks",
             format!("{case} m={m} f32 {variant:?}: vs the bf16-weight GEMV"),
@@ -208,22 +249,38 @@ fn check_format(
         s,
         &mut q,
         &x,
-        &dw,
+        blocks,
         format,
         (m, n),
         (SHARDS, kslice, k),
         stride,
     )?;
     let mut b = poisoned_f32(s, SHARDS * stride)?;
-    kernels.gemv_shards(s, &mut b, &x, &wide, (m, n), (SHARDS, kslice, k), stride)?;
+    kernels.gemv_shards(s, &mut b, &x, wide, (m, n), (SHARDS, kslice, k), stride)?;
     results.push(invariance_result(
         "gemv_shards_blocks",
         format!("{case} m={m} {SHARDS}x{kslice}: vs the bf16-weight shard GEMV"),
         false,
         bit_mismatches(&download(s, &q)?, &download(s, &b)?),
     ));
+    Ok(results)
+}
 
-    // The embedding gather, ids in and out of the table's rows.
+/// The embedding gather, ids in and out of the table's rows, against the bf16 gather.
+fn check_embed(
+    kernels: &Kernels,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    held: &Held<'_>,
+) -> Result<CheckResult, KernelError> {
+    let &Held {
+        format,
+        blocks,
+        wide,
+        case,
+        n,
+        k,
+    } = held;
     let tokens = 24;
     let ids: Vec<u32> = (0..tokens).map(|_| rng.below(n + 8) as u32).collect();
     let dids = upload(s, &ids)?;
@@ -231,7 +288,7 @@ fn check_format(
     kernels.embed_rows_blocks(
         s,
         &mut q,
-        &dw,
+        blocks,
         format,
         &dids,
         tokens,
@@ -240,12 +297,11 @@ fn check_format(
         bf16::NEG_ZERO,
     )?;
     let mut b = poisoned_bf16(s, tokens * k)?;
-    kernels.embed_rows(s, &mut b, &wide, &dids, tokens, k, 0..n, bf16::NEG_ZERO)?;
-    results.push(invariance_result(
+    kernels.embed_rows(s, &mut b, wide, &dids, tokens, k, 0..n, bf16::NEG_ZERO)?;
+    Ok(invariance_result(
         "embed_blocks",
         format!("{case} {tokens} ids: vs the bf16 gather from the dequantized table"),
         false,
         bf16_mismatches(&download(s, &q)?, &download(s, &b)?),
-    ));
-    Ok(results)
+    ))
 }
