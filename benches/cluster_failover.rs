@@ -370,44 +370,7 @@ async fn run_group(voters: usize, kills: usize) -> Result<Outcome> {
 
     let mut times = Vec::with_capacity(kills);
     for round in 0..kills {
-        // A leader that commits: some write acknowledged after it was named.
-        group.leader().await?;
-        let (named, mark) = (journal.now(), journal.mark());
-        let deadline = Instant::now() + SETUP_TIMEOUT;
-        while journal.first_ack_since(named, mark).is_none() {
-            ensure!(Instant::now() < deadline, "round {round}: no write commits");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let (leader, _) = group.leader().await?;
-
-        let killed = journal.now();
-        group.members[leader].kill();
-        // Writes invoked once the process is gone can only be committed by a new leader.
-        let (gone, mark) = (journal.now(), journal.mark());
-        let deadline = Instant::now() + FAILOVER_TIMEOUT;
-        let first = loop {
-            if let Some(at) = journal.first_ack_since(gone, mark) {
-                break at;
-            }
-            ensure!(
-                Instant::now() < deadline,
-                "round {round}: nothing committed within {FAILOVER_TIMEOUT:?} of the kill"
-            );
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        };
-        let took = first - killed;
-        times.push(took);
-
-        // Back to full size: the killed member restarts from disk and catches up.
-        group.members[leader].restart()?;
-        let (_, applied) = group.leader().await?;
-        wait_applied(&group.client, &group.addrs[leader], applied).await?;
-        eprintln!(
-            "{voters} voters, kill {}/{kills}: member {} killed, first commit after {:.1} ms",
-            round + 1,
-            leader + 1,
-            took.as_secs_f64() * 1e3
-        );
+        times.push(kill_round(&mut group, &journal, (voters, round, kills)).await?);
     }
 
     stop.store(true, Ordering::Relaxed);
@@ -477,6 +440,53 @@ async fn run_group(voters: usize, kills: usize) -> Result<Outcome> {
         report,
         sound: linearizable && lost.is_empty() && canary,
     })
+}
+
+/// One round: a committing leader is SIGKILLed; returns the time from the kill to the first
+/// write a new leader committed, once the killed member has restarted from disk and caught up.
+async fn kill_round(
+    group: &mut Group,
+    journal: &Journal,
+    (voters, round, kills): (usize, usize, usize),
+) -> Result<Duration> {
+    // A leader that commits: some write acknowledged after it was named.
+    group.leader().await?;
+    let (named, mark) = (journal.now(), journal.mark());
+    let deadline = Instant::now() + SETUP_TIMEOUT;
+    while journal.first_ack_since(named, mark).is_none() {
+        ensure!(Instant::now() < deadline, "round {round}: no write commits");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (leader, _) = group.leader().await?;
+
+    let killed = journal.now();
+    group.members[leader].kill();
+    // Writes invoked once the process is gone can only be committed by a new leader.
+    let (gone, mark) = (journal.now(), journal.mark());
+    let deadline = Instant::now() + FAILOVER_TIMEOUT;
+    let first = loop {
+        if let Some(at) = journal.first_ack_since(gone, mark) {
+            break at;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "round {round}: nothing committed within {FAILOVER_TIMEOUT:?} of the kill"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let took = first - killed;
+
+    // Back to full size: the killed member restarts from disk and catches up.
+    group.members[leader].restart()?;
+    let (_, applied) = group.leader().await?;
+    wait_applied(&group.client, &group.addrs[leader], applied).await?;
+    eprintln!(
+        "{voters} voters, kill {}/{kills}: member {} killed, first commit after {:.1} ms",
+        round + 1,
+        leader + 1,
+        took.as_secs_f64() * 1e3
+    );
+    Ok(took)
 }
 
 /// Nearest-rank percentile of sorted figures.
