@@ -152,8 +152,10 @@ fn cancel_deadline_and_disconnect_end_requests() {
     engine.cancel(stream.id).unwrap();
     assert_eq!(drain(stream).1, FinishReason::Cancelled);
 
+    // The deadline must come before the context window does: the tiny model's 236 tokens to its
+    // 256 positions take about 40 ms on two cores, so a 50 ms deadline raced them.
     let mut r = request(20, 100_000);
-    r.deadline = Some(Duration::from_millis(50));
+    r.deadline = Some(Duration::from_millis(5));
     assert_eq!(drain(engine.submit(r).unwrap()).1, FinishReason::Timeout);
 
     // A dropped stream is a client that went away: the engine stops that request and serves on.
