@@ -34,7 +34,7 @@ use strata_topology::transport::{Client, OperatorIdentity, operator_endpoint};
 
 use cluster::{
     Process, complete_with, completion_body, dechunk, deploy_local_with, get, metric, serial,
-    strata, stream_text, synth,
+    strata, stream_text, synth, without_model_label,
 };
 
 /// Tokens per stream: long enough that streams are running through every fault.
@@ -419,8 +419,35 @@ fn chaos(router_args: &str) -> Outcome {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(1, |d| d.as_nanos() as u64)
         });
-    let (victim_node, victim_router) = (1 + seed % 3, 1 + (seed / 3) % 2);
-    eprintln!("chaos seed {seed}: node-{victim_node} and router-{victim_router} die");
+    let (seeded_node, victim_router) = (1 + seed % 3, 1 + (seed / 3) % 2);
+    // The node that dies runs streams when it does: cache-aware routing may keep every stream on
+    // one node while it keeps up, and killing another would hit none. The busiest node by the
+    // routers' view of the loads, the seed's when none is busier.
+    let running = |i: u64| -> f64 {
+        let label = format!(
+            "strata_engine_requests_running{{node=\"127.0.0.1:{}\"}}",
+            u64::from(base) + 10 * i + 2
+        );
+        routers
+            .iter()
+            .map(|r| {
+                get(*r, "/metrics")
+                    .lines()
+                    .map(without_model_label)
+                    .find(|l| l.starts_with(&label))
+                    .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            })
+            .sum()
+    };
+    let loads: Vec<f64> = (1..=3).map(running).collect();
+    let victim_node = (1..=3u64)
+        .filter(|&i| loads[i as usize - 1] > loads[seeded_node as usize - 1])
+        .max_by(|a, b| loads[*a as usize - 1].total_cmp(&loads[*b as usize - 1]))
+        .unwrap_or(seeded_node);
+    eprintln!(
+        "chaos seed {seed}: node-{victim_node} (running {loads:?}) and router-{victim_router} die"
+    );
     let node = format!("node-{victim_node}");
     let before = said(&dir, &node, declared);
     kill_and_restart(&dir, &node, Duration::from_millis(500));
