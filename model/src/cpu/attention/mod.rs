@@ -166,8 +166,6 @@ fn attend(
             (first, r.position)
         })
         .collect();
-    let lo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
-    let hi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
     let queries = ranges.len() * per_row;
     let query = |qi: usize| {
         let (r, h) = (qi / per_row, rows.heads.start + qi % per_row);
@@ -182,29 +180,13 @@ fn attend(
 
     // Scores: every run of keys once, to each query whose range holds part of it.
     walk(
-        lo,
-        hi,
-        kv_dim,
+        &ranges,
+        (kv_dim, kv_off),
         |p| kv.key_run(seq, layer, p),
-        |p0, run| {
-            let n = run.len() / kv_dim;
-            for (r, &(first, last)) in ranges.iter().enumerate() {
-                let (from, to) = (first.max(p0), last.min(p0 + n - 1));
-                if from > to {
-                    continue;
-                }
-                let keys = &run[(from - p0) * kv_dim + kv_off..];
-                for qi in r * per_row..(r + 1) * per_row {
-                    let run_max = dot_rows(
-                        query(qi),
-                        keys,
-                        kv_dim,
-                        to + 1 - from,
-                        scale,
-                        &mut scores[qi],
-                    );
-                    max[qi] = max[qi].max(run_max);
-                }
+        |r, _, n, keys| {
+            for qi in r * per_row..(r + 1) * per_row {
+                let run_max = dot_rows(query(qi), keys, kv_dim, n, scale, &mut scores[qi]);
+                max[qi] = max[qi].max(run_max);
             }
         },
     );
@@ -221,44 +203,43 @@ fn attend(
     // Values, in ascending position for every query.
     let mut out = vec![0.0f32; queries * head_dim];
     walk(
-        lo,
-        hi,
-        kv_dim,
+        &ranges,
+        (kv_dim, kv_off),
         |p| kv.value_run(seq, layer, p),
-        |p0, run| {
-            let n = run.len() / kv_dim;
-            for (r, &(first, last)) in ranges.iter().enumerate() {
-                let (from, to) = (first.max(p0), last.min(p0 + n - 1));
-                if from > to {
-                    continue;
-                }
-                let values = &run[(from - p0) * kv_dim + kv_off..];
-                for qi in r * per_row..(r + 1) * per_row {
-                    let o = &mut out[qi * head_dim..(qi + 1) * head_dim];
-                    let weights = &scores[qi][from - first..=to - first];
-                    axpy_rows(o, weights, values, kv_dim);
-                }
+        |r, at, n, values| {
+            for qi in r * per_row..(r + 1) * per_row {
+                let o = &mut out[qi * head_dim..(qi + 1) * head_dim];
+                axpy_rows(o, &scores[qi][at..at + n], values, kv_dim);
             }
         },
     );
     out
 }
 
-/// Calls `each(first, rows)` for the positions `lo..=hi` in ascending order, a contiguous run at
-/// a time: `rows` holds the rows of positions `first..first + rows.len() / row_len`.
+/// Walks the positions every row's range (`first..=last`) covers in ascending order, a
+/// contiguous run of `row_len`-value K or V rows at a time, and calls `each(r, at, n, rows)` for
+/// each row `r` whose range holds part of the run: its `n` positions from `first + at`, `rows`
+/// starting at the first one's values at `offset` (one KV head's).
 fn walk<'a>(
-    lo: usize,
-    hi: usize,
-    row_len: usize,
+    ranges: &[(usize, usize)],
+    (row_len, offset): (usize, usize),
     run: impl Fn(usize) -> &'a [f32],
-    mut each: impl FnMut(usize, &[f32]),
+    mut each: impl FnMut(usize, usize, usize, &[f32]),
 ) {
+    let lo = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+    let hi = ranges.iter().map(|r| r.1).max().unwrap_or(0);
     let mut p = lo;
     while p <= hi {
         let rows = run(p);
         let n = (rows.len() / row_len).min(hi + 1 - p);
         assert!(n > 0, "a K/V run holds at least one position");
-        each(p, &rows[..n * row_len]);
+        for (r, &(first, last)) in ranges.iter().enumerate() {
+            let (from, to) = (first.max(p), last.min(p + n - 1));
+            if from <= to {
+                let at = (from - p) * row_len + offset;
+                each(r, from - first, to + 1 - from, &rows[at..n * row_len]);
+            }
+        }
         p += n;
     }
 }
