@@ -69,7 +69,7 @@ impl Admission {
         }
         // Leaves the line even when the client hangs up while waiting (the future is dropped).
         let _in_line = InLine(self, state.clone());
-        state.metrics.queued.fetch_add(1, Ordering::Relaxed);
+        state.metrics.queued.inc();
         let waiting = std::time::Instant::now();
         let permit = self.slots.clone().acquire_owned().await.ok();
         if permit.is_some() {
@@ -84,7 +84,7 @@ struct InLine<'a>(&'a Admission, AppState);
 impl Drop for InLine<'_> {
     fn drop(&mut self) {
         self.0.queued.fetch_sub(1, Ordering::SeqCst);
-        self.1.metrics.queued.fetch_sub(1, Ordering::Relaxed);
+        self.1.metrics.queued.dec();
     }
 }
 
@@ -96,7 +96,7 @@ struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.state.metrics.inflight.fetch_sub(1, Ordering::Relaxed);
+        self.state.metrics.inflight.dec();
     }
 }
 
@@ -129,7 +129,7 @@ pub async fn admit(
             &message,
         ));
     };
-    state.metrics.inflight.fetch_add(1, Ordering::Relaxed);
+    state.metrics.inflight.inc();
     let running = Running {
         _permit: permit,
         state: state.clone(),

@@ -2,62 +2,66 @@
 //! collector exports, so existing dashboards and alerts apply): CPU time, memory, file
 //! descriptors and start time, read from `/proc/self` on Linux. Elsewhere nothing is written.
 
-use std::fmt::Write;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+
+use crate::metrics::{Labels, counters, gauges};
 
 /// Linux reports CPU times and start times in clock ticks of `USER_HZ`, 100 on every
 /// architecture the kernel ships (it is a fixed ABI value, unlike `CONFIG_HZ`).
 const USER_HZ: f64 = 100.0;
 
-/// Appends the process metrics to `out` (nothing when `/proc/self` cannot be read).
-pub fn render(out: &mut String) {
-    let Some(m) = read() else { return };
-    let families: [(&str, &str, &str, f64); 6] = [
-        (
+/// The process families, read from `/proc/self` when a scrape encodes them (nothing when it
+/// cannot be read).
+#[derive(Debug)]
+pub struct Process;
+
+impl Collector for Process {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(m) = read() else { return Ok(()) };
+        let one = |v: f64| [(Labels::new(), v)];
+        let e = &mut encoder;
+        counters(
+            e,
             "process_cpu_seconds_total",
-            "counter",
             "Total user and system CPU time spent in seconds.",
-            m.cpu_seconds,
-        ),
-        (
-            "process_resident_memory_bytes",
-            "gauge",
-            "Resident memory size in bytes.",
-            m.resident_bytes,
-        ),
-        (
-            "process_virtual_memory_bytes",
-            "gauge",
-            "Virtual memory size in bytes.",
-            m.virtual_bytes,
-        ),
-        (
-            "process_open_fds",
-            "gauge",
-            "Number of open file descriptors.",
-            m.open_fds,
-        ),
-        (
-            "process_max_fds",
-            "gauge",
-            "Maximum number of open file descriptors.",
-            m.max_fds,
-        ),
-        (
-            "process_start_time_seconds",
-            "gauge",
-            "Start time of the process since unix epoch in seconds.",
-            m.start_time,
-        ),
-    ];
-    for (name, kind, help, value) in families {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-        );
+            one(m.cpu_seconds),
+        )?;
+        let families = [
+            (
+                "process_resident_memory_bytes",
+                "Resident memory size in bytes.",
+                m.resident_bytes,
+            ),
+            (
+                "process_virtual_memory_bytes",
+                "Virtual memory size in bytes.",
+                m.virtual_bytes,
+            ),
+            (
+                "process_open_fds",
+                "Number of open file descriptors.",
+                m.open_fds,
+            ),
+            (
+                "process_max_fds",
+                "Maximum number of open file descriptors.",
+                m.max_fds,
+            ),
+            (
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds.",
+                m.start_time,
+            ),
+        ];
+        for (name, help, value) in families {
+            gauges(e, name, help, one(value))?;
+        }
+        Ok(())
     }
 }
 
-struct Process {
+struct Figures {
     cpu_seconds: f64,
     resident_bytes: f64,
     virtual_bytes: f64,
@@ -66,7 +70,7 @@ struct Process {
     start_time: f64,
 }
 
-fn read() -> Option<Process> {
+fn read() -> Option<Figures> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // The command name (field 2) may hold spaces and parentheses: fields count from the last ')'.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
@@ -93,7 +97,7 @@ fn read() -> Option<Process> {
         .and_then(|l| l.split_whitespace().nth(3))
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(0.0);
-    Some(Process {
+    Some(Figures {
         cpu_seconds: ticks / USER_HZ,
         resident_bytes: resident_kib * 1024.0,
         virtual_bytes,
@@ -107,8 +111,10 @@ fn read() -> Option<Process> {
 mod tests {
     #[test]
     fn this_process_reports_its_own_figures() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(super::Process));
         let mut out = String::new();
-        super::render(&mut out);
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &registry).unwrap();
         if !std::path::Path::new("/proc/self/stat").exists() {
             assert!(out.is_empty());
             return;

@@ -28,6 +28,7 @@ use strata_protocol::GenerateRequest;
 use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::oneshot;
 
+mod metrics;
 mod relay;
 mod supervisor;
 mod views;
@@ -442,98 +443,9 @@ impl Cluster {
             .collect()
     }
 
-    /// The routing counters in Prometheus text: decisions by reason, requests per node, prompt
-    /// blocks found cached where they were sent, failovers.
-    pub fn render_metrics(&self) -> String {
-        use std::fmt::Write;
-        let s = &self.stats;
-        let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP strata_router_decisions_total Routing decisions by reason.\n\
-             # TYPE strata_router_decisions_total counter"
-        );
-        for (reason, n) in [("cache", &s.cache), ("ring", &s.ring), ("other", &s.other)] {
-            let n = n.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "strata_router_decisions_total{{reason=\"{reason}\"}} {n}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP strata_router_node_requests_total Requests sent to each node.\n\
-             # TYPE strata_router_node_requests_total counter"
-        );
-        for (addr, n) in self.routed() {
-            let _ = writeln!(
-                out,
-                "strata_router_node_requests_total{{node=\"{addr}\"}} {n}"
-            );
-        }
-        for (name, help, rate) in [
-            (
-                "strata_router_node_tokens_per_second",
-                "Tokens per second each node's prefill-heavy steps compute (its report).",
-                (|r: &MeasuredRates| r.tokens_per_s) as fn(&MeasuredRates) -> u64,
-            ),
-            (
-                "strata_router_node_fetch_bytes_per_second",
-                "Bytes per second each node's cross-node KV fetches achieved (its report).",
-                |r: &MeasuredRates| r.fetch_bytes_per_s,
-            ),
-        ] {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
-            for node in self.nodes() {
-                let rates = *node.rates.lock().unwrap_or_else(PoisonError::into_inner);
-                let _ = writeln!(out, "{name}{{node=\"{}\"}} {}", node.addr, rate(&rates));
-            }
-        }
-        let epoch = self.ring_epoch.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "# HELP strata_router_ring_epoch The topology group's ownership ring epoch.\n\
-             # TYPE strata_router_ring_epoch gauge\nstrata_router_ring_epoch {epoch}"
-        );
-        for (name, help, value) in [
-            (
-                "strata_router_prompt_blocks_total",
-                "Full prompt blocks of routed requests.",
-                &s.prompt_blocks,
-            ),
-            (
-                "strata_router_cached_blocks_total",
-                "Of those, blocks cached on the node chosen.",
-                &s.cached_blocks,
-            ),
-            (
-                "strata_router_failovers_total",
-                "Requests continued on another node after theirs failed.",
-                &s.failovers,
-            ),
-            (
-                "strata_router_busy_refusals_total",
-                "Generate calls nodes refused at their admission limit (tried elsewhere).",
-                &s.busy_refusals,
-            ),
-            (
-                "strata_router_kv_fetches_total",
-                "Requests sent with a cross-node KV fetch.",
-                &s.kv_fetches,
-            ),
-            (
-                "strata_router_kv_fetch_blocks_total",
-                "Prompt blocks those fetches named.",
-                &s.kv_fetch_blocks,
-            ),
-        ] {
-            let value = value.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
-            );
-        }
-        out
+    /// The routing families for `/metrics`, read when a scrape encodes them.
+    pub fn metrics(self: &Arc<Self>) -> Box<dyn prometheus_client::collector::Collector> {
+        Box::new(metrics::RoutingMetrics(self.clone()))
     }
 
     /// Admits `request` with the engine's checks, routes it and starts relaying its events.

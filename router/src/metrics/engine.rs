@@ -1,252 +1,256 @@
-//! The engine's gauges and counters in the Prometheus text: the local engine's load or each
-//! node's last report (sequences, KV use and tiers, preemptions, speculation), and the engine
-//! thread's step times.
+//! The engine's families, read at scrape time: the local engine's load or each node's last
+//! report (sequences, KV use and tiers, preemptions, speculation), the prefix cache's blocks by
+//! tier, and the engine thread's step times.
 
-use std::fmt::Write as _;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use strata_engine_api::kv::{KvDump, Tier};
+use strata_engine_api::load::{EngineLoad, StepTimes};
 
-use strata_engine_api::load::{EngineLoad, SpecCounters, StepTimes};
+use super::{Labels, counters, gauges};
 
-/// `name{labels}`: the sample's node label first, then `extra` (either may be empty).
-fn sample(name: &str, node: &str, extra: &str) -> String {
-    let labels: Vec<&str> = [node, extra]
-        .into_iter()
-        .filter(|l| !l.is_empty())
-        .collect();
-    if labels.is_empty() {
-        name.to_string()
-    } else {
-        format!("{name}{{{}}}", labels.join(","))
+/// Cached KV blocks on each tier, from the engine's dump.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierCounts {
+    pub device: u64,
+    pub host: u64,
+    pub disk: u64,
+}
+
+impl TierCounts {
+    pub fn of(dump: &KvDump) -> Self {
+        let mut counts = Self::default();
+        for (_, _, tier) in &dump.blocks {
+            match tier {
+                Tier::Device => counts.device += 1,
+                Tier::Host => counts.host += 1,
+                Tier::Disk => counts.disk += 1,
+            }
+        }
+        counts
     }
 }
 
-/// Engine gauges: the local engine's load (`node` empty), or each node's last report to a
-/// router (labelled `node="ADDR"`): sequences, KV use, preemptions and the KV tiers' traffic. Each
-/// family is written once, with a sample per load.
-pub(super) fn render_engine_loads(out: &mut String, loads: &[(String, EngineLoad)]) {
-    if loads.is_empty() {
-        return;
+/// What the engine (or the nodes behind a router) reported when `/metrics` was asked.
+#[derive(Debug, Default)]
+pub struct EngineSnapshot {
+    /// The prefix cache's blocks by tier; `None` when the engine could not be asked.
+    pub kv: Option<TierCounts>,
+    pub step_times: Option<StepTimes>,
+    /// The local engine's load (address empty), or each node's last report by address.
+    pub loads: Vec<(String, EngineLoad)>,
+}
+
+impl Collector for EngineSnapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if let Some(kv) = self.kv {
+            gauges(
+                &mut encoder,
+                "strata_kv_cached_blocks",
+                "KV blocks held by the prefix cache, by tier.",
+                [("device", kv.device), ("host", kv.host), ("disk", kv.disk)]
+                    .map(|(tier, n)| (vec![("tier", tier.to_string())], n)),
+            )?;
+        }
+        if let Some(times) = &self.step_times {
+            step_times(&mut encoder, times)?;
+        }
+        if !self.loads.is_empty() {
+            self.loads(&mut encoder)?;
+            self.kv_tiers(&mut encoder)?;
+            self.spec_decode(&mut encoder)?;
+        }
+        Ok(())
     }
-    let nodes: Vec<(String, &EngineLoad)> = loads
-        .iter()
-        .map(|(addr, load)| {
-            let label = if addr.is_empty() {
-                String::new()
+}
+
+impl EngineSnapshot {
+    /// Each load's labels (`node="ADDR"` for a node's report, none for the local engine) with
+    /// `f` of it.
+    fn each<V>(&self, f: impl Fn(&EngineLoad) -> V) -> impl Iterator<Item = (Labels, V)> {
+        self.loads.iter().map(move |(addr, load)| {
+            let labels = if addr.is_empty() {
+                Vec::new()
             } else {
-                format!("node=\"{addr}\"")
+                vec![("node", addr.clone())]
             };
-            (label, load)
+            (labels, f(load))
         })
-        .collect();
-    type Value = fn(&EngineLoad) -> String;
-    let families: [(&str, &str, &str, Value); 4] = [
-        (
+    }
+
+    /// Sequences, KV use and preemptions.
+    fn loads(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        gauges(
+            e,
             "strata_engine_requests_running",
-            "gauge",
             "Sequences the engine is running.",
-            |l| l.running.to_string(),
-        ),
-        (
+            self.each(|l| l.running),
+        )?;
+        gauges(
+            e,
             "strata_engine_requests_waiting",
-            "gauge",
             "Sequences waiting in the engine for KV blocks or a running slot.",
-            |l| l.waiting.to_string(),
-        ),
-        (
+            self.each(|l| l.waiting),
+        )?;
+        gauges(
+            e,
             "strata_kv_usage_ratio",
-            "gauge",
             "Device KV blocks held by running sequences / device KV blocks (0..1).",
-            |l| {
+            self.each(|l| {
                 if l.capacity_blocks == 0 {
-                    "0".to_string()
+                    0.0
                 } else {
-                    (l.active_blocks as f64 / l.capacity_blocks as f64).to_string()
+                    l.active_blocks as f64 / l.capacity_blocks as f64
                 }
-            },
-        ),
-        (
+            }),
+        )?;
+        counters(
+            e,
             "strata_preemptions_total",
-            "counter",
             "Sequences preempted when the KV cache ran out (they resume later).",
-            |l| l.preemptions.to_string(),
-        ),
-    ];
-    for (name, kind, help, value) in families {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (node, load) in &nodes {
-            let _ = writeln!(out, "{} {}", sample(name, node, ""), value(load));
-        }
+            self.each(|l| l.preemptions),
+        )
     }
 
-    render_kv_tiers(out, &nodes);
-    render_spec_decode(out, &nodes);
-}
-
-/// The KV tiers: capacity by tier, bytes and time moved between the device and host / disk, and
-/// copies that failed.
-fn render_kv_tiers(out: &mut String, nodes: &[(String, &EngineLoad)]) {
-    let name = "strata_kv_tier_capacity_blocks";
-    let _ = writeln!(
-        out,
-        "# HELP {name} KV blocks each tier holds at most.\n# TYPE {name} gauge"
-    );
-    for (node, l) in nodes {
-        for (tier, n) in [
-            ("device", l.capacity_blocks),
-            ("host", l.host_capacity_blocks),
-            ("disk", l.disk_capacity_blocks),
-        ] {
-            let _ = writeln!(
-                out,
-                "{} {n}",
-                sample(name, node, &format!("tier=\"{tier}\""))
-            );
-        }
+    /// Each load's samples by tier: `f` gives a value per tier named.
+    fn each_tier<V, const N: usize>(
+        &self,
+        tiers: [&'static str; N],
+        f: impl Fn(&EngineLoad) -> [V; N],
+    ) -> Vec<(Labels, V)> {
+        self.each(f)
+            .flat_map(|(labels, values)| {
+                tiers.into_iter().zip(values).map(move |(tier, v)| {
+                    let mut labels = labels.clone();
+                    labels.push(("tier", tier.to_string()));
+                    (labels, v)
+                })
+            })
+            .collect()
     }
-    type Tiers = fn(&EngineLoad) -> [String; 2];
-    let traffic: [(&str, &str, &str, Tiers); 3] = [
-        (
+
+    /// The KV tiers: capacity by tier, bytes and time moved between the device and host / disk,
+    /// and copies that failed.
+    fn kv_tiers(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        gauges(
+            e,
+            "strata_kv_tier_capacity_blocks",
+            "KV blocks each tier holds at most.",
+            self.each_tier(["device", "host", "disk"], |l| {
+                [
+                    l.capacity_blocks,
+                    l.host_capacity_blocks,
+                    l.disk_capacity_blocks,
+                ]
+            }),
+        )?;
+        const LOWER: [&str; 2] = ["host", "disk"];
+        counters(
+            e,
             "strata_kv_restored_bytes_total",
-            "counter",
             "KV bytes copied back to the device from a lower tier.",
-            |l| {
-                l.restored_blocks
-                    .map(|b| b.saturating_mul(l.block_bytes).to_string())
-            },
-        ),
-        (
+            self.each_tier(LOWER, |l| {
+                l.restored_blocks.map(|b| b.saturating_mul(l.block_bytes))
+            }),
+        )?;
+        counters(
+            e,
             "strata_kv_restore_seconds_total",
-            "counter",
             "Engine-thread time restoring KV blocks from a lower tier (reading them, and copying \
              or, from page-locked memory on CUDA, queueing the copy to the device).",
-            |l| l.restore_ns.map(|ns| (ns as f64 / 1e9).to_string()),
-        ),
-        (
+            self.each_tier(LOWER, |l| l.restore_ns.map(|ns| ns as f64 / 1e9)),
+        )?;
+        counters(
+            e,
             "strata_kv_demoted_bytes_total",
-            "counter",
             "KV bytes written into a lower tier (evicted from the tier above).",
-            |l| {
-                l.demoted_blocks
-                    .map(|b| b.saturating_mul(l.block_bytes).to_string())
-            },
-        ),
-    ];
-    for (name, kind, help, values) in traffic {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (node, l) in nodes {
-            let [host, disk] = values(l);
-            let _ = writeln!(out, "{} {host}", sample(name, node, "tier=\"host\""));
-            let _ = writeln!(out, "{} {disk}", sample(name, node, "tier=\"disk\""));
-        }
+            self.each_tier(LOWER, |l| {
+                l.demoted_blocks.map(|b| b.saturating_mul(l.block_bytes))
+            }),
+        )?;
+        counters(
+            e,
+            "strata_kv_tier_copy_failures_total",
+            "Copies between KV tiers that failed (each cost a cached block or one request).",
+            self.each(|l| l.tier_copy_failures),
+        )
     }
-    let name = "strata_kv_tier_copy_failures_total";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Copies between KV tiers that failed (each cost a cached block or one \
-         request).\n# TYPE {name} counter"
-    );
-    for (node, l) in nodes {
-        let _ = writeln!(out, "{} {}", sample(name, node, ""), l.tier_copy_failures);
-    }
-}
 
-/// Speculative decoding's counters, in vLLM's `spec_decode_*` families: verifications,
-/// proposed and accepted tokens, and verifications by accepted length (a histogram: bucket `le`
-/// counts those that accepted at most that many). Written only where an engine speculates.
-fn render_spec_decode(out: &mut String, nodes: &[(String, &EngineLoad)]) {
-    if nodes.iter().all(|(_, l)| l.spec.drafts == 0) {
-        return;
-    }
-    type Count = fn(&SpecCounters) -> u64;
-    let counters: [(&str, &str, Count); 3] = [
-        (
+    /// Speculative decoding's counters, in vLLM's `spec_decode_*` families: verifications,
+    /// proposed and accepted tokens, and verifications by accepted length (a histogram: bucket
+    /// `le` counts those that accepted at most that many). Written only where an engine
+    /// speculates.
+    fn spec_decode(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
+        if self.loads.iter().all(|(_, l)| l.spec.drafts == 0) {
+            return Ok(());
+        }
+        counters(
+            e,
             "strata_spec_decode_num_drafts_total",
             "Verifications run: sequence steps that carried proposed tokens.",
-            |c| c.drafts,
-        ),
-        (
+            self.each(|l| l.spec.drafts),
+        )?;
+        counters(
+            e,
             "strata_spec_decode_num_draft_tokens_total",
             "Tokens proposed and verified.",
-            |c| c.draft_tokens,
-        ),
-        (
+            self.each(|l| l.spec.draft_tokens),
+        )?;
+        counters(
+            e,
             "strata_spec_decode_num_accepted_tokens_total",
             "Proposed tokens accepted (each a decode step saved).",
-            |c| c.accepted_tokens,
-        ),
-    ];
-    for (name, help, value) in counters {
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
-        for (node, l) in nodes {
-            let _ = writeln!(out, "{} {}", sample(name, node, ""), value(&l.spec));
+            self.each(|l| l.spec.accepted_tokens),
+        )?;
+        let mut metric = e.encode_descriptor(
+            "strata_spec_decode_accepted_length",
+            "Proposed tokens accepted per verification.",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (labels, spec) in self.each(|l| l.spec) {
+            let buckets: Vec<(f64, u64)> = (spec.accepted_hist.iter().enumerate())
+                .map(|(len, &n)| (len as f64, n))
+                .collect();
+            metric
+                .encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(
+                    spec.accepted_tokens as f64,
+                    spec.drafts,
+                    &buckets,
+                    None,
+                )?;
         }
-    }
-    let name = "strata_spec_decode_accepted_length";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Proposed tokens accepted per verification.\n# TYPE {name} histogram"
-    );
-    for (node, l) in nodes {
-        let c = &l.spec;
-        let mut cumulative = 0;
-        for (len, n) in c.accepted_hist.iter().enumerate() {
-            cumulative += n;
-            let le = format!("le=\"{len}\"");
-            let _ = writeln!(
-                out,
-                "{} {cumulative}",
-                sample(&format!("{name}_bucket"), node, &le)
-            );
-        }
-        let inf = "le=\"+Inf\"";
-        let _ = writeln!(
-            out,
-            "{} {}",
-            sample(&format!("{name}_bucket"), node, inf),
-            c.drafts
-        );
-        let _ = writeln!(
-            out,
-            "{} {}",
-            sample(&format!("{name}_sum"), node, ""),
-            c.accepted_tokens
-        );
-        let _ = writeln!(
-            out,
-            "{} {}",
-            sample(&format!("{name}_count"), node, ""),
-            c.drafts
-        );
+        Ok(())
     }
 }
 
 /// The engine thread's steps: how many, the tokens they computed, and their time by phase
 /// (docs/PERFORMANCE.md reads a step's host overhead from these).
-pub(super) fn render_step_times(out: &mut String, t: &StepTimes) {
-    let name = "strata_engine_steps_total";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Engine steps that computed tokens.\n# TYPE {name} counter\n{name} {}",
-        t.steps
-    );
-    let name = "strata_engine_step_tokens_total";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Tokens computed by engine steps (prompt and generated).\n\
-         # TYPE {name} counter\n{name} {}",
-        t.tokens
-    );
-    let name = "strata_engine_step_seconds_total";
-    let _ = writeln!(
-        out,
-        "# HELP {name} Engine step time by phase: plan (scheduling, KV blocks), forward (the \
-         backend, with the copy back to the host), sample (sampling and bookkeeping on the \
-         host).\n# TYPE {name} counter"
-    );
-    for (phase, ns) in [
-        ("plan", t.plan_ns),
-        ("forward", t.forward_ns),
-        ("sample", t.sample_ns),
-    ] {
-        let _ = writeln!(out, "{name}{{phase=\"{phase}\"}} {}", ns as f64 / 1e9);
-    }
+fn step_times(e: &mut DescriptorEncoder, t: &StepTimes) -> std::fmt::Result {
+    counters(
+        e,
+        "strata_engine_steps_total",
+        "Engine steps that computed tokens.",
+        [(Vec::new(), t.steps)],
+    )?;
+    counters(
+        e,
+        "strata_engine_step_tokens_total",
+        "Tokens computed by engine steps (prompt and generated).",
+        [(Vec::new(), t.tokens)],
+    )?;
+    counters(
+        e,
+        "strata_engine_step_seconds_total",
+        "Engine step time by phase: plan (scheduling, KV blocks), forward (the backend, with the \
+         copy back to the host), sample (sampling and bookkeeping on the host).",
+        [
+            ("plan", t.plan_ns),
+            ("forward", t.forward_ns),
+            ("sample", t.sample_ns),
+        ]
+        .map(|(phase, ns)| (vec![("phase", phase.to_string())], ns as f64 / 1e9)),
+    )
 }
