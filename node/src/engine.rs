@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use strata_model::ModelConfig;
 use strata_model::grammar::GrammarCompiler;
@@ -18,6 +19,7 @@ use crate::kv::{
 use crate::scheduler::{EngineLoad, Scheduler, SchedulerLimits, Sequence, StepTimes};
 use crate::spec::KvTiers;
 use crate::speculative::{SpeculativeConfig, Speculator};
+use strata_engine_api::client::{EngineClient, Reply};
 pub use strata_engine_api::submit::{Admission, RequestStream, SubmitError};
 
 /// Steps computing at least this many tokens are timed for [`EngineLoad::tokens_per_s`]:
@@ -223,9 +225,7 @@ impl Engine {
 
     /// Every cached block and its tier as of the event numbered `seq` in the dump.
     pub fn kv_dump(&self) -> Result<KvDump, SubmitError> {
-        let (tx, rx) = mpsc::channel();
-        self.send(Command::Dump(tx))?;
-        rx.recv().map_err(|_| SubmitError::Stopped)
+        answer(self.ask(Command::Dump))
     }
 
     /// The bytes of the leading run of `hashes` cached here (any tier), for another node.
@@ -234,9 +234,7 @@ impl Engine {
         &self,
         hashes: Vec<BlockHash>,
     ) -> Result<Vec<(BlockHash, Vec<u8>)>, SubmitError> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Command::ExportKv { hashes, reply })?;
-        rx.recv().map_err(|_| SubmitError::Stopped)
+        answer(self.ask(|reply| Command::ExportKv { hashes, reply }))
     }
 
     /// Caches `blocks` (a run of a hash chain after `parent`, with bytes in this engine's
@@ -246,13 +244,11 @@ impl Engine {
         parent: Option<BlockHash>,
         blocks: Vec<(BlockHash, Vec<u8>)>,
     ) -> Result<usize, SubmitError> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Command::ImportKv {
+        answer(self.ask(|reply| Command::ImportKv {
             parent,
             blocks,
             reply,
-        })?;
-        rx.recv().map_err(|_| SubmitError::Stopped)
+        }))
     }
 
     /// Pins the leading cached run of `hashes` (a primed prompt's blocks) under `name` until
@@ -264,14 +260,21 @@ impl Engine {
         hashes: Vec<BlockHash>,
         expires: Option<std::time::Instant>,
     ) -> Result<Result<PinStatus, KvError>, SubmitError> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Command::Pin {
+        answer(self.ask_pin(name, hashes, expires))
+    }
+
+    fn ask_pin(
+        &self,
+        name: String,
+        hashes: Vec<BlockHash>,
+        expires: Option<std::time::Instant>,
+    ) -> Result<mpsc::Receiver<Result<PinStatus, KvError>>, SubmitError> {
+        self.ask(|reply| Command::Pin {
             name,
             hashes,
             expires,
             reply,
-        })?;
-        rx.recv().map_err(|_| SubmitError::Stopped)
+        })
     }
 
     /// [`Engine::pin`] without waiting for the engine thread (a refusal is dropped): for
@@ -282,41 +285,59 @@ impl Engine {
         hashes: Vec<BlockHash>,
         expires: Option<std::time::Instant>,
     ) {
-        let (reply, _) = mpsc::channel();
-        let _ = self.send(Command::Pin {
-            name,
-            hashes,
-            expires,
-            reply,
-        });
+        let _ = self.ask_pin(name, hashes, expires);
     }
 
     /// Writes every cached block of the device and the host tier to the disk tier, for a node
     /// about to stop ([`BlockManager::park_on_disk`]); how many were written.
     pub fn park_on_disk(&self) -> Result<usize, SubmitError> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Command::ParkOnDisk(reply))?;
-        rx.recv().map_err(|_| SubmitError::Stopped)
+        answer(self.ask(Command::ParkOnDisk))
     }
 
     /// Drops the pin `name` (its blocks stay cached, unpinned); whether there was one.
     pub fn unpin(&self, name: String) -> Result<bool, SubmitError> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Command::Unpin { name, reply })?;
-        rx.recv().map_err(|_| SubmitError::Stopped)
+        answer(self.ask(|reply| Command::Unpin { name, reply }))
     }
 
     /// Every pin and where its blocks are, with the blocks all pins may hold together.
     pub fn pins(&self) -> Result<(Vec<PinStatus>, usize), SubmitError> {
-        let (reply, rx) = mpsc::channel();
-        self.send(Command::Pins(reply))?;
-        rx.recv().map_err(|_| SubmitError::Stopped)
+        answer(self.ask(Command::Pins))
     }
 
     fn send(&self, command: Command) -> Result<(), SubmitError> {
         let tx = self.commands.as_ref().ok_or(SubmitError::Stopped)?;
         tx.send(command).map_err(|_| SubmitError::Stopped)
     }
+
+    /// Sends the command `make` builds around a reply channel; where its answer will arrive.
+    fn ask<T>(
+        &self,
+        make: impl FnOnce(mpsc::Sender<T>) -> Command,
+    ) -> Result<mpsc::Receiver<T>, SubmitError> {
+        let (reply, rx) = mpsc::channel();
+        self.send(make(reply))?;
+        Ok(rx)
+    }
+}
+
+/// Waits for the engine thread's answer (at most one step).
+fn answer<T>(asked: Result<mpsc::Receiver<T>, SubmitError>) -> Result<T, SubmitError> {
+    asked?.recv().map_err(|_| SubmitError::Stopped)
+}
+
+/// The engine thread's answer as a [`Reply`]: awaited on a blocking thread, so the async
+/// workers never wait for a step.
+fn later<T: Send + 'static, U: 'static>(
+    asked: Result<mpsc::Receiver<T>, SubmitError>,
+    then: impl FnOnce(T) -> U + Send + 'static,
+) -> Reply<U> {
+    Box::pin(async move {
+        let rx = asked?;
+        let got = tokio::task::spawn_blocking(move || rx.recv())
+            .await
+            .map_err(|_| SubmitError::Stopped)?;
+        got.map(then).map_err(|_| SubmitError::Stopped)
+    })
 }
 
 impl Drop for Engine {
@@ -422,9 +443,10 @@ fn run(
     }
 }
 
-/// The surfaces' view of this engine (strata-engine-api's seam): the same calls, pins reported
-/// as the node RPC reports them.
-impl strata_engine_api::client::EngineClient for Engine {
+/// The surfaces' view of this engine (strata-engine-api's seam): the same calls, answers that
+/// wait for the engine thread awaited off the async workers, pins reported as the node RPC
+/// reports them.
+impl EngineClient for Engine {
     fn model_config(&self) -> &ModelConfig {
         Engine::model_config(self)
     }
@@ -441,48 +463,53 @@ impl strata_engine_api::client::EngineClient for Engine {
         Engine::cancel(self, id)
     }
 
-    fn load(&self) -> EngineLoad {
-        Engine::load(self)
+    fn available(&self) -> bool {
+        self.commands.is_some()
     }
 
-    fn step_times(&self) -> StepTimes {
-        Engine::step_times(self)
+    fn loads(&self) -> Vec<(String, EngineLoad)> {
+        vec![(String::new(), Engine::load(self))]
     }
 
-    fn kv_dump(&self) -> Result<KvDump, SubmitError> {
-        Engine::kv_dump(self)
+    fn step_times(&self) -> Option<StepTimes> {
+        Some(Engine::step_times(self))
+    }
+
+    fn kv_dump(&self) -> Reply<Option<KvDump>> {
+        later(self.ask(Command::Dump), Some)
     }
 
     fn pin(
         &self,
         name: String,
         hashes: Vec<BlockHash>,
-        expires: Option<std::time::Instant>,
-    ) -> Result<Result<crate::rpc::PinReport, String>, SubmitError> {
-        Ok(Engine::pin(self, name, hashes, expires)?
-            .map(crate::rpc::pin_report)
-            .map_err(|e| e.to_string()))
+        ttl: Duration,
+    ) -> Reply<Result<crate::rpc::PinReport, String>> {
+        let asked = self.ask_pin(name, hashes, Some(std::time::Instant::now() + ttl));
+        later(asked, |pinned| {
+            pinned
+                .map(crate::rpc::pin_report)
+                .map_err(|e| e.to_string())
+        })
     }
 
-    fn pin_detached(
-        &self,
-        name: String,
-        hashes: Vec<BlockHash>,
-        expires: Option<std::time::Instant>,
-    ) {
-        Engine::pin_detached(self, name, hashes, expires)
+    fn pin_detached(&self, name: String, hashes: Vec<BlockHash>, ttl: Duration) {
+        Engine::pin_detached(self, name, hashes, Some(std::time::Instant::now() + ttl))
     }
 
-    fn unpin(&self, name: String) -> Result<bool, SubmitError> {
-        Engine::unpin(self, name)
+    fn unpin(&self, name: String) -> Reply<bool> {
+        later(self.ask(|reply| Command::Unpin { name, reply }), |held| {
+            held
+        })
     }
 
-    fn pins(&self) -> Result<Vec<crate::rpc::PinReport>, SubmitError> {
-        let (pins, _) = Engine::pins(self)?;
-        Ok(pins.into_iter().map(crate::rpc::pin_report).collect())
+    fn pins(&self) -> Reply<Vec<crate::rpc::PinReport>> {
+        later(self.ask(Command::Pins), |(pins, _)| {
+            pins.into_iter().map(crate::rpc::pin_report).collect()
+        })
     }
 
-    fn park_on_disk(&self) -> Result<usize, SubmitError> {
-        Engine::park_on_disk(self)
+    fn park_on_disk(&self) -> Reply<Option<usize>> {
+        later(self.ask(Command::ParkOnDisk), Some)
     }
 }

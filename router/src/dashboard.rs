@@ -14,7 +14,7 @@ use serde_json::json;
 use crate::cluster::{MemberView, NodeView};
 use crate::metrics::MetricsSummary;
 use crate::plan::{self, Profile, Workload};
-use crate::state::{AppState, EngineHandle, unix_now};
+use crate::state::{AppState, unix_now};
 
 const PAGE: &str = include_str!("../assets/dashboard.html");
 
@@ -59,19 +59,24 @@ pub struct Snapshot {
 }
 
 async fn snapshot(State(state): State<AppState>) -> Json<Snapshot> {
-    let (role, nodes, members, ring_epoch) = match &state.engine {
-        EngineHandle::Local(engine) => (
+    let (role, nodes, members, ring_epoch) = match state.engine.cluster() {
+        None => (
             "server",
-            vec![NodeView {
-                addr: "local".into(),
-                alive: true,
-                routed: 0,
-                load: Some(engine.load()),
-            }],
+            state
+                .engine
+                .loads()
+                .into_iter()
+                .map(|(_, load)| NodeView {
+                    addr: "local".into(),
+                    alive: true,
+                    routed: 0,
+                    load: Some(load),
+                })
+                .collect(),
             Vec::new(),
             None,
         ),
-        EngineHandle::Cluster(cluster) => (
+        Some(cluster) => (
             "router",
             cluster.node_views(),
             cluster.members(),

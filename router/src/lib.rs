@@ -276,16 +276,11 @@ async fn serve_listener(
         .await?;
     tracing::info!("stopped: every in-flight request has finished");
     // A local engine with a disk tier keeps what it has cached for its next start.
-    let park = move || match &state.engine {
-        state::EngineHandle::Local(engine) => engine.park_on_disk().map(Some),
-        state::EngineHandle::Cluster(_) => Ok(None),
-    };
-    match tokio::task::spawn_blocking(park).await {
-        Ok(Ok(Some(parked))) if parked > 0 => {
+    match state.engine.park_on_disk().await {
+        Ok(Some(parked)) if parked > 0 => {
             tracing::info!(parked, "cached KV blocks parked on the disk tier")
         }
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::warn!("parking the cached KV: {e}"),
+        Ok(_) => {}
         Err(e) => tracing::warn!("parking the cached KV: {e}"),
     }
     Ok(())

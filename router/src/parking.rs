@@ -7,11 +7,11 @@
 //! Through a cluster router every node pins the part of the prefix it holds (the request ran
 //! where the router placed it).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use strata_engine_api::kv::{BlockHash, prompt_block_hashes};
 
-use crate::state::{AppState, EngineHandle};
+use crate::state::AppState;
 
 /// A prefix to pin once its request has run.
 #[derive(Debug, Clone)]
@@ -34,10 +34,7 @@ impl Park {
         salt: u64,
         ttl: Duration,
     ) -> Option<Self> {
-        let block_size = match &state.engine {
-            EngineHandle::Local(engine) => engine.block_size(),
-            EngineHandle::Cluster(cluster) => cluster.block_size(),
-        };
+        let block_size = state.engine.block_size();
         let whole = prefix.min(prompt.len()) / block_size * block_size;
         let hashes = prompt_block_hashes(&prompt[..whole], block_size, salt);
         let last = hashes.last()?;
@@ -53,21 +50,7 @@ impl Park {
     /// this request wrote into the cache: those of the parked prefix it did not read from it.
     pub fn apply(self, state: &AppState, cached_tokens: u32) -> u32 {
         let written = self.tokens.saturating_sub(cached_tokens);
-        match &state.engine {
-            EngineHandle::Local(engine) => {
-                engine.pin_detached(self.name, self.hashes, Some(Instant::now() + self.ttl));
-            }
-            EngineHandle::Cluster(cluster) => {
-                let cluster = cluster.clone();
-                tokio::spawn(async move {
-                    for answer in cluster.pin(&self.name, &self.hashes, self.ttl).await {
-                        if let Err(e) = answer {
-                            tracing::debug!("parking a marked prefix on a node: {e}");
-                        }
-                    }
-                });
-            }
-        }
+        state.engine.pin_detached(self.name, self.hashes, self.ttl);
         written
     }
 }

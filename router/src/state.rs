@@ -6,15 +6,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use strata_engine_api::client::{EngineClient, ServingParts};
-use strata_engine_api::kv::KvDump;
 use strata_engine_api::submit::{RequestStream, SubmitError};
 use strata_model::chat::ChatTemplate;
 use strata_model::grammar::vocabulary_bytes;
 use strata_model::tokenizer::Tokenizer;
-use strata_model::{EmbeddingConfig, GenerationConfig, ModelConfig};
+use strata_model::{EmbeddingConfig, GenerationConfig};
 use strata_protocol::GenerateRequest;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, ClusterClient};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::serving_options::{OptionsError, ServingOptions};
@@ -177,79 +176,51 @@ impl ServedModel {
 /// Shared by every handler.
 pub type AppState = Arc<ServedModel>;
 
-/// Where requests run: this process's engine (`strata serve`), or nodes over QUIC
-/// (`strata router`). One code path above it (DESIGN.md §2).
-pub enum EngineHandle {
-    Local(Arc<dyn EngineClient>),
-    Cluster(Arc<Cluster>),
+/// Where requests run, as the surfaces see it: one engine seam, this process's engine (`strata
+/// serve`) or the nodes over QUIC (`strata router`) alike (DESIGN.md §2). A router also keeps its
+/// cluster for the operator's views (the dashboard's nodes and members, the routing families of
+/// `/metrics`).
+pub struct EngineHandle {
+    engine: Arc<dyn EngineClient>,
+    cluster: Option<Arc<Cluster>>,
 }
 
 impl From<Arc<dyn EngineClient>> for EngineHandle {
     fn from(engine: Arc<dyn EngineClient>) -> Self {
-        Self::Local(engine)
+        Self {
+            engine,
+            cluster: None,
+        }
     }
 }
 
 impl From<Arc<Cluster>> for EngineHandle {
     fn from(cluster: Arc<Cluster>) -> Self {
-        Self::Cluster(cluster)
+        Self {
+            engine: Arc::new(ClusterClient(cluster.clone())),
+            cluster: Some(cluster),
+        }
+    }
+}
+
+impl std::ops::Deref for EngineHandle {
+    type Target = dyn EngineClient;
+
+    fn deref(&self) -> &Self::Target {
+        self.engine.as_ref()
     }
 }
 
 impl EngineHandle {
     /// An engine in this process.
     pub fn local(engine: impl EngineClient + 'static) -> Self {
-        Self::Local(Arc::new(engine))
+        let engine: Arc<dyn EngineClient> = Arc::new(engine);
+        engine.into()
     }
 
-    pub fn model_config(&self) -> &ModelConfig {
-        match self {
-            Self::Local(engine) => engine.model_config(),
-            Self::Cluster(cluster) => cluster.model_config(),
-        }
-    }
-
-    /// Validates and starts `request`; its events arrive on the stream. Within the runtime.
-    pub fn submit(&self, request: GenerateRequest) -> Result<RequestStream, SubmitError> {
-        match self {
-            Self::Local(engine) => engine.submit(request),
-            Self::Cluster(cluster) => cluster.submit(request),
-        }
-    }
-
-    pub fn cancel(&self, id: u64) -> Result<(), SubmitError> {
-        match self {
-            Self::Local(engine) => engine.cancel(id),
-            Self::Cluster(cluster) => {
-                cluster.cancel(id);
-                Ok(())
-            }
-        }
-    }
-
-    /// The local engine's step times by phase; `None` for a cluster.
-    pub fn step_times(&self) -> Option<strata_engine_api::load::StepTimes> {
-        match self {
-            Self::Local(engine) => Some(engine.step_times()),
-            Self::Cluster(_) => None,
-        }
-    }
-
-    /// The local engine's load (running and waiting sequences, KV blocks, preemptions); `None`
-    /// for a cluster (each node reports its own).
-    pub fn load(&self) -> Option<strata_engine_api::load::EngineLoad> {
-        match self {
-            Self::Local(engine) => Some(engine.load()),
-            Self::Cluster(_) => None,
-        }
-    }
-
-    /// The local engine's cache contents; `None` for a cluster (each node reports its own).
-    pub fn kv_dump(&self) -> Option<Result<KvDump, SubmitError>> {
-        match self {
-            Self::Local(engine) => Some(engine.kv_dump()),
-            Self::Cluster(_) => None,
-        }
+    /// The nodes behind this router; `None` for an engine in this process.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
     }
 }
 

@@ -28,11 +28,13 @@ use strata_protocol::GenerateRequest;
 use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::oneshot;
 
+mod client;
 mod metrics;
 mod relay;
 mod supervisor;
 mod views;
 
+pub use client::ClusterClient;
 pub use views::{MemberView, NodeView};
 
 use supervisor::{Supervisor, dial};

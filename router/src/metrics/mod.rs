@@ -469,9 +469,7 @@ async fn ready(State(state): State<AppState>) -> Response {
         )
             .into_response();
     }
-    if let crate::state::EngineHandle::Cluster(cluster) = &state.engine
-        && !cluster.has_available_node()
-    {
+    if !state.engine.available() {
         return (
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "not_ready", "model": state.name,
@@ -483,29 +481,16 @@ async fn ready(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    // The dump waits for the engine thread's next loop turn (at most one step): off the
-    // async workers.
-    let engine_state = state.clone();
-    let kv = tokio::task::spawn_blocking(move || engine_state.engine.kv_dump())
-        .await
-        .ok()
-        .flatten()
-        .and_then(Result::ok)
-        .map(|dump| TierCounts::of(&dump));
-    let loads = match (&state.engine, state.engine.load()) {
-        (_, Some(load)) => vec![(String::new(), load)],
-        (crate::state::EngineHandle::Cluster(cluster), None) => cluster.node_loads(),
-        _ => Vec::new(),
+    let kv = match state.engine.kv_dump().await {
+        Ok(Some(dump)) => Some(TierCounts::of(&dump)),
+        _ => None,
     };
     let snapshot = EngineSnapshot {
         kv,
         step_times: state.engine.step_times(),
-        loads,
+        loads: state.engine.loads(),
     };
-    let routing = match &state.engine {
-        crate::state::EngineHandle::Cluster(cluster) => Some(cluster.metrics()),
-        _ => None,
-    };
+    let routing = state.engine.cluster().map(|cluster| cluster.metrics());
     let text = exposition(&state.metrics, &state.name, snapshot, routing);
     (
         [(header::CONTENT_TYPE, prometheus_text::CONTENT_TYPE)],

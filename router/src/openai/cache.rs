@@ -10,7 +10,7 @@
 //! part of it it holds; a context's blocks are summed over the nodes.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -18,7 +18,6 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use strata_engine_api::client::EngineClient;
 use strata_engine_api::kv::{BlockHash, prompt_block_hashes};
 use strata_engine_api::rpc::PinReport;
 use strata_engine_api::submit::SubmitError;
@@ -28,7 +27,7 @@ use super::chat::{normalize_message, render_conversation};
 use super::{check_model, parse_body};
 use crate::auth::Tenant;
 use crate::error::ApiError;
-use crate::state::{AppState, EngineHandle, unix_now};
+use crate::state::{AppState, unix_now};
 
 /// How long a context stays pinned unless the request says: one hour.
 pub const DEFAULT_TTL_SECONDS: u64 = 3600;
@@ -72,7 +71,7 @@ async fn create(
     if let Some(model) = &request.model {
         check_model(&state, model)?;
     }
-    let block_size = block_size(&state);
+    let block_size = state.engine.block_size();
     let ttl = request.ttl_seconds.unwrap_or(DEFAULT_TTL_SECONDS);
     if ttl == 0 || ttl > MAX_TTL_SECONDS {
         return Err(ApiError::invalid(
@@ -178,7 +177,7 @@ async fn list(
     State(state): State<AppState>,
     tenant: Option<Extension<Tenant>>,
 ) -> Result<Json<Value>, ApiError> {
-    let block_size = block_size(&state);
+    let block_size = state.engine.block_size();
     let salt = tenant.as_deref().map_or(0, |t| t.cache_salt);
     let statuses = live_pins(&state).await?;
     let primed = lock(&state.primed).clone();
@@ -202,7 +201,7 @@ async fn retrieve(
     tenant: Option<Extension<Tenant>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let block_size = block_size(&state);
+    let block_size = state.engine.block_size();
     let context = owned(&state, tenant.as_deref(), &id)?;
     let statuses = live_pins(&state).await?;
     let status = statuses
@@ -247,31 +246,10 @@ fn unknown(id: &str) -> ApiError {
 /// The engine's pins (summed over the nodes of a cluster), after dropping the router's record
 /// of those that expired.
 async fn live_pins(state: &AppState) -> Result<Vec<PinReport>, ApiError> {
-    let statuses = match &state.engine {
-        EngineHandle::Local(_) => local(state, |engine| engine.pins()).await?,
-        EngineHandle::Cluster(cluster) => summed(cluster.pins().await),
-    };
+    let statuses = state.engine.pins().await.map_err(engine_error)?;
     let mut primed = lock(&state.primed);
     primed.retain(|id, _| statuses.iter().any(|s| &s.name == id));
     Ok(statuses)
-}
-
-/// Reports of one name from several nodes as one: the blocks the best-placed node pinned, and
-/// where they all are.
-fn summed(reports: Vec<PinReport>) -> Vec<PinReport> {
-    let mut by_name: HashMap<String, PinReport> = HashMap::new();
-    for report in reports {
-        by_name
-            .entry(report.name.clone())
-            .and_modify(|sum| {
-                sum.blocks = sum.blocks.max(report.blocks);
-                sum.device += report.device;
-                sum.host += report.host;
-                sum.disk += report.disk;
-            })
-            .or_insert(report);
-    }
-    by_name.into_values().collect()
 }
 
 /// Pins the primed prompt's `hashes` as `id` for `ttl`; a pin beyond what the KV tiers may hold
@@ -290,45 +268,17 @@ async fn pin(
             ApiError::internal(format!("pinning the context: {message}"))
         }
     };
-    match &state.engine {
-        EngineHandle::Local(_) => {
-            let (name, expires) = (id.to_string(), Instant::now() + ttl);
-            let pinned =
-                local(state, move |engine| engine.pin(name, hashes, Some(expires))).await?;
-            pinned.map_err(refused)
-        }
-        EngineHandle::Cluster(cluster) => {
-            let answers = cluster.pin(id, &hashes, ttl).await;
-            let mut errors = Vec::new();
-            let mut reports = Vec::new();
-            for answer in answers {
-                match answer {
-                    Ok(report) => reports.push(report),
-                    Err(e) => errors.push(e),
-                }
-            }
-            if reports.iter().all(|r| r.blocks == 0)
-                && let Some(first) = errors.into_iter().next()
-            {
-                return Err(refused(first));
-            }
-            summed(reports)
-                .into_iter()
-                .next()
-                .ok_or_else(|| ApiError::internal("no node answered the pin"))
-        }
-    }
+    let pinned = state.engine.pin(id.to_string(), hashes, ttl).await;
+    pinned.map_err(engine_error)?.map_err(refused)
 }
 
 /// Unpins `id`; whether it was held.
 async fn unpin(state: &AppState, id: &str) -> Result<bool, ApiError> {
-    match &state.engine {
-        EngineHandle::Local(_) => {
-            let name = id.to_string();
-            local(state, move |engine| engine.unpin(name)).await
-        }
-        EngineHandle::Cluster(cluster) => Ok(cluster.unpin(id).await),
-    }
+    state
+        .engine
+        .unpin(id.to_string())
+        .await
+        .map_err(engine_error)
 }
 
 fn context_object(
@@ -354,29 +304,9 @@ fn context_object(
     })
 }
 
-/// Tokens per KV block of the engine, or of the cluster's nodes.
-fn block_size(state: &AppState) -> usize {
-    match &state.engine {
-        EngineHandle::Local(engine) => engine.block_size(),
-        EngineHandle::Cluster(cluster) => cluster.block_size(),
-    }
-}
-
-/// Runs `call` against the local engine off the async workers (it waits for the engine
-/// thread's next loop turn, at most one step).
-async fn local<T: Send + 'static>(
-    state: &AppState,
-    call: impl FnOnce(&dyn EngineClient) -> Result<T, SubmitError> + Send + 'static,
-) -> Result<T, ApiError> {
-    let state = state.clone();
-    tokio::task::spawn_blocking(move || match &state.engine {
-        EngineHandle::Local(engine) => {
-            call(engine.as_ref()).map_err(|e| ApiError::internal(e.to_string()))
-        }
-        EngineHandle::Cluster(_) => Err(ApiError::internal("no local engine")),
-    })
-    .await
-    .map_err(|e| ApiError::internal(e.to_string()))?
+/// The engine (or the nodes) could not answer.
+fn engine_error(e: SubmitError) -> ApiError {
+    ApiError::internal(e.to_string())
 }
 
 fn lock(primed: &PrimedContexts) -> std::sync::MutexGuard<'_, HashMap<String, PrimedContext>> {
