@@ -112,6 +112,22 @@ impl fmt::Display for Inspection {
             human_count(self.parameters),
             self.parameters
         )?;
+        if let Some(m) = &c.moe {
+            let sparse = m.sparse_layers.iter().filter(|&&s| s).count();
+            let shared = m
+                .shared_expert_intermediate
+                .map_or(String::new(), |w| format!(", a shared expert {w} wide"));
+            writeln!(
+                f,
+                "experts          {} per sparse layer ({sparse} of {} layers), {} per token, {} \
+                 wide{shared}; {} parameters active per token",
+                m.experts,
+                c.num_layers,
+                m.experts_per_token,
+                m.expert_intermediate,
+                human_count(crate::weights::active_parameter_count(c))
+            )?;
+        }
         let dtypes: Vec<String> = self
             .dtypes
             .iter()

@@ -5,7 +5,8 @@
 //! Here the same checkpoints are synthesized again (a fixture names the sha256 of the weights it
 //! was made from) and the CPU reference must reproduce every fixture row within the bound, both in
 //! one prefill pass and through prefill + one-token decodes over its KV cache. A canary with a
-//! perturbed rope_theta must break the bound, proving the comparison can fail.
+//! perturbed rope_theta must break the bound, proving the comparison can fail; so must a mixture
+//! of experts routed with the other choice of renormalizing the chosen experts' weights.
 
 use std::path::{Path, PathBuf};
 
@@ -177,7 +178,51 @@ fn cpu_reference_matches_transformers_logits() {
             case.name
         );
     }
-    assert_eq!(archs.len(), 4, "every architecture is covered: {archs:?}");
+    assert_eq!(archs.len(), 7, "every architecture is covered: {archs:?}");
+}
+
+/// The worst relative error of `case`'s fixture rows against the CPU reference with the config
+/// `perturb` changes.
+fn perturbed_worst(case: &Case, dir: &Path, perturb: impl Fn(&mut ModelConfig)) -> f32 {
+    let (_, rows) = fixture(&case.name);
+    let mut config = ModelConfig::from_dir(dir).unwrap();
+    perturb(&mut config);
+    let model = CpuModel::from_checkpoint(config, &Checkpoint::open(dir).unwrap()).unwrap();
+    case.prompts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, prompt)| {
+            let logits = prefill_logits(&model, prompt);
+            rows.iter()
+                .filter(move |r| r.prompt == i)
+                .map(move |r| relative_error(&logits[r.position], &r.logits))
+                .collect::<Vec<_>>()
+        })
+        .fold(0.0f32, f32::max)
+}
+
+#[test]
+fn canary_moe_routing_renormalized_the_other_way_breaks_the_bound() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for case in cases().into_iter().filter(|c| c.spec.moe.is_some()) {
+        let dir = synthesized(&case, tmp.path());
+        let worst = perturbed_worst(&case, &dir, |c| {
+            let moe = c.moe.as_mut().unwrap();
+            moe.norm_topk_prob = !moe.norm_topk_prob;
+        });
+        eprintln!(
+            "{:<22} routing canary worst relative error {worst:.2e}",
+            case.name
+        );
+        assert!(
+            worst > BOUND,
+            "{}: the routing canary passed ({worst:e})",
+            case.name
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 3);
 }
 
 #[test]
@@ -185,22 +230,7 @@ fn canary_perturbed_rope_theta_breaks_the_bound() {
     let tmp = tempfile::tempdir().unwrap();
     for case in cases() {
         let dir = synthesized(&case, tmp.path());
-        let (_, rows) = fixture(&case.name);
-        let mut config = ModelConfig::from_dir(&dir).unwrap();
-        config.rope_theta *= 1.01;
-        let model = CpuModel::from_checkpoint(config, &Checkpoint::open(&dir).unwrap()).unwrap();
-        let worst = case
-            .prompts
-            .iter()
-            .enumerate()
-            .flat_map(|(i, prompt)| {
-                let logits = prefill_logits(&model, prompt);
-                rows.iter()
-                    .filter(move |r| r.prompt == i)
-                    .map(move |r| relative_error(&logits[r.position], &r.logits))
-                    .collect::<Vec<_>>()
-            })
-            .fold(0.0f32, f32::max);
+        let worst = perturbed_worst(&case, &dir, |c| c.rope_theta *= 1.01);
         eprintln!("{:<22} canary worst relative error {worst:.2e}", case.name);
         assert!(
             worst > BOUND,

@@ -6,7 +6,7 @@
 
 use strata_model::config::Architecture;
 use strata_model::cpu::CpuModel;
-use strata_model::synth::{SynthSpec, synthesize};
+use strata_model::synth::{SynthMoe, SynthSpec, synthesize};
 use strata_protocol::{FinishReason, GenerateRequest, SamplingParams, TokenEvent};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -124,6 +124,9 @@ pub(crate) struct Setup {
     /// With `speculative`: a synthesized model of this seed (the target's architecture and
     /// tokenizer) drafts the proposals.
     pub(crate) draft_seed: Option<u64>,
+    /// Run a tiny Qwen3-MoE (8 experts, 2 per token, a dense layer between sparse ones) instead
+    /// of the dense Qwen3.
+    pub(crate) moe: bool,
 }
 
 impl Default for Setup {
@@ -137,6 +140,7 @@ impl Default for Setup {
             faults: Faults::default(),
             speculative: None,
             draft_seed: None,
+            moe: false,
         }
     }
 }
@@ -148,34 +152,46 @@ pub(crate) struct Harness {
     _disk: tempfile::TempDir,
 }
 
-fn model_dir() -> &'static std::path::Path {
-    synthesized(42)
+fn model_dir(moe: bool) -> &'static std::path::Path {
+    synthesized(42, moe)
 }
 
-/// A tiny synthesized Qwen3 of `seed`, made once per test process.
-fn synthesized(seed: u64) -> &'static std::path::Path {
-    static DIRS: std::sync::Mutex<Vec<(u64, &'static tempfile::TempDir)>> =
-        std::sync::Mutex::new(Vec::new());
+/// A tiny synthesized Qwen3 (or Qwen3-MoE) of `seed`, made once per test process.
+fn synthesized(seed: u64, moe: bool) -> &'static std::path::Path {
+    type Dirs = Vec<((u64, bool), &'static tempfile::TempDir)>;
+    static DIRS: std::sync::Mutex<Dirs> = std::sync::Mutex::new(Vec::new());
     let mut dirs = DIRS
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some((_, dir)) = dirs.iter().find(|(s, _)| *s == seed) {
+    if let Some((_, dir)) = dirs.iter().find(|(k, _)| *k == (seed, moe)) {
         return dir.path();
     }
     let dir: &'static tempfile::TempDir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
-    synthesize(
-        &SynthSpec::tiny(Architecture::Qwen3, seed),
-        dir.path(),
-        None,
-    )
-    .unwrap();
-    dirs.push((seed, dir));
+    let spec = if moe {
+        SynthSpec {
+            layers: 3,
+            moe: Some(SynthMoe {
+                experts: 8,
+                experts_per_token: 2,
+                expert_intermediate: Some(32),
+                shared_expert_intermediate: None,
+                norm_topk_prob: true,
+                mlp_only_layers: vec![1],
+                decoder_sparse_step: None,
+            }),
+            ..SynthSpec::tiny(Architecture::Qwen3Moe, seed)
+        }
+    } else {
+        SynthSpec::tiny(Architecture::Qwen3, seed)
+    };
+    synthesize(&spec, dir.path(), None).unwrap();
+    dirs.push(((seed, moe), dir));
     dir.path()
 }
 
 impl Harness {
     pub(crate) fn new(setup: Setup) -> Self {
-        let model = CpuModel::load(model_dir()).unwrap();
+        let model = CpuModel::load(model_dir(setup.moe)).unwrap();
         let backend = TestBackend {
             inner: CpuBackend::with_blocks(model, BLOCK, setup.device_blocks),
             fault: setup.backend_fault,
@@ -195,7 +211,7 @@ impl Harness {
         let speculator = setup.speculative.map(|c| {
             match setup.draft_seed {
                 Some(seed) => {
-                    let draft = CpuModel::load(synthesized(seed)).unwrap();
+                    let draft = CpuModel::load(synthesized(seed, setup.moe)).unwrap();
                     let backend = CpuBackend::with_blocks(draft, BLOCK, 256);
                     Speculator::with_proposer(
                         c,
@@ -306,7 +322,12 @@ fn alone(setup: Setup, r: &GenerateRequest) -> Vec<u32> {
 
 /// Gate 1: each of 16 sequences, arriving two steps apart, generates what it generates alone.
 fn batch_gate(fault: BackendFault) -> bool {
-    let requests: Vec<GenerateRequest> = (0..16)
+    batch_gate_of(16, fault, false)
+}
+
+/// Gate 1 over `n` sequences (of the MoE model with `moe`).
+fn batch_gate_of(n: u32, fault: BackendFault, moe: bool) -> bool {
+    let requests: Vec<GenerateRequest> = (0..n)
         .map(|i| request(prompt(i, 5 + 3 * i as usize)))
         .collect();
     let arrivals: Vec<(u64, GenerateRequest)> = requests
@@ -316,13 +337,46 @@ fn batch_gate(fault: BackendFault) -> bool {
         .collect();
     let batched = Harness::new(Setup {
         backend_fault: fault,
+        moe,
         ..Setup::default()
     })
     .run(&arrivals);
-    requests
-        .iter()
-        .zip(&batched)
-        .all(|(r, b)| alone(Setup::default(), r) == *b)
+    requests.iter().zip(&batched).all(|(r, b)| {
+        let solo = Setup {
+            moe,
+            ..Setup::default()
+        };
+        alone(solo, r) == *b
+    })
+}
+
+/// A mixture of experts routes each token alone: 32 staggered sequences of an MoE model generate
+/// what each generates alone, and a prompt prefilled a token at a time (decode rows) generates
+/// what one whole-prompt prefill does.
+#[test]
+fn gate_moe_batch_of_32_and_prefill_equals_decode() {
+    assert!(batch_gate_of(32, BackendFault::None, true));
+    assert!(
+        !batch_gate_of(32, BackendFault::BatchVariant, true),
+        "canary: batch-variant logits must fail"
+    );
+    let r = request(prompt(3, 40));
+    let whole = alone(
+        Setup {
+            moe: true,
+            ..Setup::default()
+        },
+        &r,
+    );
+    let one_at_a_time = Setup {
+        moe: true,
+        limits: SchedulerLimits {
+            max_batch_tokens: 1,
+            max_running: 64,
+        },
+        ..Setup::default()
+    };
+    assert_eq!(alone(one_at_a_time, &r), whole);
 }
 
 #[test]

@@ -366,6 +366,19 @@ async fn a_multi_turn_conversation_reads_the_same_everywhere() {
     assert_identical(addr, &MULTI_TURN).await;
 }
 
+/// A mixture of experts serves every surface the same way (the surfaces never see the MLP).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixture_of_experts_model_reads_the_same_everywhere() {
+    let model_dir = tempfile::tempdir().unwrap();
+    let state = support::tiny_moe_state(model_dir.path());
+    assert_eq!(
+        state.engine.model_config().architecture.to_string(),
+        "Qwen3MoeForCausalLM"
+    );
+    let addr = http::serve(state, Access::default()).await;
+    assert_identical(addr, &MULTI_TURN).await;
+}
+
 /// Canary: the comparison tells conversations apart. The same turns under another system
 /// prompt must not pass as the reference, as a surface that dropped or rewrote the system
 /// prompt would not.

@@ -7,12 +7,12 @@ use clap::{Args, Subcommand, ValueEnum};
 use serde::Deserialize;
 use strata_model::config::Architecture;
 use strata_model::inspect::Inspection;
-use strata_model::synth::{SynthDtype, SynthLlama3Scaling, SynthSpec, synthesize};
+use strata_model::synth::{SynthDtype, SynthLlama3Scaling, SynthMoe, SynthSpec, synthesize};
 
 #[derive(Subcommand)]
 pub enum ModelCommand {
     /// Write a complete HF-style checkpoint directory with deterministic random weights.
-    Synth(SynthArgs),
+    Synth(Box<SynthArgs>),
     /// Summarise a checkpoint directory: architecture, parameters, dtypes, memory, KV cost.
     Inspect {
         /// Checkpoint directory (config.json + safetensors).
@@ -26,6 +26,11 @@ pub enum ArchArg {
     Qwen2,
     Qwen3,
     Mistral,
+    #[value(name = "qwen2_moe")]
+    Qwen2Moe,
+    #[value(name = "qwen3_moe")]
+    Qwen3Moe,
+    Mixtral,
 }
 
 impl From<ArchArg> for Architecture {
@@ -35,6 +40,9 @@ impl From<ArchArg> for Architecture {
             ArchArg::Qwen2 => Architecture::Qwen2,
             ArchArg::Qwen3 => Architecture::Qwen3,
             ArchArg::Mistral => Architecture::Mistral,
+            ArchArg::Qwen2Moe => Architecture::Qwen2Moe,
+            ArchArg::Qwen3Moe => Architecture::Qwen3Moe,
+            ArchArg::Mixtral => Architecture::Mixtral,
         }
     }
 }
@@ -86,6 +94,24 @@ pub struct SynthArgs {
     dtype: DtypeArg,
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Experts of a MoE family (qwen2_moe, qwen3_moe, mixtral) [default: 8 for those].
+    #[arg(long)]
+    experts: Option<usize>,
+    /// Experts each token uses.
+    #[arg(long, default_value_t = 2)]
+    experts_per_token: usize,
+    /// Each expert's width (Qwen's moe_intermediate_size) [default: --intermediate].
+    #[arg(long)]
+    expert_intermediate: Option<usize>,
+    /// Qwen2-MoE's shared expert width [default: --intermediate].
+    #[arg(long)]
+    shared_expert_intermediate: Option<usize>,
+    /// Qwen's norm_topk_prob: divide the chosen experts' probabilities by their sum.
+    #[arg(long)]
+    norm_topk_prob: bool,
+    /// Qwen's mlp_only_layers: layers whose MLP stays dense, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    mlp_only_layers: Vec<usize>,
     /// Synthesize every case of an oracle case file (tests/oracle/cases.json) into OUT/<name>.
     #[arg(long, conflicts_with = "arch")]
     cases: Option<PathBuf>,
@@ -111,7 +137,7 @@ fn parse_llama3_scaling(s: &str) -> Result<SynthLlama3Scaling, String> {
 
 pub fn run(cmd: ModelCommand) -> Result<()> {
     match cmd {
-        ModelCommand::Synth(args) => synth(args),
+        ModelCommand::Synth(args) => synth(*args),
         ModelCommand::Inspect { dir } => {
             let inspection = Inspection::of(&dir)?;
             print!("{inspection}");
@@ -157,6 +183,15 @@ fn synth(args: SynthArgs) -> Result<()> {
             DtypeArg::F32 => SynthDtype::F32,
         },
         seed: args.seed,
+        moe: Architecture::from(arch).is_moe().then(|| SynthMoe {
+            experts: args.experts.unwrap_or(8),
+            experts_per_token: args.experts_per_token,
+            expert_intermediate: args.expert_intermediate,
+            shared_expert_intermediate: args.shared_expert_intermediate,
+            norm_topk_prob: args.norm_topk_prob,
+            mlp_only_layers: args.mlp_only_layers.clone(),
+            decoder_sparse_step: None,
+        }),
     };
     synthesize(&spec, &args.out, args.tokenizer.as_deref())?;
     print!("{}", Inspection::of(&args.out)?);

@@ -37,15 +37,24 @@ pub enum Architecture {
     Qwen3,
     Mistral,
     Gemma3,
+    /// Qwen2's attention with a sparse MLP: top-k experts and a sigmoid-gated shared expert.
+    Qwen2Moe,
+    /// Qwen3's attention (q/k norms) with a sparse MLP of top-k experts.
+    Qwen3Moe,
+    /// Mistral's attention with a sparse MLP of top-k experts (weights renormalized).
+    Mixtral,
 }
 
 impl Architecture {
-    pub const ALL: [Architecture; 5] = [
+    pub const ALL: [Architecture; 8] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen3,
         Self::Mistral,
         Self::Gemma3,
+        Self::Qwen2Moe,
+        Self::Qwen3Moe,
+        Self::Mixtral,
     ];
 
     /// The `architectures[0]` string of config.json.
@@ -56,6 +65,9 @@ impl Architecture {
             Self::Qwen3 => "Qwen3ForCausalLM",
             Self::Mistral => "MistralForCausalLM",
             Self::Gemma3 => "Gemma3ForCausalLM",
+            Self::Qwen2Moe => "Qwen2MoeForCausalLM",
+            Self::Qwen3Moe => "Qwen3MoeForCausalLM",
+            Self::Mixtral => "MixtralForCausalLM",
         }
     }
 
@@ -67,6 +79,9 @@ impl Architecture {
             Self::Qwen3 => "qwen3",
             Self::Mistral => "mistral",
             Self::Gemma3 => "gemma3_text",
+            Self::Qwen2Moe => "qwen2_moe",
+            Self::Qwen3Moe => "qwen3_moe",
+            Self::Mixtral => "mixtral",
         }
     }
 
@@ -76,6 +91,11 @@ impl Architecture {
 
     pub fn from_model_type(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|a| a.model_type() == name)
+    }
+
+    /// Whether the family's MLPs are mixtures of experts.
+    pub fn is_moe(self) -> bool {
+        matches!(self, Self::Qwen2Moe | Self::Qwen3Moe | Self::Mixtral)
     }
 }
 
@@ -156,6 +176,8 @@ pub struct ModelConfig {
     pub declared_dtype: Option<String>,
     /// Gemma 3's additions; `Some` exactly when `architecture` is Gemma3.
     pub gemma3: Option<Gemma3>,
+    /// The mixture of experts; `Some` exactly when the architecture is a MoE family.
+    pub moe: Option<Moe>,
 }
 
 /// The raw fields of config.json that strata reads. Unknown fields are allowed (checkpoints carry
@@ -197,6 +219,9 @@ struct RawConfig {
     attn_logit_softcapping: Option<Value>,
     final_logit_softcapping: Option<Value>,
     use_bidirectional_attention: Option<bool>,
+    // Mixtures of experts.
+    #[serde(flatten)]
+    moe: moe::RawMoe,
 }
 
 impl ModelConfig {
@@ -321,11 +346,27 @@ impl RawConfig {
             (theta, scaling, None)
         };
         let attention_bias = self.attention_bias.unwrap_or(false);
+        let intermediate_size = need(self.intermediate_size, "intermediate_size")?;
+        let moe = if architecture.is_moe() {
+            Some(
+                self.moe
+                    .parse(architecture, num_layers, intermediate_size)?,
+            )
+        } else {
+            self.moe.refuse_without(architecture)?;
+            None
+        };
+        // Qwen2-MoE spells Qwen2's always-on q/k/v biases as `qkv_bias` (true by default).
+        let qkv_bias = match architecture {
+            Architecture::Qwen2 => true,
+            Architecture::Qwen2Moe => self.moe.qkv_bias.unwrap_or(true),
+            _ => attention_bias,
+        };
         Ok(ModelConfig {
             architecture,
             vocab_size: need(self.vocab_size, "vocab_size")?,
             hidden_size,
-            intermediate_size: need(self.intermediate_size, "intermediate_size")?,
+            intermediate_size,
             num_layers,
             num_heads,
             num_kv_heads,
@@ -335,9 +376,13 @@ impl RawConfig {
             rope_theta,
             rope_scaling,
             tie_word_embeddings: self.tie_word_embeddings.unwrap_or(false),
-            qkv_bias: attention_bias || architecture == Architecture::Qwen2,
-            o_bias: attention_bias && architecture != Architecture::Qwen2,
-            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Gemma3),
+            qkv_bias,
+            o_bias: attention_bias
+                && !matches!(architecture, Architecture::Qwen2 | Architecture::Qwen2Moe),
+            qk_norm: matches!(
+                architecture,
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            ),
             sliding_window: self.sliding_window(architecture)?,
             bos_token_id: token_ids(&self.bos_token_id, "bos_token_id")?
                 .first()
@@ -345,6 +390,7 @@ impl RawConfig {
             eos_token_ids: token_ids(&self.eos_token_id, "eos_token_id")?,
             declared_dtype: self.torch_dtype.or(self.dtype),
             gemma3,
+            moe,
         })
     }
 
@@ -473,12 +519,17 @@ impl RawConfig {
             })? as usize),
         };
         match arch {
-            Architecture::Mistral => Ok(window),
+            Architecture::Mistral | Architecture::Mixtral => Ok(window),
             Architecture::Gemma3 => window
                 .map(Some)
                 .ok_or_else(|| "Gemma 3 needs a sliding_window".to_string()),
             // Qwen configs carry a sliding_window value that only applies with use_sliding_window.
-            Architecture::Qwen2 | Architecture::Qwen3 if self.use_sliding_window == Some(true) => {
+            Architecture::Qwen2
+            | Architecture::Qwen3
+            | Architecture::Qwen2Moe
+            | Architecture::Qwen3Moe
+                if self.use_sliding_window == Some(true) =>
+            {
                 Err("use_sliding_window = true is not supported for Qwen models".into())
             }
             Architecture::Llama if window.is_some() => {
@@ -668,9 +719,11 @@ impl GenerationConfig {
     }
 }
 
+mod moe;
 mod pooling;
 mod quantization;
 
+pub use moe::Moe;
 pub use pooling::EmbeddingConfig;
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ fn committed_benchmark_configs_parse() {
         ("llama-3.1-8b.json", 8.03),
         ("qwen3-32b.json", 32.76),
         ("llama-3.3-70b.json", 70.55),
+        ("qwen3-30b-a3b.json", 30.53),
     ] {
         let text = std::fs::read_to_string(root.join(file)).unwrap();
         let config = ModelConfig::from_json(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
@@ -18,6 +19,11 @@ fn committed_benchmark_configs_parse() {
             "{file}: {params} B parameters"
         );
     }
+    // Qwen3-30B-A3B activates 3.3 B of its parameters per token (its model card).
+    let text = std::fs::read_to_string(root.join("qwen3-30b-a3b.json")).unwrap();
+    let config = ModelConfig::from_json(&text).unwrap();
+    let active = crate::weights::active_parameter_count(&config) as f64 / 1e9;
+    assert!((active - 3.35).abs() < 0.05, "{active} B active");
 }
 
 fn base() -> serde_json::Map<String, Value> {
@@ -230,4 +236,112 @@ fn sampling_defaults_take_the_checkpoint_else_neutral_and_greedy_when_it_says_so
         ..shipped
     };
     assert_eq!(greedy.sampling_defaults().temperature, 0.0);
+}
+
+fn moe(arch: &str, fields: Value) -> Result<ModelConfig, String> {
+    let mut map = base();
+    map.insert("architectures".into(), serde_json::json!([arch]));
+    map.extend(fields.as_object().unwrap().clone());
+    parse(map)
+}
+
+#[test]
+fn mixtures_of_experts_read_their_layers_and_routing() {
+    let c = moe(
+        "Qwen3MoeForCausalLM",
+        serde_json::json!({"num_hidden_layers": 4, "num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32, "norm_topk_prob": true, "mlp_only_layers": [0],
+            "decoder_sparse_step": 1}),
+    )
+    .unwrap();
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!(
+        (m.experts, m.experts_per_token, m.expert_intermediate),
+        (8, 2, 32)
+    );
+    assert_eq!(m.sparse_layers, [false, true, true, true]);
+    assert!(m.norm_topk_prob && m.shared_expert_intermediate.is_none());
+    assert!(c.qk_norm && !c.qkv_bias);
+    // Qwen2-MoE: every second layer sparse, q/k/v biases by default, a shared expert.
+    let c = moe(
+        "Qwen2MoeForCausalLM",
+        serde_json::json!({"num_hidden_layers": 4, "num_experts": 4, "num_experts_per_tok": 4,
+            "moe_intermediate_size": 16, "shared_expert_intermediate_size": 48,
+            "decoder_sparse_step": 2}),
+    )
+    .unwrap();
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!(m.sparse_layers, [false, true, false, true]);
+    assert_eq!(m.shared_expert_intermediate, Some(48));
+    assert!(!m.norm_topk_prob && c.qkv_bias && !c.o_bias);
+    // Mixtral: every layer sparse, experts as wide as intermediate_size, always renormalized.
+    let c = moe(
+        "MixtralForCausalLM",
+        serde_json::json!({"num_local_experts": 8, "num_experts_per_tok": 2}),
+    )
+    .unwrap();
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!((m.experts, m.expert_intermediate), (8, 128));
+    assert!(m.norm_topk_prob && m.sparse_layers.iter().all(|&s| s));
+    // The sparse layers' tensors: a router, the experts, no dense MLP.
+    let spec = crate::weights::LayerSpec::new(&c, 1);
+    assert!(spec.dense_mlp().is_none() && spec.projections().is_none());
+    let names: Vec<&str> = spec.tensors().iter().map(|t| t.name.as_str()).collect();
+    assert!(names.contains(&"model.layers.1.block_sparse_moe.gate.weight"));
+    assert!(names.contains(&"model.layers.1.block_sparse_moe.experts.7.w2.weight"));
+}
+
+#[test]
+fn expert_configs_that_would_compute_something_else_are_refused_by_name() {
+    let qwen = |extra: Value| {
+        let mut fields = serde_json::json!({"num_experts": 8, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32});
+        fields
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        moe("Qwen3MoeForCausalLM", fields).unwrap_err()
+    };
+    for (extra, named) in [
+        (
+            serde_json::json!({"num_experts_per_tok": 9}),
+            "num_experts_per_tok",
+        ),
+        (
+            serde_json::json!({"mlp_only_layers": [2]}),
+            "mlp_only_layers",
+        ),
+        (serde_json::json!({"n_group": 4}), "n_group"),
+        (
+            serde_json::json!({"scoring_func": "sigmoid"}),
+            "scoring_func",
+        ),
+        (
+            serde_json::json!({"topk_method": "noaux_tc"}),
+            "topk_method",
+        ),
+        (
+            serde_json::json!({"shared_expert_intermediate_size": 64}),
+            "shared_expert",
+        ),
+        (serde_json::json!({"num_experts": 0}), "num_experts"),
+    ] {
+        let err = qwen(extra.clone());
+        assert!(err.contains(named), "{extra}: {err}");
+    }
+    assert!(
+        moe(
+            "Qwen3MoeForCausalLM",
+            serde_json::json!({"num_experts_per_tok": 2})
+        )
+        .unwrap_err()
+        .contains("num_experts")
+    );
+    // A dense family carrying experts is refused, not run dense.
+    let err = moe(
+        "LlamaForCausalLM",
+        serde_json::json!({"num_local_experts": 8}),
+    )
+    .unwrap_err();
+    assert!(err.contains("MixtralForCausalLM"), "{err}");
 }

@@ -12,6 +12,7 @@
 //! reproduce this pass bit for bit.
 
 mod attention;
+mod moe;
 mod ops;
 mod tp;
 mod weights;
@@ -26,7 +27,7 @@ pub use ops::{
     rms_norm, row_parallel_shards, sum_partials,
 };
 pub use tp::{PartialsFault, TpCollectives, TpError, TpLayout, TpShard};
-pub use weights::{CpuWeights, LayerWeights};
+pub use weights::{CpuWeights, GatedWeights, LayerWeights, MlpWeights};
 
 use crate::config::{ConfigError, ModelConfig};
 use crate::rope::Rope;
@@ -470,23 +471,39 @@ pub(crate) fn decoder_layer<E>(
 
     rms_norm(x, &w.post_attention_norm, eps, &mut normed);
     observe(LinearInput::Mlp, &normed);
-    let mut gate = vec![0.0; n * heads.inter];
-    let mut up = vec![0.0; n * heads.inter];
-    linear(&input(w, 4, &normed, h), &w.gate, None, h, &mut gate);
-    linear(&input(w, 5, &normed, h), &w.up, None, h, &mut up);
-    if c.gemma3.is_some() {
-        ops::gelu_tanh_mul(&mut gate, &up);
-    } else {
-        ops::silu_mul(&mut gate, &up);
+    match &w.mlp {
+        MlpWeights::Dense(m) => {
+            let mut gate = vec![0.0; n * heads.inter];
+            let mut up = vec![0.0; n * heads.inter];
+            linear(&input(w, 4, &normed, h), &m.gate, None, h, &mut gate);
+            linear(&input(w, 5, &normed, h), &m.up, None, h, &mut up);
+            if c.gemma3.is_some() {
+                ops::gelu_tanh_mul(&mut gate, &up);
+            } else {
+                ops::silu_mul(&mut gate, &up);
+            }
+            observe(LinearInput::Down, &gate);
+            reduce(
+                &input(w, 6, &gate, heads.inter),
+                &m.down,
+                None,
+                heads.inter,
+                &mut o,
+            )?;
+        }
+        // One rank only (refused at load under tensor parallelism): no reduction.
+        MlpWeights::Sparse {
+            router,
+            experts,
+            shared,
+        } => {
+            let moe = c
+                .moe
+                .as_ref()
+                .expect("sparse weights come from a MoE config");
+            moe::sparse_mlp(moe, router, experts, shared.as_ref(), &normed, h, &mut o);
+        }
     }
-    observe(LinearInput::Down, &gate);
-    reduce(
-        &input(w, 6, &gate, heads.inter),
-        &w.down,
-        None,
-        heads.inter,
-        &mut o,
-    )?;
     if let Some([_, mlp_out]) = &w.sandwich {
         ops::rms_norm_in_place(&mut o, mlp_out, eps);
     }

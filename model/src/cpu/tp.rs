@@ -456,10 +456,11 @@ mod layout_tests {
             assert_eq!(bits(&w.q), block(&full.q, h, l.q_rows.clone(), 0..h));
             assert_eq!(bits(&w.k), block(&full.k, h, l.kv_rows.clone(), 0..h));
             assert_eq!(bits(&w.o), block(&full.o, q, all_rows(h), l.q_rows.clone()));
-            let gate = block(&full.gate, h, l.inter_rows.clone(), 0..h);
-            assert_eq!(bits(&w.gate), gate);
-            let down = block(&full.down, inter, all_rows(h), l.inter_rows.clone());
-            assert_eq!(bits(&w.down), down);
+            let (fm, m) = (full.mlp.dense().unwrap(), w.mlp.dense().unwrap());
+            let gate = block(&fm.gate, h, l.inter_rows.clone(), 0..h);
+            assert_eq!(bits(&m.gate), gate);
+            let down = block(&fm.down, inter, all_rows(h), l.inter_rows.clone());
+            assert_eq!(bits(&m.down), down);
             let [qb, kb, _] = w.qkv_bias.as_ref().expect("qwen2 has qkv biases");
             let [fq, fk, _] = full.qkv_bias.as_ref().expect("qwen2 has qkv biases");
             assert_eq!(qb, &fq[l.q_rows.clone()]);

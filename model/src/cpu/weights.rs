@@ -12,8 +12,8 @@ use super::tp::TpLayout;
 use crate::config::ModelConfig;
 use crate::quantize::ActivationQuant;
 use crate::weights::{
-    Checkpoint, LM_HEAD, LayerSpec, TensorRef, TensorSpec, WeightDtype, WeightError, embed_spec,
-    final_norm_spec, lm_head_spec,
+    Checkpoint, GatedMlp, LM_HEAD, LayerSpec, MlpSpec, TensorRef, TensorSpec, WeightDtype,
+    WeightError, embed_spec, final_norm_spec, lm_head_spec,
 };
 
 pub struct LayerWeights {
@@ -29,12 +29,46 @@ pub struct LayerWeights {
     pub post_attention_norm: Vec<f32>,
     /// Gemma 3's norms of the attention output and of the MLP output.
     pub sandwich: Option<[Vec<f32>; 2]>,
-    pub gate: Matrix,
-    pub up: Matrix,
-    pub down: Matrix,
+    pub mlp: MlpWeights,
     /// How each projection's input is quantized before its product (q, k, v, o, gate, up,
     /// down): all `None` (weight-only) unless [`CpuWeights::quantize_activations`] set them.
     pub activations: [Option<ActivationQuant>; 7],
+}
+
+/// A gated MLP's three matrices.
+pub struct GatedWeights {
+    pub gate: Matrix,
+    pub up: Matrix,
+    pub down: Matrix,
+}
+
+/// A layer's MLP: dense, or a mixture of experts.
+pub enum MlpWeights {
+    Dense(GatedWeights),
+    Sparse {
+        /// `[experts, hidden]`: each expert's score of a token.
+        router: Matrix,
+        experts: Vec<GatedWeights>,
+        /// Qwen2-MoE's shared expert and its `[1, hidden]` gate.
+        shared: Option<(GatedWeights, Matrix)>,
+    },
+}
+
+impl MlpWeights {
+    /// The dense MLP; `None` for a mixture of experts.
+    pub fn dense(&self) -> Option<&GatedWeights> {
+        match self {
+            Self::Dense(w) => Some(w),
+            Self::Sparse { .. } => None,
+        }
+    }
+
+    pub fn dense_mut(&mut self) -> Option<&mut GatedWeights> {
+        match self {
+            Self::Dense(w) => Some(w),
+            Self::Sparse { .. } => None,
+        }
+    }
 }
 
 pub struct CpuWeights {
@@ -93,6 +127,21 @@ impl CpuWeights {
             ckpt.get_shaped(&t.name, &t.shape)
                 .map(|r| matrix(&r, t.dims()[1], rows, cols))
         };
+        if config.moe.is_some() && rank.is_some() {
+            return Err(WeightError::Malformed {
+                path: ckpt.dir().to_path_buf(),
+                problem: "a mixture of experts runs on one rank only (expert placement across \
+                          tensor-parallel ranks is not built yet)"
+                    .into(),
+            });
+        }
+        let gated = |m: &GatedMlp| {
+            Ok::<_, WeightError>(GatedWeights {
+                gate: mat(&m.gate)?,
+                up: mat(&m.up)?,
+                down: mat(&m.down)?,
+            })
+        };
         let embed = mat(&embed_spec(config))?;
         bar.inc(1);
         let mut layers = Vec::with_capacity(config.num_layers);
@@ -118,9 +167,18 @@ impl CpuWeights {
                 qk_norm: norms(&spec.qk_norm)?,
                 post_attention_norm: norm(&spec.mlp_norm)?,
                 sandwich: norms(&spec.sandwich)?,
-                gate: mat(&spec.gate)?,
-                up: mat(&spec.up)?,
-                down: mat(&spec.down)?,
+                mlp: match &spec.mlp {
+                    MlpSpec::Dense(m) => MlpWeights::Dense(gated(m)?),
+                    MlpSpec::Sparse(moe) => MlpWeights::Sparse {
+                        router: mat(&moe.router)?,
+                        experts: moe.experts.iter().map(gated).collect::<Result<_, _>>()?,
+                        shared: moe
+                            .shared
+                            .as_ref()
+                            .map(|(m, gate)| Ok::<_, WeightError>((gated(m)?, mat(gate)?)))
+                            .transpose()?,
+                    },
+                },
                 activations: [None; 7],
             });
             bar.inc(1);
@@ -149,7 +207,24 @@ impl CpuWeights {
         let mut count = 0;
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let spec = LayerSpec::new(config, i);
-            for (slot, t) in layer.activations.iter_mut().zip(spec.projections()) {
+            let Some(projections) = spec.projections() else {
+                // A sparse layer's expert inputs are not quantized: a checkpoint asking for
+                // it is refused rather than computed weight-only.
+                for t in spec.tensors() {
+                    if ckpt.activation_quant(&t.name)?.is_some() {
+                        return Err(WeightError::Malformed {
+                            path: ckpt.dir().to_path_buf(),
+                            problem: format!(
+                                "tensor {}: quantized activations in a mixture of experts are \
+                                 not supported",
+                                t.name
+                            ),
+                        });
+                    }
+                }
+                continue;
+            };
+            for (slot, t) in layer.activations.iter_mut().zip(projections) {
                 *slot = ckpt.activation_quant(&t.name)?;
                 count += usize::from(slot.is_some());
             }
@@ -196,12 +271,16 @@ impl CpuWeights {
         };
         for (i, layer) in self.layers.iter_mut().enumerate() {
             let n = LayerSpec::new(config, i);
+            // The tiles hold dense layers (a mixture of experts keeps its widened weights).
+            let (Some(m), Some(w)) = (n.dense_mlp(), layer.mlp.dense_mut()) else {
+                continue;
+            };
             let single = [
                 (&mut layer.q, &n.q.name),
                 (&mut layer.k, &n.k.name),
                 (&mut layer.v, &n.v.name),
                 (&mut layer.o, &n.o.name),
-                (&mut layer.down, &n.down.name),
+                (&mut w.down, &m.down.name),
             ];
             for (matrix, name) in single {
                 if let Some((scaled, _)) = kept(name)? {
@@ -209,11 +288,11 @@ impl CpuWeights {
                 }
             }
             // Gate and up are one tiled matrix on the GPU: whole 16-row bands, both or neither.
-            if let (Some((gate, rows)), Some((up, _))) = (kept(&n.gate.name)?, kept(&n.up.name)?)
+            if let (Some((gate, rows)), Some((up, _))) = (kept(&m.gate.name)?, kept(&m.up.name)?)
                 && rows.is_multiple_of(16)
             {
-                set(&mut layer.gate, gate);
-                set(&mut layer.up, up);
+                set(&mut w.gate, gate);
+                set(&mut w.up, up);
             }
         }
         if let Some(head) = &mut self.lm_head

@@ -389,6 +389,13 @@ pub fn quantize(
         problem: e.to_string(),
     };
     let config = ModelConfig::from_dir(input)?;
+    if config.moe.is_some() {
+        return Err(QuantizeError::Unsupported(format!(
+            "{}: quantizing a mixture of experts ({}) is not supported yet",
+            input.display(),
+            config.architecture
+        )));
+    }
     let gguf = crate::gguf::is_gguf_file(input);
     let raw: Value = if gguf {
         hf_config(&config)?
@@ -413,6 +420,7 @@ pub fn quantize(
         for (t, role) in LayerSpec::new(&config, i)
             .projections()
             .into_iter()
+            .flatten()
             .zip(roles)
         {
             let input = LinearInput::of(role).expect("a projection role");

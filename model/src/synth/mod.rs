@@ -77,6 +77,29 @@ pub struct SynthSpec {
     #[serde(default)]
     pub dtype: SynthDtype,
     pub seed: u64,
+    /// The experts of a MoE family (qwen2_moe, qwen3_moe, mixtral).
+    #[serde(default)]
+    pub moe: Option<SynthMoe>,
+}
+
+/// A mixture of experts to synthesize: `intermediate` is then the width of the dense layers
+/// (Qwen's `mlp_only_layers`; Mixtral's experts are `intermediate` wide).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SynthMoe {
+    pub experts: usize,
+    pub experts_per_token: usize,
+    /// Each expert's width (Qwen's `moe_intermediate_size`; Mixtral's is `intermediate`).
+    #[serde(default)]
+    pub expert_intermediate: Option<usize>,
+    /// Qwen2-MoE's shared expert width.
+    #[serde(default)]
+    pub shared_expert_intermediate: Option<usize>,
+    #[serde(default)]
+    pub norm_topk_prob: bool,
+    #[serde(default)]
+    pub mlp_only_layers: Vec<usize>,
+    #[serde(default)]
+    pub decoder_sparse_step: Option<usize>,
 }
 
 fn default_max_position() -> usize {
@@ -105,6 +128,7 @@ impl SynthSpec {
             sliding_window: None,
             dtype: SynthDtype::Bf16,
             seed,
+            moe: None,
         }
     }
 
@@ -125,7 +149,8 @@ impl SynthSpec {
     pub fn architecture(&self) -> Result<Architecture, SynthError> {
         Architecture::from_model_type(&self.arch).ok_or_else(|| {
             SynthError::Spec(format!(
-                "unknown arch \"{}\" (llama, qwen2, qwen3, mistral)",
+                "unknown arch \"{}\" (llama, qwen2, qwen3, mistral, qwen2_moe, qwen3_moe, \
+                 mixtral)",
                 self.arch
             ))
         })
@@ -183,8 +208,9 @@ impl SynthSpec {
                 }),
             );
         }
+        self.moe_json(arch, obj)?;
         match arch {
-            Architecture::Mistral => {
+            Architecture::Mistral | Architecture::Mixtral => {
                 obj.insert("sliding_window".into(), json!(self.sliding_window));
             }
             _ if self.sliding_window.is_some() => {
@@ -192,7 +218,10 @@ impl SynthSpec {
                     "sliding_window is only synthesized for mistral".into(),
                 ));
             }
-            Architecture::Qwen2 | Architecture::Qwen3 => {
+            Architecture::Qwen2
+            | Architecture::Qwen3
+            | Architecture::Qwen2Moe
+            | Architecture::Qwen3Moe => {
                 obj.insert("use_sliding_window".into(), json!(false));
             }
             Architecture::Llama | Architecture::Gemma3 => {}
@@ -200,6 +229,51 @@ impl SynthSpec {
         // Round-trip through strata's own parser: a spec that would not load is refused here.
         ModelConfig::from_json(&c.to_string()).map_err(SynthError::Spec)?;
         Ok(c)
+    }
+
+    /// The expert fields of a MoE family's config.json (a `moe` spec exactly for those).
+    fn moe_json(
+        &self,
+        arch: Architecture,
+        obj: &mut serde_json::Map<String, Value>,
+    ) -> Result<(), SynthError> {
+        let Some(m) = &self.moe else {
+            return match arch.is_moe() {
+                true => Err(SynthError::Spec(format!("{arch} needs a moe spec"))),
+                false => Ok(()),
+            };
+        };
+        let fields = match arch {
+            Architecture::Mixtral => json!({
+                "num_local_experts": m.experts,
+                "num_experts_per_tok": m.experts_per_token,
+                "router_jitter_noise": 0.0,
+            }),
+            Architecture::Qwen2Moe | Architecture::Qwen3Moe => {
+                let mut f = json!({
+                    "num_experts": m.experts,
+                    "num_experts_per_tok": m.experts_per_token,
+                    "moe_intermediate_size": m.expert_intermediate.unwrap_or(self.intermediate),
+                    "norm_topk_prob": m.norm_topk_prob,
+                    "mlp_only_layers": m.mlp_only_layers,
+                    "decoder_sparse_step": m.decoder_sparse_step.unwrap_or(1),
+                });
+                if arch == Architecture::Qwen2Moe {
+                    f["shared_expert_intermediate_size"] =
+                        json!(m.shared_expert_intermediate.unwrap_or(self.intermediate));
+                    f["qkv_bias"] = json!(true);
+                }
+                f
+            }
+            _ => {
+                return Err(SynthError::Spec(format!(
+                    "{arch} is not a mixture of experts (moe is for qwen2_moe, qwen3_moe, \
+                     mixtral)"
+                )));
+            }
+        };
+        obj.extend(fields.as_object().expect("json! object").clone());
+        Ok(())
     }
 }
 

@@ -79,9 +79,55 @@ pub struct LayerSpec {
     pub mlp_norm: TensorSpec,
     /// Gemma 3's norms of the attention output and of the MLP output.
     pub sandwich: Option<[TensorSpec; 2]>,
+    pub mlp: MlpSpec,
+}
+
+/// A gated MLP: `down(act(gate · x) ⊙ (up · x))`.
+#[derive(Debug, Clone)]
+pub struct GatedMlp {
     pub gate: TensorSpec,
     pub up: TensorSpec,
     pub down: TensorSpec,
+}
+
+/// A layer's MLP: dense, or a mixture of experts.
+#[derive(Debug, Clone)]
+pub enum MlpSpec {
+    Dense(GatedMlp),
+    Sparse(SparseMlp),
+}
+
+/// A mixture of experts: the router's `[experts, hidden]` scores, each expert a gated MLP, and
+/// Qwen2-MoE's shared expert with its `[1, hidden]` sigmoid gate. Whole on every rank (expert
+/// placement across ranks is not built yet).
+#[derive(Debug, Clone)]
+pub struct SparseMlp {
+    pub router: TensorSpec,
+    pub experts: Vec<GatedMlp>,
+    pub shared: Option<(GatedMlp, TensorSpec)>,
+}
+
+impl GatedMlp {
+    fn new(names: [String; 3], hidden: usize, inter: usize, split: bool) -> Self {
+        let [gate, up, down] = names;
+        let (rows, cols) = if split {
+            (
+                Split::Rows(Share::Intermediate),
+                Split::Cols(Share::Intermediate),
+            )
+        } else {
+            (Split::Whole, Split::Whole)
+        };
+        Self {
+            gate: TensorSpec::new(gate, &[inter, hidden], rows),
+            up: TensorSpec::new(up, &[inter, hidden], rows),
+            down: TensorSpec::new(down, &[hidden, inter], cols),
+        }
+    }
+
+    pub fn tensors(&self) -> [&TensorSpec; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
 }
 
 impl LayerSpec {
@@ -108,6 +154,10 @@ impl LayerSpec {
         } else {
             (whole(n.post_attention_norm, h), None)
         };
+        let mlp = match &config.moe {
+            Some(moe) if moe.is_sparse(i) => MlpSpec::Sparse(sparse_mlp(config, moe, i)),
+            _ => MlpSpec::Dense(GatedMlp::new([n.gate, n.up, n.down], h, inter, true)),
+        };
         Self {
             input_norm: whole(n.input_norm, h),
             q: rows(n.q, &[q, h], Share::Heads),
@@ -127,17 +177,23 @@ impl LayerSpec {
                 .then(|| [whole(n.q_norm, hd), whole(n.k_norm, hd)]),
             mlp_norm,
             sandwich,
-            gate: rows(n.gate, &[inter, h], Share::Intermediate),
-            up: rows(n.up, &[inter, h], Share::Intermediate),
-            down: TensorSpec::new(n.down, &[h, inter], Split::Cols(Share::Intermediate)),
+            mlp,
         }
     }
 
-    /// The seven projections: q, k, v, o, gate, up, down.
-    pub fn projections(&self) -> [&TensorSpec; 7] {
-        [
-            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
-        ]
+    /// The dense MLP; `None` for a mixture of experts.
+    pub fn dense_mlp(&self) -> Option<&GatedMlp> {
+        match &self.mlp {
+            MlpSpec::Dense(mlp) => Some(mlp),
+            MlpSpec::Sparse(_) => None,
+        }
+    }
+
+    /// The seven projections of a dense layer: q, k, v, o, gate, up, down; `None` for a layer
+    /// whose MLP is a mixture of experts.
+    pub fn projections(&self) -> Option<[&TensorSpec; 7]> {
+        let m = self.dense_mlp()?;
+        Some([&self.q, &self.k, &self.v, &self.o, &m.gate, &m.up, &m.down])
     }
 
     /// Every tensor of the layer, in the order checkpoints are validated and synthesized.
@@ -151,8 +207,72 @@ impl LayerSpec {
             Some([attention_out, mlp_out]) => out.extend([attention_out, &self.mlp_norm, mlp_out]),
             None => out.push(&self.mlp_norm),
         }
-        out.extend([&self.gate, &self.up, &self.down]);
+        match &self.mlp {
+            MlpSpec::Dense(mlp) => out.extend(mlp.tensors()),
+            MlpSpec::Sparse(moe) => {
+                out.push(&moe.router);
+                out.extend(moe.experts.iter().flat_map(GatedMlp::tensors));
+                if let Some((shared, gate)) = &moe.shared {
+                    out.extend(shared.tensors());
+                    out.push(gate);
+                }
+            }
+        }
         out
+    }
+}
+
+/// The sparse MLP of layer `i`, in the checkpoint layout of `config`'s family: Qwen's
+/// `mlp.gate` and `mlp.experts.E.{gate,up,down}_proj`, Mixtral's `block_sparse_moe.gate` and
+/// `block_sparse_moe.experts.E.{w1,w3,w2}`.
+fn sparse_mlp(config: &ModelConfig, moe: &crate::config::Moe, i: usize) -> SparseMlp {
+    let h = config.hidden_size;
+    let p = format!("model.layers.{i}");
+    let mixtral = config.architecture == crate::config::Architecture::Mixtral;
+    let block = if mixtral {
+        format!("{p}.block_sparse_moe")
+    } else {
+        format!("{p}.mlp")
+    };
+    let expert = |e: usize| {
+        let x = format!("{block}.experts.{e}");
+        let names = if mixtral {
+            [
+                format!("{x}.w1.weight"),
+                format!("{x}.w3.weight"),
+                format!("{x}.w2.weight"),
+            ]
+        } else {
+            [
+                format!("{x}.gate_proj.weight"),
+                format!("{x}.up_proj.weight"),
+                format!("{x}.down_proj.weight"),
+            ]
+        };
+        GatedMlp::new(names, h, moe.expert_intermediate, false)
+    };
+    let shared = moe.shared_expert_intermediate.map(|inter| {
+        let x = format!("{block}.shared_expert");
+        let names = [
+            format!("{x}.gate_proj.weight"),
+            format!("{x}.up_proj.weight"),
+            format!("{x}.down_proj.weight"),
+        ];
+        let gate = TensorSpec::new(
+            format!("{block}.shared_expert_gate.weight"),
+            &[1, h],
+            Split::Whole,
+        );
+        (GatedMlp::new(names, h, inter, false), gate)
+    });
+    SparseMlp {
+        router: TensorSpec::new(
+            format!("{block}.gate.weight"),
+            &[moe.experts, h],
+            Split::Whole,
+        ),
+        experts: (0..moe.experts).map(expert).collect(),
+        shared,
     }
 }
 
@@ -260,6 +380,18 @@ pub fn parameter_count(config: &ModelConfig) -> usize {
     expected_tensors(config).iter().map(TensorSpec::numel).sum()
 }
 
+/// Parameters one token reads: all of a dense model; of a mixture of experts, every tensor but
+/// the experts a token's router does not choose.
+pub fn active_parameter_count(config: &ModelConfig) -> usize {
+    let Some(moe) = &config.moe else {
+        return parameter_count(config);
+    };
+    let idle_experts = moe.experts - moe.experts_per_token;
+    let expert = 3 * config.hidden_size * moe.expert_intermediate;
+    let sparse = moe.sparse_layers.iter().filter(|&&s| s).count();
+    parameter_count(config) - sparse * idle_experts * expert
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,12 +489,13 @@ mod tests {
             spec.qkv_bias.as_ref().unwrap()[2].split,
             Split::Rows(Share::KvHeads)
         );
-        assert_eq!(spec.gate.split, Split::Rows(Share::Intermediate));
-        assert_eq!(spec.down.split, Split::Cols(Share::Intermediate));
+        let mlp = spec.dense_mlp().unwrap();
+        assert_eq!(mlp.gate.split, Split::Rows(Share::Intermediate));
+        assert_eq!(mlp.down.split, Split::Cols(Share::Intermediate));
         assert_eq!(spec.input_norm.split, Split::Whole);
         assert_eq!(embed_spec(&c).split, Split::Rows(Share::Vocab));
         assert_eq!(spec.o.dims(), [64, 64]);
-        assert_eq!(spec.down.dims(), [64, 128]);
+        assert_eq!(mlp.down.dims(), [64, 128]);
         // The whole checkpoint: embedding, two layers, final norm, LM head.
         let all = expected_tensors(&c);
         assert_eq!(all.len(), 1 + 2 * 12 + 2);

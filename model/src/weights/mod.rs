@@ -27,8 +27,9 @@ use serde::Deserialize;
 pub use quant::{QuantizedLinear, e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32};
 
 pub use layout::{
-    EMBED, FINAL_NORM, LM_HEAD, LayerNames, LayerSpec, Share, Split, TensorSpec, embed_spec,
-    expected_tensors, final_norm_spec, is_ignorable, lm_head_spec, parameter_count,
+    EMBED, FINAL_NORM, GatedMlp, LM_HEAD, LayerNames, LayerSpec, MlpSpec, Share, SparseMlp, Split,
+    TensorSpec, active_parameter_count, embed_spec, expected_tensors, final_norm_spec,
+    is_ignorable, lm_head_spec, parameter_count,
 };
 
 use crate::config::ModelConfig;

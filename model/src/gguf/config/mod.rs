@@ -196,6 +196,7 @@ fn build_config(
         eos_token_ids: meta.token_id(EOS_KEY)?.into_iter().collect(),
         declared_dtype: None,
         gemma3,
+        moe: None,
     })
 }
 

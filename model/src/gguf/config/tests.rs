@@ -131,6 +131,7 @@ fn llama_untied_reads_every_field() {
             eos_token_ids: vec![2],
             declared_dtype: None,
             gemma3: None,
+            moe: None,
         }
     );
 }

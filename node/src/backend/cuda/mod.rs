@@ -540,6 +540,13 @@ impl CudaBackend {
 /// failing every request: the attention kernels' head dimensions, and the tensor-core GEMV's
 /// `k % 32` for every projection's input width (hidden, q, intermediate).
 pub fn check_model_shape(config: &ModelConfig) -> Result<(), String> {
+    if config.moe.is_some() {
+        return Err(format!(
+            "the CUDA backend does not run mixtures of experts yet ({}); the CPU backend does \
+             (--device cpu)",
+            config.architecture
+        ));
+    }
     let d = config.head_dim;
     if !ATTENTION_HEAD_DIMS.contains(&d) {
         return Err(format!(

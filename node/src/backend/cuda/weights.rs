@@ -16,8 +16,8 @@ use strata_kernels::tiles::TileFormat;
 use strata_model::ModelConfig;
 use strata_model::cpu::TpLayout;
 use strata_model::weights::{
-    Checkpoint, LayerSpec, TensorRef, TensorSpec, WeightDtype, embed_spec, final_norm_spec,
-    lm_head_spec,
+    Checkpoint, GatedMlp, LayerSpec, TensorRef, TensorSpec, WeightDtype, embed_spec,
+    final_norm_spec, lm_head_spec,
 };
 
 use super::CudaError;
@@ -485,6 +485,9 @@ impl Upload<'_> {
             .row_kslice
             .unwrap_or((c.q_dim(), c.intermediate_size));
         let h = c.hidden_size;
+        let mlp = n.dense_mlp().ok_or_else(|| {
+            CudaError::Unsupported("a mixture of experts on the CUDA backend".into())
+        })?;
         Ok(Layer {
             input_norm: self.norm(&n.input_norm)?,
             q: self.matrix(&n.q, 0, h)?,
@@ -504,13 +507,13 @@ impl Upload<'_> {
             // `post_attention_layernorm` norms the attention output (the sandwich).
             post_norm: self.norm(&n.mlp_norm)?,
             sandwich: pair(&n.sandwich, |t| self.gemma_norm(t))?,
-            gate_up: self.gate_up(n)?,
-            down: self.matrix(&n.down, 0, down_align)?,
+            gate_up: self.gate_up(mlp)?,
+            down: self.matrix(&mlp.down, 0, down_align)?,
         })
     }
 
     /// Gate and up as one matrix (the rank's rows of gate, then of up).
-    fn gate_up(&self, n: &LayerSpec) -> Result<Matrix, CudaError> {
+    fn gate_up(&self, n: &GatedMlp) -> Result<Matrix, CudaError> {
         let names = (n.gate.name.as_str(), n.up.name.as_str());
         let (dims, (ir, cols)) = (n.gate.dims(), self.slice(&n.gate));
         let whole = ir.start == 0 && ir.end == dims[0];
