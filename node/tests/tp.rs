@@ -250,6 +250,54 @@ fn canary_partials_reduced_without_the_all_gather_differ() {
     assert_ne!(streams(Box::new(faulty)), streams(Box::new(honest)));
 }
 
+/// A mixture of experts over 2 and 4 ranks (each holding a run of experts whole, a dense layer
+/// between the sparse ones split as usual, Qwen2-MoE's shared expert on every rank): the same
+/// streams as one rank.
+#[test]
+fn moe_experts_split_over_ranks_stream_what_one_rank_does() {
+    let moe = |arch| SynthSpec {
+        layers: 3,
+        moe: Some(strata_model::synth::SynthMoe {
+            experts: 8,
+            experts_per_token: 2,
+            expert_intermediate: Some(64),
+            shared_expert_intermediate: (arch == Architecture::Qwen2Moe).then_some(128),
+            norm_topk_prob: true,
+            mlp_only_layers: if arch == Architecture::Mixtral {
+                vec![]
+            } else {
+                vec![1]
+            },
+            decoder_sparse_step: None,
+        }),
+        ..spec(arch, 2)
+    };
+    for arch in [Architecture::Qwen2Moe, Architecture::Mixtral] {
+        check_identical(moe(arch));
+    }
+    // Canary: ranks that reduce the dense partials but keep only their own experts' outputs.
+    let dir = tempfile::tempdir().unwrap();
+    synthesize(&moe(Architecture::Qwen2Moe), dir.path(), None).unwrap();
+    let (config, ckpt) = open(dir.path());
+    let prompt = request(5, 30, 1).prompt;
+    let bits = |l: &[f32]| l.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let load = || CpuModel::load(dir.path()).unwrap();
+    let want = prefill_logits(&mut CpuBackend::with_blocks(load(), BLOCK, 4), &prompt);
+    let fault = PartialsFault::OwnExpertsOnly;
+    let mut faulty = CpuTpBackend::with_partials_fault(&config, &ckpt, 2, BLOCK, 4, fault).unwrap();
+    assert_ne!(bits(&prefill_logits(&mut faulty, &prompt)), bits(&want));
+    // Experts that do not split evenly over the ranks are refused by name.
+    let dir = tempfile::tempdir().unwrap();
+    let mut six = moe(Architecture::Mixtral);
+    six.moe.as_mut().unwrap().experts = 6;
+    synthesize(&six, dir.path(), None).unwrap();
+    let (config, ckpt) = open(dir.path());
+    let err = CpuTpBackend::with_blocks(&config, &ckpt, 4, BLOCK, 4)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("6 experts"), "{err}");
+}
+
 #[test]
 fn unsupported_degrees_are_refused() {
     let dir = tempfile::tempdir().unwrap();

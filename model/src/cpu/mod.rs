@@ -353,16 +353,12 @@ impl CpuModel {
             kv_heads: c.num_kv_heads,
             inter: c.intermediate_size,
         };
-        // The whole model adds its shard partials itself: nothing can fail.
-        let whole = |x: &[f32], w: &Matrix, bias: Option<&[f32]>, k, y: &mut [f32]| {
-            ops::linear_row_parallel(x, w, bias, k, y);
-            Ok::<(), Infallible>(())
-        };
         for (i, layer) in self.weights.layers.iter().enumerate() {
             let rope = tables.for_layer(c, i);
             let mut seen = |input, rows: &[f32]| observe(i, input, rows);
+            // The whole model adds its shard partials itself: nothing can fail.
             let Ok(()) = decoder_layer(
-                c, heads, i, layer, &mut x, &queries, kv, rope, &whole, &mut seen,
+                c, heads, i, layer, &mut x, &queries, kv, rope, &Whole, &mut seen,
             );
         }
 
@@ -414,15 +410,50 @@ pub(crate) struct LayerHeads {
     pub(crate) inter: usize,
 }
 
-/// A row-parallel projection `y = x · wᵀ (+ bias)` over `k` input columns: the whole model adds
-/// its shard partials itself, a tensor-parallel rank gathers them from the group first (which
-/// can fail with `E`).
-pub(crate) type RowReduce<'a, E> =
-    dyn Fn(&[f32], &Matrix, Option<&[f32]>, usize, &mut [f32]) -> Result<(), E> + 'a;
+/// What a layer's ranks share, and how: the whole model shares nothing; a tensor-parallel rank
+/// gathers from its group (which can fail with `E`).
+pub(crate) trait Group<E> {
+    /// A row-parallel projection `y = x · wᵀ (+ bias)` over `k` input columns: the whole model
+    /// adds its shard partials itself, a rank gathers them from the group first.
+    fn row_parallel(
+        &self,
+        x: &[f32],
+        w: &Matrix,
+        bias: Option<&[f32]>,
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<(), E>;
+
+    /// Completes the experts' weighted outputs `slots` (each rank wrote those of the experts it
+    /// holds, `-0.0` elsewhere): summed element-wise over the ranks, which adds exactly one real
+    /// value to identities. The whole model holds every expert: nothing to do.
+    fn expert_outputs(&self, slots: &mut [f32]) -> Result<(), E>;
+}
+
+/// The whole model: every shard partial and every expert is here.
+struct Whole;
+
+impl Group<Infallible> for Whole {
+    fn row_parallel(
+        &self,
+        x: &[f32],
+        w: &Matrix,
+        bias: Option<&[f32]>,
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<(), Infallible> {
+        ops::linear_row_parallel(x, w, bias, k, y);
+        Ok(())
+    }
+
+    fn expert_outputs(&self, _slots: &mut [f32]) -> Result<(), Infallible> {
+        Ok(())
+    }
+}
 
 /// One pre-norm decoder block over the weights `w` hold (the whole model's or a rank's),
 /// updating the residual stream `x` (`n × hidden`) in place: the one layer forward of the CPU
-/// reference, alone and under tensor parallelism (`reduce` is the only difference). `observe` is
+/// reference, alone and under tensor parallelism (`group` is the only difference). `observe` is
 /// shown each projection input as it is computed.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decoder_layer<E>(
@@ -434,7 +465,7 @@ pub(crate) fn decoder_layer<E>(
     queries: &[QueryPos],
     kv: &mut dyn KvAccess,
     (cos, sin): (&[f32], &[f32]),
-    reduce: &RowReduce<'_, E>,
+    group: &dyn Group<E>,
     observe: &mut dyn FnMut(LinearInput, &[f32]),
 ) -> Result<(), E> {
     let hd = c.head_dim;
@@ -457,7 +488,7 @@ pub(crate) fn decoder_layer<E>(
     causal_attention(shape, index, &q, queries, kv, &mut attn);
     let mut o = vec![0.0; n * h];
     observe(LinearInput::Output, &attn);
-    reduce(
+    group.row_parallel(
         &input(w, 3, &attn, qd),
         &w.o,
         w.o_bias.as_deref(),
@@ -483,7 +514,7 @@ pub(crate) fn decoder_layer<E>(
                 ops::silu_mul(&mut gate, &up);
             }
             observe(LinearInput::Down, &gate);
-            reduce(
+            group.row_parallel(
                 &input(w, 6, &gate, heads.inter),
                 &m.down,
                 None,
@@ -491,7 +522,6 @@ pub(crate) fn decoder_layer<E>(
                 &mut o,
             )?;
         }
-        // One rank only (refused at load under tensor parallelism): no reduction.
         MlpWeights::Sparse {
             router,
             experts,
@@ -501,7 +531,12 @@ pub(crate) fn decoder_layer<E>(
                 .moe
                 .as_ref()
                 .expect("sparse weights come from a MoE config");
-            moe::sparse_mlp(moe, router, experts, shared.as_ref(), &normed, h, &mut o);
+            let weights = moe::SparseWeights {
+                router,
+                experts,
+                shared: shared.as_ref(),
+            };
+            moe::sparse_mlp(moe, &weights, &normed, h, group, &mut o)?;
         }
     }
     if let Some([_, mlp_out]) = &w.sandwich {

@@ -6,50 +6,76 @@
 //! go through the same row-invariant products as a row alone, so the result does not depend on
 //! which other tokens share the step.
 
+use super::Group;
 use super::ops::{self, Matrix, linear};
 use super::weights::GatedWeights;
 use crate::config::Moe;
 
-/// The mixture over the rows of `x` (`n × hidden`), written into `out` (`n × hidden`).
-pub(crate) fn sparse_mlp(
+/// A sparse layer's weights as a rank holds them: the router and the shared expert whole, the
+/// experts it holds (`None` for those another rank holds).
+pub(crate) struct SparseWeights<'a> {
+    pub router: &'a Matrix,
+    pub experts: &'a [Option<GatedWeights>],
+    pub shared: Option<&'a (GatedWeights, Matrix)>,
+}
+
+/// The mixture over the rows of `x` (`n × hidden`), written into `out` (`n × hidden`). Each
+/// chosen expert's weighted output fills its slot (a token's `k` slots in ascending expert
+/// order); the ranks holding other experts fill theirs ([`Group::expert_outputs`]); then every
+/// token adds its slots in order into zero.
+pub(crate) fn sparse_mlp<E>(
     moe: &Moe,
-    router: &Matrix,
-    experts: &[GatedWeights],
-    shared: Option<&(GatedWeights, Matrix)>,
+    w: &SparseWeights<'_>,
     x: &[f32],
     hidden: usize,
+    group: &dyn Group<E>,
     out: &mut [f32],
-) {
+) -> Result<(), E> {
     let n = x.len() / hidden;
+    let k = moe.experts_per_token;
     let mut logits = vec![0.0; n * moe.experts];
-    linear(x, router, None, hidden, &mut logits);
+    linear(x, w.router, None, hidden, &mut logits);
     let choices: Vec<Vec<(usize, f32)>> = logits
         .chunks_exact(moe.experts)
-        .map(|row| route(row, moe.experts_per_token, moe.norm_topk_prob))
+        .map(|row| route(row, k, moe.norm_topk_prob))
         .collect();
-    out.fill(0.0);
-    let inter = moe.expert_intermediate;
-    for (e, expert) in experts.iter().enumerate() {
-        let tokens: Vec<(usize, f32)> = choices
+    let mut slots = vec![-0.0f32; n * k * hidden];
+    for (e, expert) in w.experts.iter().enumerate() {
+        let Some(expert) = expert else { continue };
+        // (token, its slot for this expert, the expert's weight) of every token that chose it.
+        let tokens: Vec<(usize, usize, f32)> = choices
             .iter()
             .enumerate()
-            .filter_map(|(t, chosen)| chosen.iter().find(|(c, _)| *c == e).map(|&(_, w)| (t, w)))
+            .filter_map(|(t, chosen)| {
+                let j = chosen.iter().position(|(c, _)| *c == e)?;
+                Some((t, j, chosen[j].1))
+            })
             .collect();
         if tokens.is_empty() {
             continue;
         }
         let rows: Vec<f32> = tokens
             .iter()
-            .flat_map(|&(t, _)| &x[t * hidden..(t + 1) * hidden])
+            .flat_map(|&(t, _, _)| &x[t * hidden..(t + 1) * hidden])
             .copied()
             .collect();
-        let y = gated_mlp(expert, &rows, hidden, inter);
-        for (&(t, weight), y) in tokens.iter().zip(y.chunks_exact(hidden)) {
-            let acc = &mut out[t * hidden..(t + 1) * hidden];
-            acc.iter_mut().zip(y).for_each(|(a, v)| *a += v * weight);
+        let y = gated_mlp(expert, &rows, hidden, moe.expert_intermediate);
+        for (&(t, j, weight), y) in tokens.iter().zip(y.chunks_exact(hidden)) {
+            let slot = &mut slots[(t * k + j) * hidden..(t * k + j + 1) * hidden];
+            slot.iter_mut().zip(y).for_each(|(s, v)| *s = v * weight);
         }
     }
-    if let Some((expert, gate)) = shared {
+    group.expert_outputs(&mut slots)?;
+    out.fill(0.0);
+    for (acc, token) in out
+        .chunks_exact_mut(hidden)
+        .zip(slots.chunks_exact(k * hidden))
+    {
+        for slot in token.chunks_exact(hidden) {
+            ops::add_in_place(acc, slot);
+        }
+    }
+    if let Some((expert, gate)) = w.shared {
         let inter = expert.gate.len() / hidden;
         let y = gated_mlp(expert, x, hidden, inter);
         let mut g = vec![0.0; n];
@@ -63,6 +89,7 @@ pub(crate) fn sparse_mlp(
             acc.iter_mut().zip(y).for_each(|(a, v)| *a += scale * v);
         }
     }
+    Ok(())
 }
 
 /// `down(silu(gate · x) ⊙ (up · x))` over the rows of `x`.

@@ -12,6 +12,12 @@
 //!   `-0.0` (the exact additive identity) and the all-reduce sums one real row with identities;
 //!   logits are all-gathered in rank order.
 //!
+//! - a mixture of experts is expert-parallel: each rank holds an equal run of every sparse
+//!   layer's experts whole (the router and Qwen2-MoE's shared expert on every rank), writes the
+//!   weighted outputs of its experts into each token's slots (`-0.0` in the others) and an
+//!   all-reduce completes them, adding one real value to identities; every rank then sums a
+//!   token's slots in ascending expert order, as one rank does.
+//!
 //! Norms (including the per-head q/k norm) are replicated. Each rank reads only its slices from
 //! the mapped checkpoint, so all ranks together hold the model once.
 
@@ -20,8 +26,8 @@ use std::ops::Range;
 use super::ops::{self, Matrix, ROW_PARALLEL_SHARDS};
 use super::weights::CpuWeights;
 use super::{
-    ForwardError, KvAccess, LayerHeads, LayerWeights, Ropes, SeqChunk, decoder_layer, linear,
-    rms_norm, scale_embeddings,
+    ForwardError, Group, KvAccess, LayerHeads, LayerWeights, Ropes, SeqChunk, decoder_layer,
+    linear, rms_norm, scale_embeddings,
 };
 use crate::config::ModelConfig;
 use crate::weights::{Checkpoint, Share, Split, TensorSpec, WeightError};
@@ -50,6 +56,11 @@ pub enum TpError {
         q_dim: usize,
         inter: usize,
     },
+    #[error(
+        "tensor parallelism of {world} places an equal run of experts on each rank: {world} must \
+         divide the {experts} experts"
+    )]
+    Experts { world: usize, experts: usize },
     #[error(transparent)]
     Forward(#[from] ForwardError),
     #[error(transparent)]
@@ -65,10 +76,12 @@ pub enum TpError {
 pub enum PartialsFault {
     #[default]
     None,
-    /// Skip the all-gather: each rank adds only its own shards.
+    /// Skip the all-gather: each rank adds only its own shards (and its own experts' outputs).
     LocalSumOnly,
     /// Sum the own shards, then all-reduce the per-rank sums (the plain Megatron order).
     SumThenAllReduce,
+    /// Reduce the partials honestly but keep only the outputs of the experts this rank holds.
+    OwnExpertsOnly,
 }
 
 /// Which rows and columns of each weight rank `rank` of `world` holds (see the module docs);
@@ -91,6 +104,9 @@ pub struct TpLayout {
     /// `rank * vocab_per_rank`, the last one may be shorter (or empty).
     pub vocab: Range<usize>,
     pub vocab_per_rank: usize,
+    /// The experts of every sparse layer this rank holds whole (expert parallel: an equal run
+    /// of them per rank, in rank order); empty for a dense model.
+    pub experts: Range<usize>,
 }
 
 impl TpLayout {
@@ -134,6 +150,10 @@ impl TpLayout {
             inter_rows: rank * inter..(rank + 1) * inter,
             vocab: (rank * per).min(c.vocab_size)..((rank + 1) * per).min(c.vocab_size),
             vocab_per_rank: per,
+            experts: c.moe.as_ref().map_or(0..0, |m| {
+                let per = m.experts / world;
+                rank * per..(rank + 1) * per
+            }),
         })
     }
 
@@ -156,6 +176,36 @@ impl TpLayout {
             (Some(l), Split::Cols(share)) => (0..rows, l.part(share)),
             _ => (0..rows, 0..cols),
         }
+    }
+}
+
+/// A rank's view of its group for one pass.
+struct RankGroup<'a> {
+    shard: &'a TpShard,
+    comm: &'a dyn TpCollectives,
+}
+
+impl Group<TpError> for RankGroup<'_> {
+    fn row_parallel(
+        &self,
+        x: &[f32],
+        w: &Matrix,
+        bias: Option<&[f32]>,
+        k: usize,
+        y: &mut [f32],
+    ) -> Result<(), TpError> {
+        self.shard.row_parallel(x, w, bias, k, self.comm, y)
+    }
+
+    /// Each expert's outputs come from the one rank holding it; the others add `-0.0`.
+    fn expert_outputs(&self, slots: &mut [f32]) -> Result<(), TpError> {
+        if matches!(
+            self.shard.fault,
+            PartialsFault::LocalSumOnly | PartialsFault::OwnExpertsOnly
+        ) {
+            return Ok(());
+        }
+        self.comm.all_reduce_sum(slots).map_err(TpError::Collective)
     }
 }
 
@@ -187,6 +237,14 @@ impl TpShard {
             config.num_kv_heads,
             config.intermediate_size,
         );
+        if let Some(m) = &config.moe
+            && (world == 0 || !m.experts.is_multiple_of(world))
+        {
+            return Err(TpError::Experts {
+                world,
+                experts: m.experts,
+            });
+        }
         let ok = world > 0
             && ROW_PARALLEL_SHARDS.is_multiple_of(world)
             && heads.is_multiple_of(world)
@@ -279,9 +337,7 @@ impl TpShard {
             kv_heads: self.kv_heads,
             inter: self.inter,
         };
-        let reduce = |x: &[f32], w: &Matrix, bias: Option<&[f32]>, k, y: &mut [f32]| {
-            self.row_parallel(x, w, bias, k, comm, y)
-        };
+        let group = RankGroup { shard: self, comm };
         for (i, layer) in self.layers.iter().enumerate() {
             let rope = tables.for_layer(c, i);
             decoder_layer(
@@ -293,7 +349,7 @@ impl TpShard {
                 &queries,
                 kv,
                 rope,
-                &reduce,
+                &group,
                 &mut |_, _| {},
             )?;
         }
@@ -344,7 +400,7 @@ impl TpShard {
         let mut partials = vec![0.0; local * y.len()];
         ops::linear_partials(x, w, k, local, &mut partials);
         match self.fault {
-            PartialsFault::None => {
+            PartialsFault::None | PartialsFault::OwnExpertsOnly => {
                 let mut all = vec![0.0; ROW_PARALLEL_SHARDS * y.len()];
                 comm.all_gather(&partials, &mut all)
                     .map_err(TpError::Collective)?;

@@ -48,7 +48,8 @@ pub enum MlpWeights {
     Sparse {
         /// `[experts, hidden]`: each expert's score of a token.
         router: Matrix,
-        experts: Vec<GatedWeights>,
+        /// The experts this rank holds; `None` for those another rank holds.
+        experts: Vec<Option<GatedWeights>>,
         /// Qwen2-MoE's shared expert and its `[1, hidden]` gate.
         shared: Option<(GatedWeights, Matrix)>,
     },
@@ -127,14 +128,6 @@ impl CpuWeights {
             ckpt.get_shaped(&t.name, &t.shape)
                 .map(|r| matrix(&r, t.dims()[1], rows, cols))
         };
-        if config.moe.is_some() && rank.is_some() {
-            return Err(WeightError::Malformed {
-                path: ckpt.dir().to_path_buf(),
-                problem: "a mixture of experts runs on one rank only (expert placement across \
-                          tensor-parallel ranks is not built yet)"
-                    .into(),
-            });
-        }
         let gated = |m: &GatedMlp| {
             Ok::<_, WeightError>(GatedWeights {
                 gate: mat(&m.gate)?,
@@ -171,7 +164,13 @@ impl CpuWeights {
                     MlpSpec::Dense(m) => MlpWeights::Dense(gated(m)?),
                     MlpSpec::Sparse(moe) => MlpWeights::Sparse {
                         router: mat(&moe.router)?,
-                        experts: moe.experts.iter().map(gated).collect::<Result<_, _>>()?,
+                        // A rank holds its experts whole (expert parallel).
+                        experts: (moe.experts.iter().enumerate())
+                            .map(|(e, m)| {
+                                let held = rank.is_none_or(|l| l.experts.contains(&e));
+                                held.then(|| gated(m)).transpose()
+                            })
+                            .collect::<Result<_, _>>()?,
                         shared: moe
                             .shared
                             .as_ref()
