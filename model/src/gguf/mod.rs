@@ -29,7 +29,7 @@ use memmap2::Mmap;
 
 pub use config::{
     ARCHITECTURE_KEY, GgufConfigError, ROPE_FREQS_TENSOR, SUPPORTED_ARCHITECTURES, TOKENS_KEY,
-    hf_tensor_name, hf_tensor_name_in, model_config, model_config_with_rope_freqs,
+    hf_expert_names, hf_tensor_name, hf_tensor_name_in, model_config, model_config_with_rope_freqs,
 };
 pub use dequant::{dequantize, dequantize_into};
 

@@ -342,14 +342,21 @@ impl Checkpoint {
         let mut tensors = HashMap::new();
         let data_start = usize::try_from(header.data_offset())
             .map_err(|_| malformed("the data section starts beyond the address space".into()))?;
+        // A `llama` file with experts is Mixtral: its tensors take Mixtral's names.
+        let experts = heads("expert_count").unwrap_or(0);
+        let names_arch = if permuted && experts > 0 {
+            "mixtral"
+        } else {
+            arch
+        };
         for info in header.tensor_infos() {
             let gguf_name = info.name();
-            let name =
-                gguf::hf_tensor_name_in(arch, gguf_name).unwrap_or_else(|| gguf_name.to_string());
+            let name = gguf::hf_tensor_name_in(names_arch, gguf_name)
+                .unwrap_or_else(|| gguf_name.to_string());
             // Parsing proved every extent lies inside the file.
             let start = info.offset() as usize;
             let offsets = (start, start + info.byte_len() as usize);
-            let shape: Vec<usize> = info.dims().iter().rev().map(|&d| d as usize).collect();
+            let mut shape: Vec<usize> = info.dims().iter().rev().map(|&d| d as usize).collect();
             let unpermute_heads = if !permuted {
                 None
             } else if gguf_name.ends_with(".attn_q.weight") || gguf_name.ends_with(".attn_q.bias") {
@@ -365,19 +372,17 @@ impl Checkpoint {
                 GgmlType::BF16 => Some(Dtype::BF16),
                 _ => None,
             };
-            let data = match (mapped, unpermute_heads) {
-                (Some(dtype), None) => TensorData::Mapped(dtype),
-                _ if gguf::dequant::is_supported(info.ty()) => TensorData::Widened {
+            let data = || match (mapped, unpermute_heads) {
+                (Some(dtype), None) => Ok(TensorData::Mapped(dtype)),
+                _ if gguf::dequant::is_supported(info.ty()) => Ok(TensorData::Widened {
                     ty: info.ty(),
                     unpermute_heads,
                     f32_bytes: OnceLock::new(),
-                },
-                _ => {
-                    return Err(malformed(format!(
-                        "tensor {gguf_name} is {}, a type strata cannot read yet",
-                        info.ty().name()
-                    )));
-                }
+                }),
+                _ => Err(malformed(format!(
+                    "tensor {gguf_name} is {}, a type strata cannot read yet",
+                    info.ty().name()
+                ))),
             };
             if let Some(heads) = unpermute_heads {
                 let rows = shape.first().copied().unwrap_or(0);
@@ -388,18 +393,48 @@ impl Checkpoint {
                     )));
                 }
             }
-            if tensors.contains_key(&name) {
-                return Err(malformed(format!("two tensors map to {name}")));
+            // Qwen2-MoE's shared-expert gate is a vector in the file, a `[1, hidden]` matrix in
+            // the Hugging Face layout.
+            if gguf_name.ends_with(".ffn_gate_inp_shexp.weight") && shape.len() == 1 {
+                shape.insert(0, 1);
             }
-            tensors.insert(
-                name,
-                TensorEntry {
-                    file: 0,
-                    shape,
-                    offsets,
-                    data,
-                },
-            );
+            // A stacked expert tensor is one matrix per expert, one after the other.
+            let pieces = match gguf::hf_expert_names(names_arch, gguf_name, experts) {
+                Some(names) => {
+                    let whole = offsets.1 - offsets.0;
+                    if shape.len() != 3 || shape[0] != experts || !whole.is_multiple_of(experts) {
+                        return Err(malformed(format!(
+                            "tensor {gguf_name} of shape {shape:?} does not stack {experts} \
+                             experts"
+                        )));
+                    }
+                    let per = whole / experts;
+                    names
+                        .into_iter()
+                        .enumerate()
+                        .map(|(e, n)| {
+                            let at = start + e * per;
+                            (n, shape[1..].to_vec(), (at, at + per))
+                        })
+                        .collect()
+                }
+                None => vec![(name, shape, offsets)],
+            };
+            for (name, shape, offsets) in pieces {
+                if tensors.contains_key(&name) {
+                    return Err(malformed(format!("two tensors map to {name}")));
+                }
+                let data = data()?;
+                tensors.insert(
+                    name,
+                    TensorEntry {
+                        file: 0,
+                        shape,
+                        offsets,
+                        data,
+                    },
+                );
+            }
         }
         Ok(Self {
             dir: path.to_path_buf(),

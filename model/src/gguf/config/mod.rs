@@ -39,7 +39,8 @@ const DEFAULT_ROPE_THETA: f64 = 10_000.0;
 pub const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";
 
 /// The `general.architecture` values understood here.
-pub const SUPPORTED_ARCHITECTURES: [&str; 4] = ["llama", "qwen2", "qwen3", "gemma3"];
+pub const SUPPORTED_ARCHITECTURES: [&str; 6] =
+    ["llama", "qwen2", "qwen3", "gemma3", "qwen2moe", "qwen3moe"];
 /// llama.cpp's rope base for Gemma 3's sliding-window layers (not in the metadata).
 const GEMMA3_LOCAL_ROPE_THETA: f64 = 10_000.0;
 /// Gemma 3 27B (62 layers) scales queries by `hidden / heads`, the others by `head_dim`
@@ -110,6 +111,8 @@ fn build_config(
         "qwen2" => Architecture::Qwen2,
         "qwen3" => Architecture::Qwen3,
         "gemma3" => Architecture::Gemma3,
+        "qwen2moe" => Architecture::Qwen2Moe,
+        "qwen3moe" => Architecture::Qwen3Moe,
         other => {
             return Err(GgufConfigError::UnsupportedArchitecture {
                 name: other.to_string(),
@@ -128,8 +131,14 @@ fn build_config(
     let (num_heads, num_kv_heads) = heads(&meta, &key)?;
     let head_dim = head_dim(&meta, &key, hidden_size, num_heads)?;
     let sliding_window = meta.positive_size(&key("attention.sliding_window"))?;
+    // llama.cpp writes Mixtral as `llama` with experts.
+    let experts = meta.size(&key("expert_count"))?.filter(|&n| n > 0);
+    let family = match (family, experts) {
+        (Architecture::Llama, Some(_)) => Architecture::Mixtral,
+        _ => family,
+    };
     let architecture = match (family, sliding_window) {
-        (_, None) | (Architecture::Gemma3, _) => family,
+        (_, None) | (Architecture::Gemma3 | Architecture::Mixtral, _) => family,
         // Mistral is Llama with a window; llama.cpp writes both as `llama`.
         (Architecture::Llama, Some(_)) => Architecture::Mistral,
         (_, Some(_)) => {
@@ -141,6 +150,24 @@ fn build_config(
     };
     let layer0 = |suffix: &str| has_tensor(&format!("blk.0.{suffix}"));
     let num_layers = meta.required_size(&key("block_count"))?;
+    let intermediate_size = meta.required_size(&key("feed_forward_length"))?;
+    let moe = if family.is_moe() {
+        Some(moe(
+            &meta,
+            &key,
+            family,
+            num_layers,
+            intermediate_size,
+            &has_tensor,
+        )?)
+    } else if experts.is_some() {
+        return Err(GgufConfigError::Unsupported {
+            key: key("expert_count"),
+            problem: format!("experts are not supported for {arch_name}"),
+        });
+    } else {
+        None
+    };
     let gemma3 = (family == Architecture::Gemma3).then(|| Gemma3 {
         query_pre_attn_scalar: if num_layers == GEMMA3_27B_LAYERS {
             (hidden_size / num_heads) as f64
@@ -156,7 +183,7 @@ fn build_config(
         architecture,
         vocab_size: vocab_size(&meta, &key("vocab_size"))?,
         hidden_size,
-        intermediate_size: meta.required_size(&key("feed_forward_length"))?,
+        intermediate_size,
         num_layers,
         num_heads,
         num_kv_heads,
@@ -196,7 +223,66 @@ fn build_config(
         eos_token_ids: meta.token_id(EOS_KEY)?.into_iter().collect(),
         declared_dtype: None,
         gemma3,
-        moe: None,
+        moe,
+    })
+}
+
+/// The experts of a `qwen2moe`, `qwen3moe` or Mixtral (`llama` with experts) file: counts and
+/// widths from the metadata, which layers are sparse from the tensor table (a router,
+/// `blk.N.ffn_gate_inp`, marks one), the renormalization llama.cpp applies per family
+/// (`expert_weights_norm` where the file says).
+fn moe(
+    meta: &Metadata<'_>,
+    key: &impl Fn(&str) -> String,
+    family: Architecture,
+    layers: usize,
+    intermediate: usize,
+    has_tensor: &impl Fn(&str) -> bool,
+) -> Result<crate::config::Moe, GgufConfigError> {
+    let experts = meta.required_size(&key("expert_count"))?;
+    let experts_per_token = meta.required_size(&key("expert_used_count"))?;
+    if experts_per_token > experts {
+        return Err(GgufConfigError::Unsupported {
+            key: key("expert_used_count"),
+            problem: format!("{experts_per_token} exceeds the {experts} experts"),
+        });
+    }
+    for unsupported in [
+        "expert_group_count",
+        "expert_shared_count",
+        "expert_gating_func",
+    ] {
+        if meta.size(&key(unsupported))?.is_some_and(|n| n > 1) {
+            return Err(GgufConfigError::Unsupported {
+                key: key(unsupported),
+                problem: "only softmax routing over ungrouped experts is supported".into(),
+            });
+        }
+    }
+    let expert_intermediate = match family {
+        Architecture::Mixtral => intermediate,
+        _ => meta.required_size(&key("expert_feed_forward_length"))?,
+    };
+    let shared_expert_intermediate = match family {
+        Architecture::Qwen2Moe => {
+            Some(meta.required_size(&key("expert_shared_feed_forward_length"))?)
+        }
+        _ => None,
+    };
+    // llama.cpp renormalizes Qwen3-MoE's and Mixtral's chosen weights, not Qwen2-MoE's.
+    let norm_topk_prob = match meta.boolean(&key("expert_weights_norm"))? {
+        Some(norm) => norm,
+        None => family != Architecture::Qwen2Moe,
+    };
+    Ok(crate::config::Moe {
+        experts,
+        experts_per_token,
+        expert_intermediate,
+        norm_topk_prob,
+        sparse_layers: (0..layers)
+            .map(|i| has_tensor(&format!("blk.{i}.ffn_gate_inp.weight")))
+            .collect(),
+        shared_expert_intermediate,
     })
 }
 
@@ -336,7 +422,26 @@ fn rope_scaling(
 /// [`hf_tensor_name`] for a file of architecture `arch` (`general.architecture`): Gemma 3's
 /// norms sit elsewhere in the block, so `ffn_norm` is its pre-MLP norm and `post_attention_norm`
 /// and `post_ffw_norm` normalize the attention and MLP outputs.
+/// `arch` is `mixtral` for a `llama` file with experts (its tensors take Mixtral's names).
 pub fn hf_tensor_name_in(arch: &str, gguf_name: &str) -> Option<String> {
+    if let Some((layer, tensor)) = layer_tensor(gguf_name) {
+        let block = if arch == "mixtral" {
+            "block_sparse_moe"
+        } else {
+            "mlp"
+        };
+        let hf = match tensor {
+            "ffn_gate_inp.weight" => Some("gate.weight"),
+            "ffn_gate_inp_shexp.weight" => Some("shared_expert_gate.weight"),
+            "ffn_gate_shexp.weight" => Some("shared_expert.gate_proj.weight"),
+            "ffn_up_shexp.weight" => Some("shared_expert.up_proj.weight"),
+            "ffn_down_shexp.weight" => Some("shared_expert.down_proj.weight"),
+            _ => None,
+        };
+        if let Some(hf) = hf {
+            return Some(format!("model.layers.{layer}.{block}.{hf}"));
+        }
+    }
     if arch == "gemma3"
         && let Some(rest) = gguf_name.strip_prefix("blk.")
         && let Some((layer, tensor)) = rest.split_once('.')
@@ -356,6 +461,41 @@ pub fn hf_tensor_name_in(arch: &str, gguf_name: &str) -> Option<String> {
     hf_tensor_name(gguf_name)
 }
 
+/// The Hugging Face names of the experts a stacked llama.cpp expert tensor
+/// (`blk.N.ffn_{gate,up,down}_exps.weight`, `experts` matrices one after the other) holds, in
+/// order; `None` for any other name. `arch` as for [`hf_tensor_name_in`].
+pub fn hf_expert_names(arch: &str, gguf_name: &str, experts: usize) -> Option<Vec<String>> {
+    let (layer, tensor) = layer_tensor(gguf_name)?;
+    let which = [
+        "ffn_gate_exps.weight",
+        "ffn_up_exps.weight",
+        "ffn_down_exps.weight",
+    ]
+    .iter()
+    .position(|t| *t == tensor)?;
+    let name = |e: usize| {
+        if arch == "mixtral" {
+            let w = ["w1", "w3", "w2"][which];
+            format!("model.layers.{layer}.block_sparse_moe.experts.{e}.{w}.weight")
+        } else {
+            let proj = ["gate_proj", "up_proj", "down_proj"][which];
+            format!("model.layers.{layer}.mlp.experts.{e}.{proj}.weight")
+        }
+    };
+    Some((0..experts).map(name).collect())
+}
+
+/// `(layer, tensor)` of a `blk.N.tensor` name with a plain decimal layer number (`blk.+1.` or
+/// `blk.01.` would alias another layer).
+fn layer_tensor(gguf_name: &str) -> Option<(&str, &str)> {
+    let rest = gguf_name.strip_prefix("blk.")?;
+    let (layer, tensor) = rest.split_once('.')?;
+    let plain = !layer.is_empty()
+        && layer.bytes().all(|b| b.is_ascii_digit())
+        && !(layer.len() > 1 && layer.starts_with('0'));
+    plain.then_some((layer, tensor))
+}
+
 /// The Hugging Face name the crate uses (see [`crate::weights::LayerNames`]) for a llama.cpp
 /// tensor name, or `None` for a name with no counterpart (e.g. `rope_freqs.weight`).
 pub fn hf_tensor_name(gguf_name: &str) -> Option<String> {
@@ -365,15 +505,7 @@ pub fn hf_tensor_name(gguf_name: &str) -> Option<String> {
         "output.weight" => return Some(LM_HEAD.to_string()),
         _ => {}
     }
-    let rest = gguf_name.strip_prefix("blk.")?;
-    let (layer, tensor) = rest.split_once('.')?;
-    // Only plain decimal layer numbers: `blk.+1.` or `blk.01.` would alias another layer.
-    if layer.is_empty()
-        || !layer.bytes().all(|b| b.is_ascii_digit())
-        || (layer.len() > 1 && layer.starts_with('0'))
-    {
-        return None;
-    }
+    let (layer, tensor) = layer_tensor(gguf_name)?;
     let hf = match tensor {
         "attn_norm.weight" => "input_layernorm.weight",
         "attn_q.weight" => "self_attn.q_proj.weight",
@@ -402,6 +534,14 @@ struct Metadata<'a> {
 }
 
 impl<'a> Metadata<'a> {
+    fn boolean(&self, key: &str) -> Result<Option<bool>, GgufConfigError> {
+        match self.header.metadata(key) {
+            None => Ok(None),
+            Some(GgufValue::Bool(b)) => Ok(Some(*b)),
+            Some(other) => Err(wrong_type(key, "a boolean", other)),
+        }
+    }
+
     fn string(&self, key: &str) -> Result<Option<&'a str>, GgufConfigError> {
         match self.header.metadata(key) {
             None => Ok(None),

@@ -518,3 +518,87 @@ fn gemma3_reads_its_layout() {
     assert_eq!(globals, [5, 11]);
     assert!(c.local_rope(0) && !c.local_rope(5));
 }
+
+#[test]
+fn experts_read_as_the_families_llama_cpp_writes() {
+    let routers = ["blk.0.ffn_gate_inp.weight", "blk.1.ffn_gate_inp.weight"];
+    // Mixtral is `llama` with experts: every layer sparse, experts as wide as the MLP, renormalized.
+    let mixtral = with(
+        with(llama(), "llama.expert_count", GgufValue::U32(8)),
+        "llama.expert_used_count",
+        GgufValue::U32(2),
+    );
+    let c = config(&mixtral, &tensors_plus(&routers)).unwrap();
+    assert_eq!(c.architecture, Architecture::Mixtral);
+    let m = c.moe.unwrap();
+    assert_eq!(
+        (m.experts, m.experts_per_token, m.expert_intermediate),
+        (8, 2, 128)
+    );
+    assert!(m.norm_topk_prob && m.sparse_layers == [true, true]);
+    // Qwen2-MoE: a shared expert, no renormalization unless the file says; a layer without a
+    // router is dense.
+    let qwen2 = [
+        ("qwen2moe.expert_count", GgufValue::U32(4)),
+        ("qwen2moe.expert_used_count", GgufValue::U32(4)),
+        ("qwen2moe.expert_feed_forward_length", GgufValue::U32(32)),
+        (
+            "qwen2moe.expert_shared_feed_forward_length",
+            GgufValue::U32(96),
+        ),
+    ]
+    .into_iter()
+    .fold(renamed(llama(), "qwen2moe"), |m, (k, v)| with(m, k, v));
+    let c = config(&qwen2, &tensors_plus(&routers[1..])).unwrap();
+    let m = c.moe.unwrap();
+    assert_eq!(c.architecture, Architecture::Qwen2Moe);
+    assert_eq!(
+        (m.expert_intermediate, m.shared_expert_intermediate),
+        (32, Some(96))
+    );
+    assert!(!m.norm_topk_prob && m.sparse_layers == [false, true]);
+    let normed = with(qwen2, "qwen2moe.expert_weights_norm", GgufValue::Bool(true));
+    assert!(
+        config(&normed, &BASE_TENSORS)
+            .unwrap()
+            .moe
+            .unwrap()
+            .norm_topk_prob
+    );
+    // Grouped routing, and experts in a family without them, are refused by name.
+    let grouped = with(
+        mixtral.clone(),
+        "llama.expert_group_count",
+        GgufValue::U32(4),
+    );
+    assert!(
+        config(&grouped, &BASE_TENSORS)
+            .unwrap_err()
+            .to_string()
+            .contains("expert_group_count")
+    );
+    let qwen3 = with(
+        renamed(llama(), "qwen3"),
+        "qwen3.expert_count",
+        GgufValue::U32(4),
+    );
+    assert!(
+        config(&qwen3, &BASE_TENSORS)
+            .unwrap_err()
+            .to_string()
+            .contains("qwen3.expert_count")
+    );
+    // Stacked expert tensors name one matrix per expert, Mixtral's way or Qwen's.
+    let names = hf_expert_names("mixtral", "blk.3.ffn_up_exps.weight", 2).unwrap();
+    assert_eq!(
+        names[1],
+        "model.layers.3.block_sparse_moe.experts.1.w3.weight"
+    );
+    let names = hf_expert_names("qwen3moe", "blk.0.ffn_down_exps.weight", 4).unwrap();
+    assert_eq!(names[3], "model.layers.0.mlp.experts.3.down_proj.weight");
+    assert!(hf_expert_names("qwen3moe", "blk.01.ffn_down_exps.weight", 4).is_none());
+    assert_eq!(
+        hf_tensor_name_in("mixtral", "blk.2.ffn_gate_inp.weight").unwrap(),
+        "model.layers.2.block_sparse_moe.gate.weight"
+    );
+}
