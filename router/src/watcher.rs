@@ -181,6 +181,7 @@ mod tests {
             replicas: 1,
             min_gpu_memory_mib: 0,
             required_labels: BTreeMap::new(),
+            experts: 0,
         };
         state
             .apply(&Command::new(2, Change::PlaceModel(place)))

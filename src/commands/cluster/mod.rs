@@ -229,6 +229,10 @@ pub struct PlaceArgs {
     /// Only members with this label qualify (`key=value`; repeat for several).
     #[arg(long = "label", value_parser = parse_label)]
     labels: Vec<(String, String)>,
+    /// Of a mixture of experts: its experts per sparse layer; each rank of a group is recorded
+    /// holding an equal run of them (--tp must divide it).
+    #[arg(long, default_value_t = 0)]
+    experts: u32,
 }
 
 #[derive(Args)]
@@ -524,6 +528,18 @@ fn print_members(view: &ClusterView, as_json: bool) -> Result<()> {
     Ok(())
 }
 
+/// `, experts rank 0: 0..32, …` for a mixture of experts' group; empty for a dense one.
+fn experts_text(group: &strata_topology::state::TpGroup) -> String {
+    let runs: Vec<String> = (group.experts.iter().enumerate())
+        .map(|(rank, [start, end])| format!("rank {rank}: {start}..{end}"))
+        .collect();
+    if runs.is_empty() {
+        String::new()
+    } else {
+        format!(", experts {}", runs.join(", "))
+    }
+}
+
 fn print_placement(view: &ClusterView, as_json: bool) -> Result<()> {
     let placements = view.cluster.placements();
     if as_json {
@@ -538,7 +554,12 @@ fn print_placement(view: &ClusterView, as_json: bool) -> Result<()> {
     for (model, placement) in placements {
         for (i, group) in placement.groups.iter().enumerate() {
             let gpus: Vec<String> = group.gpus.iter().map(ToString::to_string).collect();
-            println!("{model:<32} {i:>5}  {}:{}", group.node, gpus.join(","));
+            let experts = experts_text(group);
+            println!(
+                "{model:<32} {i:>5}  {}:{}{experts}",
+                group.node,
+                gpus.join(",")
+            );
         }
     }
     Ok(())
@@ -551,14 +572,16 @@ async fn place(args: PlaceArgs) -> Result<()> {
         replicas: args.replicas,
         min_gpu_memory_mib: args.min_gpu_memory_mib,
         required_labels: args.labels.into_iter().collect(),
+        experts: args.experts,
     };
     let applied = operator_commit(&args.target, Change::PlaceModel(request))
         .await
         .with_context(|| format!("placing `{}`", args.model))?;
     for (i, group) in applied.placed.iter().enumerate() {
         let gpus: Vec<String> = group.gpus.iter().map(ToString::to_string).collect();
+        let experts = experts_text(group);
         println!(
-            "{} group {i}: member {} GPUs {}",
+            "{} group {i}: member {} GPUs {}{experts}",
             args.model,
             group.node,
             gpus.join(",")

@@ -35,6 +35,10 @@ pub struct PlacementRequest {
     pub min_gpu_memory_mib: u64,
     /// Only members carrying all of these labels qualify.
     pub required_labels: BTreeMap<String, String>,
+    /// Experts per sparse layer of a mixture of experts (0: a dense model). A group's ranks
+    /// hold an equal run of them each (expert parallel), so `tp_size` must divide it.
+    #[serde(default)]
+    pub experts: u32,
 }
 
 /// One tensor-parallel group: GPUs of one node.
@@ -45,6 +49,10 @@ pub struct TpGroup {
     pub gpus: Vec<u32>,
     /// Whether all of the group's GPUs share one link group.
     pub linked: bool,
+    /// Of a mixture of experts: the experts rank i holds, `[start, end)` (the run the engine's
+    /// tensor-parallel layout gives it); empty for a dense model.
+    #[serde(default)]
+    pub experts: Vec<[u32; 2]>,
 }
 
 /// A model's stored placement.
@@ -113,7 +121,10 @@ pub fn place(
             .entry(candidate.group.node)
             .or_default()
             .extend(&candidate.group.gpus);
-        groups.push(candidate.group);
+        groups.push(TpGroup {
+            experts: expert_runs(request.experts, request.tp_size),
+            ..candidate.group
+        });
     }
     Ok(groups)
 }
@@ -134,7 +145,19 @@ fn validate(request: &PlacementRequest) -> Result<(), Rejection> {
     if request.replicas == 0 {
         return bad("replicas must be at least 1");
     }
+    if !request.experts.is_multiple_of(request.tp_size) {
+        return bad("tp_size must divide the experts (each rank holds an equal run of them)");
+    }
     Ok(())
+}
+
+/// The experts each of `tp` ranks holds: equal runs in rank order.
+pub fn expert_runs(experts: u32, tp: u32) -> Vec<[u32; 2]> {
+    if experts == 0 {
+        return Vec::new();
+    }
+    let per = experts / tp;
+    (0..tp).map(|r| [r * per, (r + 1) * per]).collect()
 }
 
 /// The best group of `tp` GPUs among a node's free `(index, link_group)` GPUs, and how many
@@ -158,6 +181,7 @@ fn best_group_on_node(node: NodeId, free: &[(u32, u32)], tp: usize) -> Option<(T
                 node,
                 gpus: chosen,
                 linked: true,
+                experts: Vec::new(),
             },
             leftover,
         ));
@@ -175,6 +199,7 @@ fn best_group_on_node(node: NodeId, free: &[(u32, u32)], tp: usize) -> Option<(T
             node,
             gpus: chosen,
             linked: false,
+            experts: Vec::new(),
         },
         leftover,
     ))
@@ -208,6 +233,7 @@ mod tests {
             replicas,
             min_gpu_memory_mib: 0,
             required_labels: BTreeMap::new(),
+            experts: 0,
         }
     }
 
@@ -221,9 +247,33 @@ mod tests {
             vec![TpGroup {
                 node: 1,
                 gpus: vec![2, 3],
-                linked: true
+                linked: true,
+                experts: Vec::new(),
             }]
         );
+    }
+
+    #[test]
+    fn a_mixture_of_experts_records_each_ranks_experts() {
+        let m = members(&[(1, &[(0, 0), (1, 0), (2, 0), (3, 0)])]);
+        let moe = PlacementRequest {
+            experts: 128,
+            ..request("moe", 4, 1)
+        };
+        let groups = place(&moe, &m, &BTreeMap::new()).unwrap();
+        assert_eq!(groups[0].experts, [[0, 32], [32, 64], [64, 96], [96, 128]]);
+        // A degree that does not divide the experts is refused, naming why.
+        let uneven = PlacementRequest {
+            experts: 6,
+            ..request("moe", 4, 1)
+        };
+        let err = place(&uneven, &m, &BTreeMap::new()).unwrap_err();
+        assert!(format!("{err:?}").contains("divide the experts"), "{err:?}");
+        // A record stored before the field existed still reads (as dense).
+        let old = r#"{"model":"m","tp_size":2,"replicas":1,"min_gpu_memory_mib":0,
+                      "required_labels":{}}"#;
+        let read: PlacementRequest = serde_json::from_str(old).unwrap();
+        assert_eq!(read.experts, 0);
     }
 
     #[test]

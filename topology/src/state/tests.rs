@@ -168,6 +168,7 @@ fn placement_is_stored_and_removing_a_member_drops_its_groups() {
         replicas: 3,
         min_gpu_memory_mib: 0,
         required_labels: BTreeMap::new(),
+        experts: 0,
     };
     let out = s.apply(&cmd(1_100, Change::PlaceModel(request))).unwrap();
     let nodes: Vec<(NodeId, bool)> = out.placed.iter().map(|g| (g.node, g.linked)).collect();
@@ -311,6 +312,7 @@ fn random_command(rng: &mut XorShift, at_ms: u64) -> Command {
             replicas: 1 + rng.below(3) as u32,
             min_gpu_memory_mib: 0,
             required_labels: BTreeMap::new(),
+            experts: 0,
         }),
         8 => Change::RemoveModel {
             model: format!("m{}", rng.below(3)),
