@@ -378,6 +378,52 @@ fn the_readme_request_to_the_default_model_answers_paris() {
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]}"#;
     let (status, raw) = http(server.addr, "POST", "/v1/chat/completions", None, tools);
     assert_eq!(status, 200, "{raw}");
+
+    // A required tool call at temperature 0 with room to spare ends on its own: the model's
+    // next token after a call is a newline, which the forced grammar once allowed only before
+    // another call (nine identical calls, then `length` at 300 tokens). Now the output may end
+    // after it (SmolLM2 writes its call twice, then ends). Anthropic's `any` likewise.
+    let weather = r#"[{"type": "function", "function": {"name": "get_weather", "parameters":
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]"#;
+    let forced = format!(
+        r#"{{"model": "SmolLM2-135M-Instruct", "max_tokens": 300, "temperature": 0,
+            "tool_choice": "required", "tools": {weather},
+            "messages": [{{"role": "user", "content": "What is the weather in Paris?"}}]}}"#
+    );
+    let (status, raw) = http(server.addr, "POST", "/v1/chat/completions", None, &forced);
+    assert_eq!(status, 200, "{raw}");
+    let json: serde_json::Value =
+        serde_json::from_str(raw.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    let choice = &json["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{json}");
+    assert!(
+        json["usage"]["completion_tokens"].as_u64().unwrap() < 100,
+        "{json}"
+    );
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert!((1..=2).contains(&calls.len()), "{json}");
+    assert!(
+        calls.iter().all(|c| c["function"]["name"] == "get_weather"),
+        "{json}"
+    );
+    let any = r#"{"model": "SmolLM2-135M-Instruct", "max_tokens": 300, "temperature": 0,
+        "tool_choice": {"type": "any"}, "tools": [{"name": "get_weather", "input_schema":
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}],
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}]}"#;
+    let (status, raw) = http(server.addr, "POST", "/v1/messages", None, any);
+    assert_eq!(status, 200, "{raw}");
+    let json: serde_json::Value =
+        serde_json::from_str(raw.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(json["stop_reason"], "tool_use", "{json}");
+    assert!(
+        json["usage"]["output_tokens"].as_u64().unwrap() < 100,
+        "{json}"
+    );
+    let uses = json["content"].as_array().unwrap().iter();
+    assert!(
+        (1..=2).contains(&uses.filter(|b| b["type"] == "tool_use").count()),
+        "{json}"
+    );
 }
 
 /// Startup failures say each cause once, and the port is taken before the model loads: with the

@@ -154,6 +154,9 @@ pub struct ToolCallSplitter {
     /// Whole-output formats: whether the output has begun like a call (then all of it is held
     /// to the end).
     call_output: Option<bool>,
+    /// Marked formats: the last piece released was a call (whitespace after it is held: it is
+    /// no content when another call or the end follows).
+    after_call: bool,
 }
 
 impl ToolCallSplitter {
@@ -162,6 +165,7 @@ impl ToolCallSplitter {
             format,
             held: String::new(),
             call_output: None,
+            after_call: false,
         }
     }
 
@@ -192,11 +196,28 @@ impl ToolCallSplitter {
         let mut out = Vec::new();
         while !self.held.is_empty() {
             let consumed = match scan(&self.held) {
+                Scan::Text(n) if self.after_call && self.held[..n].trim().is_empty() => {
+                    // Whitespace after a call: dropped before another call or at the end (a
+                    // forced grammar lets a newline end the output), kept before text.
+                    let next = (n < self.held.len()).then(|| scan(&self.held[n..]));
+                    match next {
+                        None if !end => break,
+                        None | Some(Scan::Calls(..)) => n,
+                        Some(Scan::Incomplete) if !end => break,
+                        Some(_) => {
+                            self.after_call = false;
+                            push_text(&mut out, self.held[..n].to_string());
+                            n
+                        }
+                    }
+                }
                 Scan::Text(n) | Scan::NotACall(n) if n > 0 => {
+                    self.after_call = false;
                     push_text(&mut out, self.held[..n].to_string());
                     n
                 }
                 Scan::Calls(calls, n) if n > 0 => {
+                    self.after_call = true;
                     out.extend(calls.into_iter().map(Piece::Call));
                     n
                 }
@@ -431,12 +452,41 @@ mod tests {
         assert_eq!(p.calls, vec![call("get_weather", r#"{"city":"Paris"}"#)]);
     }
 
+    /// Streamed, whitespace after a call is held: dropped at the end or before another call,
+    /// released with the text that follows it.
+    #[test]
+    fn whitespace_after_a_call_is_content_only_before_text() {
+        let one = "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>";
+        let texts = |pieces: &[Piece]| -> String {
+            pieces
+                .iter()
+                .filter_map(|p| match p {
+                    Piece::Text(t) => Some(t.as_str()),
+                    Piece::Call(_) => None,
+                })
+                .collect()
+        };
+        let mut s = ToolCallSplitter::new(ToolFormat::Hermes);
+        let mut out = s.push(one);
+        out.extend(s.push("\n"));
+        assert_eq!(texts(&out), "", "held, not released");
+        out.extend(s.finish(false));
+        assert_eq!((texts(&out).as_str(), out.len()), ("", 1));
+        let mut s = ToolCallSplitter::new(ToolFormat::Hermes);
+        let mut out = s.push(one);
+        out.extend(s.push("\n"));
+        out.extend(s.push("Done."));
+        out.extend(s.finish(false));
+        assert_eq!(texts(&out), "\nDone.");
+    }
+
     #[test]
     fn hermes_several_calls_with_leading_text() {
         let text = "Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n\
                     <tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": 1}}\n</tool_call>";
         let p = parse(ToolFormat::Hermes, text, false);
-        assert_eq!(p.content, "Let me check.\n\n");
+        // The newline between the calls is no content.
+        assert_eq!(p.content, "Let me check.\n");
         assert_eq!(p.calls, vec![call("a", "{}"), call("b", r#"{"x":1}"#)]);
     }
 

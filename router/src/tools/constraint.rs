@@ -15,6 +15,9 @@ use strata_protocol::Constraint;
 
 use super::ToolFormat;
 
+/// What may follow the last call before the end of sequence: one newline.
+const END: &str = "\"\\n\"?";
+
 /// Which calls the output must consist of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ForcedCall {
@@ -59,22 +62,27 @@ pub fn forced_call(format: &ToolFormat, tools: &[Value], forced: &ForcedCall) ->
         "anyOf": variants,
         "x-guidance": {"whitespace_flexible": false},
     });
+    // Every form may end with a newline before the end of sequence: after a call a model's most
+    // likely token is often "\n", and a grammar that allowed it only before another call made the
+    // model write the same call again and again until `max_tokens`.
     let lark = match (family, forced) {
         (Family::Hermes, ForcedCall::Any) => {
             format!(
-                "start: call (\"\\n\" call)*\ncall: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"\n"
+                "start: call (\"\\n\" call)* {END}\ncall: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"\n"
             )
         }
         (Family::Hermes, ForcedCall::Named(_)) => {
-            format!("start: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"\n")
+            format!("start: \"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\" {END}\n")
         }
         (Family::Mistral, ForcedCall::Any) => {
-            format!("start: \"[TOOL_CALLS][\" call (\", \" call)* \"]\"\ncall: %json {schema}\n")
+            format!(
+                "start: \"[TOOL_CALLS][\" call (\", \" call)* \"]\" {END}\ncall: %json {schema}\n"
+            )
         }
         (Family::Mistral, ForcedCall::Named(_)) => {
-            format!("start: \"[TOOL_CALLS][\" %json {schema} \"]\"\n")
+            format!("start: \"[TOOL_CALLS][\" %json {schema} \"]\" {END}\n")
         }
-        (Family::LlamaJson, _) => format!("start: %json {schema}\n"),
+        (Family::LlamaJson, _) => format!("start: %json {schema} {END}\n"),
     };
     Constraint::Lark(lark)
 }
@@ -168,6 +176,63 @@ mod tests {
         assert!(!named.contains("get_time"), "{named}");
     }
 
+    /// Every forced form may end with a newline and then the end of sequence (a model's likely
+    /// token after a call); the grammar without it refuses the end there (the canary).
+    #[test]
+    fn every_forced_form_may_end_after_a_newline() {
+        use strata_model::config::Architecture;
+        use strata_model::grammar::GrammarCompiler;
+        use strata_model::synth::{SynthSpec, synthesize};
+        use strata_model::tokenizer::Tokenizer;
+
+        let dir = tempfile::tempdir().unwrap();
+        synthesize(&SynthSpec::tiny(Architecture::Qwen3, 7), dir.path(), None).unwrap();
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        let vocab = tok.vocab_size() + 3;
+        let eos = tok.eos_token_id().unwrap();
+        let compiler = GrammarCompiler::new(&tok, vocab, &[eos]).unwrap();
+        let ends_after = |constraint: &Constraint, text: &str| {
+            let mut decoder = compiler.compile(constraint).unwrap();
+            for id in tok.encode(text, false).unwrap() {
+                decoder.advance(id).unwrap();
+            }
+            decoder.ends_with(eos)
+        };
+        let hermes = "<tool_call>\n{\"name\":\"get_time\",\"arguments\":{}}\n</tool_call>\n";
+        let named = ForcedCall::Named("get_time".into());
+        for (format, forced, text) in [
+            (ToolFormat::Hermes, &ForcedCall::Any, hermes),
+            (ToolFormat::Hermes, &named, hermes),
+            (
+                ToolFormat::Mistral,
+                &ForcedCall::Any,
+                "[TOOL_CALLS][{\"name\":\"get_time\",\"arguments\":{}}]\n",
+            ),
+            (
+                ToolFormat::LlamaJson,
+                &ForcedCall::Any,
+                "{\"name\":\"get_time\",\"parameters\":{}}\n",
+            ),
+        ] {
+            let constraint = forced_call(&format, &tools(), forced);
+            assert!(
+                ends_after(&constraint, text),
+                "{format:?} {forced:?}: {text:?}"
+            );
+            // Without the newline the end is allowed too.
+            assert!(
+                ends_after(&constraint, text.trim_end()),
+                "{format:?} {forced:?}"
+            );
+        }
+        let Constraint::Lark(lark) = forced_call(&ToolFormat::Hermes, &tools(), &ForcedCall::Any)
+        else {
+            panic!("a Lark grammar");
+        };
+        let without_end = Constraint::Lark(lark.replacen(&format!(" {END}"), "", 1));
+        assert!(!ends_after(&without_end, hermes));
+    }
+
     /// What each forced grammar writes is read back as calls by the format's own parser: a
     /// sample output in each grammar's shape.
     #[test]
@@ -183,9 +248,12 @@ mod tests {
             (ToolFormat::Pythonic, llama, 1),
             (ToolFormat::Mistral, mistral, 2),
         ] {
-            let parsed = super::super::parse(format.clone(), output, false);
-            assert_eq!(parsed.calls.len(), calls, "{format:?}: {parsed:?}");
-            assert_eq!(parsed.content, "", "{format:?}");
+            // The newline a forced grammar lets end the output is not content.
+            for output in [output.to_string(), format!("{output}\n")] {
+                let parsed = super::super::parse(format.clone(), &output, false);
+                assert_eq!(parsed.calls.len(), calls, "{format:?}: {parsed:?}");
+                assert_eq!(parsed.content, "", "{format:?}: {parsed:?}");
+            }
         }
     }
 }

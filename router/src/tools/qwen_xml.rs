@@ -218,7 +218,7 @@ mod tests {
             "I'll check.\n{WEATHER}\n<tool_call>\n{{\"name\": \"get_time\", \"arguments\": {{}}}}\n</tool_call>"
         );
         let p = qwen(&text, false);
-        assert_eq!(p.content, "I'll check.\n\n");
+        assert_eq!(p.content, "I'll check.\n");
         assert_eq!(p.calls.len(), 2);
         assert_eq!(p.calls[1], call("get_time", "{}"));
     }
