@@ -28,6 +28,28 @@ def request_path(client: openai.OpenAI, model: str) -> None:
         assert served.usage.prompt_tokens > plain.usage.prompt_tokens + 50, (choice, served.usage)
         assert served.choices[0].finish_reason in ("stop", "length", "tool_calls"), served
 
+    # A pydantic tool with a nested model ($defs + $ref), forced: its references resolve against
+    # its own schema, so the forced grammar compiles and the request is served (it was a 400
+    # "Pointer '/$defs/…' does not exist"); a forced call parses back to the nested model.
+    import pydantic
+
+    class Place(pydantic.BaseModel):
+        city: str
+
+    class Book(pydantic.BaseModel):
+        to: Place
+
+    book = openai.pydantic_function_tool(Book)
+    assert "$defs" in json.dumps(book["function"]["parameters"]), book
+    for choice in ("required", {"type": "function", "function": {"name": "Book"}}):
+        forced = client.chat.completions.create(
+            model=model, messages=question, tools=[book], tool_choice=choice, max_tokens=64, seed=1
+        )
+        calls = forced.choices[0].message.tool_calls or []
+        assert forced.choices[0].finish_reason in ("tool_calls", "length"), forced
+        for call in calls:
+            Book.model_validate_json(call.function.arguments)
+
     # "none" renders no tools (and parses no calls): the plain prompt.
     none = client.chat.completions.create(
         model=model, messages=question, tools=TOOLS, tool_choice="none", max_tokens=4, seed=1

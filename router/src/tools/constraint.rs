@@ -35,27 +35,34 @@ pub fn forced_call(format: &ToolFormat, tools: &[Value], forced: &ForcedCall) ->
         Family::Hermes | Family::Mistral => "arguments",
         Family::LlamaJson => "parameters",
     };
-    let variants: Vec<Value> = tools
-        .iter()
-        .filter_map(|tool| {
-            let function = tool.get("function")?;
-            let name = function.get("name")?.as_str()?;
-            if let ForcedCall::Named(wanted) = forced
-                && wanted != name
-            {
-                return None;
-            }
-            let parameters = function
-                .get("parameters")
-                .filter(|p| p.is_object())
+    let chosen = tools.iter().filter_map(|tool| {
+        let function = tool.get("function")?;
+        let name = function.get("name")?.as_str()?;
+        if let ForcedCall::Named(wanted) = forced
+            && wanted != name
+        {
+            return None;
+        }
+        Some((name, function.get("parameters").filter(|p| p.is_object())))
+    });
+    let variants: Vec<Value> = chosen
+        .enumerate()
+        .map(|(i, (name, parameters))| {
+            let mut parameters = parameters
                 .cloned()
                 .unwrap_or_else(|| json!({"type": "object"}));
-            Some(json!({
+            // The tool's own references (`#/$defs/…`, `#`) point into its schema, which now
+            // sits inside the grammar's: they are rebased onto where it sits.
+            rebase_refs(
+                &mut parameters,
+                &format!("#/anyOf/{i}/properties/{arguments_key}"),
+            );
+            json!({
                 "type": "object",
                 "properties": {"name": {"const": name}, arguments_key: parameters},
                 "required": ["name", arguments_key],
                 "additionalProperties": false,
-            }))
+            })
         })
         .collect();
     let schema = json!({
@@ -85,6 +92,27 @@ pub fn forced_call(format: &ToolFormat, tools: &[Value], forced: &ForcedCall) ->
         (Family::LlamaJson, _) => format!("start: %json {schema} {END}\n"),
     };
     Constraint::Lark(lark)
+}
+
+/// Every local `$ref` in `schema` (`#` or `#/…`) rewritten to start at `base` instead of the
+/// schema's root; references to other documents are left as they are.
+fn rebase_refs(schema: &mut Value, base: &str) {
+    match schema {
+        Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                match value {
+                    Value::String(r) if key == "$ref" => {
+                        if let Some(rest) = r.strip_prefix('#') {
+                            *r = format!("{base}{rest}");
+                        }
+                    }
+                    other => rebase_refs(other, base),
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| rebase_refs(v, base)),
+        _ => {}
+    }
 }
 
 /// The call syntax a format's forced calls are written in (see the module comment).
@@ -231,6 +259,45 @@ mod tests {
         };
         let without_end = Constraint::Lark(lark.replacen(&format!(" {END}"), "", 1));
         assert!(!ends_after(&without_end, hermes));
+    }
+
+    /// A tool schema with its own definitions (`$defs` + `$ref`, as `pydantic_function_tool`
+    /// writes a nested model) compiles when forced, any or named, and admits a call through the
+    /// reference; left pointing at the grammar's root, the reference does not resolve (canary).
+    #[test]
+    fn tool_schemas_with_references_compile_when_forced() {
+        use strata_model::config::Architecture;
+        use strata_model::grammar::GrammarCompiler;
+        use strata_model::synth::{SynthSpec, synthesize};
+        use strata_model::tokenizer::Tokenizer;
+
+        let dir = tempfile::tempdir().unwrap();
+        synthesize(&SynthSpec::tiny(Architecture::Qwen3, 7), dir.path(), None).unwrap();
+        let tok = Tokenizer::from_dir(dir.path()).unwrap();
+        let vocab = tok.vocab_size() + 3;
+        let eos = tok.eos_token_id().unwrap();
+        let compiler = GrammarCompiler::new(&tok, vocab, &[eos]).unwrap();
+        let nested = json!({"type": "function", "function": {"name": "book", "parameters": {
+            "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}},
+                                "required": ["city"], "additionalProperties": false}},
+            "type": "object", "properties": {"to": {"$ref": "#/$defs/Place"}},
+            "required": ["to"], "additionalProperties": false}}});
+        let tools = [tools(), vec![nested]].concat();
+        let text = "<tool_call>\n{\"name\":\"book\",\"arguments\":{\"to\":{\"city\":\"Oslo\"}}}\n</tool_call>";
+        for forced in [ForcedCall::Any, ForcedCall::Named("book".into())] {
+            let constraint = forced_call(&ToolFormat::Hermes, &tools, &forced);
+            let mut decoder = compiler.compile(&constraint).unwrap();
+            for id in tok.encode(text, false).unwrap() {
+                decoder.advance(id).unwrap();
+            }
+            assert!(decoder.ends_with(eos), "{forced:?}");
+        }
+        let Constraint::Lark(lark) = forced_call(&ToolFormat::Hermes, &tools, &ForcedCall::Any)
+        else {
+            panic!("a Lark grammar");
+        };
+        let unrebased = lark.replace("#/anyOf/2/properties/arguments/$defs", "#/$defs");
+        assert!(compiler.compile(&Constraint::Lark(unrebased)).is_err());
     }
 
     /// What each forced grammar writes is read back as calls by the format's own parser: a
