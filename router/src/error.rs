@@ -157,6 +157,10 @@ impl From<TokenizerError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        // The cause of a server fault, logged in the request's span (its id).
+        if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
+            tracing::error!(status = self.status.as_u16(), "{}", self.message);
+        }
         (self.status, Json(self.body())).into_response()
     }
 }

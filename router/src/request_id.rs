@@ -89,11 +89,17 @@ pub async fn tag_request(
     let started = Instant::now();
     let mut response = next.run(request).instrument(span.clone()).await;
     span.in_scope(|| {
-        tracing::debug!(
-            status = response.status().as_u16(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "answered"
+        let (status, elapsed_ms) = (
+            response.status().as_u16(),
+            started.elapsed().as_millis() as u64,
         );
+        // Every 5xx is logged with its request id (the span's): a 503 is the server refusing
+        // load, any other a fault to look into.
+        match status {
+            503 => tracing::warn!(status, elapsed_ms, "answered"),
+            500.. => tracing::error!(status, elapsed_ms, "answered"),
+            _ => tracing::debug!(status, elapsed_ms, "answered"),
+        }
     });
     // Accepted and generated ids are printable ASCII, so the header is always valid.
     if let Ok(value) = header {

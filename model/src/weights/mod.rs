@@ -399,27 +399,8 @@ impl Checkpoint {
                 shape.insert(0, 1);
             }
             // A stacked expert tensor is one matrix per expert, one after the other.
-            let pieces = match gguf::hf_expert_names(names_arch, gguf_name, experts) {
-                Some(names) => {
-                    let whole = offsets.1 - offsets.0;
-                    if shape.len() != 3 || shape[0] != experts || !whole.is_multiple_of(experts) {
-                        return Err(malformed(format!(
-                            "tensor {gguf_name} of shape {shape:?} does not stack {experts} \
-                             experts"
-                        )));
-                    }
-                    let per = whole / experts;
-                    names
-                        .into_iter()
-                        .enumerate()
-                        .map(|(e, n)| {
-                            let at = start + e * per;
-                            (n, shape[1..].to_vec(), (at, at + per))
-                        })
-                        .collect()
-                }
-                None => vec![(name, shape, offsets)],
-            };
+            let pieces = gguf_pieces(names_arch, gguf_name, experts, name, shape, offsets)
+                .map_err(malformed)?;
             for (name, shape, offsets) in pieces {
                 if tensors.contains_key(&name) {
                     return Err(malformed(format!("two tensors map to {name}")));
@@ -638,6 +619,40 @@ impl Checkpoint {
         out.sort();
         out
     }
+}
+
+/// A checkpoint entry: its name, shape and byte range in the file.
+type Piece = (String, Vec<usize>, (usize, usize));
+
+/// The checkpoint entries one GGUF tensor becomes: itself, or, for a stacked expert tensor
+/// (`[experts, rows, cols]`, whole rows of blocks), one matrix per expert under its Hugging Face
+/// name.
+fn gguf_pieces(
+    arch: &str,
+    gguf_name: &str,
+    experts: usize,
+    name: String,
+    shape: Vec<usize>,
+    offsets: (usize, usize),
+) -> Result<Vec<Piece>, String> {
+    let Some(names) = gguf::hf_expert_names(arch, gguf_name, experts) else {
+        return Ok(vec![(name, shape, offsets)]);
+    };
+    let whole = offsets.1 - offsets.0;
+    if shape.len() != 3 || shape[0] != experts || !whole.is_multiple_of(experts) {
+        return Err(format!(
+            "tensor {gguf_name} of shape {shape:?} does not stack {experts} experts"
+        ));
+    }
+    let per = whole / experts;
+    Ok(names
+        .into_iter()
+        .enumerate()
+        .map(|(e, n)| {
+            let at = offsets.0 + e * per;
+            (n, shape[1..].to_vec(), (at, at + per))
+        })
+        .collect())
 }
 
 /// A GGUF tensor of HF shape `shape` stored as `ty`, as little-endian f32 bytes; with

@@ -180,9 +180,13 @@ fn guided(param: &str, kind: &str, v: &Value) -> Result<Option<Constraint>, ApiE
                 "`{param}` must be a JSON Schema (an object or its JSON text)"
             )),
         },
-        ("regex", Value::String(regex)) if !regex.is_empty() => Ok(Some(Constraint::Lark(
-            format!("start: /{}/", lark_regex_body(regex)),
-        ))),
+        ("regex", Value::String(regex)) if !regex.is_empty() => match check_regex(regex) {
+            Ok(()) => Ok(Some(Constraint::Lark(format!(
+                "start: /{}/",
+                lark_regex_body(regex)
+            )))),
+            Err(problem) => refuse(format!("`{param}`: {problem}")),
+        },
         ("choice", Value::Array(choices)) if !choices.is_empty() => {
             let mut alternatives = Vec::with_capacity(choices.len());
             for choice in choices {
@@ -208,6 +212,47 @@ fn guided(param: &str, kind: &str, v: &Value) -> Result<Option<Constraint>, ApiE
         _ => refuse(format!(
             "`{param}` must be a grammar in the Lark dialect (text)"
         )),
+    }
+}
+
+/// The most repetitions a structured-output regex may ask for, multiplied through nesting
+/// (`(a{100}){100}` asks for 10 000): the grammar engine builds its automaton lazily, one state
+/// per repetition left, and a count in the millions fails mid-request ("too many expressions").
+const MAX_REGEX_REPETITIONS: u64 = 10_000;
+
+/// Refuses a regular expression the grammar engine would fail on: unparsable, or asking for
+/// more than [`MAX_REGEX_REPETITIONS`].
+fn check_regex(regex: &str) -> Result<(), String> {
+    let hir = regex_syntax::Parser::new().parse(regex).map_err(|e| {
+        format!(
+            "not a regular expression: {}",
+            e.to_string().replace('\n', " ")
+        )
+    })?;
+    let asked = repetitions(&hir);
+    if asked > MAX_REGEX_REPETITIONS {
+        return Err(format!(
+            "the expression asks for {asked} repetitions; at most {MAX_REGEX_REPETITIONS} are \
+             supported"
+        ));
+    }
+    Ok(())
+}
+
+/// The largest count of repetitions `hir` asks for (a bounded repetition's maximum, an
+/// unbounded one's minimum, multiplied through nesting).
+fn repetitions(hir: &regex_syntax::hir::Hir) -> u64 {
+    use regex_syntax::hir::HirKind;
+    match hir.kind() {
+        HirKind::Repetition(r) => {
+            let count = u64::from(r.max.unwrap_or(r.min).max(1));
+            count.saturating_mul(repetitions(&r.sub))
+        }
+        HirKind::Capture(c) => repetitions(&c.sub),
+        HirKind::Concat(parts) | HirKind::Alternation(parts) => {
+            parts.iter().map(repetitions).max().unwrap_or(1)
+        }
+        _ => 1,
     }
 }
 
@@ -740,5 +785,29 @@ mod tests {
             "after an escaped backslash"
         );
         assert_eq!(lark_regex_body("[0-9]{3}"), "[0-9]{3}");
+    }
+
+    /// A regex the grammar engine would fail on mid-request is a 400 naming the field; an
+    /// ordinary one passes.
+    #[test]
+    fn regexes_the_engine_cannot_build_are_refused_up_front() {
+        let refused = |regex: &str| {
+            let v = serde_json::json!({"regex": regex});
+            let e = structured_outputs(&v).unwrap_err();
+            assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST, "{regex}");
+            assert_eq!(
+                e.param.as_deref(),
+                Some("structured_outputs.regex"),
+                "{regex}"
+            );
+            e.message
+        };
+        assert!(refused("a{1000000}").contains("1000000 repetitions"));
+        assert!(refused("(a{200}){200}").contains("40000 repetitions"));
+        assert!(refused("a(").contains("not a regular expression"));
+        for fine in ["[0-9]{3}-[0-9]{4}", "(yes|no)", "a{10000}", "[a-z]+"] {
+            let v = serde_json::json!({"regex": fine});
+            assert!(structured_outputs(&v).unwrap().is_some(), "{fine}");
+        }
     }
 }

@@ -106,20 +106,8 @@ fn build_config(
     let arch_name = meta
         .string(ARCHITECTURE_KEY)?
         .ok_or_else(|| missing(ARCHITECTURE_KEY))?;
-    let family = match arch_name {
-        "llama" => Architecture::Llama,
-        "qwen2" => Architecture::Qwen2,
-        "qwen3" => Architecture::Qwen3,
-        "gemma3" => Architecture::Gemma3,
-        "qwen2moe" => Architecture::Qwen2Moe,
-        "qwen3moe" => Architecture::Qwen3Moe,
-        other => {
-            return Err(GgufConfigError::UnsupportedArchitecture {
-                name: other.to_string(),
-            });
-        }
-    };
     let key = |suffix: &str| format!("{arch_name}.{suffix}");
+    let family = family(&meta, arch_name, &key)?;
     let has_tensor = |name: &str| header.tensor_info(name).is_ok();
     let rope_factors = match (has_tensor(ROPE_FREQS_TENSOR), rope_freqs) {
         (false, _) => None,
@@ -131,12 +119,6 @@ fn build_config(
     let (num_heads, num_kv_heads) = heads(&meta, &key)?;
     let head_dim = head_dim(&meta, &key, hidden_size, num_heads)?;
     let sliding_window = meta.positive_size(&key("attention.sliding_window"))?;
-    // llama.cpp writes Mixtral as `llama` with experts.
-    let experts = meta.size(&key("expert_count"))?.filter(|&n| n > 0);
-    let family = match (family, experts) {
-        (Architecture::Llama, Some(_)) => Architecture::Mixtral,
-        _ => family,
-    };
     let architecture = match (family, sliding_window) {
         (_, None) | (Architecture::Gemma3 | Architecture::Mixtral, _) => family,
         // Mistral is Llama with a window; llama.cpp writes both as `llama`.
@@ -151,23 +133,19 @@ fn build_config(
     let layer0 = |suffix: &str| has_tensor(&format!("blk.0.{suffix}"));
     let num_layers = meta.required_size(&key("block_count"))?;
     let intermediate_size = meta.required_size(&key("feed_forward_length"))?;
-    let moe = if family.is_moe() {
-        Some(moe(
-            &meta,
-            &key,
-            family,
-            num_layers,
-            intermediate_size,
-            &has_tensor,
-        )?)
-    } else if experts.is_some() {
-        return Err(GgufConfigError::Unsupported {
-            key: key("expert_count"),
-            problem: format!("experts are not supported for {arch_name}"),
-        });
-    } else {
-        None
-    };
+    let moe = family
+        .is_moe()
+        .then(|| {
+            moe(
+                &meta,
+                &key,
+                family,
+                num_layers,
+                intermediate_size,
+                &has_tensor,
+            )
+        })
+        .transpose()?;
     let gemma3 = (family == Architecture::Gemma3).then(|| Gemma3 {
         query_pre_attn_scalar: if num_layers == GEMMA3_27B_LAYERS {
             (hidden_size / num_heads) as f64
@@ -225,6 +203,37 @@ fn build_config(
         gemma3,
         moe,
     })
+}
+
+/// The family of a file of architecture `arch_name`: llama.cpp writes Mixtral as `llama` with
+/// experts; experts in another dense family are refused.
+fn family(
+    meta: &Metadata<'_>,
+    arch_name: &str,
+    key: &impl Fn(&str) -> String,
+) -> Result<Architecture, GgufConfigError> {
+    let family = match arch_name {
+        "llama" => Architecture::Llama,
+        "qwen2" => Architecture::Qwen2,
+        "qwen3" => Architecture::Qwen3,
+        "gemma3" => Architecture::Gemma3,
+        "qwen2moe" => Architecture::Qwen2Moe,
+        "qwen3moe" => Architecture::Qwen3Moe,
+        other => {
+            return Err(GgufConfigError::UnsupportedArchitecture {
+                name: other.to_string(),
+            });
+        }
+    };
+    let experts = meta.size(&key("expert_count"))?.is_some_and(|n| n > 0);
+    match (family, experts) {
+        (Architecture::Llama, true) => Ok(Architecture::Mixtral),
+        (family, true) if !family.is_moe() => Err(GgufConfigError::Unsupported {
+            key: key("expert_count"),
+            problem: format!("experts are not supported for {arch_name}"),
+        }),
+        (family, _) => Ok(family),
+    }
 }
 
 /// The experts of a `qwen2moe`, `qwen3moe` or Mixtral (`llama` with experts) file: counts and
