@@ -383,3 +383,37 @@ fn route_shapes_ignore_parameter_names() {
         shape("/model/{modelId}/converse")
     );
 }
+
+/// `--served-model-name a b c`: every name is listed (the served one first, as vLLM lists them)
+/// and retrieved as itself, each naming the model it serves as `root`; another name is a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_served_name_is_listed_and_retrieved_as_itself() {
+    let model_dir = tempfile::tempdir().unwrap();
+    let mut state = support::paced_tiny_state(model_dir.path(), Duration::ZERO, Default::default());
+    std::sync::Arc::get_mut(&mut state).unwrap().aliases = vec!["b".into(), "c".into()];
+    let addr = http::serve(state, strata_router::Access::default()).await;
+    let listed = request(addr, "GET", "/v1/models", &[], "").await.json();
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["tiny", "b", "c"], "{listed}");
+    assert!(
+        listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["root"] == "tiny")
+    );
+    let one = request(addr, "GET", "/v1/models/c", &[], "").await.json();
+    assert_eq!(
+        (one["id"].as_str(), one["root"].as_str()),
+        (Some("c"), Some("tiny"))
+    );
+    assert_eq!(
+        request(addr, "GET", "/v1/models/d", &[], "").await.status,
+        404
+    );
+}
