@@ -147,10 +147,11 @@ def main() -> None:
     except openai.BadRequestError as e:
         assert "echo" in str(e), e
 
-    # An alias is accepted wherever the model is named; answers report the served name, and
-    # only the served name is listed.
+    # An alias is accepted wherever the model is named; answers report the served name; every
+    # name is listed (as vLLM lists --served-model-name) and retrieved as itself.
+    listed = [m.id for m in client.models.list()]
+    assert listed == [model] + args.alias, listed
     for alias in args.alias:
-        assert alias not in ids, (alias, ids)
         aliased = client.chat.completions.create(
             model=alias, messages=messages, max_tokens=4, temperature=0
         )
@@ -158,7 +159,8 @@ def main() -> None:
         assert aliased.usage.prompt_tokens == usage.prompt_tokens, aliased.usage
         aliased = client.completions.create(model=alias, prompt="Hello", max_tokens=2)
         assert aliased.model == model, (alias, aliased.model)
-        assert client.models.retrieve(alias).id == model
+        retrieved = client.models.retrieve(alias)
+        assert retrieved.id == alias and retrieved.model_extra["root"] == model, retrieved
 
     # A server with its own key refuses a client with another (the SDK sends it as Bearer).
     if args.api_key != "unused":

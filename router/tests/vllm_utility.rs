@@ -137,18 +137,23 @@ async fn served_names_a_smaller_window_and_a_template_file_hold_on_every_surface
                     {% if add_generation_prompt %}>>{% endif %}";
     let addr = serve_presented(model_dir.path(), template).await;
 
-    // Listed once, by the served name, with the served window; an alias finds it too.
+    // Listed under each name (the served one first, as vLLM lists them), with the served
+    // window; an alias is retrieved as itself, naming the model it serves.
     let models = http::send(addr, "GET", "/v1/models", b"").await.json();
-    assert_eq!(models["data"].as_array().unwrap().len(), 1, "{models}");
-    assert_eq!(models["data"][0]["id"], "served", "{models}");
-    assert_eq!(
-        models["data"][0]["max_model_len"], SERVED_WINDOW,
-        "{models}"
+    let data = models["data"].as_array().unwrap();
+    let ids: Vec<&Value> = data.iter().map(|m| &m["id"]).collect();
+    assert_eq!(ids, [&json!("served"), &json!("alias")], "{models}");
+    assert!(
+        data.iter()
+            .all(|m| m["max_model_len"] == SERVED_WINDOW && m["root"] == "served")
     );
     let by_alias = http::send(addr, "GET", "/v1/models/alias", b"")
         .await
         .json();
-    assert_eq!(by_alias["id"], "served", "{by_alias}");
+    assert_eq!(
+        (&by_alias["id"], &by_alias["root"]),
+        (&json!("alias"), &json!("served"))
+    );
 
     // The template file renders chat prompts: /tokenize shows what chat would feed the model.
     let messages = json!([{"role": "user", "content": "Name a colour."}]);
