@@ -138,17 +138,8 @@ fn refuse_unsupported(request: &ConverseRequest) -> Result<(), ConverseError> {
             "{name}: not supported by this server yet"
         )));
     }
-    if let Some(latency) = request
-        .performance_config
-        .as_ref()
-        .filter(|v| !v.is_null())
-        .map(|v| v.get("latency").cloned().unwrap_or(Value::Null))
-        && latency != "standard"
-        && !latency.is_null()
-    {
-        return Err(ConverseError::validation(format!(
-            "performanceConfig.latency: only \"standard\" is served; got {latency}"
-        )));
+    if let Some(config) = request.performance_config.as_ref() {
+        performance_config(config)?;
     }
     // Bedrock's own words for a member it does not know.
     match request.extra.iter().find(|(_, v)| !v.is_null()) {
@@ -156,6 +147,32 @@ fn refuse_unsupported(request: &ConverseRequest) -> Result<(), ConverseError> {
             "extraneous key [{name}] is not permitted"
         ))),
         None => Ok(()),
+    }
+}
+
+/// `performanceConfig`: null, or an object whose one member `latency` is `"standard"` (the
+/// latency this server has; `"optimized"` is refused rather than silently ignored).
+fn performance_config(config: &Value) -> Result<(), ConverseError> {
+    let map = match config {
+        Value::Null => return Ok(()),
+        Value::Object(map) => map,
+        other => {
+            return Err(ConverseError::validation(format!(
+                "performanceConfig: must be an object, got {other}"
+            )));
+        }
+    };
+    if let Some(key) = map.keys().find(|k| *k != "latency") {
+        return Err(ConverseError::validation(format!(
+            "performanceConfig: extraneous key [{key}] is not permitted"
+        )));
+    }
+    match map.get("latency") {
+        None | Some(Value::Null) => Ok(()),
+        Some(latency) if latency == "standard" => Ok(()),
+        Some(latency) => Err(ConverseError::validation(format!(
+            "performanceConfig.latency: only \"standard\" is served; got {latency}"
+        ))),
     }
 }
 

@@ -561,6 +561,18 @@ pub fn converse() -> Vec<Case> {
             .mentions(&["performanceConfig.latency"]),
             bad(
                 path,
+                "performanceConfig a list",
+                json!({"performanceConfig": [null, null]}),
+            )
+            .mentions(&["performanceConfig", "object"]),
+            bad(
+                path,
+                "performanceConfig with an unknown member",
+                json!({"performanceConfig": {"latency": "standard", "tier": "x"}}),
+            )
+            .mentions(&["performanceConfig", "tier"]),
+            bad(
+                path,
                 "a prompt beyond the window",
                 user(json!([{"text": long}])),
             )
