@@ -455,8 +455,8 @@ pub fn routes() -> Router<AppState> {
         .route("/metrics", get(metrics))
 }
 
-/// Ready to take requests: the server binds only after the model is loaded and its engine
-/// started, so a local engine is ready once it answers; a router is ready while some node is
+/// Ready to take requests: the server answers only once the model is loaded and its engine
+/// started (connections made during the load wait), so a local engine is ready once it answers; a router is ready while some node is
 /// reachable. Otherwise, and while draining before a shutdown ([`crate::drain`]), it answers 503
 /// (with `Retry-After`, which the admission layer adds to every 503) so a load balancer sends its
 /// traffic to another router.
