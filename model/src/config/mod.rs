@@ -681,34 +681,46 @@ impl GenerationConfig {
         }
     }
 
+    /// Where a GGUF file's generation config is kept: `NAME.generation_config.json` beside
+    /// `NAME.gguf` (the file format has no sampling defaults of its own).
+    pub fn sidecar(gguf: &Path) -> PathBuf {
+        gguf.with_extension("generation_config.json")
+    }
+
     /// Reads `dir/generation_config.json`; a checkpoint without one gets the empty default. A
-    /// GGUF file has no sampling defaults; its BOS and end-of-generation tokens are read.
+    /// GGUF file's BOS and end-of-generation tokens are read from it, its sampling defaults from
+    /// its [`GenerationConfig::sidecar`] when there is one.
     pub fn from_dir(dir: &Path) -> Result<Self, ConfigError> {
         if crate::gguf::is_gguf_file(dir) {
             let file =
                 crate::gguf::GgufFile::open(dir).map_err(|e| ConfigError::new(dir, e.problem()))?;
             let header = file.header();
+            let sampling = Self::from_file(&Self::sidecar(dir))?;
             return Ok(Self {
                 bos_token_id: header.get_u32("tokenizer.ggml.bos_token_id"),
                 eos_token_ids: crate::gguf::end_token_ids(header)
                     .map_err(|e| ConfigError::new(dir, e.to_string()))?,
-                ..Self::default()
+                ..sampling
             });
         }
-        let path = dir.join("generation_config.json");
-        let text = match std::fs::read_to_string(&path) {
+        Self::from_file(&dir.join("generation_config.json"))
+    }
+
+    /// One generation_config.json; an absent file is the empty default.
+    fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
-            Err(e) => return Err(ConfigError::new(&path, format!("cannot read: {e}"))),
+            Err(e) => return Err(ConfigError::new(path, format!("cannot read: {e}"))),
         };
         let raw: RawGenerationConfig = serde_json::from_str(&text)
-            .map_err(|e| ConfigError::new(&path, format!("malformed JSON: {e}")))?;
+            .map_err(|e| ConfigError::new(path, format!("malformed JSON: {e}")))?;
         let bos =
-            token_ids(&raw.bos_token_id, "bos_token_id").map_err(|p| ConfigError::new(&path, p))?;
+            token_ids(&raw.bos_token_id, "bos_token_id").map_err(|p| ConfigError::new(path, p))?;
         Ok(Self {
             bos_token_id: bos.first().copied(),
             eos_token_ids: token_ids(&raw.eos_token_id, "eos_token_id")
-                .map_err(|p| ConfigError::new(&path, p))?,
+                .map_err(|p| ConfigError::new(path, p))?,
             do_sample: raw.do_sample,
             temperature: raw.temperature,
             top_p: raw.top_p,

@@ -345,3 +345,35 @@ fn expert_configs_that_would_compute_something_else_are_refused_by_name() {
     .unwrap_err();
     assert!(err.contains("MixtralForCausalLM"), "{err}");
 }
+
+/// A GGUF file's sampling defaults come from `NAME.generation_config.json` beside it; its token
+/// ids stay the file's. Without the file the neutral defaults apply.
+#[test]
+fn a_gguf_files_generation_config_sits_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("m.gguf");
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/oracle/gguf_moe/qwen3moe-q4k-q8.gguf"),
+        &gguf,
+    )
+    .unwrap();
+    let bare = GenerationConfig::from_dir(&gguf).unwrap();
+    assert_eq!(bare.sampling_defaults().temperature, 1.0);
+    std::fs::write(
+        GenerationConfig::sidecar(&gguf),
+        r#"{"do_sample": true, "temperature": 0.2, "top_p": 0.9, "eos_token_id": 77}"#,
+    )
+    .unwrap();
+    let beside = GenerationConfig::from_dir(&gguf).unwrap();
+    let d = beside.sampling_defaults();
+    assert_eq!((d.temperature, d.top_p), (0.2, 0.9));
+    assert_eq!(
+        beside.eos_token_ids, bare.eos_token_ids,
+        "the file's ids stay"
+    );
+    assert_eq!(
+        dir.path().join("m.generation_config.json"),
+        GenerationConfig::sidecar(&gguf)
+    );
+}
