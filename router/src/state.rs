@@ -120,6 +120,36 @@ impl ServedModel {
         }
     }
 
+    /// `text` as token ids. A text whose bytes alone prove it longer than the context window
+    /// (each token stands for at most the longest token's bytes; a margin of
+    /// [`PROMPT_BYTES_MARGIN`] covers normalizers that drop characters) is refused naming
+    /// `param` before it is tokenized: a multi-megabyte prompt costs no tokenizer memory.
+    pub fn encode(&self, text: &str, special: bool, param: &str) -> Result<Vec<u32>, ApiError> {
+        let longest = self
+            .token_bytes
+            .iter()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let window = self.context_window();
+        let bound = window
+            .saturating_mul(longest)
+            .saturating_mul(PROMPT_BYTES_MARGIN);
+        if text.len() > bound {
+            return Err(ApiError::context_length_exceeded(
+                param,
+                format!(
+                    "the prompt is {} bytes, more than {} tokens of at most {longest} bytes each \
+                     can hold: it exceeds the model's context window of {window} tokens",
+                    text.len(),
+                    window.saturating_mul(PROMPT_BYTES_MARGIN)
+                ),
+            ));
+        }
+        Ok(self.tokenizer.encode(text, special)?)
+    }
+
     /// The bytes token `id` stands for (empty for an id the tokenizer does not know).
     pub fn token_bytes(&self, id: u32) -> &[u8] {
         self.token_bytes.get(id as usize).map_or(&[], Vec::as_slice)
@@ -172,6 +202,10 @@ impl ServedModel {
             .map_err(|e| ApiError::from_submit(e, prompt_param))
     }
 }
+
+/// How many times the bytes a context window of the longest tokens holds a prompt may have before
+/// it is refused untokenized ([`ServedModel::encode`]).
+pub const PROMPT_BYTES_MARGIN: usize = 4;
 
 /// Shared by every handler.
 pub type AppState = Arc<ServedModel>;

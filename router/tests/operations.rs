@@ -417,3 +417,55 @@ async fn every_served_name_is_listed_and_retrieved_as_itself() {
         404
     );
 }
+
+/// A prompt whose bytes alone prove it longer than the context window is refused before it is
+/// tokenized (a 3.9 MB prompt once took seconds and hundreds of MB to be refused), as a
+/// context_length_exceeded naming the field; a prompt below the bound is tokenized and refused
+/// by its token count as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_too_long_by_its_bytes_is_refused_untokenized() {
+    let model_dir = tempfile::tempdir().unwrap();
+    let state = support::paced_tiny_state(model_dir.path(), Duration::ZERO, Default::default());
+    let access = strata_router::Access {
+        limits: AdmissionLimits {
+            max_body_bytes: 8 << 20,
+            ..AdmissionLimits::default()
+        },
+        ..strata_router::Access::default()
+    };
+    let addr = http::serve(state, access).await;
+    let huge = "word ".repeat(800_000);
+    for (path, body, param) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": "tiny", "max_tokens": 1,
+                   "messages": [{"role": "user", "content": huge}]}),
+            "messages",
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "tiny", "max_tokens": 1, "prompt": huge}),
+            "prompt",
+        ),
+    ] {
+        let answer = http::post(addr, path, &body).await;
+        assert_eq!(answer.status, 400, "{path}: {}", answer.describe());
+        let error = &answer.json()["error"];
+        assert_eq!(error["code"], "context_length_exceeded", "{path}: {error}");
+        assert_eq!(error["param"], param, "{path}: {error}");
+        assert!(
+            error["message"].as_str().unwrap().contains("bytes"),
+            "{error}"
+        );
+    }
+    // Under the bound: tokenized, and refused by its tokens.
+    let long = json!({"model": "tiny", "max_tokens": 1, "prompt": "word ".repeat(400)});
+    let answer = http::post(addr, "/v1/completions", &long).await;
+    assert_eq!(answer.status, 400, "{}", answer.describe());
+    let error = &answer.json()["error"];
+    assert_eq!(error["code"], "context_length_exceeded", "{error}");
+    assert!(
+        !error["message"].as_str().unwrap().contains("bytes"),
+        "{error}"
+    );
+}

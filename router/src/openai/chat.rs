@@ -140,7 +140,7 @@ fn render(
     let has_tools = tools.is_some();
     let text = render_text(state, messages, tools, "messages", true)?;
     let format = has_tools.then(|| ToolFormat::detect(&text));
-    Ok((state.tokenizer.encode(&text, false)?, format))
+    Ok((state.encode(&text, false, "messages")?, format))
 }
 
 /// Already-normalised messages through the model's chat template with the generation prompt,
@@ -162,7 +162,7 @@ pub(crate) fn render_conversation(
     add_generation_prompt: bool,
 ) -> Result<Vec<u32>, ApiError> {
     let text = render_text(state, messages, None, param, add_generation_prompt)?;
-    Ok(state.tokenizer.encode(&text, false)?)
+    state.encode(&text, false, param)
 }
 
 fn render_text(

@@ -101,10 +101,7 @@ pub(super) fn encode_prompts(
         )
     };
     let text = |text: &str| -> Result<Prompt, ApiError> {
-        Ok((
-            state.tokenizer.encode(text, special)?,
-            Some(text.to_string()),
-        ))
+        Ok((state.encode(text, special, param)?, Some(text.to_string())))
     };
     let ids = |items: &[Value]| -> Option<Vec<u32>> {
         items

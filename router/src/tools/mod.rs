@@ -125,7 +125,7 @@ fn render(
         .tools
         .as_deref()
         .map(|tools| ToolFormat::detect(&text).typed_by(tools));
-    Ok((state.tokenizer.encode(&text, false)?, format))
+    Ok((state.encode(&text, false, param)?, format))
 }
 
 #[cfg(test)]
