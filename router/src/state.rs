@@ -39,6 +39,8 @@ pub struct ServedModel {
     next_response: AtomicU64,
     /// The bytes of each token id, for log-probability reports.
     token_bytes: Vec<Vec<u8>>,
+    /// The most bytes one token stands for (at least 1).
+    longest_token: usize,
     /// The window requests are held to, vLLM's way, under `--max-model-len` (at most the
     /// model's own window).
     max_model_len: Option<usize>,
@@ -92,6 +94,7 @@ impl ServedModel {
             created: unix_now(),
             metrics: Metrics::default(),
             next_response: AtomicU64::new(first_response_number()),
+            longest_token: token_bytes.iter().map(Vec::len).max().unwrap_or(1).max(1),
             token_bytes,
             max_model_len: None,
             primed: Default::default(),
@@ -125,13 +128,7 @@ impl ServedModel {
     /// [`PROMPT_BYTES_MARGIN`] covers normalizers that drop characters) is refused naming
     /// `param` before it is tokenized: a multi-megabyte prompt costs no tokenizer memory.
     pub fn encode(&self, text: &str, special: bool, param: &str) -> Result<Vec<u32>, ApiError> {
-        let longest = self
-            .token_bytes
-            .iter()
-            .map(Vec::len)
-            .max()
-            .unwrap_or(1)
-            .max(1);
+        let longest = self.longest_token;
         let window = self.context_window();
         let bound = window
             .saturating_mul(longest)
@@ -203,8 +200,8 @@ impl ServedModel {
     }
 }
 
-/// How many times the bytes a context window of the longest tokens holds a prompt may have before
-/// it is refused untokenized ([`ServedModel::encode`]).
+/// A prompt is refused untokenized when its bytes exceed this many context windows of the
+/// longest token ([`ServedModel::encode`]).
 pub const PROMPT_BYTES_MARGIN: usize = 4;
 
 /// Shared by every handler.
