@@ -5,10 +5,14 @@
 
 use std::process::Command;
 
+/// Cargo, as the test harness names it (`CARGO`, set by cargo for its tests).
+fn cargo() -> Command {
+    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+}
+
 /// The crates `package`'s library links, one name per line (`cargo tree -e normal`).
 fn linked(package: &str) -> Vec<String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
+    let out = cargo()
         .args([
             "tree",
             "--offline",
@@ -65,8 +69,7 @@ type Graph = std::collections::BTreeMap<String, std::collections::BTreeSet<Strin
 
 /// The graph `cargo metadata` reads from the manifests (normal dependencies only).
 fn manifest_graph() -> Graph {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = Command::new(cargo)
+    let out = cargo()
         .args([
             "metadata",
             "--format-version",

@@ -6,7 +6,7 @@
 
 use strata_model::config::Architecture;
 use strata_model::cpu::CpuModel;
-use strata_model::synth::{SynthMoe, SynthSpec, synthesize};
+use strata_model::synth::{SynthSpec, synthesize};
 use strata_protocol::{FinishReason, GenerateRequest, SamplingParams, TokenEvent};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -168,19 +168,7 @@ fn synthesized(seed: u64, moe: bool) -> &'static std::path::Path {
     }
     let dir: &'static tempfile::TempDir = Box::leak(Box::new(tempfile::tempdir().unwrap()));
     let spec = if moe {
-        SynthSpec {
-            layers: 3,
-            moe: Some(SynthMoe {
-                experts: 8,
-                experts_per_token: 2,
-                expert_intermediate: Some(32),
-                shared_expert_intermediate: None,
-                norm_topk_prob: true,
-                mlp_only_layers: vec![1],
-                decoder_sparse_step: None,
-            }),
-            ..SynthSpec::tiny(Architecture::Qwen3Moe, seed)
-        }
+        SynthSpec::tiny_moe(seed)
     } else {
         SynthSpec::tiny(Architecture::Qwen3, seed)
     };

@@ -146,6 +146,24 @@ impl SynthSpec {
         }
     }
 
+    /// A tiny Qwen3-MoE: three layers (the middle one dense), 8 experts 32 wide, 2 per token,
+    /// renormalized.
+    pub fn tiny_moe(seed: u64) -> Self {
+        Self {
+            layers: 3,
+            moe: Some(SynthMoe {
+                experts: 8,
+                experts_per_token: 2,
+                expert_intermediate: Some(32),
+                shared_expert_intermediate: None,
+                norm_topk_prob: true,
+                mlp_only_layers: vec![1],
+                decoder_sparse_step: None,
+            }),
+            ..Self::tiny(Architecture::Qwen3Moe, seed)
+        }
+    }
+
     pub fn architecture(&self) -> Result<Architecture, SynthError> {
         Architecture::from_model_type(&self.arch).ok_or_else(|| {
             SynthError::Spec(format!(

@@ -204,28 +204,51 @@ mod tests {
         assert!(!named.contains("get_time"), "{named}");
     }
 
+    /// A tiny model's tokenizer and grammar compiler, to drive forced grammars with text.
+    struct Grammars {
+        _dir: tempfile::TempDir,
+        tok: strata_model::tokenizer::Tokenizer,
+        compiler: strata_model::grammar::GrammarCompiler,
+        eos: u32,
+    }
+
+    impl Grammars {
+        fn new() -> Self {
+            use strata_model::config::Architecture;
+            use strata_model::synth::{SynthSpec, synthesize};
+
+            let dir = tempfile::tempdir().unwrap();
+            synthesize(&SynthSpec::tiny(Architecture::Qwen3, 7), dir.path(), None).unwrap();
+            let tok = strata_model::tokenizer::Tokenizer::from_dir(dir.path()).unwrap();
+            let eos = tok.eos_token_id().unwrap();
+            let compiler =
+                strata_model::grammar::GrammarCompiler::new(&tok, tok.vocab_size() + 3, &[eos])
+                    .unwrap();
+            Self {
+                _dir: dir,
+                tok,
+                compiler,
+                eos,
+            }
+        }
+
+        /// Whether `constraint` admits `text` and lets the output end after it.
+        fn ends_after(&self, constraint: &Constraint, text: &str) -> bool {
+            let mut decoder = self.compiler.compile(constraint).unwrap();
+            for id in self.tok.encode(text, false).unwrap() {
+                decoder.advance(id).unwrap();
+            }
+            decoder.ends_with(self.eos)
+        }
+    }
+
     /// Every forced form may end with a newline and then the end of sequence (a model's likely
     /// token after a call); the grammar without it refuses the end there (the canary).
     #[test]
     fn every_forced_form_may_end_after_a_newline() {
-        use strata_model::config::Architecture;
-        use strata_model::grammar::GrammarCompiler;
-        use strata_model::synth::{SynthSpec, synthesize};
-        use strata_model::tokenizer::Tokenizer;
-
-        let dir = tempfile::tempdir().unwrap();
-        synthesize(&SynthSpec::tiny(Architecture::Qwen3, 7), dir.path(), None).unwrap();
-        let tok = Tokenizer::from_dir(dir.path()).unwrap();
-        let vocab = tok.vocab_size() + 3;
-        let eos = tok.eos_token_id().unwrap();
-        let compiler = GrammarCompiler::new(&tok, vocab, &[eos]).unwrap();
-        let ends_after = |constraint: &Constraint, text: &str| {
-            let mut decoder = compiler.compile(constraint).unwrap();
-            for id in tok.encode(text, false).unwrap() {
-                decoder.advance(id).unwrap();
-            }
-            decoder.ends_with(eos)
-        };
+        let grammars = Grammars::new();
+        let ends_after =
+            |constraint: &Constraint, text: &str| grammars.ends_after(constraint, text);
         let hermes = "<tool_call>\n{\"name\":\"get_time\",\"arguments\":{}}\n</tool_call>\n";
         let named = ForcedCall::Named("get_time".into());
         for (format, forced, text) in [
@@ -266,17 +289,7 @@ mod tests {
     /// reference; left pointing at the grammar's root, the reference does not resolve (canary).
     #[test]
     fn tool_schemas_with_references_compile_when_forced() {
-        use strata_model::config::Architecture;
-        use strata_model::grammar::GrammarCompiler;
-        use strata_model::synth::{SynthSpec, synthesize};
-        use strata_model::tokenizer::Tokenizer;
-
-        let dir = tempfile::tempdir().unwrap();
-        synthesize(&SynthSpec::tiny(Architecture::Qwen3, 7), dir.path(), None).unwrap();
-        let tok = Tokenizer::from_dir(dir.path()).unwrap();
-        let vocab = tok.vocab_size() + 3;
-        let eos = tok.eos_token_id().unwrap();
-        let compiler = GrammarCompiler::new(&tok, vocab, &[eos]).unwrap();
+        let grammars = Grammars::new();
         let nested = json!({"type": "function", "function": {"name": "book", "parameters": {
             "$defs": {"Place": {"type": "object", "properties": {"city": {"type": "string"}},
                                 "required": ["city"], "additionalProperties": false}},
@@ -286,18 +299,19 @@ mod tests {
         let text = "<tool_call>\n{\"name\":\"book\",\"arguments\":{\"to\":{\"city\":\"Oslo\"}}}\n</tool_call>";
         for forced in [ForcedCall::Any, ForcedCall::Named("book".into())] {
             let constraint = forced_call(&ToolFormat::Hermes, &tools, &forced);
-            let mut decoder = compiler.compile(&constraint).unwrap();
-            for id in tok.encode(text, false).unwrap() {
-                decoder.advance(id).unwrap();
-            }
-            assert!(decoder.ends_with(eos), "{forced:?}");
+            assert!(grammars.ends_after(&constraint, text), "{forced:?}");
         }
         let Constraint::Lark(lark) = forced_call(&ToolFormat::Hermes, &tools, &ForcedCall::Any)
         else {
             panic!("a Lark grammar");
         };
         let unrebased = lark.replace("#/anyOf/2/properties/arguments/$defs", "#/$defs");
-        assert!(compiler.compile(&Constraint::Lark(unrebased)).is_err());
+        assert!(
+            grammars
+                .compiler
+                .compile(&Constraint::Lark(unrebased))
+                .is_err()
+        );
     }
 
     /// What each forced grammar writes is read back as calls by the format's own parser: a

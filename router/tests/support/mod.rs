@@ -297,20 +297,7 @@ pub fn paced_tiny_state(model_dir: &Path, delay: Duration, steps: Arc<AtomicUsiz
 /// served as `tiny`, like [`paced_tiny_state`].
 #[allow(dead_code)] // each test crate includes this module; not all use every helper
 pub fn tiny_moe_state(model_dir: &Path) -> AppState {
-    let spec = SynthSpec {
-        layers: 3,
-        moe: Some(strata_model::synth::SynthMoe {
-            experts: 8,
-            experts_per_token: 2,
-            expert_intermediate: Some(32),
-            shared_expert_intermediate: None,
-            norm_topk_prob: true,
-            mlp_only_layers: vec![1],
-            decoder_sparse_step: None,
-        }),
-        ..SynthSpec::tiny(Architecture::Qwen3Moe, 1)
-    };
-    synthesize(&spec, model_dir, None).unwrap();
+    synthesize(&SynthSpec::tiny_moe(1), model_dir, None).unwrap();
     served_state(model_dir, Duration::ZERO, Default::default())
 }
 
