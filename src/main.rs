@@ -34,10 +34,10 @@ enum Command {
     Keys(commands::keys::KeysCommand),
     /// GPU checks and benchmarks of the CUDA backend (run by scripts/device/battery.sh).
     #[command(subcommand)]
-    Gpu(commands::gpu::GpuCommand),
+    Gpu(strata_bench::gpu::GpuCommand),
     /// Compile-check the CUDA kernels, or run them against the CPU reference on a GPU.
     #[command(subcommand)]
-    Kernels(commands::kernels::KernelsCommand),
+    Kernels(strata_bench::kernels::KernelsCommand),
     /// The topology group: init, join, serve, status, members, placement, leave.
     #[command(subcommand)]
     Cluster(commands::cluster::ClusterCommand),
@@ -49,7 +49,7 @@ enum Command {
     /// Benchmarks of a running server: `bench serve` sweeps load against any OpenAI-compatible
     /// endpoint.
     #[command(subcommand)]
-    Bench(commands::bench::BenchCommand),
+    Bench(strata_bench::bench::BenchCommand),
     /// Capacity planning: the nodes a workload needs, from measured profiles (`plan measure`
     /// measures this machine's).
     Plan(commands::plan::PlanArgs),
@@ -68,12 +68,15 @@ fn main() {
         Command::Eval(cmd) => commands::eval::run(cmd),
         Command::Serve(args) => commands::serve::run(args),
         Command::Keys(cmd) => commands::keys::run(cmd),
-        Command::Kernels(cmd) => commands::kernels::run(cmd),
-        Command::Gpu(cmd) => commands::gpu::run(cmd),
+        Command::Kernels(cmd) => strata_bench::kernels::run(cmd),
+        Command::Gpu(cmd) => strata_bench::gpu::run(cmd),
         Command::Node(cmd) => commands::node::run(cmd),
         Command::Router(args) => commands::router::run(args),
         Command::Cluster(cmd) => commands::cluster::run(cmd),
-        Command::Bench(cmd) => commands::bench::run(cmd),
+        Command::Bench(cmd) => strata_bench::bench::run(cmd, || {
+            let cache = commands::generate::default_cache_dir();
+            Ok(commands::generate::default_model(&cache, false)?.path)
+        }),
         Command::Plan(args) => commands::plan::run(args),
     };
     if let Err(e) = result {

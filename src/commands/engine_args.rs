@@ -198,20 +198,6 @@ fn mib_bytes(setting: &str, mib: usize) -> Result<usize> {
         .ok_or_else(|| anyhow::anyhow!("{setting} {mib} is more memory than can be addressed"))
 }
 
-/// A GPU command's `--device`: the engine's spelling, `cuda` or `cuda:N` (a bare ordinal `N` is
-/// read as `cuda:N`); `cpu` is refused by name.
-pub fn cuda_ordinal(s: &str) -> Result<usize, String> {
-    if let Ok(n) = s.parse::<usize>() {
-        return Ok(n);
-    }
-    match s.parse::<strata_node::Device>()? {
-        strata_node::Device::Cuda(n) => Ok(n),
-        strata_node::Device::Cpu => {
-            Err("this command runs on a GPU: --device cuda or cuda:N".into())
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -472,14 +458,5 @@ mod tests {
         let flags: EngineSettings = toml::from_str("max_batch_tokens = 4096\ntp = 2\n").unwrap();
         assert_eq!(flags.max_batch_tokens, Some(4096));
         assert_eq!(flags.tp, Some(2));
-    }
-
-    #[test]
-    fn gpu_commands_take_the_engines_device_spelling() {
-        assert_eq!(cuda_ordinal("cuda:1"), Ok(1));
-        assert_eq!(cuda_ordinal("cuda"), Ok(0));
-        assert_eq!(cuda_ordinal("2"), Ok(2));
-        assert!(cuda_ordinal("cpu").unwrap_err().contains("GPU"));
-        assert!(cuda_ordinal("gpu0").is_err());
     }
 }

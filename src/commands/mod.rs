@@ -1,13 +1,7 @@
-pub mod bench;
 pub mod cluster;
 pub mod engine_args;
 pub mod eval;
 pub mod generate;
-pub mod gpu;
-pub mod gpu_nccl;
-pub mod gpu_sampling;
-pub mod gpu_tp;
-pub mod kernels;
 pub mod keys;
 pub mod model;
 pub mod node;

@@ -2,6 +2,10 @@
 //! (scripts/device/battery.sh). Each prints a short report and, with `--json FILE`, writes its
 //! numbers for the receipt.
 
+mod nccl;
+mod sampling;
+mod tp;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -29,9 +33,9 @@ pub enum GpuCommand {
     /// Prefill tokens/s of a config.json shape with synthetic weights, for several prompt lengths.
     Prefill(PrefillArgs),
     /// NCCL collectives against the host reference bit for bit, then all-reduce latency.
-    Nccl(super::gpu_nccl::NcclArgs),
+    Nccl(nccl::NcclArgs),
     /// Tensor-parallel ranks (sharded weights) against one GPU in the shard order, bit for bit.
-    Tp(super::gpu_tp::TpArgs),
+    Tp(tp::TpArgs),
 }
 
 #[derive(Args)]
@@ -112,7 +116,7 @@ pub struct DecodeArgs {
     /// With --keep-quantized: FP8 (a scale per tensor or per channel) in tiles too.
     #[arg(long, requires = "keep_quantized", conflicts_with = "quant_blocks")]
     fp8_tiles: bool,
-    #[arg(long, default_value = "cuda:0", value_parser = super::engine_args::cuda_ordinal)]
+    #[arg(long, default_value = "cuda:0", value_parser = crate::cuda_ordinal)]
     device: usize,
     /// Batch sizes, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
@@ -154,7 +158,7 @@ pub struct DecodeArgs {
 pub struct PrefillArgs {
     #[arg(long)]
     config: PathBuf,
-    #[arg(long, default_value = "cuda:0", value_parser = super::engine_args::cuda_ordinal)]
+    #[arg(long, default_value = "cuda:0", value_parser = crate::cuda_ordinal)]
     device: usize,
     /// Prompt lengths, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "512,4096")]
@@ -175,8 +179,8 @@ pub fn run(command: GpuCommand) -> Result<()> {
         GpuCommand::Invariance(args) => invariance(args),
         GpuCommand::Decode(args) => decode(args),
         GpuCommand::Prefill(args) => prefill(args),
-        GpuCommand::Nccl(args) => super::gpu_nccl::run(args),
-        GpuCommand::Tp(args) => super::gpu_tp::run(args),
+        GpuCommand::Nccl(args) => nccl::run(args),
+        GpuCommand::Tp(args) => tp::run(args),
     }
 }
 
@@ -687,21 +691,21 @@ fn decode(args: DecodeArgs) -> Result<()> {
         formats.join(", "),
         args.context
     );
-    let graph_checks = super::gpu_sampling::check_graphs(
+    let graph_checks = sampling::check_graphs(
         &mut backend,
         &args.check_graphs,
         args.context,
         blocks_per_seq,
         vocab,
     )?;
-    let sampling_checks = super::gpu_sampling::check_greedy_sampling(
+    let sampling_checks = sampling::check_greedy_sampling(
         &mut backend,
         &args.check_graphs,
         args.context,
         blocks_per_seq,
         vocab,
     )?;
-    let seeded_checks = super::gpu_sampling::check_seeded_sampling(
+    let seeded_checks = sampling::check_seeded_sampling(
         &mut backend,
         &args.check_graphs,
         args.context,
@@ -714,7 +718,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         backend.set_graphs(true);
         let (min, med, max) = time_decode(&mut backend, &tables, args.context, args.steps)?;
         let sampled = |backend: &mut CudaBackend, device| {
-            super::gpu_sampling::time_sampled(backend, &tables, args.context, args.steps, device)
+            sampling::time_sampled(backend, &tables, args.context, args.steps, device)
         };
         let (sampled_device, sampled_host) =
             (sampled(&mut backend, true)?, sampled(&mut backend, false)?);

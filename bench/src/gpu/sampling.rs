@@ -8,7 +8,7 @@ use strata_model::sampler::{RowPlan, RowSummary, Sampled, Sampler, greedy_token}
 use strata_node::backend::{CudaBackend, RowSampling};
 use strata_protocol::SamplingParams;
 
-use super::gpu::{decode_sampling, decode_step, staggered_batch};
+use super::{decode_sampling, decode_step, staggered_batch};
 
 /// The parameter mixes the gate cycles through, one per row: every path of the row pass (the
 /// id-order draw with and without min-p, top-k, top-p from the candidate list, top-p whose list

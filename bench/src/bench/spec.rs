@@ -166,7 +166,7 @@ fn configs(args: &SpecArgs) -> Result<Vec<SpeculativeConfig>> {
         .collect()
 }
 
-pub fn run(args: SpecArgs) -> Result<()> {
+pub fn run(args: SpecArgs, default_model: impl FnOnce() -> Result<PathBuf>) -> Result<()> {
     ensure!(
         args.concurrency.iter().all(|&c| c > 0),
         "--concurrency must be at least 1"
@@ -174,10 +174,7 @@ pub fn run(args: SpecArgs) -> Result<()> {
     let configs = configs(&args)?;
     let model = match &args.model {
         Some(m) => m.clone(),
-        None => {
-            let cache = crate::commands::generate::default_cache_dir();
-            crate::commands::generate::default_model(&cache, false)?.path
-        }
+        None => default_model()?,
     };
     let spec = EngineSpec {
         kv: KvBudget::Bytes(args.kv_cache_mib << 20),

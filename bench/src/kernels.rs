@@ -36,7 +36,7 @@ pub enum KernelsCommand {
     /// arms that must fail; prints a table and exits non-zero on any failure.
     Selftest {
         /// The GPU: cuda or cuda:N.
-        #[arg(long, default_value = "cuda:0", value_parser = super::engine_args::cuda_ordinal)]
+        #[arg(long, default_value = "cuda:0", value_parser = crate::cuda_ordinal)]
         device: usize,
         /// Seed for the random inputs (default: drawn from the clock, printed).
         #[arg(long)]
@@ -49,7 +49,7 @@ pub enum KernelsCommand {
     /// bandwidth (GB/s).
     Bench {
         /// The GPU: cuda or cuda:N.
-        #[arg(long, default_value = "cuda:0", value_parser = super::engine_args::cuda_ordinal)]
+        #[arg(long, default_value = "cuda:0", value_parser = crate::cuda_ordinal)]
         device: usize,
         /// Comma-separated row counts M (the GEMV takes 1..=64).
         #[arg(long, value_delimiter = ',', default_value = "1,4,8,16,32,64")]
@@ -582,7 +582,7 @@ mod tests {
         format: BlockFormat,
         tamper: bool,
     ) -> (usize, usize, usize) {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracle/quant");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/oracle/quant");
         let stored = tensors(&root.join(format!("ct-{scheme}/model.safetensors")));
         let library = tensors(&root.join(format!("ct-{scheme}.dequantized.safetensors")));
         let (mut differ, mut compared, mut refused) = (0, 0, 0);

@@ -18,9 +18,9 @@ use strata_node::backend::TpTransport;
 use strata_node::{CudaPlacement, Device, start_cuda_engine};
 use strata_protocol::{GenerateRequest, SamplingParams, TokenEvent};
 
-use super::gpu::fixed_kv;
+use super::fixed_kv;
 
-use super::gpu::{prompt, write_json};
+use super::{prompt, write_json};
 
 #[derive(Args)]
 pub struct TpArgs {

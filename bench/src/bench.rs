@@ -157,10 +157,12 @@ impl ServeArgs {
     }
 }
 
-pub fn run(cmd: BenchCommand) -> Result<()> {
+/// Runs `strata bench`; `default_model` gives the checkpoint `bench spec` uses without `--model`
+/// (the binary's packaged default, fetched on first use).
+pub fn run(cmd: BenchCommand, default_model: impl FnOnce() -> Result<PathBuf>) -> Result<()> {
     match cmd {
         BenchCommand::Serve(args) => serve(args),
-        BenchCommand::Spec(args) => spec::run(args),
+        BenchCommand::Spec(args) => spec::run(args, default_model),
     }
 }
 
