@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use strata_model::ModelConfig;
-use strata_model::weights::parameter_count;
+use strata_model::weights::{expected_read_parameters, parameter_count};
 use strata_node::Engine;
 use strata_node::backend::{
     Backend, CudaBackend, CudaOptions, RowSampling, StepOutput, StepSeq, WeightSource,
@@ -670,11 +670,15 @@ fn decode(args: DecodeArgs) -> Result<()> {
     backend.set_decode_gemm(args.decode_gemm);
     backend.set_run_order(args.run_order)?;
     // Synthesized: the parameters in bf16 (as every earlier receipt counts them); a checkpoint:
-    // the bytes a step reads as the backend holds them.
-    let weight_bytes = match &checkpoint {
-        None => parameter_count(&config) as f64 * 2.0,
-        Some(_) => backend.step_weight_bytes() as f64,
+    // the bytes a step reads as the backend holds them; a mixture of experts (bf16 experts):
+    // the parameters a step of that many rows reads under uniform routing.
+    let held = backend.step_weight_bytes() as f64;
+    let weight_bytes_at = |batch: usize| match (&checkpoint, &config.moe) {
+        (_, Some(_)) => expected_read_parameters(&config, batch) * 2.0,
+        (None, None) => parameter_count(&config) as f64 * 2.0,
+        (Some(_), None) => held,
     };
+    let weight_bytes = weight_bytes_at(1);
     let formats: Vec<String> = backend
         .weight_formats()
         .iter()
@@ -731,7 +735,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
         let kv_bytes =
             (batch * (args.context + args.steps / 2) * config.num_layers * 2 * config.kv_dim() * 2)
                 as f64;
-        let ideal = (weight_bytes + kv_bytes) / bandwidth;
+        let ideal = (weight_bytes_at(batch) + kv_bytes) / bandwidth;
         let tps = batch as f64 / med;
         println!(
             "  batch {batch:>3}: step {:.3} ms (min {:.3}, max {:.3}), {tps:.0} tok/s, \
@@ -744,7 +748,8 @@ fn decode(args: DecodeArgs) -> Result<()> {
         );
         let mut result = json!({"batch": batch, "step_ms": {"min": min * 1e3, "median": med * 1e3,
             "max": max * 1e3}, "tokens_per_s": tps, "roofline_ms": ideal * 1e3,
-            "roofline_fraction": ideal / med, "runs": args.steps, "graphs": true,
+            "roofline_fraction": ideal / med, "weight_bytes": weight_bytes_at(batch),
+            "runs": args.steps, "graphs": true,
             "sampled_step_ms": {"device": sampled_device * 1e3, "host": sampled_host * 1e3}});
         if args.profile {
             profile_step(&mut backend, &tables, &args, med, &mut result)?;

@@ -25,6 +25,7 @@ mod gemv;
 mod kv_copy;
 mod launch;
 pub mod libs;
+mod moe;
 mod runs;
 mod sampling;
 pub mod sass;
@@ -34,6 +35,7 @@ pub mod selftest_blocks;
 mod selftest_gemma;
 mod selftest_gemv;
 pub mod selftest_lowp;
+mod selftest_moe;
 mod selftest_runs;
 mod selftest_tiles;
 mod selftest_tp;
@@ -59,6 +61,7 @@ pub use fp4::has_fp4_mma;
 pub use gemm::{GemmIn, GemmOut, GemmShape, LtGemm};
 pub use gemv::{DEFAULT_VARIANT, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvOut, GemvVariant};
 pub use kv_copy::KvParts;
+pub use moe::{ExpertSlots, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
 pub use sampling::{
     NO_TOKEN, SAMPLE_CANDIDATE_WORDS, SAMPLE_HEAD_WORDS, SAMPLE_PLAN_WORDS, SHAPE_ENTRY_WORDS,
     SampleHead, SamplePlan, ShapeOp,
@@ -134,6 +137,10 @@ pub const SOURCES: &[Source] = &[
     Source {
         module: "attention",
         text: include_str!("../cuda/attention.cu"),
+    },
+    Source {
+        module: "moe",
+        text: include_str!("../cuda/moe.cu"),
     },
 ];
 

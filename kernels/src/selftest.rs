@@ -63,6 +63,7 @@ pub fn selftest_with_seed(
         ("gemm slices", selftest_tp::check_gemm_slices),
         ("embed rows", selftest_tp::check_embed_rows),
         ("kv_scatter/kv_gather", crate::kv_copy::check),
+        ("moe", crate::selftest_moe::check_moe),
     ];
     for (name, check) in checks {
         match check(kernels, stream, &mut rng) {

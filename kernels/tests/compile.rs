@@ -45,6 +45,11 @@ fn expected_functions() -> Vec<String> {
         "scale_bf16",
         "argmax_f32",
         "sum_shards_bf16",
+        "moe_logits",
+        "moe_route",
+        "moe_gate_up",
+        "moe_down",
+        "moe_combine",
     ]
     .iter()
     .map(|s| s.to_string())

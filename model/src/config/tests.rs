@@ -24,6 +24,29 @@ fn committed_benchmark_configs_parse() {
     let config = ModelConfig::from_json(&text).unwrap();
     let active = crate::weights::active_parameter_count(&config) as f64 / 1e9;
     assert!((active - 3.35).abs() < 0.05, "{active} B active");
+    // A step of one token reads the active parameters; of many, nearly every expert; never more.
+    let read = |rows| crate::weights::expected_read_parameters(&config, rows) / 1e9;
+    assert!((read(1) - active).abs() < 1e-9, "{}", read(1));
+    assert!(
+        read(8) > read(1) && read(64) > read(8),
+        "{} {}",
+        read(8),
+        read(64)
+    );
+    assert!(read(4096) <= params(&config) + 1e-6 && read(4096) > 0.99 * params(&config));
+    let dense = base_config();
+    assert_eq!(
+        crate::weights::expected_read_parameters(&dense, 64),
+        crate::weights::parameter_count(&dense) as f64
+    );
+}
+
+fn params(config: &ModelConfig) -> f64 {
+    crate::weights::parameter_count(config) as f64 / 1e9
+}
+
+fn base_config() -> ModelConfig {
+    parse(base()).unwrap()
 }
 
 fn base() -> serde_json::Map<String, Value> {

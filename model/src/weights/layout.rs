@@ -392,6 +392,21 @@ pub fn active_parameter_count(config: &ModelConfig) -> usize {
     parameter_count(config) - sparse * idle_experts * expert
 }
 
+/// Parameters a step of `rows` tokens reads when each token's experts are drawn uniformly:
+/// every dense parameter once and, per sparse layer, the expected number of distinct experts
+/// the rows choose, `E · (1 − (1 − k/E)^rows)` (a dense model: every parameter). The byte
+/// roofline of an MoE decode step at a batch.
+pub fn expected_read_parameters(config: &ModelConfig, rows: usize) -> f64 {
+    let Some(moe) = &config.moe else {
+        return parameter_count(config) as f64;
+    };
+    let (e, k) = (moe.experts as f64, moe.experts_per_token as f64);
+    let distinct = e * (1.0 - (1.0 - k / e).powi(rows.max(1).min(i32::MAX as usize) as i32));
+    let expert = (3 * config.hidden_size * moe.expert_intermediate) as f64;
+    let sparse = moe.sparse_layers.iter().filter(|&&s| s).count() as f64;
+    active_parameter_count(config) as f64 + sparse * (distinct - k) * expert
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,8 +28,8 @@ pub use quant::{QuantizedLinear, e2m1_to_f32, e2m1_to_f32_modelopt, e4m3_to_f32}
 
 pub use layout::{
     EMBED, FINAL_NORM, GatedMlp, LM_HEAD, LayerNames, LayerSpec, MlpSpec, Share, SparseMlp, Split,
-    TensorSpec, active_parameter_count, embed_spec, expected_tensors, final_norm_spec,
-    is_ignorable, lm_head_spec, parameter_count,
+    TensorSpec, active_parameter_count, embed_spec, expected_read_parameters, expected_tensors,
+    final_norm_spec, is_ignorable, lm_head_spec, parameter_count,
 };
 
 use crate::config::ModelConfig;

@@ -18,6 +18,7 @@ use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
 
 use super::matmul::{Role, gemm_weight, gemv, linear, runs};
+use super::moe::{self, Mlp};
 use super::row_parallel::{GemmShapes, RowParallel, gemm_shapes};
 use super::scratch::{Activations, LogitBuffers};
 use super::weights::{Layer, Matrix, Norm, Weights};
@@ -443,6 +444,43 @@ impl Launch<'_> {
     fn mlp(&mut self, layer: &Layer, next: &Norm, a: &mut Activations) -> Result<(), CudaError> {
         let (k, stream) = (self.k, self.stream);
         let (t, h) = (self.plan.rows, self.c.hidden_size);
+        match &layer.mlp {
+            Mlp::Dense([gate_up, down]) => self.dense_mlp(gate_up, down, a)?,
+            Mlp::Sparse(experts) => {
+                let moe = self.c.moe.as_ref().ok_or_else(|| {
+                    CudaError::Unsupported("experts without a routing config".into())
+                })?;
+                let scratch = a.moe.as_mut().ok_or_else(|| {
+                    CudaError::Unsupported("experts without their step buffers".into())
+                })?;
+                let parts = (moe, experts);
+                moe::launch(k, stream, parts, scratch, &a.normed, &mut a.proj, (t, h))?;
+                self.mark("experts")?;
+            }
+        }
+        let out_norm = layer.sandwich.as_ref().map(|[_, mlp]| mlp);
+        add_norm(
+            k,
+            stream,
+            (&mut a.normed, &mut a.residual),
+            &a.proj,
+            out_norm,
+            next,
+            (t, h),
+            self.eps,
+        )?;
+        self.mark("add+norm")
+    }
+
+    /// A dense MLP's gate/up, gated product and down of the step's rows into `a.proj`.
+    fn dense_mlp(
+        &mut self,
+        gate_up: &Matrix,
+        down: &Matrix,
+        a: &mut Activations,
+    ) -> Result<(), CudaError> {
+        let (k, stream) = (self.k, self.stream);
+        let (t, h) = (self.plan.rows, self.c.hidden_size);
         let inter = self.d.inter_rows.len();
         let gp = self.gemm_rows();
         let shape = self.shapes.gate_up;
@@ -455,7 +493,7 @@ impl Launch<'_> {
             dequant,
             &mut a.gate_up,
             &a.normed,
-            &layer.gate_up,
+            gate_up,
             (t, gp, self.run_order),
             shape,
         )?;
@@ -469,20 +507,8 @@ impl Launch<'_> {
         self.mark("act_mul")?;
         let k_full = self.c.intermediate_size;
         self.row_parallel(a.partials.as_mut(), a.local_partials.as_mut())
-            .project(&mut a.proj, &a.act, &layer.down, h, (inter, k_full))?;
-        self.mark("down")?;
-        let out_norm = layer.sandwich.as_ref().map(|[_, mlp]| mlp);
-        add_norm(
-            k,
-            stream,
-            (&mut a.normed, &mut a.residual),
-            &a.proj,
-            out_norm,
-            next,
-            (t, h),
-            self.eps,
-        )?;
-        self.mark("add+norm")
+            .project(&mut a.proj, &a.act, down, h, (inter, k_full))?;
+        self.mark("down")
     }
 
     /// Logits of the gathered rows, through the path of each row's role; all-gathered over the

@@ -27,7 +27,9 @@ use half::bf16;
 use strata_collective::{CollectiveError, DeviceCommunicator};
 use strata_kernels::cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE;
 use strata_kernels::cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream};
-use strata_kernels::{ATTENTION_HEAD_DIMS, KernelError, Kernels, LtGemm};
+use strata_kernels::{
+    ATTENTION_HEAD_DIMS, KernelError, Kernels, LtGemm, MOE_MAX_EXPERTS, MOE_MAX_TOP_K,
+};
 use strata_model::ModelConfig;
 use strata_model::cpu::{PartialsFault, TpLayout};
 use strata_model::rope::Rope;
@@ -36,6 +38,7 @@ use strata_model::weights::{Checkpoint, WeightError};
 mod forward;
 mod kv_copy;
 mod matmul;
+mod moe;
 mod quant_blocks;
 mod readback;
 mod row_parallel;
@@ -437,7 +440,8 @@ impl CudaBackend {
             // multiplied).
             let mut matrices: Vec<&Matrix> = vec![w.lm_head.as_ref().unwrap_or(&w.embed)];
             for l in &w.layers {
-                matrices.extend([&l.q, &l.k, &l.v, &l.o, &l.gate_up, &l.down]);
+                matrices.extend([&l.q, &l.k, &l.v, &l.o]);
+                matrices.extend(l.mlp.matrices());
             }
             if let Some(format) = matrices.iter().find_map(|m| m.format()) {
                 return refuse(&format!("a {format:?} weight (bf16 weights only)"));
@@ -540,12 +544,21 @@ impl CudaBackend {
 /// failing every request: the attention kernels' head dimensions, and the tensor-core GEMV's
 /// `k % 32` for every projection's input width (hidden, q, intermediate).
 pub fn check_model_shape(config: &ModelConfig) -> Result<(), String> {
-    if config.moe.is_some() {
-        return Err(format!(
-            "the CUDA backend does not run mixtures of experts yet ({}); the CPU backend does \
-             (--device cpu)",
-            config.architecture
-        ));
+    if let Some(moe) = &config.moe {
+        let widths = [moe.expert_intermediate]
+            .into_iter()
+            .chain(moe.shared_expert_intermediate);
+        if moe.experts > MOE_MAX_EXPERTS
+            || moe.experts_per_token > MOE_MAX_TOP_K
+            || widths.into_iter().any(|w| !w.is_multiple_of(8))
+        {
+            return Err(format!(
+                "the CUDA expert kernels take at most {MOE_MAX_TOP_K} of {MOE_MAX_EXPERTS} \
+                 experts with widths that are multiples of 8 (this {}: {} of {}, \
+                 moe_intermediate_size {}); the CPU backend runs it (--device cpu)",
+                config.architecture, moe.experts_per_token, moe.experts, moe.expert_intermediate
+            ));
+        }
     }
     let d = config.head_dim;
     if !ATTENTION_HEAD_DIMS.contains(&d) {

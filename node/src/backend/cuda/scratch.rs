@@ -11,6 +11,7 @@ use strata_kernels::decode_workspace_elems;
 use strata_model::ModelConfig;
 use strata_model::cpu::TpLayout;
 
+use super::moe::MoeScratch;
 use super::row_parallel::ROW_SHARDS;
 use super::{CudaError, Plan};
 
@@ -37,6 +38,8 @@ pub(super) struct Activations {
     pub(super) partials: Option<CudaSlice<f32>>,
     /// This rank's own partials before the all-gather, `[8 / world][rows][hidden]` (TP > 1).
     pub(super) local_partials: Option<CudaSlice<f32>>,
+    /// Routing and expert outputs of a mixture of experts.
+    pub(super) moe: Option<MoeScratch>,
 }
 
 impl Activations {
@@ -75,6 +78,11 @@ impl Activations {
             act: alloc(d.inter_rows.len())?,
             partials,
             local_partials,
+            moe: c
+                .moe
+                .as_ref()
+                .map(|moe| MoeScratch::new(stream, moe, h, rows))
+                .transpose()?,
         })
     }
 }

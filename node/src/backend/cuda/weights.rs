@@ -16,11 +16,12 @@ use strata_kernels::tiles::TileFormat;
 use strata_model::ModelConfig;
 use strata_model::cpu::TpLayout;
 use strata_model::weights::{
-    Checkpoint, GatedMlp, LayerSpec, TensorRef, TensorSpec, WeightDtype, embed_spec,
+    Checkpoint, GatedMlp, LayerSpec, MlpSpec, TensorRef, TensorSpec, WeightDtype, embed_spec,
     final_norm_spec, lm_head_spec,
 };
 
 use super::CudaError;
+use super::moe::{Experts, Mlp};
 use super::quant_blocks::{HostTiles, gate_up_tiles, safetensors_blocks, tiles_of};
 
 /// A projection's weight on the device, `[n, k]` row-major (the HF Linear layout): bf16, or a
@@ -106,9 +107,9 @@ pub(super) struct Layer {
     pub(super) post_norm: Norm,
     /// Gemma 3's norms of the attention and MLP outputs, before each is added to the residual.
     pub(super) sandwich: Option<[CudaSlice<f32>; 2]>,
-    /// gate and up stacked: `[2 * intermediate, hidden]`, so one product gives `[gate | up]`.
-    pub(super) gate_up: Matrix,
-    pub(super) down: Matrix,
+    /// Dense: gate and up stacked (`[2 * intermediate, hidden]`, so one product gives
+    /// `[gate | up]`) and down; or a mixture of experts.
+    pub(super) mlp: Mlp,
 }
 
 pub(super) struct Weights {
@@ -132,8 +133,12 @@ impl Weights {
                     dims(&l.k, d.kv, d.hidden),
                     dims(&l.v, d.kv, d.hidden),
                     dims(&l.o, d.hidden, d.q),
-                    dims(&l.gate_up, 2 * d.inter, d.hidden),
-                    dims(&l.down, d.hidden, d.inter),
+                    match &l.mlp {
+                        Mlp::Dense([gate_up, down]) => {
+                            dims(gate_up, 2 * d.inter, d.hidden).max(dims(down, d.hidden, d.inter))
+                        }
+                        Mlp::Sparse(_) => 0,
+                    },
                 ]
             })
             .max()
@@ -148,10 +153,15 @@ impl Weights {
             .layers
             .iter()
             .map(|l| {
-                [&l.q, &l.k, &l.v, &l.o, &l.gate_up, &l.down]
-                    .iter()
-                    .map(|m| m.bytes())
+                [&l.q, &l.k, &l.v, &l.o]
+                    .into_iter()
+                    .chain(l.mlp.matrices())
+                    .map(Matrix::bytes)
                     .sum::<usize>()
+                    + match &l.mlp {
+                        Mlp::Sparse(experts) => experts.token_bytes(),
+                        Mlp::Dense(_) => 0,
+                    }
                     + l.input_norm.bytes()
                     + l.post_norm.bytes()
                     + l.qkv_bias
@@ -172,21 +182,24 @@ impl Weights {
     /// Tensors by how they are held: `(format name, count)`, bf16 first.
     pub(super) fn formats(&self) -> Vec<(&'static str, usize)> {
         let mut counts: Vec<(&'static str, usize)> = Vec::new();
-        let mut add = |m: &Matrix| {
-            let name = m.layout();
-            match counts.iter_mut().find(|(n, _)| *n == name) {
-                Some(entry) => entry.1 += 1,
-                None => counts.push((name, 1)),
-            }
+        let mut add = |name: &'static str, n: usize| match counts
+            .iter_mut()
+            .find(|(have, _)| *have == name)
+        {
+            Some(entry) => entry.1 += n,
+            None => counts.push((name, n)),
         };
-        add(&self.embed);
+        add(self.embed.layout(), 1);
         for l in &self.layers {
-            for m in [&l.q, &l.k, &l.v, &l.o, &l.gate_up, &l.down] {
-                add(m);
+            for m in [&l.q, &l.k, &l.v, &l.o].into_iter().chain(l.mlp.matrices()) {
+                add(m.layout(), 1);
+            }
+            if let Mlp::Sparse(experts) = &l.mlp {
+                add("bf16", experts.tensors());
             }
         }
         if let Some(head) = &self.lm_head {
-            add(head);
+            add(head.layout(), 1);
         }
         counts
     }
@@ -461,7 +474,7 @@ pub(super) fn upload_checkpoint(
 }
 
 /// What one upload reads from and writes through.
-struct Upload<'a> {
+pub(super) struct Upload<'a> {
     stream: &'a Arc<CudaStream>,
     config: &'a ModelConfig,
     ckpt: &'a Checkpoint,
@@ -485,9 +498,26 @@ impl Upload<'_> {
             .row_kslice
             .unwrap_or((c.q_dim(), c.intermediate_size));
         let h = c.hidden_size;
-        let mlp = n.dense_mlp().ok_or_else(|| {
-            CudaError::Unsupported("a mixture of experts on the CUDA backend".into())
-        })?;
+        let mlp = match (&n.mlp, &c.moe) {
+            (MlpSpec::Dense(mlp), _) => {
+                Mlp::Dense([self.gate_up(mlp)?, self.matrix(&mlp.down, 0, down_align)?])
+            }
+            (MlpSpec::Sparse(sparse), Some(moe)) => {
+                if self.shard.world > 1 {
+                    return Err(CudaError::Unsupported(
+                        "experts across tensor-parallel ranks on the CUDA backend (the CPU \
+                         backend splits them: --device cpu)"
+                            .into(),
+                    ));
+                }
+                Mlp::Sparse(Experts::upload(self, self.stream, sparse, moe, h)?)
+            }
+            (MlpSpec::Sparse(_), None) => {
+                return Err(CudaError::Unsupported(
+                    "experts without a routing config".into(),
+                ));
+            }
+        };
         Ok(Layer {
             input_norm: self.norm(&n.input_norm)?,
             q: self.matrix(&n.q, 0, h)?,
@@ -507,13 +537,12 @@ impl Upload<'_> {
             // `post_attention_layernorm` norms the attention output (the sandwich).
             post_norm: self.norm(&n.mlp_norm)?,
             sandwich: pair(&n.sandwich, |t| self.gemma_norm(t))?,
-            gate_up: self.gate_up(mlp)?,
-            down: self.matrix(&mlp.down, 0, down_align)?,
+            mlp,
         })
     }
 
     /// Gate and up as one matrix (the rank's rows of gate, then of up).
-    fn gate_up(&self, n: &GatedMlp) -> Result<Matrix, CudaError> {
+    pub(super) fn gate_up(&self, n: &GatedMlp) -> Result<Matrix, CudaError> {
         let names = (n.gate.name.as_str(), n.up.name.as_str());
         let (dims, (ir, cols)) = (n.gate.dims(), self.slice(&n.gate));
         let whole = ir.start == 0 && ir.end == dims[0];
@@ -621,7 +650,12 @@ impl Upload<'_> {
     /// The rank's rows × columns of matrix `t`, padded with zero rows to `out_rows`: kept in
     /// its block format where it can be, else as bf16 (a whole bf16 tensor goes from the mapping
     /// to the staging buffer without a vector between).
-    fn matrix(&self, t: &TensorSpec, out_rows: usize, align: usize) -> Result<Matrix, CudaError> {
+    pub(super) fn matrix(
+        &self,
+        t: &TensorSpec,
+        out_rows: usize,
+        align: usize,
+    ) -> Result<Matrix, CudaError> {
         let (name, shape, (rows, cols)) = (t.name.as_str(), t.dims(), self.slice(t));
         let whole = rows == (0..shape[0]) && cols == (0..shape[1]) && out_rows <= shape[0];
         if let Some(t) = tiles_of(self.ckpt, self.policy, name, shape, whole)? {
@@ -716,7 +750,7 @@ pub(super) fn synthesize(
     );
     let embed = Matrix::Bf16(matrix(shard.vocab_per_rank * h)?);
     let mut layers = Vec::with_capacity(config.num_layers);
-    for _ in 0..config.num_layers {
+    for l in 0..config.num_layers {
         layers.push(Layer {
             input_norm: norm(h)?,
             q: Matrix::Bf16(matrix(q * h)?),
@@ -744,8 +778,20 @@ pub(super) fn synthesize(
             } else {
                 None
             },
-            gate_up: Matrix::Bf16(matrix(2 * inter * h)?),
-            down: Matrix::Bf16(matrix(h * inter)?),
+            mlp: match &config.moe {
+                Some(moe) if moe.is_sparse(l) => {
+                    if shard.world > 1 {
+                        return Err(CudaError::Unsupported(
+                            "experts across tensor-parallel ranks on the CUDA backend".into(),
+                        ));
+                    }
+                    Mlp::Sparse(Experts::synthesize(moe, h, &mut matrix)?)
+                }
+                _ => Mlp::Dense([
+                    Matrix::Bf16(matrix(2 * inter * h)?),
+                    Matrix::Bf16(matrix(h * inter)?),
+                ]),
+            },
         });
     }
     let final_norm = norm(h)?;
