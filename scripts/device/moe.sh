@@ -44,7 +44,8 @@ else
     TOKENS=24
 fi
 
-SHAPE=(--layers 3 --hidden 128 --heads 4 --kv-heads 2 --intermediate 256
+# head_dim 64 (hidden / heads): the CUDA attention kernels take 64, 128 and 256.
+SHAPE=(--layers 3 --hidden 256 --heads 4 --kv-heads 2 --intermediate 256
     --expert-intermediate 64 --max-position 4096)
 synth() { # name arch-args...
     local name=$1
