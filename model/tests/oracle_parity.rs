@@ -239,3 +239,104 @@ fn canary_perturbed_rope_theta_breaks_the_bound() {
         );
     }
 }
+
+/// A step whose top-1 minus top-2 logit margin (transformers') is below this is a near tie: the
+/// reference may part from transformers there (f32 sums in another order), nowhere else.
+const NEAR_TIE: f32 = 1e-3;
+
+/// transformers' greedy continuation of a case's first prompt (tests/oracle/make_greedy.py).
+#[derive(Deserialize)]
+struct Greedy {
+    weights_sha256: String,
+    prompt: Vec<u32>,
+    tokens: Vec<u32>,
+    margins: Vec<f32>,
+}
+
+fn greedy_fixtures() -> std::collections::BTreeMap<String, Greedy> {
+    let text = std::fs::read_to_string(repo().join("tests/oracle/fixtures/greedy.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The CPU reference's greedy tokens after `prompt` (ties to the lower id, as torch's argmax).
+fn cpu_greedy(model: &CpuModel, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let mut cache = model.new_cache();
+    let mut logits = model.forward(prompt, &mut cache, LogitRows::Last).unwrap();
+    let mut out = Vec::with_capacity(steps);
+    for _ in 0..steps {
+        let next = logits
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |best, (i, &v)| {
+                if v > best.1 { (i, v) } else { best }
+            })
+            .0 as u32;
+        out.push(next);
+        logits = model.forward(&[next], &mut cache, LogitRows::Last).unwrap();
+    }
+    out
+}
+
+/// The first step where `ours` leaves `theirs`.
+fn parting(ours: &[u32], theirs: &[u32]) -> Option<usize> {
+    ours.iter().zip(theirs).position(|(a, b)| a != b)
+}
+
+#[test]
+fn greedy_continuations_equal_transformers_or_part_only_at_a_near_tie() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fixtures = greedy_fixtures();
+    let mut checked = 0;
+    for case in cases() {
+        let fixture = &fixtures[&case.name];
+        let dir = synthesized(&case, tmp.path());
+        assert_eq!(
+            weights_sha256(&dir),
+            fixture.weights_sha256,
+            "{}: regenerate greedy.json",
+            case.name
+        );
+        assert_eq!(fixture.prompt, case.prompts[0]);
+        let model = CpuModel::load(&dir).unwrap();
+        let ours = cpu_greedy(&model, &fixture.prompt, fixture.tokens.len());
+        match parting(&ours, &fixture.tokens) {
+            None => eprintln!("{:<22} greedy {} tokens identical", case.name, ours.len()),
+            Some(step) => {
+                let margin = fixture.margins[step];
+                eprintln!(
+                    "{:<22} greedy parts at step {step}, margin {margin:.2e}",
+                    case.name
+                );
+                assert!(
+                    margin < NEAR_TIE,
+                    "{}: greedy parts from transformers at step {step}, where its margin is \
+                     {margin:e} (not a near tie: < {NEAR_TIE:e})",
+                    case.name
+                );
+            }
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, fixtures.len());
+}
+
+#[test]
+fn canary_greedy_with_moe_routing_renormalized_the_other_way_parts_beyond_a_near_tie() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fixtures = greedy_fixtures();
+    for case in cases().into_iter().filter(|c| c.spec.moe.is_some()) {
+        let fixture = &fixtures[&case.name];
+        let dir = synthesized(&case, tmp.path());
+        let mut config = ModelConfig::from_dir(&dir).unwrap();
+        let moe = config.moe.as_mut().unwrap();
+        moe.norm_topk_prob = !moe.norm_topk_prob;
+        let model = CpuModel::from_checkpoint(config, &Checkpoint::open(&dir).unwrap()).unwrap();
+        let ours = cpu_greedy(&model, &fixture.prompt, fixture.tokens.len());
+        let step = parting(&ours, &fixture.tokens);
+        assert!(
+            step.is_some_and(|s| fixture.margins[s] >= NEAR_TIE),
+            "{}: the routing canary's greedy path did not part beyond a near tie ({step:?})",
+            case.name
+        );
+    }
+}
