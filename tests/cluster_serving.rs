@@ -90,9 +90,20 @@ fn start_cluster_with(nodes: usize, router_args: &[&str]) -> Cluster {
 
 /// [`start_cluster_with`], every node started with `node_args` added.
 fn start_cluster_full(nodes: usize, router_args: &[&str], node_args: &[&str]) -> Cluster {
+    start_cluster_on(nodes, router_args, node_args, synth)
+}
+
+/// [`start_cluster_full`] on the model `make` writes (its directory, and so its served name,
+/// `m`).
+fn start_cluster_on(
+    nodes: usize,
+    router_args: &[&str],
+    node_args: &[&str],
+    make: fn(&Path),
+) -> Cluster {
     let tmp = tempfile::tempdir().unwrap();
     let model = tmp.path().join("m");
-    synth(&model);
+    make(&model);
     let ca = ClusterCa::create(&tmp.path().join("ca")).unwrap();
     let mut procs = Vec::new();
     let mut node_addrs = Vec::new();
@@ -205,6 +216,86 @@ fn router_answers_like_one_process_and_routes_shared_prefixes_to_their_cache() {
         assert!(metric(&after, &capacity) > 0.0, "{after}");
         let usage = format!("strata_kv_usage_ratio{{node=\"{node}\"}}");
         assert!((0.0..=1.0).contains(&metric(&after, &usage)), "{after}");
+    }
+}
+
+/// A Qwen2-MoE (a shared expert, two of eight experts per token) behind two nodes and a
+/// router: the three surfaces answer as one `strata serve` of the same model does.
+#[test]
+fn a_mixture_of_experts_through_a_router_answers_each_surface_as_one_process() {
+    let _serial = serial();
+    let cluster = start_cluster_on(2, &[], &[], |dir| {
+        let out = strata(&[
+            "model",
+            "synth",
+            "--arch",
+            "qwen2_moe",
+            "--out",
+            dir.to_str().unwrap(),
+            "--layers",
+            "2",
+            "--hidden",
+            "64",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "2",
+            "--intermediate",
+            "128",
+            "--expert-intermediate",
+            "32",
+            "--experts",
+            "8",
+            "--experts-per-token",
+            "2",
+            "--shared-expert-intermediate",
+            "48",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
+    let reference_addr = reference.address("on http://");
+    for prompt in prompts().iter().take(3) {
+        let want = complete(reference_addr, prompt, 16);
+        assert!(!want.is_empty());
+        assert_eq!(complete(cluster.router_addr, prompt, 16), want, "{prompt}");
+    }
+    let user = serde_json::json!([{"role": "user", "content": "name three colors"}]);
+    let surfaces = [
+        (
+            "/v1/chat/completions",
+            serde_json::json!({"model": "m", "max_tokens": 12, "temperature": 0, "messages": user}),
+            "/choices/0/message/content",
+        ),
+        (
+            "/v1/messages",
+            serde_json::json!({"model": "m", "max_tokens": 12, "temperature": 0, "messages": user}),
+            "/content/0/text",
+        ),
+        (
+            "/model/m/converse",
+            serde_json::json!({"messages": [{"role": "user", "content": [{"text": "name three colors"}]}],
+                "inferenceConfig": {"maxTokens": 12, "temperature": 0}}),
+            "/output/message/content/0/text",
+        ),
+    ];
+    for (path, body, text) in surfaces {
+        let answer = |addr| {
+            let (status, out) = post(addr, path, &body.to_string());
+            assert_eq!(status, 200, "{path}: {out}");
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            v.pointer(text)
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_else(|| panic!("{path}: no text at {text}: {out}"))
+                .to_string()
+        };
+        let want = answer(reference_addr);
+        assert!(!want.is_empty(), "{path}");
+        assert_eq!(answer(cluster.router_addr), want, "{path}");
     }
 }
 
