@@ -669,15 +669,8 @@ fn decode(args: DecodeArgs) -> Result<()> {
     )?;
     backend.set_decode_gemm(args.decode_gemm);
     backend.set_run_order(args.run_order)?;
-    // Synthesized: the parameters in bf16 (as every earlier receipt counts them); a checkpoint:
-    // the bytes a step reads as the backend holds them; a mixture of experts (bf16 experts):
-    // the parameters a step of that many rows reads under uniform routing.
-    let held = backend.step_weight_bytes() as f64;
-    let weight_bytes_at = |batch: usize| match (&checkpoint, &config.moe) {
-        (_, Some(_)) => expected_read_parameters(&config, batch) * 2.0,
-        (None, None) => parameter_count(&config) as f64 * 2.0,
-        (Some(_), None) => held,
-    };
+    let held = checkpoint.as_ref().map(|_| backend.step_weight_bytes() as f64);
+    let weight_bytes_at = |batch: usize| step_read_bytes(&config, held, batch);
     let weight_bytes = weight_bytes_at(1);
     let formats: Vec<String> = backend
         .weight_formats()
@@ -833,6 +826,18 @@ fn prefill(args: PrefillArgs) -> Result<()> {
         &json!({"config": args.config, "device": backend.device_name(),
                 "peak_flops": args.peak, "results": results}),
     )
+}
+
+/// Weight bytes a decode step of `batch` rows reads. Synthesized: the parameters in bf16 (as
+/// every earlier receipt counts them); a checkpoint: the bytes the backend holds for a step
+/// (`held`); a mixture of experts (bf16 experts): the parameters a step of that many rows reads
+/// under uniform routing.
+fn step_read_bytes(config: &ModelConfig, held: Option<f64>, batch: usize) -> f64 {
+    match (held, &config.moe) {
+        (_, Some(_)) => expected_read_parameters(config, batch) * 2.0,
+        (None, None) => parameter_count(config) as f64 * 2.0,
+        (Some(held), None) => held,
+    }
 }
 
 /// The roofline's bandwidth: `given` (`--bandwidth`), else [`copy_rate`]; printed, with its source.

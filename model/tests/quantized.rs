@@ -712,3 +712,86 @@ fn kept_arithmetic_stays_within_a_rounding_of_the_widened_model() {
         assert!(off < 1e-4, "{}: {off:.2e}", dir.display());
     }
 }
+
+/// `strata quantize` of a mixture: every expert (and the shared expert) quantized like a dense
+/// MLP's Linears, the routers and the shared expert's gate left bf16 and named in the config's
+/// `ignore`; the files load and compute close to the source.
+#[test]
+fn a_mixture_of_experts_quantizes_its_experts_and_keeps_its_routers() {
+    use strata_model::quantize::{Plan, quantize};
+    use strata_model::synth::{SynthSpec, synthesize};
+    let tmp = tempfile::tempdir().unwrap();
+    let qwen3 = SynthSpec::tiny_moe(3);
+    let mut qwen2 = SynthSpec {
+        arch: "qwen2_moe".into(),
+        ..SynthSpec::tiny_moe(4)
+    };
+    qwen2.moe.as_mut().unwrap().shared_expert_intermediate = Some(48);
+    let tokens = [1u32, 17, 42, 99, 5, 250, 3, 77];
+    for (name, spec) in [("qwen3", qwen3), ("qwen2", qwen2)] {
+        let source = tmp.path().join(name);
+        synthesize(&spec, &source, None).unwrap();
+        let reference = CpuModel::load(&source).unwrap();
+        let want = reference
+            .forward(&tokens, &mut reference.new_cache(), LogitRows::Last)
+            .unwrap();
+        let range = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for (label, plan, bound) in [
+            ("fp8", Plan::Fp8, 0.1),
+            ("nvfp4", Plan::Nvfp4, 0.45),
+            ("mixed", Plan::Mixed, 0.25),
+        ] {
+            let out = tmp.path().join(format!("{name}-{label}"));
+            let reports = quantize(&source, &out, plan, None, |_| {}).unwrap();
+            let experts = reports
+                .iter()
+                .filter(|r| r.name.contains(".experts."))
+                .count();
+            // Layers 0 and 2 are sparse: eight experts of three Linears each.
+            assert_eq!(experts, 2 * 8 * 3, "{name} {label}");
+            let shared = reports
+                .iter()
+                .filter(|r| r.name.contains("shared_expert."))
+                .count();
+            assert_eq!(
+                shared,
+                if name == "qwen2" { 6 } else { 0 },
+                "{name} {label}"
+            );
+            assert!(
+                reports.iter().all(|r| r.relative_rms_error < 0.2),
+                "{reports:?}"
+            );
+            let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+            let files = SafeTensors::deserialize(&bytes).unwrap();
+            let config: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap())
+                    .unwrap();
+            let ignore = config["quantization_config"]["ignore"]
+                .as_array()
+                .unwrap()
+                .clone();
+            for layer in [0, 2] {
+                let router = format!("model.layers.{layer}.mlp.gate");
+                let t = files.tensor(&format!("{router}.weight")).unwrap();
+                assert_eq!(
+                    t.dtype(),
+                    Dtype::BF16,
+                    "{name} {label}: {router} stays bf16"
+                );
+                assert!(ignore.contains(&serde_json::json!(router)), "{ignore:?}");
+            }
+            let model = CpuModel::load(&out).unwrap_or_else(|e| panic!("{name} {label}: {e}"));
+            let got = model
+                .forward(&tokens, &mut model.new_cache(), LogitRows::Last)
+                .unwrap();
+            let off = want
+                .iter()
+                .zip(&got)
+                .fold(0f32, |m, (a, b)| m.max((a - b).abs()))
+                / range;
+            eprintln!("{name} {label}: logits off by {off:.2e} of their range");
+            assert!(off > 0.0 && off < bound, "{name} {label}: {off:.2e}");
+        }
+    }
+}

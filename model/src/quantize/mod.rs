@@ -28,7 +28,10 @@ use serde_json::{Value, json};
 
 use crate::config::ModelConfig;
 use crate::cpu::LinearInput;
-use crate::weights::{Checkpoint, LayerSpec, e2m1_to_f32, e4m3_to_f32, expected_tensors};
+use crate::weights::{
+    Checkpoint, GatedMlp, LayerSpec, MlpSpec, TensorSpec, e2m1_to_f32, e4m3_to_f32,
+    expected_tensors,
+};
 
 /// e4m3's largest finite magnitude, and e2m1's.
 const E4M3_MAX: f32 = 448.0;
@@ -327,7 +330,7 @@ fn input_scheme(format: Format) -> Value {
     }
 }
 
-fn quantization_config(plan: Plan, calibrated: bool) -> Value {
+fn quantization_config(plan: Plan, calibrated: bool, kept: &[String]) -> Value {
     let group = |targets: Value, format: Format| {
         let (weights, name) = scheme(format);
         let inputs = if plan == Plan::Fp8Dynamic {
@@ -343,7 +346,13 @@ fn quantization_config(plan: Plan, calibrated: bool) -> Value {
         Plan::Mixed => (
             json!({
                 "group_0": group(json!(["re:.*self_attn\\.(q|k|v|o)_proj$"]), plan.format(true)),
-                "group_1": group(json!(["re:.*mlp\\.(gate|up|down)_proj$"]), plan.format(false)),
+                "group_1": group(
+                    json!([
+                        "re:.*mlp\\..*(gate|up|down)_proj$",
+                        "re:.*block_sparse_moe\\.experts\\.\\d+\\.w[123]$"
+                    ]),
+                    plan.format(false)
+                ),
             }),
             "mixed-precision",
         ),
@@ -357,7 +366,7 @@ fn quantization_config(plan: Plan, calibrated: bool) -> Value {
         "format": format,
         "quantization_status": "compressed",
         "config_groups": groups,
-        "ignore": ["lm_head"],
+        "ignore": std::iter::once("lm_head").chain(kept.iter().map(String::as_str)).collect::<Vec<_>>(),
         "kv_cache_scheme": null,
         "producer": format!("strata {}", env!("CARGO_PKG_VERSION")),
     })
@@ -389,9 +398,10 @@ pub fn quantize(
         problem: e.to_string(),
     };
     let config = ModelConfig::from_dir(input)?;
-    if config.moe.is_some() {
+    if config.moe.is_some() && calibration.is_some() {
         return Err(QuantizeError::Unsupported(format!(
-            "{}: quantizing a mixture of experts ({}) is not supported yet",
+            "{}: calibrating a mixture of experts ({}) is not supported yet: quantize it without \
+             --calibrate (weights only)",
             input.display(),
             config.architecture
         )));
@@ -414,19 +424,7 @@ pub fn quantize(
     }
     let ckpt = Checkpoint::open(input)?;
     ckpt.validate(&config)?;
-    let mut linears = std::collections::HashMap::new();
-    for i in 0..config.num_layers {
-        let roles = ["q", "k", "v", "o", "gate", "up", "down"];
-        for (t, role) in LayerSpec::new(&config, i)
-            .projections()
-            .into_iter()
-            .flatten()
-            .zip(roles)
-        {
-            let input = LinearInput::of(role).expect("a projection role");
-            linears.insert(t.name.clone(), (i, input));
-        }
-    }
+    let linears = linears(&config);
     let mut stored: Vec<Stored> = Vec::new();
     let mut reports = Vec::new();
     for spec in expected_tensors(&config) {
@@ -470,7 +468,8 @@ pub fn quantize(
     let weights = out.join(crate::weights::SINGLE_FILE);
     safetensors::serialize_to_file(views, None, &weights).map_err(|e| io(&weights, &e))?;
     let mut config_json = raw;
-    config_json["quantization_config"] = quantization_config(plan, calibration.is_some());
+    config_json["quantization_config"] =
+        quantization_config(plan, calibration.is_some(), &routers(&config));
     config_json["torch_dtype"] = json!("bfloat16");
     let path = out.join("config.json");
     let text = serde_json::to_string_pretty(&config_json).map_err(|e| io(&path, &e))?;
@@ -489,6 +488,58 @@ pub fn quantize(
         }
     }
     Ok(reports)
+}
+
+/// Every Linear a plan quantizes, by tensor name: its layer and the input it reads. A mixture's
+/// experts (and its shared expert) are Linears like a dense MLP's; its router and the shared
+/// expert's gate stay bf16 (as every MoE quantizer leaves them: they pick the experts).
+fn linears(config: &ModelConfig) -> std::collections::HashMap<String, (usize, LinearInput)> {
+    let mut linears = std::collections::HashMap::new();
+    for i in 0..config.num_layers {
+        let layer = LayerSpec::new(config, i);
+        let attention = [
+            (&layer.q, "q"),
+            (&layer.k, "k"),
+            (&layer.v, "v"),
+            (&layer.o, "o"),
+        ];
+        let mut add = |t: &TensorSpec, role: &str| {
+            let input = LinearInput::of(role).expect("a projection role");
+            linears.insert(t.name.clone(), (i, input));
+        };
+        for (t, role) in attention {
+            add(t, role);
+        }
+        let mlps: Vec<&GatedMlp> = match &layer.mlp {
+            MlpSpec::Dense(mlp) => vec![mlp],
+            MlpSpec::Sparse(moe) => moe
+                .experts
+                .iter()
+                .chain(moe.shared.iter().map(|s| &s.0))
+                .collect(),
+        };
+        for mlp in mlps {
+            for (t, role) in [(&mlp.gate, "gate"), (&mlp.up, "up"), (&mlp.down, "down")] {
+                add(t, role);
+            }
+        }
+    }
+    linears
+}
+
+/// The modules of a mixture that stay bf16: every sparse layer's router and shared-expert gate.
+fn routers(config: &ModelConfig) -> Vec<String> {
+    (0..config.num_layers)
+        .filter_map(|i| match LayerSpec::new(config, i).mlp {
+            MlpSpec::Sparse(moe) => Some(moe),
+            MlpSpec::Dense(_) => None,
+        })
+        .flat_map(|moe| {
+            std::iter::once(moe.router)
+                .chain(moe.shared.map(|s| s.1))
+                .map(|t| t.name.trim_end_matches(".weight").to_string())
+        })
+        .collect()
 }
 
 /// The plans whose activation scales are computed at run time take no calibration.
