@@ -669,7 +669,9 @@ fn decode(args: DecodeArgs) -> Result<()> {
     )?;
     backend.set_decode_gemm(args.decode_gemm);
     backend.set_run_order(args.run_order)?;
-    let held = checkpoint.as_ref().map(|_| backend.step_weight_bytes() as f64);
+    let held = checkpoint
+        .as_ref()
+        .map(|_| backend.step_weight_bytes() as f64);
     let weight_bytes_at = |batch: usize| step_read_bytes(&config, held, batch);
     let weight_bytes = weight_bytes_at(1);
     let formats: Vec<String> = backend

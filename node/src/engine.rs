@@ -130,7 +130,7 @@ impl Engine {
             .blocks(backend.block_bytes())
             .map_err(KvError::Config)?;
         let memory = backend.host_memory(host_blocks * backend.block_bytes())?;
-        let manager = BlockManager::with_host_memory(
+        let mut manager = BlockManager::with_host_memory(
             BlockManagerConfig {
                 block_size,
                 device_blocks,
@@ -140,6 +140,7 @@ impl Engine {
             backend.block_bytes(),
             memory,
         )?;
+        manager.set_restore_policy(config.tiers.restore);
         let kv_events = manager.event_sender();
         let scheduler = Scheduler::new(
             config.limits,
@@ -432,6 +433,7 @@ fn run(
             Ok(n) if n >= RATE_SAMPLE_TOKENS => {
                 let seconds = started.elapsed().as_secs_f64().max(1e-9);
                 tokens_per_s = average_rate(tokens_per_s, n as f64 / seconds);
+                scheduler.block_manager_mut().set_compute_rate(tokens_per_s);
             }
             Ok(_) => {}
             // A failed step is a bug or a broken backend: every request in flight learns why.

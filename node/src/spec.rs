@@ -64,6 +64,9 @@ pub struct KvTiers {
     pub host_bytes: usize,
     /// A directory for blocks evicted from the host tier, with its budget in bytes.
     pub disk: Option<DiskTierSpec>,
+    /// Whether a cached block in a lower tier is restored always, or only where restoring it is
+    /// measured to beat recomputing it (`auto`, the default).
+    pub restore: crate::kv::RestorePolicy,
 }
 
 /// Where the disk tier keeps its blocks and how many bytes it may take.

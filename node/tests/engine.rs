@@ -499,6 +499,7 @@ fn a_context_parked_on_disk_survives_an_engine_restart() {
                 dir: disk.path().to_path_buf(),
                 bytes: 64 * block_bytes,
             }),
+            ..Default::default()
         },
         ..EngineSpec::default()
     };

@@ -86,6 +86,11 @@ pub struct EngineSettings {
     /// Disk space, in MiB, the disk tier may take (needs --kv-disk-dir).
     #[arg(long, requires = "kv_disk_dir")]
     pub kv_disk_mib: Option<usize>,
+    /// Restore cached KV from the host and disk tiers `always`, or only where the tier's
+    /// measured restore rate beats recomputing at the engine's measured prefill rate (`auto`:
+    /// a lower tier never makes a first token slower than no tier) [default: auto].
+    #[arg(long)]
+    pub kv_restore: Option<strata_node::kv::RestorePolicy>,
     /// Speculative decoding, as JSON in vLLM's spelling: '{"method": "ngram",
     /// "num_speculative_tokens": 5, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'. Output is
     /// byte-identical to decoding without it, greedy and seeded; the scheduler proposes fewer
@@ -117,6 +122,7 @@ impl EngineSettings {
             kv_host_mib: self.kv_host_mib.or(fallback.kv_host_mib),
             kv_disk_dir: self.kv_disk_dir.or(fallback.kv_disk_dir),
             kv_disk_mib: self.kv_disk_mib.or(fallback.kv_disk_mib),
+            kv_restore: self.kv_restore.or(fallback.kv_restore),
             speculative_config: self.speculative_config.or(fallback.speculative_config),
         }
     }
@@ -186,6 +192,9 @@ impl EngineSettings {
             (Some(_), None) => anyhow::bail!("kv_disk_dir needs kv_disk_mib, the tier's size"),
             (None, Some(_)) => anyhow::bail!("kv_disk_mib needs kv_disk_dir, where the tier lives"),
         };
+        if let Some(policy) = self.kv_restore {
+            spec.tiers.restore = policy;
+        }
         spec.speculative = self.speculative_config.clone();
         spec.validate().map_err(anyhow::Error::msg)?;
         Ok(spec)

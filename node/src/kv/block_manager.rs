@@ -45,14 +45,6 @@ pub struct TierTraffic {
     pub demoted: [u64; 2],
 }
 
-fn lower_index(tier: Tier) -> Option<usize> {
-    match tier {
-        Tier::Device => None,
-        Tier::Host => Some(0),
-        Tier::Disk => Some(1),
-    }
-}
-
 /// How much of a hash chain is cached. `device` is the leading run already on device; `lower`
 /// counts the blocks after it that are cached too, at least the first of them in host or disk
 /// (so `device + lower` blocks can be acquired if enough device blocks are obtainable).
@@ -123,6 +115,7 @@ pub struct BlockManager {
     events: KvEventLog,
     lower_tier_failures: u64,
     traffic: TierTraffic,
+    restore: restore::Chooser,
     pins: HashMap<String, Pin>,
     /// How many pins hold each pinned hash.
     pinned: BlockHashMap<u32>,
@@ -176,6 +169,7 @@ impl BlockManager {
             events: KvEventLog::new(EVENT_CHANNEL_CAPACITY),
             lower_tier_failures: 0,
             traffic: TierTraffic::default(),
+            restore: restore::Chooser::default(),
             pins: HashMap::new(),
             pinned: BlockHashMap::default(),
         };
@@ -347,6 +341,7 @@ impl BlockManager {
         hashes: &[BlockHash],
         io: &mut dyn KvBlockIo,
     ) -> Result<Vec<BlockId>, KvError> {
+        let hashes = &hashes[..self.restore_cut(hashes)];
         let files = self.disk_run(hashes);
         let block_bytes = self.block_bytes;
         with_read_ahead(files, block_bytes, |fetch| {
@@ -889,9 +884,12 @@ impl BlockManager {
 }
 
 mod pins;
+mod restore;
 
 use pins::Pin;
 pub use pins::PinStatus;
+pub use restore::RestorePolicy;
+use restore::lower_index;
 
 #[cfg(test)]
 mod tests;

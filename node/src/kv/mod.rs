@@ -13,7 +13,8 @@ pub mod types;
 use std::path::PathBuf;
 
 pub use block_manager::{
-    BlockManager, BlockManagerConfig, CommitOutcome, PinStatus, PrefixLookup, TierTraffic,
+    BlockManager, BlockManagerConfig, CommitOutcome, PinStatus, PrefixLookup, RestorePolicy,
+    TierTraffic,
 };
 pub use events::{KvDump, KvEvent, KvEventKind, KvEventLog, KvReplica, ReplicaError};
 pub use strata_engine_api::kv::{block_hash, prompt_block_hashes};

@@ -696,3 +696,67 @@ fn pinned_prefixes_are_evicted_last_and_never_dropped() {
     assert!(bm.pin_status("doc").is_none());
     assert!(bm.pin_statuses().is_empty());
 }
+
+/// chain[0] on disk, chain[1] in host memory, nothing on the device (as `demote_and_promote`
+/// leaves them), with restore times measured as given (per block: host, disk) and a compute
+/// rate of 1 ms a block.
+fn parked(dir: &std::path::Path, restore_s: [f64; 2]) -> (BlockManager, FakeIo, Vec<BlockHash>) {
+    let mut io = FakeIo::new(2);
+    let mut bm = manager(2, 1, Some((dir.join("kv"), 2)));
+    let chain = hashes(&(0..8).collect::<Vec<_>>(), 5);
+    let ids = prefill(&mut bm, &mut io, &chain);
+    release_all(&mut bm, &ids);
+    let scratch = [bm.allocate(&mut io).unwrap(), bm.allocate(&mut io).unwrap()];
+    release_all(&mut bm, &scratch);
+    assert_eq!(bm.tier_of(chain[0]), Some(Tier::Disk));
+    assert_eq!(bm.tier_of(chain[1]), Some(Tier::Host));
+    bm.traffic.restored = [10, 10];
+    bm.traffic.restore_ns = restore_s.map(|s| (s * 10.0 * 1e9) as u64);
+    bm.set_compute_rate(4_000); // 4-token blocks: 1 ms each
+    (bm, io, chain)
+}
+
+#[test]
+fn a_tier_slower_than_recomputing_is_not_restored_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    // Disk 5 ms a block against 1 ms to recompute: restoring the disk block (and the host block
+    // behind it) costs 5 ms, recomputing both 2 ms.
+    let (mut bm, mut io, chain) = parked(dir.path(), [1e-6, 5e-3]);
+    let ids = bm.acquire_prefix(&chain, &mut io).unwrap();
+    assert!(ids.is_empty(), "recomputed, not restored: {ids:?}");
+    assert_eq!(bm.declined_restores(), [1, 1]);
+    assert_eq!(bm.tier_of(chain[0]), Some(Tier::Disk), "left where it was");
+    // The canary: forced to restore, the same request takes both blocks back (the slower way).
+    bm.set_restore_policy(RestorePolicy::Always);
+    let ids = bm.acquire_prefix(&chain, &mut io).unwrap();
+    assert_eq!(ids.len(), 2);
+    release_all(&mut bm, &ids);
+}
+
+#[test]
+fn a_tier_faster_than_recomputing_is_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    // Disk 0.1 ms a block: restoring both costs about 0.1 ms against 2 ms of compute.
+    let (mut bm, mut io, chain) = parked(dir.path(), [1e-6, 1e-4]);
+    let ids = bm.acquire_prefix(&chain, &mut io).unwrap();
+    assert_eq!(ids.len(), 2);
+    assert_eq!(bm.declined_restores(), [0, 0]);
+    release_all(&mut bm, &ids);
+    // Before the engine has timed a prefill every tier is restored (and so measured).
+    let dir = tempfile::tempdir().unwrap();
+    let (mut bm, mut io, chain) = parked(dir.path(), [1e-6, 5e-3]);
+    bm.set_compute_rate(0);
+    assert_eq!(bm.acquire_prefix(&chain, &mut io).unwrap().len(), 2);
+}
+
+#[test]
+fn restore_policies_parse_by_name() {
+    assert_eq!("auto".parse::<RestorePolicy>(), Ok(RestorePolicy::Auto));
+    assert_eq!("always".parse::<RestorePolicy>(), Ok(RestorePolicy::Always));
+    assert!(
+        "never"
+            .parse::<RestorePolicy>()
+            .unwrap_err()
+            .contains("auto or always")
+    );
+}
