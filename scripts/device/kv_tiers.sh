@@ -16,7 +16,10 @@
 #      default) primed, continued, pushed to host by five 32k prompts, restored and continued
 #      again (byte-identical to the never-evicted continuation).
 # The pinned host-to-device rate the restores are compared with is measured first (PyTorch,
-# 1 GiB page-locked copies). PHASES (default host,disk,long) picks the servers run.
+# 1 GiB page-locked copies). PHASES (default host,disk,long) picks the servers run. KV_RESTORE
+# (auto, the engine's default, or always) is passed to every server as --kv-restore: the disk
+# phase run with `always` against `auto` is the restore chooser's canary (forced to restore a
+# tier slower than recomputing, the first token must come later).
 # Everything lands in OUT_DIR with receipt.json; exits non-zero if a check failed.
 set -uo pipefail
 
@@ -44,7 +47,8 @@ echo "synthesized $(du -sh "$MODEL" | cut -f1) in $((SECONDS - start)) s"
 serve() { # name serve-args...
     local name=$1
     shift
-    "$BIN" serve --model "$MODEL" --device cuda:0 --port $PORT "$@" >>"$OUT/logs/serve-$name.log" 2>&1 &
+    "$BIN" serve --model "$MODEL" --device cuda:0 --port $PORT --kv-restore "${KV_RESTORE:-auto}" "$@" \
+        >>"$OUT/logs/serve-$name.log" 2>&1 &
     SERVER=$!
     for _ in $(seq 600); do
         curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && return 0
