@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use cluster::{
     Process, START, complete, complete_with, completion_body, document, get, metric, post,
-    post_raw, post_with, serial, strata, stream_text, synth,
+    post_raw, post_with, send_raw, serial, strata, stream_text, synth,
 };
 use strata_topology::transport::ClusterCa;
 
@@ -297,6 +297,62 @@ fn a_mixture_of_experts_through_a_router_answers_each_surface_as_one_process() {
         assert!(!want.is_empty(), "{path}");
         assert_eq!(answer(cluster.router_addr), want, "{path}");
     }
+}
+
+/// Requests in flight when every node dies end as a new request would at that moment: 503 with
+/// Retry-After, promptly (not after the failover wait, not as a 500).
+#[test]
+fn requests_in_flight_when_every_node_dies_end_promptly_as_503_with_retry_after() {
+    let _serial = serial();
+    let mut cluster = start_cluster(2);
+    let router = cluster.router_addr;
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let body = completion_body(
+                &format!("request {i}: tell a long story"),
+                3500,
+                false,
+                None,
+            );
+            std::thread::spawn(move || send_raw(router, "POST", "/v1/completions", &body))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    for node in &mut cluster.nodes {
+        node.kill();
+    }
+    let killed = std::time::Instant::now();
+    let answers: Vec<String> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let waited = killed.elapsed();
+    let status = |raw: &str| raw.split(' ').nth(1).unwrap_or("").to_string();
+    let unavailable: Vec<&String> = answers.iter().filter(|a| status(a) == "503").collect();
+    for answer in &answers {
+        assert!(
+            ["200", "503"].contains(&status(answer).as_str()),
+            "an in-flight request ended otherwise: {answer}"
+        );
+    }
+    assert!(
+        !unavailable.is_empty(),
+        "no request was in flight at the kill"
+    );
+    for answer in unavailable {
+        assert!(
+            answer.to_ascii_lowercase().contains("\r\nretry-after: "),
+            "{answer}"
+        );
+    }
+    assert!(
+        waited < Duration::from_secs(15),
+        "they ended {waited:?} after the kill"
+    );
+    // A new request now is told the same at once.
+    let (status, body) = post(
+        router,
+        "/v1/completions",
+        &completion_body("new", 4, false, None),
+    );
+    assert_eq!(status, 503, "{body}");
 }
 
 /// Every `strata_…` and `process_…` metric name the Grafana dashboard's queries read.

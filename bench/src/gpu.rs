@@ -229,7 +229,9 @@ fn generate(engine: &Engine, prompt: Vec<u32>, tokens: u32) -> Result<(Vec<u32>,
                 });
             }
             TokenEvent::Finished { .. } => break,
-            TokenEvent::Failed { message } => bail!("generation failed: {message}"),
+            TokenEvent::Failed { message } | TokenEvent::Unavailable { message } => {
+                bail!("generation failed: {message}")
+            }
             TokenEvent::Embedding { .. } => {
                 bail!("the engine answered a generation with an embedding")
             }
@@ -378,7 +380,9 @@ fn invariance(args: InvarianceArgs) -> Result<()> {
             match event {
                 TokenEvent::Token { id, .. } => ids.push(id),
                 TokenEvent::Finished { .. } => break,
-                TokenEvent::Failed { message } => bail!("generation failed: {message}"),
+                TokenEvent::Failed { message } | TokenEvent::Unavailable { message } => {
+                    bail!("generation failed: {message}")
+                }
                 TokenEvent::Embedding { .. } => {
                     bail!("the engine answered a generation with an embedding")
                 }

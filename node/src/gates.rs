@@ -274,7 +274,9 @@ fn tokens(mut rx: UnboundedReceiver<TokenEvent>) -> Result<Vec<u32>, String> {
                 matches!(reason, FinishReason::Length | FinishReason::Stop),
                 "{reason:?}"
             ),
-            TokenEvent::Failed { message } => return Err(message),
+            TokenEvent::Failed { message } | TokenEvent::Unavailable { message } => {
+                return Err(message);
+            }
             TokenEvent::Embedding { .. } => return Err("an embedding for a generation".into()),
         }
     }

@@ -99,7 +99,9 @@ fn drain(mut stream: RequestStream) -> Outcome {
                     None => Outcome::Tokens(tokens),
                 };
             }
-            TokenEvent::Failed { message } => panic!("{message}"),
+            TokenEvent::Failed { message } | TokenEvent::Unavailable { message } => {
+                panic!("{message}")
+            }
         }
     }
     panic!("stream ended without Finished");

@@ -54,7 +54,9 @@ fn drain(mut stream: RequestStream) -> (Vec<u32>, FinishReason, Usage) {
                 tokens.push(id);
             }
             TokenEvent::Finished { reason, usage } => return (tokens, reason, usage),
-            TokenEvent::Failed { message } => panic!("{message}"),
+            TokenEvent::Failed { message } | TokenEvent::Unavailable { message } => {
+                panic!("{message}")
+            }
             TokenEvent::Embedding { .. } => panic!("an embedding for a generation"),
         }
     }
@@ -336,7 +338,9 @@ fn drain_positions(mut stream: RequestStream) -> (Vec<(u32, u64)>, Usage) {
         match event {
             TokenEvent::Token { id, rng_pos, .. } => out.push((id, rng_pos)),
             TokenEvent::Finished { usage, .. } => return (out, usage),
-            TokenEvent::Failed { message } => panic!("{message}"),
+            TokenEvent::Failed { message } | TokenEvent::Unavailable { message } => {
+                panic!("{message}")
+            }
             TokenEvent::Embedding { .. } => panic!("an embedding for a generation"),
         }
     }

@@ -68,7 +68,9 @@ fn drain(mut stream: RequestStream) -> Vec<u32> {
         match event {
             TokenEvent::Token { id, .. } => tokens.push(id),
             TokenEvent::Finished { .. } => return tokens,
-            TokenEvent::Failed { message } => panic!("{message}"),
+            TokenEvent::Failed { message } | TokenEvent::Unavailable { message } => {
+                panic!("{message}")
+            }
             TokenEvent::Embedding { .. } => panic!("an embedding for a generation"),
         }
     }

@@ -105,14 +105,21 @@ pub enum TokenEvent {
     Failed {
         message: String,
     },
+    /// No engine is left to continue this request (a router whose every node is gone): the
+    /// client may retry later, as a new request is told at once (a 503 with Retry-After).
+    Unavailable {
+        message: String,
+    },
 }
 
 impl TokenEvent {
-    /// Whether this is a stream's last event (`Finished` or `Failed`).
+    /// Whether this is a stream's last event (`Finished`, `Failed` or `Unavailable`).
     pub fn ends_stream(&self) -> bool {
         matches!(
             self,
-            TokenEvent::Finished { .. } | TokenEvent::Failed { .. }
+            TokenEvent::Finished { .. }
+                | TokenEvent::Failed { .. }
+                | TokenEvent::Unavailable { .. }
         )
     }
 }

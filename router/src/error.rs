@@ -70,6 +70,14 @@ impl ApiError {
         }
     }
 
+    /// No engine can take or finish the request now: a 503 (with Retry-After, as every 503).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            ..Self::internal(message)
+        }
+    }
+
     fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self

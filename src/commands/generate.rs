@@ -155,7 +155,9 @@ pub fn run(args: GenerateArgs) -> Result<()> {
                 finish = Some(format!("{reason:?}").to_lowercase());
                 break;
             }
-            TokenEvent::Failed { message } => bail!("generation failed: {message}"),
+            TokenEvent::Failed { message } | TokenEvent::Unavailable { message } => {
+                bail!("generation failed: {message}")
+            }
             TokenEvent::Embedding { .. } => {
                 bail!("the engine answered a generation with an embedding")
             }

@@ -385,7 +385,9 @@ fn generate(engine: &Engine, prompts: Vec<Vec<u32>>, max_tokens: u32) -> Result<
             while let Some(event) = stream.events.blocking_recv() {
                 match event {
                     TokenEvent::Token { .. } => times.push(start.elapsed()),
-                    TokenEvent::Failed { message } => failure = Some(message),
+                    TokenEvent::Failed { message } | TokenEvent::Unavailable { message } => {
+                        failure = Some(message)
+                    }
                     other if other.ends_stream() => break,
                     _ => {}
                 }

@@ -435,7 +435,9 @@ fn generate(engine: &Engine, request: GenerateRequest) -> Result<(Vec<u32>, f64)
                 ids.push(id);
             }
             TokenEvent::Finished { .. } => break,
-            TokenEvent::Failed { message } => bail!("generation failed: {message}"),
+            TokenEvent::Failed { message } | TokenEvent::Unavailable { message } => {
+                bail!("generation failed: {message}")
+            }
             TokenEvent::Embedding { .. } => bail!("the engine answered with an embedding"),
         }
     }

@@ -80,7 +80,9 @@ fn run_batch(engine: &Engine, prompts: usize, tokens: u32) -> Result<Vec<Stream>
                     bits.push([bit(0), bit(1)]);
                 }
                 TokenEvent::Finished { .. } => break,
-                TokenEvent::Failed { message } => bail!("generation failed: {message}"),
+                TokenEvent::Failed { message } | TokenEvent::Unavailable { message } => {
+                    bail!("generation failed: {message}")
+                }
                 TokenEvent::Embedding { .. } => {
                     bail!("the engine answered a generation with an embedding")
                 }

@@ -8,8 +8,10 @@
 //! failure, sampled or greedy. A node whose connection has ended takes no more requests. The
 //! failover budget is per attempt and time, not per node: an incarnation of a node that failed
 //! the request is left out of its later attempts, but the node restarted (reconnected) may take
-//! it again, and while no node can take it the request waits up to [`FAILOVER_WAIT`] for one;
-//! after [`FAILOVER_ATTEMPTS`] attempts the stream fails with the reasons.
+//! it again, and while no node can take it the request waits up to [`FAILOVER_WAIT`] for one —
+//! unless no node is connected at all, when it ends at once as unavailable (a 503 with
+//! Retry-After, as a new request is told); after [`FAILOVER_ATTEMPTS`] attempts the stream fails
+//! with the reasons.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

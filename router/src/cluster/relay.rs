@@ -85,7 +85,10 @@ impl Cluster {
             if let Some(found) = self.route(request, &exclude) {
                 return Some(found);
             }
-            if tokio::time::Instant::now() >= deadline {
+            // No node is connected at all: nothing will take the request before one is back,
+            // and a new request is told so at once (503); this one is told the same now.
+            let none_up = self.nodes().iter().all(|n| n.client().is_none());
+            if none_up || tokio::time::Instant::now() >= deadline {
                 return None;
             }
             tokio::select! {
@@ -206,8 +209,14 @@ impl Cluster {
         };
         match routed {
             Some((node, fetch)) => Next::Run(node, fetch),
-            None => {
+            // Its attempts spent: the request failed.
+            None if a.count > FAILOVER_ATTEMPTS => {
                 let _ = tx.send(TokenEvent::Failed { message: a.why() });
+                Next::Stop
+            }
+            // No node can take it now: the client may retry, as a new request is told.
+            None => {
+                let _ = tx.send(TokenEvent::Unavailable { message: a.why() });
                 Next::Stop
             }
         }

@@ -254,6 +254,9 @@ async fn embed(
                 Some(TokenEvent::Failed { message }) => {
                     return Err(ApiError::internal(format!("embedding failed: {message}")));
                 }
+                Some(TokenEvent::Unavailable { message }) => {
+                    return Err(ApiError::unavailable(message));
+                }
                 Some(TokenEvent::Token { .. }) => {
                     return Err(ApiError::internal(
                         "the engine answered an embedding request with tokens",

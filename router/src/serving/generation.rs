@@ -141,6 +141,9 @@ impl Generation {
                         self.fail(ApiError::internal(format!("generation failed: {message}")))
                     ));
                 }
+                TokenEvent::Unavailable { message } => {
+                    return Some(Err(self.fail(ApiError::unavailable(message))));
+                }
                 TokenEvent::Embedding { .. } => {
                     return Some(Err(self.fail(ApiError::internal(
                         "the engine answered a generation with an embedding",
