@@ -788,3 +788,39 @@ fn a_paused_follower_does_not_depose_the_leader() {
         &root.path().join("token-after"),
     );
 }
+
+/// `cluster leave` of the current leader finishes the job: the leader leaves raft's voters, the
+/// command follows the group to its new leader (it waits out the election rather than failing
+/// with "the leader is None"), removes the record and revokes the certificate, and exits 0;
+/// leaving again finds nothing to do.
+#[test]
+fn leaving_the_leader_follows_the_new_leader_and_finishes() {
+    let root = tempfile::tempdir().unwrap();
+    let (datas, listens, join) = places(root.path(), 3);
+    let _members = start_group(root.path(), &datas, &listens, &join);
+    let status = wait_status(&[&datas[1]], "a leader", |s| s["leader"].is_u64());
+    let leader = status["leader"].as_u64().unwrap();
+    let asker = &datas[(leader as usize) % 3]; // another member's data
+    let id = leader.to_string();
+    let leave = cli(asker, &["leave", "--member", &id]);
+    assert!(
+        leave.status.success(),
+        "{}",
+        String::from_utf8_lossy(&leave.stderr)
+    );
+    wait_status(
+        &[asker],
+        "two voters, a new leader, one record fewer",
+        |s| {
+            let v = voters(s);
+            v.len() == 2
+                && !v.contains(&leader)
+                && s["leader"].as_u64().is_some_and(|l| l != leader)
+                && s["members"] == 2
+        },
+    );
+    let again = cli(asker, &["leave", "--member", &id]);
+    assert!(again.status.success());
+    let said = String::from_utf8_lossy(&again.stdout);
+    assert!(said.contains("already left"), "{said}");
+}

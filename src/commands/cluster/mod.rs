@@ -49,6 +49,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long one operator call (status, members, token, leave) may take: short, because a
 /// follower may still name a leader that just died.
 const OPERATOR_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long an operator's call waits for the group to name a leader (an election, or the
+/// leader itself leaving) before reporting the refusal.
+const ELECTION_WAIT: Duration = Duration::from_secs(10);
 /// How long a joiner waits to catch up before asking to become a voter.
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -373,7 +376,7 @@ fn operator(target: &Target) -> Result<Operator> {
         (None, None) => bail!("give --data (a member's directory) or --identity"),
     };
     Ok(Operator {
-        client: Client::new(endpoint, OPERATOR_TIMEOUT),
+        client: Client::new(endpoint, OPERATOR_TIMEOUT).waiting_for_elections(ELECTION_WAIT),
         addr,
         ca_fingerprint: sha256_hex(&ca),
     })

@@ -22,6 +22,8 @@ use crate::{NodeId, Raft};
 
 /// How many leader redirects a call follows before giving up.
 const MAX_REDIRECTS: usize = 3;
+/// How often a call waiting for the group to name a leader asks again.
+const ELECTION_POLL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
@@ -63,6 +65,9 @@ pub struct Client {
     endpoint: quinn::Endpoint,
     connections: Arc<Mutex<HashMap<SocketAddr, quinn::Connection>>>,
     timeout: Duration,
+    /// How long a call refused with no leader's address waits for one (0: it returns the
+    /// refusal at once).
+    election_wait: Duration,
 }
 
 impl Client {
@@ -73,7 +78,17 @@ impl Client {
             endpoint,
             connections: Arc::default(),
             timeout,
+            election_wait: Duration::ZERO,
         }
+    }
+
+    /// This client with calls refused for want of a known leader (an election under way, or a
+    /// leader that has just left the group) asking again for up to `wait` before answering
+    /// with the refusal: what an operator's command wants, not a client that tries another
+    /// member itself. The request was not taken, so asking again is safe.
+    pub fn waiting_for_elections(mut self, wait: Duration) -> Self {
+        self.election_wait = wait;
+        self
     }
 
     /// Forgets the open connections (every clone of this client): calls under way finish on
@@ -188,16 +203,25 @@ impl Client {
         request: &Request,
     ) -> Result<(String, Response), ClientError> {
         let mut addr = addr.to_string();
-        for _ in 0..MAX_REDIRECTS {
+        let mut redirects = 0;
+        // A refusal naming no leader's address is waited out for `election_wait`.
+        let elected_by = tokio::time::Instant::now() + self.election_wait;
+        loop {
             match self.call(&addr, request).await? {
                 Response::Refused(Refusal::NotLeader {
                     addr: Some(leader), ..
-                }) if leader != addr => addr = leader,
+                }) if leader != addr && redirects < MAX_REDIRECTS => {
+                    addr = leader;
+                    redirects += 1;
+                }
+                Response::Refused(Refusal::NotLeader { addr: None, .. })
+                    if tokio::time::Instant::now() < elected_by =>
+                {
+                    tokio::time::sleep(ELECTION_POLL).await;
+                }
                 response => return Ok((addr, response)),
             }
         }
-        let response = self.call(&addr, request).await?;
-        Ok((addr, response))
     }
 
     /// Commits `command` through the leader; returns its log id and outcome.
