@@ -687,6 +687,11 @@ fn a_prompt_parked_on_disk_survives_a_sigkilled_server() {
     assert_eq!(series(&scraped, host_capacity), 128.0);
     assert!(series(&scraped, "strata_kv_demoted_bytes_total{tier=\"host\"}") > 0.0);
     assert!(series(&scraped, "strata_kv_demoted_bytes_total{tier=\"disk\"}") > 0.0);
+    // The restore chooser's declines are exported per lower tier (how many depends on rates).
+    for tier in ["host", "disk"] {
+        let declined = format!("strata_kv_restores_declined_total{{tier=\"{tier}\"}}");
+        assert!(series(&scraped, &declined) >= 0.0, "{declined}");
+    }
     first.signal("KILL");
     first.wait(Duration::from_secs(10));
     let parked = std::fs::read_dir(&disk)

@@ -47,6 +47,10 @@ pub struct EngineLoad {
     pub restore_ns: [u64; 2],
     #[serde(default)]
     pub demoted_blocks: [u64; 2],
+    /// Cached host and disk blocks recomputed instead, because restoring them was measured to
+    /// be slower (`--kv-restore auto`).
+    #[serde(default)]
+    pub declined_restores: [u64; 2],
     /// Copies between tiers that failed (each cost a cached block or one request).
     #[serde(default)]
     pub tier_copy_failures: u64,

@@ -193,6 +193,7 @@ impl Scheduler {
             block_bytes: self.blocks.block_bytes() as u64,
             restored_blocks: traffic.restored,
             restore_ns: traffic.restore_ns,
+            declined_restores: self.blocks.declined_restores(),
             demoted_blocks: traffic.demoted,
             tier_copy_failures: self.blocks.lower_tier_failures(),
             cached_blocks: self.blocks.cached_by_tier().map(|n| n as u64),

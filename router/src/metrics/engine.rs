@@ -163,6 +163,13 @@ impl EngineSnapshot {
         )?;
         counters(
             e,
+            "strata_kv_restores_declined_total",
+            "Cached lower-tier KV blocks recomputed instead of restored: restoring them was \
+             measured to be slower than computing them (--kv-restore auto).",
+            self.each_tier(LOWER, |l| l.declined_restores.map(|b| b as f64)),
+        )?;
+        counters(
+            e,
             "strata_kv_demoted_bytes_total",
             "KV bytes written into a lower tier (evicted from the tier above).",
             self.each_tier(LOWER, |l| {
