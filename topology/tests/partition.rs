@@ -16,7 +16,8 @@ use common::{Group, Member, TestCa, leader_of, local};
 use openraft::BasicNode;
 use strata_topology::NodeId;
 use strata_topology::state::{Change, Command, Rejection};
-use strata_topology::transport::Client;
+use strata_topology::transport::wire::Refusal;
+use strata_topology::transport::{Client, ClientError};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -176,6 +177,40 @@ async fn a_cut_off_leader_cannot_commit_the_majority_continues_and_healing_conve
     let first_write = cut.elapsed();
     assert!(majority.contains(&new));
     assert!(cluster.write_through_leader(&majority, "majority-2").await == new);
+
+    // Check-quorum: the old leader, unheard by a majority for longer than its lease, steps down
+    // for its callers: a write or a read sent to it is refused at once as not the leader's,
+    // naming no leader, instead of waiting out a timeout.
+    for read in [false, true] {
+        let asked = Instant::now();
+        let addr = cluster.direct[&old].to_string();
+        let refused = if read {
+            cluster.client.read(&addr).await.map(|_| ())
+        } else {
+            let command = Command::new(
+                0,
+                Change::PutTenant {
+                    name: "quorum".into(),
+                },
+            );
+            cluster.client.propose(&addr, command).await.map(|_| ())
+        };
+        assert!(
+            matches!(
+                refused,
+                Err(ClientError::Refused {
+                    refusal: Refusal::NotLeader { leader: None, .. },
+                    ..
+                })
+            ),
+            "read {read}: {refused:?}"
+        );
+        assert!(
+            asked.elapsed() < Duration::from_secs(1),
+            "read {read}: {:?}",
+            asked.elapsed()
+        );
+    }
 
     // The old leader, asked directly, commits nothing and serves no linearizable read.
     let applied_at_cut = cluster.members[&old].raft.metrics().borrow().last_applied;

@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime};
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::raft::AppendEntriesResponse;
-use openraft::{ChangeMembers, ServerState};
+use openraft::{BasicNode, ChangeMembers, RaftMetrics, ServerState};
 
 use super::ca::Principal;
 use super::client::{peer_expiry, peer_principal};
@@ -328,6 +328,7 @@ async fn answer(
             },
             Err(e) => Response::Refused(refusal(e)),
         },
+        Request::Read if let Err(refused) = leader_heard(service) => Response::Refused(refused),
         Request::Read => match raft.ensure_linearizable().await {
             Ok(_) => Response::View(Box::new(view(service))),
             Err(e) => Response::Refused(refusal(e)),
@@ -399,7 +400,7 @@ fn leads(service: &Service) -> Result<(), Refusal> {
         .voter_ids()
         .any(|id| id == metrics.id);
     if metrics.state == ServerState::Leader && voter {
-        return Ok(());
+        return quorum_heard(service, &metrics);
     }
     let leader = metrics.current_leader.filter(|&l| l != metrics.id);
     let addr = leader.and_then(|l| {
@@ -410,6 +411,37 @@ fn leads(service: &Service) -> Result<(), Refusal> {
             .map(|n| n.addr.clone())
     });
     Err(Refusal::NotLeader { leader, addr })
+}
+
+/// For a read: a leader cut off from its majority refuses at once ([`quorum_heard`]); anything
+/// else goes to raft (a follower is told where the leader is).
+fn leader_heard(service: &Service) -> Result<(), Refusal> {
+    let metrics = service.raft.metrics().borrow().clone();
+    if metrics.state == ServerState::Leader {
+        quorum_heard(service, &metrics)
+    } else {
+        Ok(())
+    }
+}
+
+/// Check-quorum: a leader that no majority has acknowledged for a leader lease (cut off from
+/// it) cannot commit or serve a linearizable read, and the majority side may have elected
+/// another; it says so at once, naming no leader, instead of letting its callers wait out their
+/// timeouts. openraft 0.9 keeps such a member in the leader state (a leader cannot relinquish
+/// leadership through its API), so this is where it steps down for its callers; the healed
+/// group's newer term then replaces it in raft too.
+fn quorum_heard(
+    service: &Service,
+    metrics: &RaftMetrics<NodeId, BasicNode>,
+) -> Result<(), Refusal> {
+    let unheard = metrics.millis_since_quorum_ack.map(Duration::from_millis);
+    if unheard.is_some_and(|t| t > service.lease) {
+        return Err(Refusal::NotLeader {
+            leader: None,
+            addr: None,
+        });
+    }
+    Ok(())
 }
 
 fn membership_response(
