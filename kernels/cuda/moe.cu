@@ -55,11 +55,13 @@ moe_route(int* __restrict__ ids, float* __restrict__ weights, const float* __res
         float top = -1.0f;
         for (u32 e = 0; e < experts; ++e) {
             const float p = expf(row[e] - max);
-            if (!(p > top)) continue;
+            if (!(p > top) && best >= 0) continue;
             bool taken = false;
             for (u32 i = 0; i < j; ++i) taken |= chosen[i] == (int)e;
-            if (!taken) {
-                top = p;
+            // The first expert not taken stands in until a larger one is found, so a row of
+            // NaNs (a padding row's leftovers) still names k distinct experts in range.
+            if (!taken && (p > top || best < 0)) {
+                top = p > top ? p : top;
                 best = (int)e;
             }
         }

@@ -281,7 +281,48 @@ pub(crate) fn check_moe(
         ));
         results.extend(check_alone(k, s, c, &dev, &x, &r)?);
     }
+    results.extend(check_nan_rows(k, s)?);
     Ok(results)
+}
+
+/// A row of NaN logits (a padding row's leftovers) still routes to k distinct experts in range
+/// (never an address outside the stacks); the canary counts the same on ids left unwritten.
+fn check_nan_rows(k: &Kernels, s: &Arc<CudaStream>) -> Result<Vec<CheckResult>, KernelError> {
+    let (tokens, experts, kk) = (3, 16, 4);
+    let logits = upload(s, &vec![f32::NAN; tokens * experts])?;
+    let unwritten = vec![-1i32; tokens * kk];
+    let mut ids = upload(s, &unwritten)?;
+    let mut weights = poisoned_f32(s, tokens * kk)?;
+    k.moe_route(
+        s,
+        &mut ids,
+        &mut weights,
+        &logits,
+        (tokens, experts, kk),
+        true,
+    )?;
+    let bad = |ids: &[i32]| {
+        ids.chunks_exact(kk)
+            .map(|row| {
+                let mut seen = std::collections::BTreeSet::new();
+                row.iter()
+                    .filter(|&&e| !(0..experts as i32).contains(&e) || !seen.insert(e))
+                    .count()
+            })
+            .sum::<usize>()
+    };
+    let case = format!(
+        "tokens={tokens} experts={experts} k={kk}: NaN logits, ids out of range or repeated"
+    );
+    Ok(vec![
+        invariance_result("moe_route", case.clone(), false, bad(&download(s, &ids)?)),
+        invariance_result(
+            "moe_route",
+            format!("{case} (canary: unwritten ids)"),
+            true,
+            bad(&unwritten),
+        ),
+    ])
 }
 
 fn check_logits(c: &Case, w: &Host, x: &[bf16], r: &Run, case: &str) -> Vec<CheckResult> {
