@@ -122,3 +122,60 @@ fn synth_bench_model_writes_the_configs_shape_cut_to_layers() {
     assert_eq!(layers_of(Some("2")), 2);
     assert_eq!(layers_of(None), 3);
 }
+
+/// `kv_tiers.sh` starts `strata serve` four ways (host, disk, restarted, long), each with the
+/// restore policy `KV_RESTORE` picks: every one of those command lines, read from the script
+/// itself, must get past the binary's flag parsing (the run then stops at the missing model),
+/// so a renamed or misspelt flag fails here rather than on the GPU machine.
+#[test]
+fn kv_tiers_serve_lines_parse() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/device/kv_tiers.sh");
+    let text = std::fs::read_to_string(&script).unwrap();
+    let common = text
+        .lines()
+        .find(|l| l.contains("\"$BIN\" serve --model"))
+        .expect("the serve function");
+    assert!(
+        common.contains("--kv-restore \"${KV_RESTORE:-auto}\""),
+        "{common}"
+    );
+    let servers: Vec<Vec<String>> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("serve "))
+        .filter_map(|l| l.strip_suffix(" || exit 1"))
+        .map(|l| {
+            l.split_whitespace()
+                .skip(1) // the server's name
+                .map(|a| {
+                    if a.contains('$') {
+                        "/tmp/unused".into()
+                    } else {
+                        a.to_string()
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    assert_eq!(servers.len(), 4, "host, disk, disk-restarted, long");
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("missing");
+    for restore in ["auto", "always", "sometimes"] {
+        for args in &servers {
+            let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+                .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+                .args(["--kv-restore", restore])
+                .args(args)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{stderr}");
+            // The canary: a value the flag does not take must be refused by the parser.
+            let parsed = stderr.contains("config.json");
+            assert_eq!(
+                parsed,
+                restore != "sometimes",
+                "{restore} {args:?}: {stderr}"
+            );
+        }
+    }
+}

@@ -13,28 +13,14 @@ The file names the weights' sha256 and the library versions per case.
 """
 
 import argparse
-import hashlib
 import json
 import pathlib
 
 import torch
 import transformers
 
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def load(path):
-    kwargs = {"attn_implementation": "eager"}
-    try:
-        return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
-    except TypeError:
-        return transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, **kwargs)
+# The same weights digest and float32 / eager loading as the logit fixtures.
+from make_fixtures import load, sha256
 
 
 def greedy(model, prompt, steps):
