@@ -6,6 +6,10 @@
 //! finishes with the same text as without the failure.
 
 mod cluster;
+#[path = "fuzz/mod.rs"]
+mod fuzz;
+#[path = "cluster_serving/hostile_peer.rs"]
+mod hostile_peer;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -15,7 +19,7 @@ use std::time::Duration;
 
 use cluster::{
     Process, START, complete, complete_with, completion_body, document, get, metric, post,
-    post_raw, post_with, send_raw, serial, strata, stream_text, synth,
+    post_raw, post_with, send_raw, serial, spawn_stream, strata, synth,
 };
 use strata_topology::transport::ClusterCa;
 
@@ -669,42 +673,6 @@ fn streams_across_a_node_fault(
     (same, get(cluster.router_addr, "/metrics"))
 }
 
-/// Streams the completion `body` through `addr` on a thread: sends on `started` at its first
-/// text, counts itself in `finished` when it ends, and returns the streamed text.
-fn spawn_stream(
-    addr: SocketAddr,
-    body: String,
-    started: mpsc::Sender<()>,
-    finished: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut conn = TcpStream::connect(addr).expect("connect");
-        conn.set_read_timeout(Some(Duration::from_secs(300)))
-            .unwrap();
-        let request = format!(
-            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
-             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        conn.write_all(request.as_bytes()).unwrap();
-        let (mut raw, mut buf, mut signalled) = (Vec::new(), [0u8; 4096], false);
-        loop {
-            let n = conn.read(&mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            raw.extend_from_slice(&buf[..n]);
-            if !signalled && String::from_utf8_lossy(&raw).contains("\"text\"") {
-                signalled = true;
-                let _ = started.send(());
-            }
-        }
-        finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let raw = String::from_utf8(raw).unwrap();
-        stream_text(raw.split_once("\r\n\r\n").unwrap().1)
-    })
-}
-
 #[test]
 fn a_rolling_restart_of_every_node_under_long_streams_ends_none_of_them() {
     let _serial = serial();
@@ -1244,4 +1212,22 @@ fn a_context_primed_through_a_router_is_pinned_on_its_node() {
         read >= written,
         "the marked prefix stayed cached on its node: {second}"
     );
+}
+
+/// Mutated calls from an authenticated but hostile peer (`cluster_serving/hostile_peer.rs`).
+#[test]
+fn mutated_calls_from_an_authenticated_peer_leave_the_node_serving() {
+    let _serial = serial();
+    let campaign = fuzz::Campaign::new("node calls", 0x40d_0001, 1_500, Duration::from_secs(20));
+    let report = hostile_peer::campaign(campaign);
+    for outcome in ["answered", "refused"] {
+        assert!(report.count(outcome) > 0, "no call {outcome}: {report:?}");
+    }
+}
+
+#[test]
+#[ignore = "a recorded ten-minute run: scripts/fuzz-long.sh"]
+fn node_calls_for_ten_minutes() {
+    let _serial = serial();
+    hostile_peer::campaign(fuzz::Campaign::new("node calls", 0x40d_1001, 0, Duration::ZERO).long());
 }

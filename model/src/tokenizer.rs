@@ -133,6 +133,27 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// A `tokenizer.json` document read by the tokenizers library. The library turns some malformed
+/// documents into panics instead of errors (a `decoder` of the wrong shape, found by
+/// model/tests/input_fuzz.rs): a bad file is refused like any other, never taking the process.
+fn parse(bytes: &[u8]) -> Result<tokenizers::Tokenizer, String> {
+    match std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes)) {
+        Ok(Ok(inner)) => Ok(inner),
+        Ok(Err(e)) => Err(one_line(&e.to_string())),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(format!(
+                "the tokenizers library failed on it: {}",
+                one_line(&what)
+            ))
+        }
+    }
+}
+
 impl Tokenizer {
     /// Loads `dir/tokenizer.json` and, when present, `dir/tokenizer_config.json`; or, when `dir`
     /// is a GGUF file, the tokenizer its metadata describes.
@@ -154,11 +175,9 @@ impl Tokenizer {
             path: tokenizer_json.to_owned(),
             error,
         })?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
-            TokenizerError::MalformedTokenizer {
-                path: tokenizer_json.to_owned(),
-                message: one_line(&e.to_string()),
-            }
+        let inner = parse(&bytes).map_err(|message| TokenizerError::MalformedTokenizer {
+            path: tokenizer_json.to_owned(),
+            message,
         })?;
         let config = match config {
             Some(path) => TokenizerConfig::load(path)?,
@@ -190,8 +209,7 @@ impl Tokenizer {
         let file = crate::gguf::GgufFile::open(path).map_err(|e| malformed(e.problem()))?;
         let built = crate::gguf::tokenizer(file.header()).map_err(|e| malformed(e.to_string()))?;
         let bytes = serde_json::to_vec(&built.json).map_err(|e| malformed(e.to_string()))?;
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
-            .map_err(|e| malformed(one_line(&e.to_string())))?;
+        let inner = parse(&bytes).map_err(malformed)?;
         let config = TokenizerConfig {
             bos_token: built.bos_token,
             eos_token: built.eos_token,

@@ -10,6 +10,9 @@
 //! be a value or an error; a panic fails the test with the seed and case. Bounded by a case count
 //! and a wall-clock budget so CI time stays fixed.
 
+#[path = "../../tests/fuzz/mod.rs"]
+mod fuzz;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -86,8 +89,8 @@ fn mutate(rng: &mut ChaCha8Rng, bytes: &mut [u8], region: std::ops::Range<usize>
     len
 }
 
-#[test]
-fn mutated_checkpoints_and_configs_never_panic() {
+/// One campaign of at most `max_cases` cases within `budget`, from `seed`.
+fn campaign(seed: u64, max_cases: usize, budget: Duration) -> fuzz::Report {
     let tmp = tempfile::tempdir().unwrap();
     let source = tmp.path().join("source");
     synthesize(&SynthSpec::tiny_moe(9), &source, None).unwrap();
@@ -99,10 +102,10 @@ fn mutated_checkpoints_and_configs_never_panic() {
     let header_end = 8 + u64::from_le_bytes(weights[..8].try_into().unwrap()) as usize;
     let case_dir = tmp.path().join("case");
     std::fs::create_dir_all(&case_dir).unwrap();
-    let mut rng = ChaCha8Rng::seed_from_u64(SEED);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let started = Instant::now();
     let (mut cases, mut loaded) = (0usize, 0usize);
-    while cases < MAX_CASES && started.elapsed() < BUDGET {
+    while cases < max_cases && started.elapsed() < budget {
         cases += 1;
         let (mut w, mut c) = (weights.clone(), config.clone());
         let what = if rng.next_u32() % 3 == 0 {
@@ -122,17 +125,32 @@ fn mutated_checkpoints_and_configs_never_panic() {
             Err(_) => {
                 let kept = tmp.path().join("panicked");
                 let _ = std::fs::rename(&case_dir, &kept);
-                panic!("case {cases} (seed {SEED:#x}, {what}) panicked");
+                panic!("case {cases} (seed {seed:#x}, {what}) panicked");
             }
         }
     }
-    eprintln!(
-        "{cases} mutated checkpoints in {:.1} s, {loaded} still loaded",
-        started.elapsed().as_secs_f64()
-    );
+    fuzz::Report::of(
+        "safetensors checkpoint",
+        seed,
+        started,
+        cases,
+        &[("loaded", loaded), ("refused", cases - loaded)],
+    )
+}
+
+#[test]
+fn mutated_checkpoints_and_configs_never_panic() {
+    let report = campaign(SEED, MAX_CASES, BUDGET);
+    let (cases, loaded) = (report.cases, report.count("loaded"));
     assert!(cases >= 100, "too few cases ran ({cases}) to mean anything");
     assert!(
         loaded > 0 && loaded < cases,
         "both outcomes must occur: {loaded} of {cases} loaded"
     );
+}
+
+#[test]
+#[ignore = "a recorded ten-minute run: scripts/fuzz-long.sh"]
+fn checkpoints_for_ten_minutes() {
+    campaign(SEED + 1, usize::MAX, fuzz::LONG);
 }

@@ -9,6 +9,9 @@
 //! error; a panic fails the test with the seed and case that caused it. The run is bounded by a
 //! case count and a wall-clock budget so CI time stays fixed.
 
+#[path = "../../tests/fuzz/mod.rs"]
+mod fuzz;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -53,18 +56,18 @@ fn exercise(file: &Gguf<'_>, deep: bool) {
     }
 }
 
-#[test]
-fn mutated_real_headers_never_panic() {
+/// One campaign of at most `max_cases` cases within `budget`, from `seed`.
+fn campaign(seed: u64, max_cases: usize, budget: Duration) -> fuzz::Report {
     let original = model_bytes();
     let data_offset = Gguf::parse(&original)
         .expect("the real file parses")
         .header()
         .data_offset() as usize;
-    let mut rng = ChaCha8Rng::seed_from_u64(SEED);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut buf = original.clone();
     let started = Instant::now();
     let (mut cases, mut parsed) = (0usize, 0usize);
-    while cases < MAX_CASES && started.elapsed() < BUDGET {
+    while cases < max_cases && started.elapsed() < budget {
         cases += 1;
         let region = match rng.next_u32() % 10 {
             0..=3 => 0..1024,
@@ -116,7 +119,7 @@ fn mutated_real_headers_never_panic() {
         match outcome {
             Ok(ok) => parsed += usize::from(ok),
             Err(_) => panic!(
-                "case {cases} (seed {SEED:#x}) panicked: bytes {touched:?}, length {len} of {}",
+                "case {cases} (seed {seed:#x}) panicked: bytes {touched:?}, length {len} of {}",
                 buf.len()
             ),
         }
@@ -124,13 +127,28 @@ fn mutated_real_headers_never_panic() {
             buf[i] = original[i];
         }
     }
-    eprintln!(
-        "{cases} mutated headers in {:.1} s, {parsed} still parsed and were read through",
-        started.elapsed().as_secs_f64()
-    );
+    fuzz::Report::of(
+        "gguf header",
+        seed,
+        started,
+        cases,
+        &[("parsed", parsed), ("refused", cases - parsed)],
+    )
+}
+
+#[test]
+fn mutated_real_headers_never_panic() {
+    let report = campaign(SEED, MAX_CASES, BUDGET);
+    let (cases, parsed) = (report.cases, report.count("parsed"));
     assert!(cases >= 200, "too few cases ran ({cases}) to mean anything");
     assert!(
         parsed > 0 && parsed < cases,
         "both outcomes must occur: {parsed} of {cases} parsed"
     );
+}
+
+#[test]
+#[ignore = "a recorded ten-minute run: scripts/fuzz-long.sh"]
+fn gguf_headers_for_ten_minutes() {
+    campaign(SEED + 1, usize::MAX, fuzz::LONG);
 }

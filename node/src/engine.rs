@@ -487,7 +487,7 @@ impl EngineClient for Engine {
         hashes: Vec<BlockHash>,
         ttl: Duration,
     ) -> Reply<Result<crate::rpc::PinReport, String>> {
-        let asked = self.ask_pin(name, hashes, Some(std::time::Instant::now() + ttl));
+        let asked = self.ask_pin(name, hashes, std::time::Instant::now().checked_add(ttl));
         later(asked, |pinned| {
             pinned
                 .map(crate::rpc::pin_report)
@@ -496,7 +496,12 @@ impl EngineClient for Engine {
     }
 
     fn pin_detached(&self, name: String, hashes: Vec<BlockHash>, ttl: Duration) {
-        Engine::pin_detached(self, name, hashes, Some(std::time::Instant::now() + ttl))
+        Engine::pin_detached(
+            self,
+            name,
+            hashes,
+            std::time::Instant::now().checked_add(ttl),
+        )
     }
 
     fn unpin(&self, name: String) -> Reply<bool> {

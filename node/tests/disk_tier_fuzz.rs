@@ -6,6 +6,9 @@
 //! error (a damaged block is dropped at open or refused at read), never a panic, and every block
 //! read must hold exactly the bytes written.
 
+#[path = "../../tests/fuzz/mod.rs"]
+mod fuzz;
+
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
@@ -25,8 +28,8 @@ fn bytes_of(hash: BlockHash) -> Vec<u8> {
         .collect()
 }
 
-#[test]
-fn damaged_block_files_are_dropped_or_refused_never_misread() {
+/// One campaign of at most `max_cases` cases within `budget`, from `seed`.
+fn campaign(seed: u64, max_cases: usize, budget: Duration) -> fuzz::Report {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("kv");
     let hashes: Vec<BlockHash> = (1..=BLOCKS)
@@ -49,10 +52,10 @@ fn damaged_block_files_are_dropped_or_refused_never_misread() {
         .collect();
     assert_eq!(originals.len(), BLOCKS as usize);
     let header = originals[0].1.len() - BLOCK;
-    let mut rng = ChaCha8Rng::seed_from_u64(SEED);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let started = Instant::now();
     let (mut cases, mut read_back, mut refused) = (0usize, 0usize, 0usize);
-    while cases < MAX_CASES && started.elapsed() < BUDGET {
+    while cases < max_cases && started.elapsed() < budget {
         cases += 1;
         for (path, bytes) in &originals {
             std::fs::write(path, bytes).unwrap();
@@ -97,18 +100,28 @@ fn damaged_block_files_are_dropped_or_refused_never_misread() {
                 read_back += ok;
                 refused += bad;
             }
-            Err(_) => panic!("case {cases} (seed {SEED:#x}) panicked or misread"),
+            Err(_) => panic!("case {cases} (seed {seed:#x}) panicked or misread"),
         }
         // Files the open dropped are written back by the next case.
     }
-    eprintln!(
-        "{cases} damaged tiers in {:.1} s: {read_back} blocks read back intact, {refused} refused",
-        started.elapsed().as_secs_f64()
-    );
+    let outcomes = [("blocks read back", read_back), ("blocks refused", refused)];
+    fuzz::Report::of("disk kv tier", seed, started, cases, &outcomes)
+}
+
+#[test]
+fn damaged_block_files_are_dropped_or_refused_never_misread() {
+    let report = campaign(SEED, MAX_CASES, BUDGET);
+    let (cases, read_back) = (report.cases, report.count("blocks read back"));
     assert!(cases >= 100, "too few cases ran ({cases})");
     assert!(read_back > 0, "no block survived: the test reads nothing");
     assert!(
         read_back < cases * BLOCKS as usize,
         "every block survived every case: the damage reached nothing"
     );
+}
+
+#[test]
+#[ignore = "a recorded ten-minute run: scripts/fuzz-long.sh"]
+fn disk_tier_for_ten_minutes() {
+    campaign(SEED + 1, usize::MAX, fuzz::LONG);
 }

@@ -162,6 +162,13 @@ fn cancel_deadline_and_disconnect_end_requests() {
     let (tokens, reason, _) = drain(engine.submit(r).unwrap());
     assert_eq!((tokens.len(), reason), (0, FinishReason::Timeout));
 
+    // A deadline past what the clock can name (a hostile peer's u64::MAX seconds) is no deadline:
+    // the request runs to its length and the engine thread lives (it panicked on the overflow).
+    let mut r = request(10, 3);
+    r.deadline = Some(Duration::MAX);
+    let (tokens, reason, _) = drain(engine.submit(r).unwrap());
+    assert_eq!((tokens.len(), reason), (3, FinishReason::Length));
+
     // A dropped stream is a client that went away: the engine stops that request and serves on.
     drop(engine.submit(request(20, 100_000)).unwrap());
     let (tokens, reason, _) = drain(engine.submit(request(10, 3)).unwrap());

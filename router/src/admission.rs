@@ -16,6 +16,7 @@ use futures_util::StreamExt;
 use serde_json::json;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::memory::IdleTrim;
 use crate::state::AppState;
 
 /// Seconds a refused client is told to wait (`Retry-After`).
@@ -46,6 +47,8 @@ pub struct Admission {
     limits: AdmissionLimits,
     slots: Arc<Semaphore>,
     queued: AtomicUsize,
+    /// Gives the heap back when the last running generation ends (`memory.rs`).
+    trim: IdleTrim,
 }
 
 impl Admission {
@@ -54,6 +57,7 @@ impl Admission {
             limits,
             slots: Arc::new(Semaphore::new(limits.max_inflight.max(1))),
             queued: AtomicUsize::new(0),
+            trim: IdleTrim::default(),
         }
     }
 
@@ -92,11 +96,17 @@ impl Drop for InLine<'_> {
 struct Running {
     _permit: OwnedSemaphorePermit,
     state: AppState,
+    admission: Arc<Admission>,
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
         self.state.metrics.inflight.dec();
+        // This slot is still held: every other one free means the server is going idle.
+        let others_free = self.admission.slots.available_permits() + 1;
+        if others_free >= self.admission.limits.max_inflight.max(1) {
+            self.admission.trim.idle();
+        }
     }
 }
 
@@ -133,6 +143,7 @@ pub async fn admit(
     let running = Running {
         _permit: permit,
         state: state.clone(),
+        admission: Arc::clone(&admission),
     };
     let (parts, body) = next.run(request).await.into_parts();
     if body.size_hint().exact().is_some() {

@@ -11,6 +11,7 @@ pub mod cors;
 pub mod dashboard;
 pub mod drain;
 pub mod error;
+pub mod memory;
 pub mod metrics;
 pub mod openai;
 pub mod openapi;

@@ -8,6 +8,10 @@
 
 #[path = "bad_input/cases.rs"]
 mod cases;
+#[path = "../../tests/fuzz/mod.rs"]
+mod fuzz;
+#[path = "bad_input/fuzz.rs"]
+mod fuzz_surfaces;
 mod support;
 
 use std::net::SocketAddr;
@@ -392,4 +396,18 @@ fn the_shape_checks_tell_the_surfaces_apart() {
     let mut plain = openai.clone();
     plain.head = "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain".into();
     assert!(check(&probe(CHAT), &plain).is_err());
+}
+
+/// Mutations of valid requests on every route (`bad_input/fuzz.rs`): each answer comes in time,
+/// is no server error, and is a refusal in its surface's shape or a well-formed success.
+#[test]
+fn mutated_requests_on_every_surface_are_answered_or_refused_in_shape() {
+    fuzz_surfaces::surfaces_bounded();
+}
+
+#[test]
+#[ignore = "a recorded ten-minute run: scripts/fuzz-long.sh"]
+fn surface_requests_for_ten_minutes() {
+    let campaign = fuzz::Campaign::new("surface requests", 0x5_1001, 0, Duration::ZERO).long();
+    fuzz_surfaces::surfaces(campaign);
 }

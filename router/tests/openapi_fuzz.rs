@@ -124,7 +124,7 @@ fn the_document_is_as_strict_as_the_server() {
         run_schemathesis(&[
             "{base}/openapi.json",
             "--phases",
-            "examples,coverage,fuzzing",
+            "examples,coverage,fuzzing,stateful",
             "--max-examples",
             "10",
             "--max-time",
@@ -146,6 +146,13 @@ fn the_document_is_as_strict_as_the_server() {
         output.status.success(),
         "schemathesis found the document and the server disagree {}",
         printed(&output)
+    );
+    // What ran, phase by phase (schemathesis' summary), for the log of a passing run.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let summary: Vec<&str> = stdout.lines().rev().take(40).collect();
+    eprintln!(
+        "{}",
+        summary.into_iter().rev().collect::<Vec<_>>().join("\n")
     );
 }
 

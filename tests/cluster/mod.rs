@@ -21,7 +21,13 @@ pub struct Process {
 
 impl Process {
     pub fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_strata"))
+        Self::start_with(Command::new(env!("CARGO_BIN_EXE_strata")), args)
+    }
+
+    /// [`Process::start`] through `command` (the binary run by a wrapper: another network
+    /// namespace, say), with `args` after it.
+    pub fn start_with(mut command: Command, args: &[&str]) -> Self {
+        let mut child = command
             .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -432,4 +438,40 @@ pub fn deploy_local_env(
         String::from_utf8_lossy(&up.stderr)
     );
     (down, base)
+}
+
+/// Streams the completion `body` through `addr` on a thread: sends on `started` at its first
+/// text, counts itself in `finished` when it ends, and returns the streamed text.
+pub fn spawn_stream(
+    addr: SocketAddr,
+    body: String,
+    started: mpsc::Sender<()>,
+    finished: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut conn = TcpStream::connect(addr).expect("connect");
+        conn.set_read_timeout(Some(Duration::from_secs(300)))
+            .unwrap();
+        let request = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(request.as_bytes()).unwrap();
+        let (mut raw, mut buf, mut signalled) = (Vec::new(), [0u8; 4096], false);
+        loop {
+            let n = conn.read(&mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            raw.extend_from_slice(&buf[..n]);
+            if !signalled && String::from_utf8_lossy(&raw).contains("\"text\"") {
+                signalled = true;
+                let _ = started.send(());
+            }
+        }
+        finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let raw = String::from_utf8(raw).unwrap();
+        stream_text(raw.split_once("\r\n\r\n").unwrap().1)
+    })
 }

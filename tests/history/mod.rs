@@ -15,6 +15,7 @@
 
 #![allow(dead_code)] // each test binary that includes this module uses a part of it
 
+pub mod recorder;
 pub mod registry;
 
 use std::collections::{BTreeMap, HashSet};

@@ -4,6 +4,8 @@
 //! the refusal of an expired token (which stays unspent), and the loss of the leader.
 
 mod common;
+#[path = "../../tests/fuzz/mod.rs"]
+mod fuzz;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,7 +20,7 @@ use strata_topology::state::{Change, Command, DEFAULT_JOIN_TOKEN_TTL_MS, UnixMil
 use strata_topology::transport::ca::{MEMBER_CERT_FILE, MEMBER_KEY_FILE};
 use strata_topology::transport::join::{JoinAuthority, JoinToken, request_membership};
 use strata_topology::transport::wire::{
-    FeedItem, MAX_FRAME, MembershipChange, Refusal, Request, Response,
+    FeedItem, MAX_FRAME, MembershipChange, Refusal, Request, Response, read_frame,
 };
 use strata_topology::transport::{
     Client, ClientError, ClusterCa, join_endpoint, serve, tls, upgrade_to_member,
@@ -396,4 +398,126 @@ async fn an_expired_join_token_is_refused_naming_its_expiry_and_stays_unspent() 
     assert_eq!(joined.id, 2);
     assert_eq!(record(&live).consumed_by, Some(2));
     assert_eq!(record(&expired).consumed_by, None);
+}
+
+/// Seed calls for the hostile-peer campaign: every kind of request, raft RPCs claiming to come
+/// from the caller (member 100, in no group) included.
+fn hostile_seeds(members: &BTreeMap<NodeId, Member>) -> Vec<Vec<u8>> {
+    use openraft::raft::{AppendEntriesRequest, VoteRequest};
+    let vote = openraft::Vote::new(7, 100);
+    let requests = [
+        Request::Read,
+        Request::Propose(Command::new(1_000, Change::PutTenant { name: "t".into() })),
+        Request::Propose(Command::new(
+            1_000,
+            Change::AddMember(spec(9, "127.0.0.1:9")),
+        )),
+        Request::Propose(Command::new(1_000, Change::EvaluateLeases)),
+        Request::AddLearner {
+            id: 9,
+            addr: members[&1].addr.clone(),
+        },
+        Request::ChangeMembership(MembershipChange::RemoveLearners([9].into())),
+        Request::PreVote {
+            term: 7,
+            last_applied: None,
+        },
+        Request::Vote(VoteRequest::new(vote, None)),
+        Request::AppendEntries(AppendEntriesRequest {
+            vote,
+            prev_log_id: None,
+            entries: Vec::new(),
+            leader_commit: None,
+        }),
+        Request::Renew {
+            csr_pem:
+                "-----BEGIN CERTIFICATE REQUEST-----\nMIIB\n-----END CERTIFICATE REQUEST-----\n"
+                    .into(),
+        },
+    ];
+    requests
+        .iter()
+        .map(|r| serde_json::to_vec(r).unwrap())
+        .collect()
+}
+
+/// One call of raw bytes: the member's answer, or how the stream ended without one.
+async fn hostile_call(admin: &Client, addr: &str, body: &[u8]) -> &'static str {
+    let connection = admin.connection(addr).await.expect("connect");
+    let (mut send, mut recv) = connection.open_bi().await.expect("open stream");
+    let _ = send.write_all(&framed(body)).await;
+    let _ = send.finish();
+    match tokio::time::timeout(TIMEOUT, read_frame::<Response>(&mut recv)).await {
+        Err(_) => panic!("no answer within {TIMEOUT:?}"),
+        Ok(Ok(Some(Response::Refused(_)))) => "refused",
+        Ok(Ok(Some(_))) => "answered",
+        Ok(Ok(None) | Err(_)) => "closed",
+    }
+}
+
+/// A campaign of mutated calls from an authenticated but hostile peer against a three-member
+/// group; afterwards the group still elects, commits and reads, and nothing panicked anywhere
+/// in the process (spawned tasks included).
+fn hostile_peer(campaign: fuzz::Campaign) -> fuzz::Report {
+    let panics = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let previous = std::panic::take_hook();
+    let counted = Arc::clone(&panics);
+    std::panic::set_hook(Box::new(move |info| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        previous(info);
+    }));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ca = TestCa::new();
+    let (members, addrs) = runtime.block_on(common::start_group(&ca, &group(), 1..=3, 3, TIMEOUT));
+    runtime.block_on(wait_for_leader(&members, TIMEOUT));
+    let identity = ca.issue(100);
+    let admin = runtime.block_on(async { operator(&identity, TIMEOUT) });
+    let report = campaign.run(&hostile_seeds(&members), |body| {
+        let addr = &addrs[&(1 + body.len() as u64 % 3)];
+        runtime.block_on(hostile_call(&admin, addr, body))
+    });
+    runtime.block_on(async {
+        wait_for_leader(&members, TIMEOUT).await;
+        let leader = &addrs[&wait_for_leader(&members, TIMEOUT).await];
+        let command = Command::new(
+            2_000,
+            Change::PutTenant {
+                name: "after".into(),
+            },
+        );
+        let (_, outcome) = admin.propose(leader, command).await.expect("propose");
+        assert!(outcome.is_ok(), "{outcome:?}");
+        let view = admin.read(leader).await.expect("read");
+        assert!(view.cluster.tenants().tenants().contains_key("after"));
+    });
+    assert_eq!(
+        panics.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a hostile call panicked a task"
+    );
+    report
+}
+
+#[test]
+fn mutated_calls_from_an_authenticated_peer_are_refused_and_the_group_keeps_serving() {
+    let report = hostile_peer(fuzz::Campaign::new(
+        "topology calls",
+        0x70b_0001,
+        2_000,
+        Duration::from_secs(15),
+    ));
+    assert!(
+        report.count("refused") > 0 && report.count("answered") > 0,
+        "{report:?}"
+    );
+}
+
+#[test]
+#[ignore = "a recorded ten-minute run: scripts/fuzz-long.sh"]
+fn topology_calls_for_ten_minutes() {
+    hostile_peer(fuzz::Campaign::new("topology calls", 0x70b_1001, 0, Duration::ZERO).long());
 }

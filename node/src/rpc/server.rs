@@ -401,9 +401,10 @@ async fn serve_stream(
             ttl_ms,
         } => {
             let engine = Arc::clone(engine);
-            let expires = Instant::now() + Duration::from_millis(ttl_ms);
+            // A time to live past what the clock can name pins for good, as no expiry does.
+            let expires = Instant::now().checked_add(Duration::from_millis(ttl_ms));
             let pinned =
-                tokio::task::spawn_blocking(move || engine.pin(name, hashes, Some(expires))).await;
+                tokio::task::spawn_blocking(move || engine.pin(name, hashes, expires)).await;
             let answer: Result<PinReport, String> = match pinned {
                 Ok(Ok(Ok(status))) => Ok(pin_report(status)),
                 Ok(Ok(Err(e))) => Err(e.to_string()),

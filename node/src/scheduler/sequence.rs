@@ -51,7 +51,8 @@ impl Sequence {
         sampler: Sampler,
         events: UnboundedSender<TokenEvent>,
     ) -> Self {
-        let deadline = request.deadline.map(|d| Instant::now() + d);
+        // A deadline past what the clock can name (a hostile peer's `u64::MAX` seconds) is none.
+        let deadline = request.deadline.and_then(|d| Instant::now().checked_add(d));
         let mut sampler = sampler;
         sampler.observe_prompt(&request.prompt);
         // A continued request's output so far is computed like its prompt, and counts as

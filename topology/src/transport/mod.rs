@@ -16,6 +16,7 @@
 pub mod ca;
 pub mod client;
 pub mod join;
+pub mod raft_guard;
 pub mod raft_network;
 pub mod renew;
 pub mod service;

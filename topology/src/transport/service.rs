@@ -25,6 +25,7 @@ use openraft::{BasicNode, ChangeMembers, RaftMetrics, ServerState};
 use super::ca::Principal;
 use super::client::{peer_expiry, peer_principal};
 use super::join::JoinAuthority;
+use super::raft_guard;
 use super::wire::{
     ClusterView, FeedItem, FrameError, MembershipChange, Refusal, Request, Response, node,
     read_frame_bytes, write_frame,
@@ -122,7 +123,14 @@ async fn serve_stream(
                 // Checked per request: a certificate revoked, or past its end, while its
                 // connection is open stops working at its next call.
                 not_revoked(&service.state, peer)?;
-                not_expired(caller)
+                not_expired(caller)?;
+                raft_guard::well_formed(&request)?;
+                match peer {
+                    Some(Principal::Member(id)) => {
+                        raft_guard::from_a_member(&request, *id, &group_members(service))
+                    }
+                    _ => Ok(()),
+                }
             }) {
                 Ok(()) => {
                     if let Err(e) = answer(request, &mut send, service, peer).await {
@@ -157,6 +165,19 @@ async fn serve_stream(
             let _ = send.reset(0u32.into());
         }
     }
+}
+
+/// Every member of the group's effective membership: voters and learners of each configuration
+/// in force.
+fn group_members(service: &Service) -> BTreeSet<NodeId> {
+    let metrics = service.raft.metrics();
+    let metrics = metrics.borrow();
+    metrics
+        .membership_config
+        .membership()
+        .nodes()
+        .map(|(id, _)| *id)
+        .collect()
 }
 
 /// Who a request came from, for the log.

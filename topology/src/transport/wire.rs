@@ -171,6 +171,9 @@ pub enum Refusal {
     WrongSender { claimed: NodeId, peer: NodeId },
     #[error("raft RPCs are for members; the peer certificate names operator {operator}")]
     OperatorRaft { operator: String },
+    /// A raft RPC from a member certificate whose id is in no configuration of the group.
+    #[error("raft RPC from member {peer}, which is not in the group's membership")]
+    NotInGroup { peer: NodeId },
     #[error("not the leader; the leader is {leader:?} at {addr:?}")]
     NotLeader {
         leader: Option<NodeId>,

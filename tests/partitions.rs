@@ -1,0 +1,394 @@
+//! Partitions, not only kills: strata processes on hosts of their own (network namespaces on a
+//! bridge, `tests/netns`), whose links the test cuts and heals while no process dies.
+//!
+//! - A node cut from its router mid-stream: the router hears nothing from it for its idle
+//!   timeout and continues each of its streams on the other node, which come out byte-identical
+//!   to a fault-free run (greedy and seeded sampling alike). Canary: the same cut under a router
+//!   with `--failover false` breaks those streams.
+//! - The raft leader cut from the majority (its link down), then, once healed, the next leader
+//!   made unheard (everything it sends to the other members is dropped, what they send still
+//!   arrives): each time the majority elects another leader and keeps committing, the old
+//!   leader refuses a write promptly instead of taking it, and after the heal every member
+//!   agrees on one leader and the voters. A writer and a reader record the group throughout:
+//!   the history is linearizable and holds every acknowledged write (with the checker's canary).
+//! - A follower cut off while the majority removes it (a leave in flight across a partition):
+//!   the removal commits without it, and once healed the group keeps its two voters and the
+//!   removed member stays out.
+
+mod cluster;
+mod history;
+mod netns;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use cluster::{Process, START, complete_with, completion_body, serial, spawn_stream, synth};
+use history::recorder::GroupHistory;
+use netns::{Host, Net};
+use serde_json::Value;
+use strata_topology::transport::ClusterCa;
+
+const STRATA: &str = env!("CARGO_BIN_EXE_strata");
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Runs 16 streams (odd ones sampled with a seed) through a router on host 1 in front of nodes
+/// on hosts 2 and 3 (round robin, so both carry streams), cuts host 2's link once every stream
+/// has its first text, and returns per stream whether it ended with the fault-free text.
+fn streams_across_a_node_cut(router_args: &[&str]) -> Vec<bool> {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    synth(&model);
+    let model = model.to_str().unwrap();
+    let ca = ClusterCa::create(&tmp.path().join("ca")).unwrap();
+    let mut net = Net::new();
+    let router_host = net.host(1);
+    let node_hosts = [net.host(2), net.host(3)];
+    let mut nodes = Vec::new();
+    let mut addrs = Vec::new();
+    for (i, host) in node_hosts.iter().enumerate() {
+        let identity = tmp.path().join(format!("member-{}", i + 1));
+        ca.issue_member(i as u64 + 1, &identity).unwrap();
+        let listen = format!("{}:7100", host.ip);
+        let args = [
+            "node",
+            "serve",
+            "--model",
+            model,
+            "--listen",
+            &listen,
+            "--identity",
+            identity.to_str().unwrap(),
+            "--kv-cache-mib",
+            "16",
+        ];
+        let node = Process::start_with(host.command(STRATA), &args);
+        addrs.push(node.address("on quic://").to_string());
+        nodes.push(node);
+    }
+    let operator = tmp.path().join("router-identity");
+    ca.issue_operator("router-1", &operator).unwrap();
+    let (list, host_ip) = (addrs.join(","), router_host.ip.to_string());
+    let mut args = vec![
+        "router",
+        "--model",
+        model,
+        "--nodes",
+        &list,
+        "--identity",
+        operator.to_str().unwrap(),
+        "--policy",
+        "round-robin",
+        "--host",
+        &host_ip,
+        "--port",
+        "8080",
+    ];
+    args.extend_from_slice(router_args);
+    let router = Process::start_with(router_host.command(STRATA), &args);
+    let router_addr = router.address("on http://");
+    let reference = Process::start(&["serve", "--model", model, "--port", "0"]);
+    let reference_addr = reference.address("on http://");
+
+    const TOKENS: u32 = 600;
+    let prompts: Vec<String> = (0..16)
+        .map(|i| format!("partition {i}: {}", "tell a long story. ".repeat(1 + i % 5)))
+        .collect();
+    let seed = |i: usize| (i % 2 == 1).then_some(2000 + i as u64);
+    let want: Vec<String> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| complete_with(reference_addr, p, TOKENS, seed(i)))
+        .collect();
+    let (started_tx, started) = mpsc::channel();
+    let handles: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            let body = completion_body(prompt, TOKENS, true, seed(i));
+            spawn_stream(router_addr, body, started_tx.clone(), Default::default())
+        })
+        .collect();
+    for _ in 0..prompts.len() {
+        started.recv_timeout(START).expect("every stream starts");
+    }
+    net.cut(&node_hosts[0]);
+    handles
+        .into_iter()
+        .zip(&want)
+        .map(|(h, want)| h.join().ok().is_some_and(|got| &got == want))
+        .collect()
+}
+
+#[test]
+fn a_node_cut_from_its_router_mid_stream_fails_over_byte_identical() {
+    let _serial = serial();
+    let same = streams_across_a_node_cut(&[]);
+    assert!(
+        same.iter().all(|&s| s),
+        "streams changed by the cut: {same:?}"
+    );
+}
+
+#[test]
+fn canary_without_failover_the_cut_breaks_streams() {
+    let _serial = serial();
+    let same = streams_across_a_node_cut(&["--failover", "false"]);
+    assert!(
+        same.iter().any(|&s| !s),
+        "no stream broke: the cut reached no stream, so the test above proves nothing"
+    );
+}
+
+/// `strata cluster <args> --data <data>`, run on `host` (its own namespace) or here.
+fn cli(host: Option<&Host>, data: &Path, args: &[&str]) -> Output {
+    let mut command = match host {
+        Some(host) => host.command(STRATA),
+        None => std::process::Command::new(STRATA),
+    };
+    command
+        .arg("cluster")
+        .args(args)
+        .args(["--data", data.to_str().unwrap()])
+        .output()
+        .expect("run strata")
+}
+
+/// `cluster status --json` through the member in `data`, when it answers.
+fn status(data: &Path) -> Option<Value> {
+    let out = cli(None, data, &["status", "--json"]);
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+/// Polls the members in `datas` until one's status passes `check`.
+fn wait_status(datas: &[&Path], what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        for data in datas {
+            if let Some(s) = status(data)
+                && check(&s)
+            {
+                return s;
+            }
+        }
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Polls until every member in `datas` reports the same leader and `voters` voters.
+fn wait_agreement(datas: &[&Path], voters: usize) -> u64 {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let leaders: Vec<Option<u64>> = datas
+            .iter()
+            .map(|d| {
+                status(d).and_then(|s| {
+                    let settled = s["changing"] == false
+                        && s["voters"].as_array().is_some_and(|v| v.len() == voters);
+                    settled.then(|| s["leader"].as_u64()).flatten()
+                })
+            })
+            .collect();
+        if let Some(Some(first)) = leaders.first()
+            && leaders.iter().all(|l| *l == Some(*first))
+        {
+            return *first;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the members never agreed: {leaders:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+/// Three members, one per host (1..=3), `init` on host 1 and two `join --voter`; each process
+/// with its data directory.
+fn start_group(net: &mut Net, root: &Path) -> (Vec<Host>, Vec<PathBuf>, Vec<Process>) {
+    let hosts: Vec<Host> = (1..=3).map(|n| net.host(n)).collect();
+    let datas: Vec<PathBuf> = (1..=3).map(|i| root.join(format!("m{i}"))).collect();
+    let join = format!("{}:7001", hosts[0].ip);
+    let listen = |i: usize| format!("{}:7000", hosts[i].ip);
+    let data = |i: usize| datas[i].to_str().unwrap().to_string();
+    let init = [
+        "cluster",
+        "init",
+        "--listen",
+        &listen(0),
+        "--join-listen",
+        &join,
+        "--data",
+        &data(0),
+    ];
+    let mut members = vec![Process::start_with(hosts[0].command(STRATA), &init)];
+    wait_status(&[&datas[0]], "member 1 leads", |s| s["leader"] == 1);
+    for i in 1..3 {
+        let token = if i == 1 {
+            datas[0].join("join-token")
+        } else {
+            let file = root.join(format!("token-{i}"));
+            let out = cli(None, &datas[0], &["token", "--out", file.to_str().unwrap()]);
+            assert!(out.status.success(), "{out:?}");
+            file
+        };
+        let args = [
+            "cluster",
+            "join",
+            "--listen",
+            &listen(i),
+            "--seed",
+            &join,
+            "--token",
+            token.to_str().unwrap(),
+            "--voter",
+            "--data",
+            &data(i),
+        ];
+        members.push(Process::start_with(hosts[i].command(STRATA), &args));
+        let started: Vec<&Path> = datas[..=i].iter().map(PathBuf::as_path).collect();
+        wait_agreement(&started, i + 1);
+    }
+    (hosts, datas, members)
+}
+
+/// Whether a write through the member in `data`, run on its own host, is refused (not taken)
+/// within `within`.
+fn write_refused_on(host: &Host, data: &Path, within: Duration) -> bool {
+    let started = Instant::now();
+    let out = cli(Some(host), data, &["token", "--out", "/dev/null"]);
+    let took = started.elapsed();
+    eprintln!(
+        "write through the cut-off leader: {} in {took:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    !out.status.success() && took < within
+}
+
+/// The majority's side: a leader other than `old` whose applied index moves past `applied`.
+fn new_leader_commits(datas: &[PathBuf], old: usize, applied: u64) -> u64 {
+    let survivors: Vec<&Path> = datas
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i + 1 != old)
+        .map(|(_, d)| d.as_path())
+        .collect();
+    let after = wait_status(&survivors, "the majority elects and commits", |s| {
+        s["leader"].as_u64().is_some_and(|l| l as usize != old)
+            && s["last_applied"].as_u64().is_some_and(|a| a > applied + 2)
+    });
+    after["leader"].as_u64().unwrap()
+}
+
+#[test]
+fn a_leader_cut_off_or_unheard_is_replaced_and_the_healed_group_is_linearizable() {
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let mut net = Net::new();
+    let (hosts, datas, _members) = start_group(&mut net, root.path());
+    let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
+    let operator = root.path().join("operator");
+    let out = cli(
+        None,
+        &datas[0],
+        &[
+            "operator",
+            "--name",
+            "history",
+            "--out",
+            operator.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let addrs: Vec<String> = hosts.iter().map(|h| format!("{}:7000", h.ip)).collect();
+    let recorder = GroupHistory::record(&operator, addrs);
+
+    // The leader's link goes down: both directions cut.
+    let before = wait_status(&paths, "a leader", |s| s["leader"].is_u64());
+    let cut = before["leader"].as_u64().unwrap() as usize;
+    net.cut(&hosts[cut - 1]);
+    let elected = new_leader_commits(&datas, cut, before["last_applied"].as_u64().unwrap());
+    eprintln!("leader {cut} cut off; member {elected} leads the majority");
+    assert!(
+        write_refused_on(&hosts[cut - 1], &datas[cut - 1], Duration::from_secs(30)),
+        "the cut-off leader took a write, or hung"
+    );
+    net.heal(&hosts[cut - 1]);
+    let healed = wait_agreement(&paths, 3);
+    eprintln!("healed: member {healed} leads all three");
+
+    // The next leader unheard: what it sends to the other members is dropped.
+    let unheard = healed as usize;
+    let applied = status(&datas[unheard - 1]).unwrap()["last_applied"]
+        .as_u64()
+        .unwrap();
+    let others: Vec<&Host> = (1..=3)
+        .filter(|&i| i != unheard)
+        .map(|i| &hosts[i - 1])
+        .collect();
+    for other in &others {
+        net.drop_from(&hosts[unheard - 1], other.ip);
+    }
+    let elected = new_leader_commits(&datas, unheard, applied);
+    eprintln!("leader {unheard} unheard; member {elected} leads the majority");
+    assert!(
+        write_refused_on(
+            &hosts[unheard - 1],
+            &datas[unheard - 1],
+            Duration::from_secs(30)
+        ),
+        "the unheard leader took a write, or hung"
+    );
+    for other in &others {
+        net.undrop_from(&hosts[unheard - 1], other.ip);
+    }
+    let healed = wait_agreement(&paths, 3);
+    eprintln!("healed: member {healed} leads all three");
+    recorder.check();
+}
+
+#[test]
+fn a_follower_removed_while_cut_off_stays_out_after_the_heal() {
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let mut net = Net::new();
+    let (hosts, datas, _members) = start_group(&mut net, root.path());
+    let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
+    let leader = wait_agreement(&paths, 3) as usize;
+    let follower = (1..=3).find(|&i| i != leader && i != 1).unwrap();
+    net.cut(&hosts[follower - 1]);
+    let id = follower.to_string();
+    let out = cli(None, &datas[leader - 1], &["leave", "--member", &id]);
+    assert!(
+        out.status.success(),
+        "the majority could not remove a cut-off follower: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let remaining: Vec<&Path> = (1..=3)
+        .filter(|&i| i != follower)
+        .map(|i| datas[i - 1].as_path())
+        .collect();
+    wait_agreement(&remaining, 2);
+    net.heal(&hosts[follower - 1]);
+    // Long enough for the healed member to be heard from, were it to disturb the group.
+    std::thread::sleep(Duration::from_secs(5));
+    let settled = wait_agreement(&remaining, 2);
+    let view = status(remaining[0]).unwrap();
+    let voters: Vec<u64> = view["voters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    assert!(
+        !voters.contains(&(follower as u64)),
+        "the removed member is a voter again: {view}"
+    );
+    assert_eq!(view["members"], 2, "{view}");
+    assert_ne!(settled as usize, follower);
+}
