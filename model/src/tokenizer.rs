@@ -133,12 +133,13 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
-/// A `tokenizer.json` document read by the tokenizers library. The library turns some malformed
-/// documents into panics instead of errors (a `decoder` of the wrong shape, found by
-/// model/tests/input_fuzz.rs): a bad file is refused like any other, never taking the process.
-fn parse(bytes: &[u8]) -> Result<tokenizers::Tokenizer, String> {
-    match std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes)) {
-        Ok(Ok(inner)) => Ok(inner),
+/// A call into the tokenizers library with its panics turned into errors: the library panics on
+/// some malformed documents instead of refusing them (a `decoder` of the wrong shape at parse, a
+/// post-processor template naming a special token it does not define at encode; found by
+/// model/tests/input_fuzz.rs). A bad file is refused like any other, never taking the process.
+fn guarded<T>(call: impl FnOnce() -> tokenizers::Result<T>) -> Result<T, String> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
+        Ok(Ok(value)) => Ok(value),
         Ok(Err(e)) => Err(one_line(&e.to_string())),
         Err(panic) => {
             let what = panic
@@ -152,6 +153,16 @@ fn parse(bytes: &[u8]) -> Result<tokenizers::Tokenizer, String> {
             ))
         }
     }
+}
+
+/// A `tokenizer.json` document read by the tokenizers library, refused when encoding a probe
+/// text fails: a document the library accepts but cannot use fails at load, not per request.
+fn parse(bytes: &[u8]) -> Result<tokenizers::Tokenizer, String> {
+    let inner = guarded(|| tokenizers::Tokenizer::from_bytes(bytes))?;
+    for special in [false, true] {
+        guarded(|| inner.encode_fast("strata probe", special))?;
+    }
+    Ok(inner)
 }
 
 impl Tokenizer {
@@ -223,12 +234,12 @@ impl Tokenizer {
     /// adds its special tokens (e.g. BOS), exactly as HF's fast tokenizers do.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
         // encode_fast: serving never needs offsets, and computing them costs a pass.
-        let encoding = self
-            .inner
-            .encode_fast(text, add_special_tokens)
-            .map_err(|e| TokenizerError::Encode {
-                path: self.path.clone(),
-                message: one_line(&e.to_string()),
+        let encoding =
+            guarded(|| self.inner.encode_fast(text, add_special_tokens)).map_err(|message| {
+                TokenizerError::Encode {
+                    path: self.path.clone(),
+                    message,
+                }
             })?;
         Ok(encoding.get_ids().to_vec())
     }
@@ -236,12 +247,12 @@ impl Tokenizer {
     /// Text for `ids`. Ids outside the vocabulary are dropped (as the `tokenizers` crate does)
     /// rather than failing, so a sampler bug cannot turn into a panic here.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| TokenizerError::Decode {
+        guarded(|| self.inner.decode(ids, skip_special_tokens)).map_err(|message| {
+            TokenizerError::Decode {
                 path: self.path.clone(),
-                message: one_line(&e.to_string()),
-            })
+                message,
+            }
+        })
     }
 
     /// Number of distinct tokens including added tokens, like Python's `len(tokenizer)`. This
