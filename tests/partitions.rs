@@ -11,6 +11,8 @@
 //!   leader refuses a write promptly instead of taking it, and after the heal every member
 //!   agrees on one leader and the voters. A writer and a reader record the group throughout:
 //!   the history is linearizable and holds every acknowledged write (with the checker's canary).
+//! - A joiner cut off right after its certificate is issued (a join in flight across a
+//!   partition): once healed it completes, a voter with a record like the others.
 //! - A follower cut off while the majority removes it (a leave in flight across a partition):
 //!   the removal commits without it, and once healed the group keeps its two voters and the
 //!   removed member stays out.
@@ -391,4 +393,64 @@ fn a_follower_removed_while_cut_off_stays_out_after_the_heal() {
     );
     assert_eq!(view["members"], 2, "{view}");
     assert_ne!(settled as usize, follower);
+}
+
+#[test]
+fn a_join_cut_off_midway_completes_once_healed() {
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let mut net = Net::new();
+    let (hosts, mut datas, _members) = start_group(&mut net, root.path());
+    let joiner = net.host(4);
+    let token = root.path().join("token-4");
+    let out = cli(
+        None,
+        &datas[0],
+        &["token", "--out", token.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    datas.push(root.path().join("m4"));
+    let (seed, listen) = (
+        format!("{}:7001", hosts[0].ip),
+        format!("{}:7000", joiner.ip),
+    );
+    let args = [
+        "cluster",
+        "join",
+        "--listen",
+        &listen,
+        "--seed",
+        &seed,
+        "--token",
+        token.to_str().unwrap(),
+        "--voter",
+        "--data",
+        datas[3].to_str().unwrap(),
+    ];
+    let _joining = Process::start_with(joiner.command(STRATA), &args);
+    // The certificate is issued: the join is admitted, its learner, record and promotion to come.
+    let certificate = datas[3].join("tls").join("member.pem");
+    let deadline = Instant::now() + TIMEOUT;
+    while !certificate.is_file() {
+        assert!(
+            Instant::now() < deadline,
+            "the joiner never got its certificate"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    net.cut(&joiner);
+    // The join must still be in flight at the cut, or this tests only a rejoin.
+    let at_cut = status(&datas[0]).unwrap();
+    let voters = at_cut["voters"].as_array().map_or(0, Vec::len);
+    eprintln!("at the cut: {voters} voters, {} members", at_cut["members"]);
+    assert!(
+        voters < 4 || at_cut["members"] != 4,
+        "the join had finished before the cut: {at_cut}"
+    );
+    std::thread::sleep(Duration::from_secs(6));
+    net.heal(&joiner);
+    let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
+    wait_agreement(&paths, 4);
+    let view = status(&datas[0]).unwrap();
+    assert_eq!(view["members"], 4, "{view}");
 }

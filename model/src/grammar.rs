@@ -85,9 +85,15 @@ impl GrammarCompiler {
         if eos.len() > 1 {
             trie = trie.with_eos_tokens(eos);
         }
+        // Text the grammar forces is tokenized as text: a special token's spelling inside it (a
+        // schema's property named "<|im_start|>") must not become the special token, whose bytes
+        // the trie does not hold (the surface fuzz campaign's 500 "token doesn't satisfy the
+        // grammar").
+        let mut forced = tokenizer.inner().clone();
+        forced.set_encode_special_tokens(true);
         let env: TokEnv = Arc::new(Env {
             trie,
-            tokenizer: tokenizer.inner().clone(),
+            tokenizer: forced,
         });
         let mut factory =
             ParserFactory::new_simple(&env).map_err(|e| GrammarError::Tokenizer(e.to_string()))?;
@@ -478,6 +484,40 @@ mod tests {
             "{text}"
         );
         assert!(decoder.is_accepting());
+    }
+
+    /// A property named with a special token's spelling is forced as text, not as the special
+    /// token (which failed the matcher mid-request).
+    #[test]
+    fn forced_text_that_spells_a_special_token_stays_text() {
+        let (_dir, tok) = tiny();
+        let vocab = tok.vocab_size();
+        let eos = tok.eos_token_id().unwrap();
+        assert!(
+            tok.token_to_id("<|im_start|>").is_some(),
+            "the canary needs the special"
+        );
+        let compiler = GrammarCompiler::new(&tok, vocab, &[eos]).unwrap();
+        let schema = r#"{"type":"object","properties":{"a<|im_start|>b":{"type":"boolean"}},
+            "required":["a<|im_start|>b"],"additionalProperties":false}"#;
+        let mut decoder = compiler
+            .compile(&Constraint::JsonSchema(schema.into()))
+            .unwrap();
+        let mut out = Vec::new();
+        for _ in 0..64 {
+            let mask = decoder.allowed(vocab).unwrap();
+            let next = (0..vocab as u32)
+                .find(|&id| mask[id as usize / 32] >> (id % 32) & 1 == 1)
+                .expect("the mask always leaves a token");
+            if next == eos {
+                break;
+            }
+            decoder.advance(next).unwrap();
+            out.push(next);
+        }
+        let text = tok.decode(&out, false).unwrap();
+        let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        assert!(value["a<|im_start|>b"].is_boolean(), "{text}");
     }
 
     #[test]

@@ -310,14 +310,21 @@ fn grammar_campaign(campaign: Campaign) -> Report {
         };
         // A few steps of a constrained request: a spread of the allowed tokens, taken in turn.
         for step in 0..8usize {
-            let Ok(allowed) = decoder.allowed(tokenizer.vocab_size()) else {
+            let vocab = tokenizer.vocab_size() as u32;
+            let Ok(mask) = decoder.allowed(vocab as usize) else {
                 return "matcher error";
             };
+            let allowed: Vec<u32> = (0..vocab)
+                .filter(|&id| mask[id as usize / 32] >> (id % 32) & 1 == 1)
+                .collect();
             let Some(&token) = allowed.get(step.wrapping_mul(7919) % allowed.len().max(1)) else {
                 break;
             };
-            if token == eos || decoder.advance(token).is_err() {
+            if token == eos {
                 break;
+            }
+            if decoder.advance(token).is_err() {
+                return "matcher error";
             }
         }
         "compiled"
