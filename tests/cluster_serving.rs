@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use cluster::{
     Process, START, complete, complete_with, completion_body, document, get, metric, post,
-    post_raw, post_with, send_raw, serial, spawn_stream, strata, synth,
+    post_raw, post_with, send_raw, serial, spawn_stream, strata, streams_across_a_fault, synth,
 };
 use strata_topology::transport::ClusterCa;
 
@@ -636,40 +636,20 @@ fn streams_across_a_node_fault(
     let cluster = start_cluster_full(3, router_args, node_args);
     let reference = Process::start(&["serve", "--model", &cluster.model, "--port", "0"]);
     let reference_addr = reference.address("on http://");
-    const TOKENS: u32 = 600;
-    let prompts: Vec<String> = (0..32)
-        .map(|i| format!("stream {i}: {}", "tell a long story. ".repeat(1 + i % 5)))
-        .collect();
-    let seed = |i: usize| (i % 2 == 1).then_some(1000 + i as u64);
-    let want: Vec<String> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| complete_with(reference_addr, p, TOKENS, seed(i)))
-        .collect();
-    let (started_tx, started) = mpsc::channel();
-    let handles: Vec<_> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, prompt)| {
-            let body = completion_body(prompt, TOKENS, true, seed(i));
-            let finished = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-            spawn_stream(cluster.router_addr, body, started_tx.clone(), finished)
-        })
-        .collect();
-    for _ in 0..prompts.len() {
-        started.recv_timeout(START).expect("every stream starts");
-    }
-    let pid = cluster.nodes[0].child.id().to_string();
-    let sent = std::process::Command::new("kill")
-        .args([&format!("-{signal}"), &pid])
-        .status()
-        .unwrap();
-    assert!(sent.success());
-    let same = handles
-        .into_iter()
-        .zip(&want)
-        .map(|(h, want)| h.join().ok().is_some_and(|got| &got == want))
-        .collect();
+    let kill = || {
+        let pid = cluster.nodes[0].child.id().to_string();
+        let sent = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &pid])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    let same = streams_across_a_fault(
+        cluster.router_addr,
+        reference_addr,
+        ("stream", 32, 1000),
+        kill,
+    );
     (same, get(cluster.router_addr, "/metrics"))
 }
 

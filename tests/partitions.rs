@@ -23,10 +23,9 @@ mod netns;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use cluster::{Process, START, complete_with, completion_body, serial, spawn_stream, synth};
+use cluster::{Process, serial, streams_across_a_fault, synth};
 use history::recorder::GroupHistory;
 use netns::{Host, Net};
 use serde_json::Value;
@@ -93,34 +92,8 @@ fn streams_across_a_node_cut(router_args: &[&str]) -> Vec<bool> {
     let reference = Process::start(&["serve", "--model", model, "--port", "0"]);
     let reference_addr = reference.address("on http://");
 
-    const TOKENS: u32 = 600;
-    let prompts: Vec<String> = (0..16)
-        .map(|i| format!("partition {i}: {}", "tell a long story. ".repeat(1 + i % 5)))
-        .collect();
-    let seed = |i: usize| (i % 2 == 1).then_some(2000 + i as u64);
-    let want: Vec<String> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| complete_with(reference_addr, p, TOKENS, seed(i)))
-        .collect();
-    let (started_tx, started) = mpsc::channel();
-    let handles: Vec<_> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, prompt)| {
-            let body = completion_body(prompt, TOKENS, true, seed(i));
-            spawn_stream(router_addr, body, started_tx.clone(), Default::default())
-        })
-        .collect();
-    for _ in 0..prompts.len() {
-        started.recv_timeout(START).expect("every stream starts");
-    }
-    net.cut(&node_hosts[0]);
-    handles
-        .into_iter()
-        .zip(&want)
-        .map(|(h, want)| h.join().ok().is_some_and(|got| &got == want))
-        .collect()
+    let cut = || net.cut(&node_hosts[0]);
+    streams_across_a_fault(router_addr, reference_addr, ("partition", 16, 2000), cut)
 }
 
 #[test]

@@ -475,3 +475,42 @@ pub fn spawn_stream(
         stream_text(raw.split_once("\r\n\r\n").unwrap().1)
     })
 }
+
+/// Runs `count` long completions (odd ones sampled with seed `seed_base + i`) as streams through
+/// `router`, calls `fault` once every stream has its first text, and returns per stream whether
+/// it ended with the text `reference` (a fault-free `strata serve`) gives for it.
+pub fn streams_across_a_fault(
+    router: SocketAddr,
+    reference: SocketAddr,
+    (tag, count, seed_base): (&str, usize, u64),
+    fault: impl FnOnce(),
+) -> Vec<bool> {
+    const TOKENS: u32 = 600;
+    let prompts: Vec<String> = (0..count)
+        .map(|i| format!("{tag} {i}: {}", "tell a long story. ".repeat(1 + i % 5)))
+        .collect();
+    let seed = |i: usize| (i % 2 == 1).then_some(seed_base + i as u64);
+    let want: Vec<String> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| complete_with(reference, p, TOKENS, seed(i)))
+        .collect();
+    let (started_tx, started) = mpsc::channel();
+    let handles: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| {
+            let body = completion_body(prompt, TOKENS, true, seed(i));
+            spawn_stream(router, body, started_tx.clone(), Default::default())
+        })
+        .collect();
+    for _ in 0..prompts.len() {
+        started.recv_timeout(START).expect("every stream starts");
+    }
+    fault();
+    handles
+        .into_iter()
+        .zip(&want)
+        .map(|(h, want)| h.join().ok().is_some_and(|got| &got == want))
+        .collect()
+}
