@@ -16,6 +16,9 @@
 //! - A follower cut off while the majority removes it (a leave in flight across a partition):
 //!   the removal commits without it, and once healed the group keeps its two voters and the
 //!   removed member stays out.
+//! - A router cut from the topology group (nodes on hosts of their own, still reachable) serves
+//!   from its last view; a node that comes while it is cut off stays unknown to it (the canary:
+//!   with its known nodes killed, a request fails), and once healed it finds that node.
 
 mod cluster;
 mod history;
@@ -426,4 +429,133 @@ fn a_join_cut_off_midway_completes_once_healed() {
     wait_agreement(&paths, 4);
     let view = status(&datas[0]).unwrap();
     assert_eq!(view["members"], 4, "{view}");
+}
+
+/// A node serving beside `data`'s member, on a host of its own (`host`), declared to the group.
+fn node_beside(host: &Host, model: &str, data: &Path) -> Process {
+    let listen = format!("{}:7100", host.ip);
+    let args = [
+        "node",
+        "serve",
+        "--model",
+        model,
+        "--data",
+        data.to_str().unwrap(),
+        "--listen",
+        &listen,
+        "--kv-cache-mib",
+        "16",
+    ];
+    let node = Process::start_with(host.command(STRATA), &args);
+    node.address("declared to the topology group as ");
+    node
+}
+
+/// The status of a short completion through the router at `addr`.
+fn ask(addr: std::net::SocketAddr) -> u16 {
+    cluster::post(
+        addr,
+        "/v1/completions",
+        &cluster::completion_body("The capital of France is", 4, false, None),
+    )
+    .0
+}
+
+#[test]
+fn a_router_cut_from_the_group_serves_its_last_view_and_catches_up_once_healed() {
+    let _serial = serial();
+    let root = tempfile::tempdir().unwrap();
+    let mut net = Net::new();
+    let (hosts, datas, _members) = start_group(&mut net, root.path());
+    // Named "m", as the requests name it.
+    let model = root.path().join("m");
+    synth(&model);
+    let model = model.to_str().unwrap();
+    let operator = root.path().join("operator");
+    let out = cli(
+        None,
+        &datas[0],
+        &[
+            "operator",
+            "--name",
+            "router",
+            "--out",
+            operator.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    // Nodes on hosts of their own, so that the router can lose the group and keep the nodes.
+    let router_host = net.host(4);
+    let node_hosts = [net.host(5), net.host(6), net.host(7)];
+    let mut first = [
+        node_beside(&node_hosts[0], model, &datas[0]),
+        node_beside(&node_hosts[1], model, &datas[1]),
+    ];
+    let group: Vec<String> = hosts.iter().map(|h| format!("{}:7000", h.ip)).collect();
+    let (group, router_ip) = (group.join(","), router_host.ip.to_string());
+    let args = [
+        "router",
+        "--model",
+        model,
+        "--cluster",
+        &group,
+        "--identity",
+        operator.to_str().unwrap(),
+        "--policy",
+        "round-robin",
+        "--host",
+        &router_ip,
+        "--port",
+        "8080",
+    ];
+    let router = Process::start_with(router_host.command(STRATA), &args);
+    let addr = router.address("on http://");
+    assert_eq!(ask(addr), 200, "the router serves before the cut");
+
+    // The router and the group no longer hear each other (both directions: a feed the group
+    // pushes would otherwise still arrive); the nodes it knows it still reaches.
+    for member in &hosts {
+        net.drop_from(&router_host, member.ip);
+        net.drop_from(member, router_host.ip);
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    for i in 0..4 {
+        assert_eq!(
+            ask(addr),
+            200,
+            "request {i} during the cut: the last view serves"
+        );
+    }
+    // Meanwhile the group changes: a third node comes, the two the router knows go.
+    let _third = node_beside(&node_hosts[2], model, &datas[2]);
+    for node in &mut first {
+        node.kill();
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    // The canary of the cut: had the router heard the group, it would send this to the third.
+    assert_ne!(
+        ask(addr),
+        200,
+        "a request found the third node while the router was cut off: the cut did not hold"
+    );
+
+    for member in &hosts {
+        net.undrop_from(&router_host, member.ip);
+        net.undrop_from(member, router_host.ip);
+    }
+    let healed = Instant::now();
+    let deadline = healed + TIMEOUT;
+    let mut served = 0;
+    while served < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "{TIMEOUT:?} after the heal the router still had not found the third node"
+        );
+        served = if ask(addr) == 200 { served + 1 } else { 0 };
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "the router served from the third node {:?} after the heal",
+        healed.elapsed()
+    );
 }

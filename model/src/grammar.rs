@@ -9,11 +9,13 @@
 //! them; ids the model has beyond the tokenizer (padding rows) become unreachable specials.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
-use llguidance::{Matcher, ParserFactory};
+use llguidance::{CancellationHandle, Matcher, ParserFactory};
 use serde_json::Value;
 use strata_protocol::Constraint;
 
@@ -31,6 +33,75 @@ pub enum GrammarError {
     Compile(String),
     #[error("the grammar matcher failed: {0}")]
     Matcher(String),
+    #[error(
+        "the grammar matcher was stopped after {0:?} on one token: the constraint is too \
+         ambiguous to follow"
+    )]
+    TooSlow(Duration),
+}
+
+/// The longest one mask or one advance of a matcher may run. llguidance bounds most of its work
+/// with fuel, but not all: an ambiguous Lark grammar (`/ +/+ / +/+` after a run of spaces) was
+/// found by the fuzz campaign forcing bytes without end, its memory growing. Past this, the step
+/// is cancelled and the sequence's constraint fails with [`GrammarError::TooSlow`].
+pub const STEP_LIMIT: Duration = Duration::from_secs(1);
+
+/// The matcher steps running now, each with its deadline, and the thread that cancels the
+/// overdue ones (started with the first step).
+struct Deadlines {
+    running: Mutex<Vec<(u64, Instant, CancellationHandle)>>,
+    next: AtomicU64,
+}
+
+fn deadlines() -> &'static Deadlines {
+    static DEADLINES: OnceLock<Deadlines> = OnceLock::new();
+    DEADLINES.get_or_init(|| {
+        std::thread::Builder::new()
+            .name("grammar-deadlines".into())
+            .spawn(|| {
+                loop {
+                    std::thread::sleep(Duration::from_millis(20));
+                    let now = Instant::now();
+                    let running = deadlines().running.lock();
+                    for (_, deadline, handle) in running.unwrap_or_else(|p| p.into_inner()).iter() {
+                        if now > *deadline {
+                            handle.cancel();
+                        }
+                    }
+                }
+            })
+            .expect("a thread for the grammar deadlines");
+        Deadlines {
+            running: Mutex::new(Vec::new()),
+            next: AtomicU64::new(0),
+        }
+    })
+}
+
+/// One matcher step under [`STEP_LIMIT`]: cancelled by the deadline thread if it runs past it.
+struct Step(u64);
+
+impl Step {
+    fn start(handle: &CancellationHandle) -> Self {
+        let d = deadlines();
+        let id = d.next.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + STEP_LIMIT;
+        d.running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((id, deadline, handle.clone()));
+        Self(id)
+    }
+}
+
+impl Drop for Step {
+    fn drop(&mut self) {
+        let mut running = deadlines()
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        running.retain(|(id, _, _)| *id != self.0);
+    }
 }
 
 /// Compiles constraints for one model. Built once per model (it indexes the whole vocabulary),
@@ -125,12 +196,16 @@ impl GrammarCompiler {
             .factory
             .create_parser(grammar)
             .map_err(|e| GrammarError::Compile(one_line(&e.to_string())))?;
-        let matcher = Matcher::new(Ok(parser));
+        let matcher = Matcher::new(Ok(parser)).into_cancellable();
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::Compile(one_line(&e)));
         }
+        let cancel = matcher
+            .cancellation_handle()
+            .ok_or_else(|| GrammarError::Compile("the matcher cannot be bounded in time".into()))?;
         Ok(ConstrainedDecoder {
             matcher,
+            cancel,
             vocab_size: self.vocab_size,
             eos: self.eos.clone(),
         })
@@ -152,6 +227,8 @@ fn json_grammar(mut schema: Value) -> TopLevelGrammar {
 /// One sequence's position in its grammar.
 pub struct ConstrainedDecoder {
     matcher: Matcher,
+    /// Cancels a step of `matcher` that runs past [`STEP_LIMIT`].
+    cancel: CancellationHandle,
     vocab_size: usize,
     eos: Arc<[u32]>,
 }
@@ -177,10 +254,10 @@ impl ConstrainedDecoder {
     /// `i / 32`, llguidance's layout); ids past the grammar's vocabulary are not allowed. What
     /// [`ConstrainedDecoder::mask`] applies; a GPU backend applies the same bits on the device.
     pub fn allowed(&mut self, vocab: usize) -> Result<Vec<u32>, GrammarError> {
-        let allowed = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| GrammarError::Matcher(one_line(&e.to_string())))?;
+        let step = Step::start(&self.cancel);
+        let allowed = self.matcher.compute_mask_or_eos();
+        drop(step);
+        let allowed = allowed.map_err(|e| self.failed(&e))?;
         let n = vocab.min(self.vocab_size);
         let source = allowed.as_slice();
         let mut words: Vec<u32> = (0..vocab.div_ceil(32))
@@ -198,9 +275,19 @@ impl ConstrainedDecoder {
             // Past the end only end-of-sequence was allowed, and that ends the sequence.
             return Ok(());
         }
-        self.matcher
-            .consume_token(token)
-            .map_err(|e| GrammarError::Matcher(one_line(&e.to_string())))
+        let step = Step::start(&self.cancel);
+        let consumed = self.matcher.consume_token(token);
+        drop(step);
+        consumed.map_err(|e| self.failed(&e))
+    }
+
+    /// The error of a failed step: [`GrammarError::TooSlow`] once the deadline cancelled it.
+    fn failed(&self, e: &impl std::fmt::Display) -> GrammarError {
+        if self.cancel.is_cancelled() {
+            GrammarError::TooSlow(STEP_LIMIT)
+        } else {
+            GrammarError::Matcher(one_line(&e.to_string()))
+        }
     }
 
     /// `token` ends the sequence here: it is one of the grammar's end-of-sequence tokens and the

@@ -19,13 +19,13 @@
 mod fuzz;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fuzz::{Campaign, Report};
 use serde_json::{Value, json};
 use strata_model::chat::{ChatRequest, ChatTemplate};
 use strata_model::config::Architecture;
-use strata_model::grammar::GrammarCompiler;
+use strata_model::grammar::{GrammarCompiler, GrammarError, STEP_LIMIT};
 use strata_model::synth::{SynthSpec, synthesize};
 use strata_model::tokenizer::{IncrementalDecoder, Tokenizer};
 use strata_protocol::Constraint;
@@ -361,4 +361,39 @@ fn chat_templates_for_ten_minutes() {
 #[ignore = "a recorded ten-minute run: scripts/fuzz-long.sh"]
 fn grammars_for_ten_minutes() {
     grammar_campaign(long("grammars", 4));
+}
+
+/// Found by the grammars' ten-minute run (seed 4, case 216216): after a run of spaces this Lark
+/// grammar made llguidance force bytes without end, its memory growing. Each matcher step is now
+/// cancelled past `grammar::STEP_LIMIT` and the constraint fails with `TooSlow`.
+#[test]
+fn a_grammar_whose_matcher_runs_without_end_is_stopped() {
+    let dir = data_dir().join("tokenizers/qwen3");
+    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+    let eos = tokenizer.eos_token_id().unwrap();
+    let compiler = GrammarCompiler::new(&tokenizer, tokenizer.vocab_size(), &[eos]).unwrap();
+    let text = format!("start: /a{{1,3}}b+/{} | \"x\"{{2,4}}\n", " +/".repeat(58));
+    let mut decoder = compiler.compile(&Constraint::Lark(text)).unwrap();
+    let spaces = " ".repeat(81);
+    let started = Instant::now();
+    let mut stopped = None;
+    for piece in ["a", "aab", spaces.as_str(), " "] {
+        if let Err(e) = decoder.allowed(tokenizer.vocab_size()) {
+            stopped = Some(e);
+            break;
+        }
+        let ids = tokenizer.encode(piece, false).unwrap();
+        assert_eq!(ids.len(), 1, "{piece:?} is one token of this vocabulary");
+        if let Err(e) = decoder.advance(ids[0]) {
+            stopped = Some(e);
+            break;
+        }
+    }
+    let took = started.elapsed();
+    assert_eq!(
+        stopped,
+        Some(GrammarError::TooSlow(STEP_LIMIT)),
+        "after {took:?}"
+    );
+    assert!(took < STEP_LIMIT * 5, "stopped only after {took:?}");
 }

@@ -7,13 +7,15 @@
 //! deleted, duplicated or spliced in from another input, truncation — until a case count or a
 //! wall-clock budget runs out. The target answers each case with a label of its outcome ("ok",
 //! "refused", …); a panic fails the campaign naming the seed, the case and the input that caused
-//! it. CI runs every campaign bounded (seconds); `Campaign::long` runs one for ten minutes and
+//! it, and a case still running after [`HANG`] ends the run naming it. CI runs every campaign
+//! bounded (seconds); `Campaign::long` runs one for ten minutes and
 //! prints a receipt line (`scripts/fuzz-long.sh` gathers them into docs/receipts/fuzz-long.json).
 
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rand_chacha::ChaCha8Rng;
@@ -21,6 +23,10 @@ use rand_core::{Rng, SeedableRng};
 
 /// The recorded runs' length per target (issue 40: at least ten minutes each).
 pub const LONG: Duration = Duration::from_secs(600);
+
+/// A case still running after this long is a hang: the campaign's watchdog prints the case and
+/// its input and ends the process with a failure (a fuzzer's timeout crash).
+pub const HANG: Duration = Duration::from_secs(30);
 
 /// Tokens a mutation may insert: values at the edges of what parsers and limits expect.
 const TOKENS: &[&str] = &[
@@ -170,6 +176,7 @@ impl Campaign {
         assert!(!corpus.is_empty(), "{}: an empty seed corpus", self.target);
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         let started = Instant::now();
+        let watchdog = Watchdog::start(&self.target, self.seed);
         let mut report = Report {
             target: self.target.clone(),
             seed: self.seed,
@@ -194,7 +201,10 @@ impl Campaign {
                     mutate(&mut rng, base, other)
                 }
             };
-            match catch_unwind(AssertUnwindSafe(|| check(key, &input))) {
+            watchdog.begin(report.cases, &format!("{key:?}"), &input);
+            let outcome = catch_unwind(AssertUnwindSafe(|| check(key, &input)));
+            watchdog.end();
+            match outcome {
                 Ok(outcome) => *report.outcomes.entry(outcome).or_default() += 1,
                 Err(_) => panic!(
                     "{}: case {} (seed {:#x}, {key:?}) panicked on input {:?}",
@@ -209,6 +219,60 @@ impl Campaign {
         report.peak_rss_kb = peak_rss_kb();
         eprintln!("{}", report.receipt_line());
         report
+    }
+}
+
+/// The case a campaign is running, watched from a thread of its own: one still running after
+/// [`HANG`] is printed and the process exits with a failure.
+struct Watchdog {
+    current: Arc<Mutex<Option<Running>>>,
+}
+
+struct Running {
+    case: usize,
+    since: Instant,
+    key: String,
+    input: Vec<u8>,
+}
+
+impl Watchdog {
+    fn start(target: &str, seed: u64) -> Self {
+        let current: Arc<Mutex<Option<Running>>> = Arc::default();
+        let watched = Arc::downgrade(&current);
+        let target = target.to_string();
+        std::thread::spawn(move || {
+            while let Some(current) = watched.upgrade() {
+                if let Some(r) = current.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
+                    && r.since.elapsed() > HANG
+                {
+                    eprintln!(
+                        "{target}: case {} (seed {seed:#x}, {}) still running after {:?}: a hang \
+                         on input {:?}",
+                        r.case,
+                        r.key,
+                        HANG,
+                        String::from_utf8_lossy(&r.input)
+                    );
+                    std::process::exit(101);
+                }
+                drop(current);
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        });
+        Self { current }
+    }
+
+    fn begin(&self, case: usize, key: &str, input: &[u8]) {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Running {
+            case,
+            since: Instant::now(),
+            key: key.to_string(),
+            input: input.to_vec(),
+        });
+    }
+
+    fn end(&self) {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 }
 
