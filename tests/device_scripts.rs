@@ -179,3 +179,61 @@ fn kv_tiers_serve_lines_parse() {
         }
     }
 }
+
+/// `moe.sh`'s `strata gpu decode` and `strata gpu prefill` command lines, read from the script
+/// with each arm's flags (`--moe-grouped` or none), must get past the binary's flag parsing (on
+/// this machine they then stop for want of a GPU); the canary: a misspelt flag is refused by the
+/// parser.
+#[test]
+fn moe_gpu_lines_parse() {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/device/moe.sh");
+    let text = std::fs::read_to_string(&script)
+        .unwrap()
+        .replace("\\\n", " ");
+    let lines: Vec<Vec<String>> = text
+        .lines()
+        .filter_map(|l| l.split_once("\"$BIN\" gpu ").map(|(_, rest)| rest))
+        .filter(|rest| rest.starts_with("decode") || rest.starts_with("prefill"))
+        .map(|rest| {
+            rest.split_whitespace()
+                .take_while(|a| !a.starts_with('>') && !a.starts_with("2>") && *a != "|")
+                .map(str::to_string)
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        lines.len(),
+        3,
+        "decode, profiled decode and prefill: {lines:?}"
+    );
+    let parses = |args: &[String]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .arg("gpu")
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.code() != Some(2), stderr)
+    };
+    for arm in [None, Some("--moe-grouped")] {
+        for line in &lines {
+            let args: Vec<String> = line
+                .iter()
+                .filter_map(|a| match a.as_str() {
+                    "\"${flag[@]}\"" => arm.map(str::to_string),
+                    "\"$BENCH_CONFIG\"" => Some("configs/qwen3-30b-a3b.json".into()),
+                    "\"$BATCHES\"" => Some("1,8".into()),
+                    "\"${PROMPTS:-512,4096}\"" => Some("512".into()),
+                    a if a.contains('$') => Some("/tmp/unused.json".into()),
+                    a => Some(a.to_string()),
+                })
+                .collect();
+            let (parsed, stderr) = parses(&args);
+            assert!(parsed, "{args:?}: {stderr}");
+        }
+    }
+    let mut misspelt = lines[0].clone();
+    misspelt.push("--moe-groupd".into());
+    let (parsed, stderr) = parses(&misspelt);
+    assert!(!parsed, "a misspelt flag got past the parser: {stderr}");
+}

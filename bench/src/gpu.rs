@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail, ensure};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use strata_model::ModelConfig;
-use strata_model::weights::{expected_read_parameters, parameter_count};
+use strata_model::weights::{active_parameter_count, expected_read_parameters, parameter_count};
 use strata_node::Engine;
 use strata_node::backend::{
     Backend, CudaBackend, CudaOptions, RowSampling, StepOutput, StepSeq, WeightSource,
@@ -150,6 +150,10 @@ pub struct DecodeArgs {
     /// bits than the default, batch-invariant too).
     #[arg(long, conflicts_with_all = ["decode_gemm", "sharded"])]
     run_order: bool,
+    /// A mixture of experts through the grouped launches (routing a warp a token, each chosen
+    /// expert's rows read once a step: the same bits, an experiment until the self-test passes).
+    #[arg(long)]
+    moe_grouped: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -169,6 +173,9 @@ pub struct PrefillArgs {
     /// Dense bf16 peak (FLOP/s) for the ratio.
     #[arg(long, default_value_t = 790e12)]
     peak: f64,
+    /// A mixture of experts through the grouped launches (see `strata gpu decode`).
+    #[arg(long)]
+    moe_grouped: bool,
     #[arg(long)]
     json: Option<PathBuf>,
 }
@@ -673,6 +680,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
     )?;
     backend.set_decode_gemm(args.decode_gemm);
     backend.set_run_order(args.run_order)?;
+    backend.set_moe_grouped(args.moe_grouped);
     let held = checkpoint
         .as_ref()
         .map(|_| backend.step_weight_bytes() as f64);
@@ -763,7 +771,7 @@ fn decode(args: DecodeArgs) -> Result<()> {
                 "bandwidth_bytes_per_s": bandwidth, "bandwidth_source": bandwidth_source,
                 "includes": "greedy sampling on the device, token ids copied to the host",
                 "sharded_reduction": args.sharded, "decode_gemm": args.decode_gemm,
-                "run_order": args.run_order,
+                "run_order": args.run_order, "moe_grouped": args.moe_grouped,
                 "graph_checks": graph_checks, "sampling_checks": sampling_checks,
                 "seeded_sampling_checks": seeded_checks, "results": results}),
     )
@@ -780,7 +788,9 @@ fn prefill(args: PrefillArgs) -> Result<()> {
         longest + 16,
         false,
     )?;
-    let params = parameter_count(&config) as f64;
+    backend.set_moe_grouped(args.moe_grouped);
+    // A mixture of experts computes with the parameters each token's router chooses.
+    let params = active_parameter_count(&config) as f64;
     let vocab = config.vocab_size as u32;
     let table: Vec<u32> = (0..(longest + 16).div_ceil(16) as u32).collect();
     let mut results = Vec::new();
@@ -830,7 +840,7 @@ fn prefill(args: PrefillArgs) -> Result<()> {
     write_json(
         args.json.as_deref(),
         &json!({"config": args.config, "device": backend.device_name(),
-                "peak_flops": args.peak, "results": results}),
+                "peak_flops": args.peak, "moe_grouped": args.moe_grouped, "results": results}),
     )
 }
 

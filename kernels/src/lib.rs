@@ -61,7 +61,7 @@ pub use fp4::has_fp4_mma;
 pub use gemm::{GemmIn, GemmOut, GemmShape, LtGemm};
 pub use gemv::{DEFAULT_VARIANT, GEMV_FMA_MAX_M, GEMV_MAX_M, GemvOut, GemvVariant};
 pub use kv_copy::KvParts;
-pub use moe::{ExpertSlots, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
+pub use moe::{ExpertGroups, ExpertSlots, MOE_MAX_EXPERTS, MOE_MAX_TOP_K};
 pub use sampling::{
     NO_TOKEN, SAMPLE_CANDIDATE_WORDS, SAMPLE_HEAD_WORDS, SAMPLE_PLAN_WORDS, SHAPE_ENTRY_WORDS,
     SampleHead, SamplePlan, ShapeOp,

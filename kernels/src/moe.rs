@@ -13,7 +13,11 @@ use crate::{KernelError, Kernels, ensure_shape};
 
 const MODULE: &str = "moe";
 const THREADS: u32 = 256;
+/// A block of the routing kernels: 128 tokens of `moe_route`, 4 of `moe_route_warp`
+/// (`ROUTE_WARPS` in cuda/moe.cu).
 const ROUTE_THREADS: u32 = 128;
+/// `moe_sort`'s one block (one thread per expert at most).
+const SORT_THREADS: u32 = 1024;
 /// The most experts and experts per token `moe_route` takes.
 pub const MOE_MAX_EXPERTS: usize = 1024;
 pub const MOE_MAX_TOP_K: usize = 32;
@@ -28,6 +32,47 @@ pub struct ExpertSlots {
     pub hidden: usize,
     /// The expert's intermediate width (a multiple of 8).
     pub inter: usize,
+}
+
+/// A step's expert slots grouped by expert (`moe_sort`), for the grouped launches that read each
+/// chosen expert's weights once however many of the step's tokens chose it.
+pub struct ExpertGroups {
+    /// Slot numbers, group by group.
+    order: CudaSlice<i32>,
+    /// Each group's expert (-1 past the last group).
+    experts: CudaSlice<i32>,
+    /// Each group's first position in `order`, then the end.
+    starts: CudaSlice<i32>,
+}
+
+impl ExpertGroups {
+    /// Room for `slots` slots over `experts` experts.
+    pub fn new(
+        stream: &Arc<CudaStream>,
+        slots: usize,
+        experts: usize,
+    ) -> Result<Self, KernelError> {
+        let groups = groups(slots, experts);
+        Ok(Self {
+            order: stream.alloc_zeros(slots.max(1))?,
+            experts: stream.alloc_zeros(groups.max(1))?,
+            starts: stream.alloc_zeros(groups + 1)?,
+        })
+    }
+
+    /// The groups a launch of `slots` over `experts` uses, checked against the room.
+    fn fit(&self, name: &'static str, slots: usize, experts: usize) -> Result<u32, KernelError> {
+        let g = groups(slots, experts);
+        need_len(name, "order", self.order.len(), slots)?;
+        need_len(name, "group experts", self.experts.len(), g)?;
+        need_len(name, "group starts", self.starts.len(), g + 1)?;
+        to_u32(name, "groups", g)
+    }
+}
+
+/// Groups of a step: at most one per expert and one per slot.
+fn groups(slots: usize, experts: usize) -> usize {
+    slots.min(experts)
 }
 
 /// Blocks of [`THREADS`] giving one warp to each of `items`.
@@ -80,17 +125,48 @@ impl Kernels {
     }
 
     /// Each token's `k` experts (`ids`, ascending) and weights from its `logits` row: softmax,
-    /// top-k (ties to the lower expert), divided by their sum when `normalize`.
+    /// top-k (ties to the lower expert), divided by their sum when `normalize`. One thread per
+    /// token.
     pub fn moe_route(
         &self,
         stream: &Arc<CudaStream>,
-        ids: &mut impl DevicePtrMut<i32>,
-        weights: &mut impl DevicePtrMut<f32>,
+        (ids, weights): (&mut impl DevicePtrMut<i32>, &mut impl DevicePtrMut<f32>),
         logits: &impl DevicePtr<f32>,
         (tokens, experts, k): (usize, usize, usize),
         normalize: bool,
     ) -> Result<(), KernelError> {
-        let name = "moe_route";
+        let shape = (tokens, experts, k, normalize);
+        self.route(stream, ("moe_route", 1), (ids, weights), logits, shape)
+    }
+
+    /// [`Kernels::moe_route`]'s results, one warp per token.
+    pub fn moe_route_warp(
+        &self,
+        stream: &Arc<CudaStream>,
+        (ids, weights): (&mut impl DevicePtrMut<i32>, &mut impl DevicePtrMut<f32>),
+        logits: &impl DevicePtr<f32>,
+        (tokens, experts, k): (usize, usize, usize),
+        normalize: bool,
+    ) -> Result<(), KernelError> {
+        let shape = (tokens, experts, k, normalize);
+        self.route(
+            stream,
+            ("moe_route_warp", 32),
+            (ids, weights),
+            logits,
+            shape,
+        )
+    }
+
+    /// A routing kernel `name` giving `lanes` threads to each token.
+    fn route(
+        &self,
+        stream: &Arc<CudaStream>,
+        (name, lanes): (&'static str, usize),
+        (ids, weights): (&mut impl DevicePtrMut<i32>, &mut impl DevicePtrMut<f32>),
+        logits: &impl DevicePtr<f32>,
+        (tokens, experts, k, normalize): (usize, usize, usize, bool),
+    ) -> Result<(), KernelError> {
         ensure_shape!(
             (1..=MOE_MAX_EXPERTS).contains(&experts)
                 && (1..=MOE_MAX_TOP_K.min(experts)).contains(&k),
@@ -127,13 +203,184 @@ impl Kernels {
             .arg(&e32)
             .arg(&k32)
             .arg(&n32);
+        let per_block = ROUTE_THREADS as usize / lanes;
+        let blocks = to_u32(name, "blocks", tokens.div_ceil(per_block))?;
         // SAFETY: as in `moe_logits`.
-        unsafe {
-            b.launch(grid(
-                tokens.div_ceil(ROUTE_THREADS as usize) as u32,
-                ROUTE_THREADS,
-            ))
-        }?;
+        unsafe { b.launch(grid(blocks, ROUTE_THREADS)) }?;
+        Ok(())
+    }
+
+    /// Groups the `slots` expert ids of a step by expert into `groups` (`ids` below `experts`,
+    /// as `moe_route` writes them).
+    pub fn moe_sort(
+        &self,
+        stream: &Arc<CudaStream>,
+        groups: &mut ExpertGroups,
+        ids: &impl DevicePtr<i32>,
+        (slots, experts): (usize, usize),
+    ) -> Result<(), KernelError> {
+        let name = "moe_sort";
+        ensure_shape!(
+            (1..=MOE_MAX_EXPERTS).contains(&experts),
+            name,
+            "{experts} experts: at most {MOE_MAX_EXPERTS}"
+        );
+        need_len(name, "ids", ids.len(), slots)?;
+        let g = groups.fit(name, slots, experts)?;
+        if slots == 0 {
+            return Ok(());
+        }
+        let (s32, e32) = (to_u32(name, "slots", slots)?, experts as u32);
+        let f = self.function(MODULE, name)?;
+        let (o, _o) = groups.order.device_ptr_mut(stream);
+        let (ge, _ge) = groups.experts.device_ptr_mut(stream);
+        let (gs, _gs) = groups.starts.device_ptr_mut(stream);
+        let (ip, _i) = ids.device_ptr(stream);
+        let mut b = stream.launch_builder(f);
+        b.arg(&o)
+            .arg(&ge)
+            .arg(&gs)
+            .arg(&ip)
+            .arg(&s32)
+            .arg(&e32)
+            .arg(&g);
+        // SAFETY: the lengths are checked above; the kernel skips an id outside the experts.
+        unsafe { b.launch(grid(1, SORT_THREADS)) }?;
+        Ok(())
+    }
+
+    /// [`Kernels::moe_gate_up`] over the slots grouped by `moe_sort`: the same bits, each chosen
+    /// expert's rows read once a step.
+    pub fn moe_gate_up_grouped(
+        &self,
+        stream: &Arc<CudaStream>,
+        act: &mut impl DevicePtrMut<bf16>,
+        x: &impl DevicePtr<bf16>,
+        w: &impl DevicePtr<bf16>,
+        groups: &ExpertGroups,
+        shape: ExpertSlots,
+    ) -> Result<(), KernelError> {
+        let name = "moe_gate_up_grouped";
+        let ExpertSlots {
+            slots,
+            per_token,
+            experts,
+            hidden,
+            inter,
+        } = shape;
+        check_slots(name, shape, None)?;
+        let g = groups.fit(name, slots, experts)?;
+        need_len(name, "act", act.len(), product(name, &[slots, inter])?)?;
+        need_len(
+            name,
+            "x",
+            x.len(),
+            product(name, &[slots / per_token, hidden])?,
+        )?;
+        need_len(
+            name,
+            "w",
+            w.len(),
+            product(name, &[experts, 2 * inter, hidden])?,
+        )?;
+        let items = product(name, &[g as usize, inter])?;
+        if items == 0 {
+            return Ok(());
+        }
+        let blocks = warp_blocks(name, items)?;
+        let (p32, i32_, h32) = (
+            to_u32(name, "per_token", per_token)?,
+            to_u32(name, "inter", inter)?,
+            to_u32(name, "hidden", hidden)?,
+        );
+        let f = self.function(MODULE, name)?;
+        let (o, _o) = act.device_ptr_mut(stream);
+        let (xp, _x) = x.device_ptr(stream);
+        let (wp, _w) = w.device_ptr(stream);
+        let (op, _op) = groups.order.device_ptr(stream);
+        let (ge, _ge) = groups.experts.device_ptr(stream);
+        let (gs, _gs) = groups.starts.device_ptr(stream);
+        aligned16(name, "x", xp)?;
+        aligned16(name, "w", wp)?;
+        let mut b = stream.launch_builder(f);
+        b.arg(&o)
+            .arg(&xp)
+            .arg(&wp)
+            .arg(&op)
+            .arg(&ge)
+            .arg(&gs)
+            .arg(&g)
+            .arg(&p32)
+            .arg(&i32_)
+            .arg(&h32);
+        // SAFETY: as in `moe_logits`; the groups hold slots below `slots` and experts below
+        // `experts` (moe_sort writes them from the router's ids).
+        unsafe { b.launch(grid(blocks, THREADS)) }?;
+        Ok(())
+    }
+
+    /// [`Kernels::moe_down`] over the slots grouped by `moe_sort`, each slot scaled by its
+    /// routing weight: the same bits, each chosen expert's rows read once a step.
+    pub fn moe_down_grouped(
+        &self,
+        stream: &Arc<CudaStream>,
+        out: &mut impl DevicePtrMut<f32>,
+        act: &impl DevicePtr<bf16>,
+        w: &impl DevicePtr<bf16>,
+        (groups, weights): (&ExpertGroups, &CudaSlice<f32>),
+        shape: ExpertSlots,
+    ) -> Result<(), KernelError> {
+        let name = "moe_down_grouped";
+        let ExpertSlots {
+            slots,
+            experts,
+            hidden,
+            inter,
+            ..
+        } = shape;
+        check_slots(name, shape, None)?;
+        let g = groups.fit(name, slots, experts)?;
+        need_len(name, "weights", weights.len(), slots)?;
+        need_len(name, "out", out.len(), product(name, &[slots, hidden])?)?;
+        need_len(name, "act", act.len(), product(name, &[slots, inter])?)?;
+        need_len(
+            name,
+            "w",
+            w.len(),
+            product(name, &[experts, hidden, inter])?,
+        )?;
+        let items = product(name, &[g as usize, hidden])?;
+        if items == 0 {
+            return Ok(());
+        }
+        let blocks = warp_blocks(name, items)?;
+        let (h32, i32_) = (
+            to_u32(name, "hidden", hidden)?,
+            to_u32(name, "inter", inter)?,
+        );
+        let f = self.function(MODULE, name)?;
+        let (o, _o) = out.device_ptr_mut(stream);
+        let (ap, _a) = act.device_ptr(stream);
+        let (wp, _w) = w.device_ptr(stream);
+        let (op, _op) = groups.order.device_ptr(stream);
+        let (ge, _ge) = groups.experts.device_ptr(stream);
+        let (gs, _gs) = groups.starts.device_ptr(stream);
+        let (rp, _r) = weights.device_ptr(stream);
+        aligned16(name, "act", ap)?;
+        aligned16(name, "w", wp)?;
+        let mut b = stream.launch_builder(f);
+        b.arg(&o)
+            .arg(&ap)
+            .arg(&wp)
+            .arg(&op)
+            .arg(&ge)
+            .arg(&gs)
+            .arg(&rp)
+            .arg(&g)
+            .arg(&h32)
+            .arg(&i32_);
+        // SAFETY: as in `moe_gate_up_grouped`.
+        unsafe { b.launch(grid(blocks, THREADS)) }?;
         Ok(())
     }
 

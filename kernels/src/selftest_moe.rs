@@ -2,7 +2,8 @@
 //! the routing against the CPU reference's rule on the same logits (the same experts, the same
 //! weights), the whole sparse MLP against an f64 twin with the kernels' rounding points (with and
 //! without Qwen2-MoE's gated shared expert), and each token's output alone equal bit for bit to
-//! its row in a batch — each with a canary that must fail.
+//! its row in a batch, and the launches grouped by expert equal to a warp per slot bit for bit —
+//! each with a canary that must fail.
 
 use std::sync::Arc;
 
@@ -14,7 +15,7 @@ use crate::selftest::{
     to_f64, upload,
 };
 use crate::selftest_gemv::invariance_result;
-use crate::{CheckResult, ExpertSlots, KernelError, Kernels};
+use crate::{CheckResult, ExpertGroups, ExpertSlots, KernelError, Kernels};
 
 /// One sparse layer's shape.
 #[derive(Clone, Copy)]
@@ -26,13 +27,22 @@ struct Case {
     normalize: bool,
     /// Qwen2-MoE's shared expert's intermediate width.
     shared: Option<usize>,
+    /// Routed by a warp a token and the slots grouped by expert (the grouped launches), not a
+    /// thread a token and a warp a slot.
+    grouped: bool,
 }
 
 impl Case {
     fn name(&self, tokens: usize) -> String {
         format!(
-            "tokens={tokens} experts={} k={} hidden={} inter={} normalize={} shared={:?}",
-            self.experts, self.k, self.hidden, self.inter, self.normalize, self.shared
+            "tokens={tokens} experts={} k={} hidden={} inter={} normalize={} shared={:?} grouped={}",
+            self.experts,
+            self.k,
+            self.hidden,
+            self.inter,
+            self.normalize,
+            self.shared,
+            self.grouped
         )
     }
 }
@@ -92,6 +102,10 @@ struct Run {
     ids: Vec<i32>,
     weights: Vec<f32>,
     out: Vec<bf16>,
+    /// The activations and weighted expert outputs of the grouped launches, and of the launches
+    /// with a warp per slot.
+    grouped: (Vec<bf16>, Vec<f32>),
+    plain: (Vec<bf16>, Vec<f32>),
 }
 
 /// The sparse MLP of `x`'s rows through the kernels, as the engine launches it.
@@ -109,7 +123,11 @@ fn run(
     k.moe_logits(s, &mut logits, &x, &w.router, (t, e, h))?;
     let mut ids = upload(s, &vec![-1i32; t * kk])?;
     let mut rw = poisoned_f32(s, t * kk)?;
-    k.moe_route(s, &mut ids, &mut rw, &logits, (t, e, kk), c.normalize)?;
+    let shape = (t, e, kk);
+    match c.grouped {
+        true => k.moe_route_warp(s, (&mut ids, &mut rw), &logits, shape, c.normalize)?,
+        false => k.moe_route(s, (&mut ids, &mut rw), &logits, shape, c.normalize)?,
+    }
     let routed = ExpertSlots {
         slots: t * kk,
         per_token: kk,
@@ -117,18 +135,31 @@ fn run(
         hidden: h,
         inter: c.inter,
     };
+    // Grouped by expert, and a warp per slot (each slot reading its expert's rows itself): the
+    // same bits; the case's path feeds the output.
+    let mut groups = ExpertGroups::new(s, t * kk, e)?;
+    k.moe_sort(s, &mut groups, &ids, (t * kk, e))?;
     let mut act = poisoned_bf16(s, t * kk * c.inter)?;
-    k.moe_gate_up(s, &mut act, &x, &w.gate_up, Some(&ids), routed)?;
-    let mut slots = poisoned_f32(s, t * kk * h)?;
+    k.moe_gate_up_grouped(s, &mut act, &x, &w.gate_up, &groups, routed)?;
+    let mut grouped_slots = poisoned_f32(s, t * kk * h)?;
+    k.moe_down_grouped(s, &mut grouped_slots, &act, &w.down, (&groups, &rw), routed)?;
+    let mut plain_act = poisoned_bf16(s, t * kk * c.inter)?;
+    k.moe_gate_up(s, &mut plain_act, &x, &w.gate_up, Some(&ids), routed)?;
+    let mut plain_slots = poisoned_f32(s, t * kk * h)?;
     k.moe_down(
         s,
-        &mut slots,
-        &act,
+        &mut plain_slots,
+        &plain_act,
         &w.down,
         (Some(&ids), Some(&rw)),
         routed,
     )?;
     let mut out = poisoned_bf16(s, t * h)?;
+    let slots = if c.grouped {
+        &grouped_slots
+    } else {
+        &plain_slots
+    };
     match (&w.shared, c.shared) {
         (Some([gu, down, gate]), Some(si)) => {
             let one = ExpertSlots {
@@ -144,15 +175,17 @@ fn run(
             k.moe_down(s, &mut shared, &sact, down, (None, None), one)?;
             let mut g = poisoned_f32(s, t)?;
             k.moe_logits(s, &mut g, &x, gate, (t, 1, h))?;
-            k.moe_combine(s, &mut out, &slots, Some((&shared, &g)), (t, kk, h))?;
+            k.moe_combine(s, &mut out, slots, Some((&shared, &g)), (t, kk, h))?;
         }
-        _ => k.moe_combine(s, &mut out, &slots, None, (t, kk, h))?,
+        _ => k.moe_combine(s, &mut out, slots, None, (t, kk, h))?,
     }
     Ok(Run {
         logits: download(s, &logits)?,
         ids: download(s, &ids)?,
         weights: download(s, &rw)?,
         out: download(s, &out)?,
+        grouped: (download(s, &act)?, download(s, &grouped_slots)?),
+        plain: (download(s, &plain_act)?, download(s, &plain_slots)?),
     })
 }
 
@@ -230,6 +263,7 @@ pub(crate) fn check_moe(
             inter: 96,
             normalize: true,
             shared: None,
+            grouped: false,
         },
         Case {
             experts: 60,
@@ -238,6 +272,7 @@ pub(crate) fn check_moe(
             inter: 64,
             normalize: false,
             shared: Some(160),
+            grouped: false,
         },
         Case {
             experts: 128,
@@ -246,6 +281,7 @@ pub(crate) fn check_moe(
             inter: 64,
             normalize: true,
             shared: None,
+            grouped: false,
         },
         Case {
             experts: 8,
@@ -254,10 +290,14 @@ pub(crate) fn check_moe(
             inter: 224,
             normalize: true,
             shared: None,
+            grouped: false,
         },
     ];
     let mut results = Vec::new();
-    for c in &cases {
+    let paths = cases
+        .iter()
+        .flat_map(|c| [false, true].map(|grouped| Case { grouped, ..*c }));
+    for c in &paths.collect::<Vec<_>>() {
         let tokens = 9;
         let host = Host::new(rng, c);
         let dev = Device::new(s, &host)?;
@@ -280,6 +320,11 @@ pub(crate) fn check_moe(
             TOL_BF16,
         ));
         results.extend(check_alone(k, s, c, &dev, &x, &r)?);
+        if c.grouped {
+            // Many slots an expert (several of each group's batches of slots).
+            let many = run(k, s, c, &dev, &rng.bf16_vec(64 * c.hidden, 1.0, 0.0))?;
+            results.extend(check_grouped(c, &many));
+        }
     }
     results.extend(check_nan_rows(k, s)?);
     Ok(results)
@@ -291,16 +336,6 @@ fn check_nan_rows(k: &Kernels, s: &Arc<CudaStream>) -> Result<Vec<CheckResult>, 
     let (tokens, experts, kk) = (3, 16, 4);
     let logits = upload(s, &vec![f32::NAN; tokens * experts])?;
     let unwritten = vec![-1i32; tokens * kk];
-    let mut ids = upload(s, &unwritten)?;
-    let mut weights = poisoned_f32(s, tokens * kk)?;
-    k.moe_route(
-        s,
-        &mut ids,
-        &mut weights,
-        &logits,
-        (tokens, experts, kk),
-        true,
-    )?;
     let bad = |ids: &[i32]| {
         ids.chunks_exact(kk)
             .map(|row| {
@@ -311,18 +346,33 @@ fn check_nan_rows(k: &Kernels, s: &Arc<CudaStream>) -> Result<Vec<CheckResult>, 
             })
             .sum::<usize>()
     };
-    let case = format!(
-        "tokens={tokens} experts={experts} k={kk}: NaN logits, ids out of range or repeated"
-    );
-    Ok(vec![
-        invariance_result("moe_route", case.clone(), false, bad(&download(s, &ids)?)),
-        invariance_result(
-            "moe_route",
+    let mut results = Vec::new();
+    for name in ["moe_route", "moe_route_warp"] {
+        let mut ids = upload(s, &unwritten)?;
+        let mut weights = poisoned_f32(s, tokens * kk)?;
+        let out = (&mut ids, &mut weights);
+        let shape = (tokens, experts, kk);
+        match name {
+            "moe_route" => k.moe_route(s, out, &logits, shape, true)?,
+            _ => k.moe_route_warp(s, out, &logits, shape, true)?,
+        }
+        let case = format!(
+            "tokens={tokens} experts={experts} k={kk}: NaN logits, ids out of range or repeated"
+        );
+        results.push(invariance_result(
+            name,
+            case.clone(),
+            false,
+            bad(&download(s, &ids)?),
+        ));
+        results.push(invariance_result(
+            name,
             format!("{case} (canary: unwritten ids)"),
             true,
             bad(&unwritten),
-        ),
-    ])
+        ));
+    }
+    Ok(results)
 }
 
 fn check_logits(c: &Case, w: &Host, x: &[bf16], r: &Run, case: &str) -> Vec<CheckResult> {
@@ -379,6 +429,35 @@ fn check_route(c: &Case, r: &Run, case: &str) -> Vec<CheckResult> {
         TOL_F32,
     ));
     results
+}
+
+/// The grouped launches give every activation and expert output the bits of the launches with
+/// a warp per slot; the canary sets each slot against the next slot's.
+fn check_grouped(c: &Case, r: &Run) -> Vec<CheckResult> {
+    let tokens = r.out.len() / c.hidden;
+    let case = format!("{}: grouped by expert vs a warp per slot", c.name(tokens));
+    let differ = |shift: usize| {
+        let (act, slots) = (&r.grouped.0, &r.grouped.1);
+        let (pa, ps) = (&r.plain.0, &r.plain.1);
+        let rotate = |n: usize, len: usize| (n + shift * len) % act.len().max(1);
+        let a = (0..act.len())
+            .filter(|&n| act[n].to_bits() != pa[rotate(n, c.inter)].to_bits() || act[n].is_nan())
+            .count();
+        let rotate = |n: usize| (n + shift * c.hidden) % slots.len().max(1);
+        let o = (0..slots.len())
+            .filter(|&n| slots[n].to_bits() != ps[rotate(n)].to_bits() || slots[n].is_nan())
+            .count();
+        a + o
+    };
+    vec![
+        invariance_result("moe grouped", case.clone(), false, differ(0)),
+        invariance_result(
+            "moe grouped",
+            format!("{case} (canary: the next slot)"),
+            true,
+            differ(1),
+        ),
+    ]
 }
 
 /// Each token alone through the kernels equals its row of the batch bit for bit; the canary

@@ -47,8 +47,12 @@ fn expected_functions() -> Vec<String> {
         "sum_shards_bf16",
         "moe_logits",
         "moe_route",
+        "moe_route_warp",
         "moe_gate_up",
         "moe_down",
+        "moe_sort",
+        "moe_gate_up_grouped",
+        "moe_down_grouped",
         "moe_combine",
     ]
     .iter()

@@ -109,11 +109,13 @@ impl ApiError {
             SubmitError::Sampling(_)
             | SubmitError::NoEmbeddings
             | SubmitError::EmbedWithGeneration => Self::invalid(None, message),
-            // A schema or grammar that does not compile is the request's fault; a model whose
-            // tokenizer cannot be constrained refuses the request, as any unsupported feature.
+            // A schema or grammar that does not compile, or is too ambiguous to follow within
+            // the matcher's step limit, is the request's fault; a model whose tokenizer cannot
+            // be constrained refuses the request, as any unsupported feature.
             SubmitError::Grammar(
                 GrammarError::SchemaJson(_)
                 | GrammarError::Compile(_)
+                | GrammarError::TooSlow(_)
                 | GrammarError::Tokenizer(_)
                 | GrammarError::NoEos,
             )

@@ -5,13 +5,17 @@
 #   1. the kernel self-test (its moe checks: the router's logits, the routing against the CPU
 #      reference's rule, the sparse MLP against an f64 twin, each token alone equal to its row of
 #      a batch — each with a canary);
-#   2. per family, a small synthesized model (qwen3_moe with a dense layer, qwen2_moe with its
+#   2. a dense model of the same small shape (the baseline: random weights' near ties), then
+#      per family, a small synthesized model (qwen3_moe with a dense layer, qwen2_moe with its
 #      shared expert, mixtral): `strata gpu parity` (CUDA against the CPU reference, greedy; near
 #      ties stated with their margins) and `strata gpu invariance` (32 staggered sequences equal
 #      to their solo runs: prompt and decode rows share steps);
 #   3. the Qwen3-30B-A3B shape (configs/qwen3-30b-a3b.json, bf16 synthesized on the device):
 #      `strata gpu decode` at batch 1, 8, 32 and 64, graph replay == eager checked at 1 and 33,
-#      tok/s against the byte roofline of the experts a step reads (uniform routing);
+#      tok/s against the byte roofline of the experts a step reads (uniform routing); one
+#      profiled step per kernel family at batch 1 and 8 (decode-profile-*.txt); prefill of 512
+#      and 4096 tokens (prefill-*.json, TFLOP/s of the active parameters) — each with the
+#      default launches and with the grouped ones (--moe-grouped) in the same run;
 #   4. served: `strata serve` on the small qwen2_moe, one request per surface (OpenAI chat,
 #      Anthropic Messages, Converse).
 # DEVICE=cpu runs steps 2 (invariance) and 4 on the CPU reference (the plumbing check CI runs).
@@ -57,7 +61,15 @@ synth qwen3 --arch qwen3_moe --experts 16 --experts-per-token 4 --norm-topk-prob
     --mlp-only-layers 1
 synth qwen2 --arch qwen2_moe --experts 8 --experts-per-token 2 --shared-expert-intermediate 96
 synth mixtral --arch mixtral --experts 8 --experts-per-token 2
+# The dense baseline of the same shape: how often random weights' flat logits flip a greedy token
+# between the GPU and the CPU reference without any router.
+[[ $DEVICE == cpu ]] || synth dense --arch qwen3
 
+if [[ $DEVICE != cpu ]]; then
+    "$BIN" gpu parity --model "$WORK/dense" --json "$OUT/parity-dense.json" \
+        >"$OUT/logs/parity-dense.log" 2>&1
+    echo "dense: $(tail -n 1 "$OUT/logs/parity-dense.log")"
+fi
 for m in qwen3 qwen2 mixtral; do
     if [[ $DEVICE != cpu ]]; then
         "$BIN" gpu parity --model "$WORK/$m" --json "$OUT/parity-$m.json" \
@@ -71,9 +83,24 @@ for m in qwen3 qwen2 mixtral; do
 done
 
 if [[ $DEVICE != cpu ]]; then
-    "$BIN" gpu decode --config "$BENCH_CONFIG" --batch "$BATCHES" --context 512 --steps 64 \
-        --check-graphs 1,33 --json "$OUT/decode.json" 2>&1 | tee "$OUT/logs/decode.log"
-    [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
+    # The default launches, then the grouped ones (--moe-grouped, the same bits) in the same run.
+    for arm in default grouped; do
+        flag=()
+        [[ $arm == grouped ]] && flag=(--moe-grouped)
+        "$BIN" gpu decode --config "$BENCH_CONFIG" --batch "$BATCHES" --context 512 --steps 64 \
+            --check-graphs 1,33 "${flag[@]}" --json "$OUT/decode-$arm.json" 2>&1 |
+            tee "$OUT/logs/decode-$arm.log"
+        [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
+        # Where a step's time goes, by kernel family (graphs off), at batch 1 and 8.
+        timeout 120 "$BIN" gpu decode --config "$BENCH_CONFIG" --batch 1,8 --context 512 \
+            --steps 16 --check-graphs --profile "${flag[@]}" >"$OUT/decode-profile-$arm.txt" 2>&1 ||
+            failed=1
+        # Prompt rows: 512 and 4096 tokens (FLOPs of the active parameters).
+        timeout 150 "$BIN" gpu prefill --config "$BENCH_CONFIG" --prompt "${PROMPTS:-512,4096}" \
+            --runs 2 "${flag[@]}" --json "$OUT/prefill-$arm.json" 2>&1 |
+            tee "$OUT/logs/prefill-$arm.log"
+        [[ ${PIPESTATUS[0]} == 0 ]] || failed=1
+    done
 fi
 
 # Served: the three surfaces on the shared-expert model.
@@ -106,7 +133,7 @@ wait $pid 2>/dev/null
 python3 - "$OUT" >"$OUT/summary.txt" <<'EOF'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
-for name in ("qwen3", "qwen2", "mixtral"):
+for name in ("dense", "qwen3", "qwen2", "mixtral"):
     for kind in ("parity", "invariance"):
         path = out / f"{kind}-{name}.json"
         if not path.exists():
@@ -122,14 +149,21 @@ for name in ("qwen3", "qwen2", "mixtral"):
         else:
             print(f"invariance {name}: passed={r.get('passed')} batch={r.get('batch')} "
                   f"differing={r.get('differing')}")
-decode = out / "decode.json"
-if decode.exists():
-    d = json.loads(decode.read_text())
-    for g in d.get("graph_checks", []):
-        print(f"graph == eager at {g['batch']}: {g['bitwise_identical']} (canary caught: {g['canary_caught']})")
-    for r in d.get("results", []):
-        print(f"decode batch {r['batch']:>3}: {r['tokens_per_s']:.1f} tok/s, "
-              f"{r['roofline_fraction']:.3f} of the roofline ({r['weight_bytes'] / 1e9:.2f} GB read)")
+for arm in ("default", "grouped"):
+    decode = out / f"decode-{arm}.json"
+    if decode.exists():
+        d = json.loads(decode.read_text())
+        for g in d.get("graph_checks", []):
+            print(f"{arm}: graph == eager at {g['batch']}: {g['bitwise_identical']} "
+                  f"(canary caught: {g['canary_caught']})")
+        for r in d.get("results", []):
+            print(f"{arm}: decode batch {r['batch']:>3}: {r['tokens_per_s']:.1f} tok/s, "
+                  f"{r['roofline_fraction']:.3f} of the roofline ({r['weight_bytes'] / 1e9:.2f} GB read)")
+    prefill = out / f"prefill-{arm}.json"
+    if prefill.exists():
+        for r in json.loads(prefill.read_text()).get("results", []):
+            print(f"{arm}: prefill {r['prompt']:>5}: {r['ms']['median']:.1f} ms, "
+                  f"{r['tokens_per_s']:.0f} tok/s, {r['tflops']:.1f} TFLOP/s")
 served = out / "served.txt"
 if served.exists():
     print(served.read_text().strip())

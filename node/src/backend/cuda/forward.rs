@@ -49,6 +49,7 @@ impl CudaBackend {
             comm,
             decode_gemm,
             run_order,
+            moe_grouped,
             dequant,
             ..
         } = self;
@@ -70,6 +71,7 @@ impl CudaBackend {
             fault: *fault,
             decode_gemm: *decode_gemm,
             run_order: *run_order,
+            moe_grouped: *moe_grouped,
             eps: config.rms_norm_eps as f32,
             block_size: *block_size,
             // The reserved scratch block is addressable too (padding rows write into it).
@@ -112,6 +114,8 @@ struct Launch<'a> {
     decode_gemm: bool,
     /// Every row in the run order (`CudaBackend::set_run_order`).
     run_order: bool,
+    /// Experts through the grouped launches (`CudaBackend::set_moe_grouped`).
+    moe_grouped: bool,
     eps: f32,
     block_size: usize,
     /// KV blocks addressable by the kernels (the reserved scratch block included).
@@ -453,7 +457,7 @@ impl Launch<'_> {
                 let scratch = a.moe.as_mut().ok_or_else(|| {
                     CudaError::Unsupported("experts without their step buffers".into())
                 })?;
-                let parts = (moe, experts);
+                let parts = (moe, experts, self.moe_grouped);
                 moe::launch(k, stream, parts, scratch, &a.normed, &mut a.proj, (t, h))?;
                 self.mark("experts")?;
             }

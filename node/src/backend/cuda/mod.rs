@@ -255,6 +255,8 @@ pub struct CudaBackend {
     decode_gemm: bool,
     /// Every row in the run order (see [`CudaBackend::set_run_order`]).
     run_order: bool,
+    /// Experts through the grouped launches (see [`CudaBackend::set_moe_grouped`]).
+    moe_grouped: bool,
     /// The bf16 buffer a block-format projection is dequantized into for the GEMM of prompt
     /// rows, sized for the largest; `None` when every projection is bf16.
     dequant: Option<CudaSlice<bf16>>,
@@ -367,6 +369,7 @@ impl CudaBackend {
             graphs_enabled: options.graphs,
             decode_gemm: false,
             run_order: false,
+            moe_grouped: false,
             dequant,
             graphs: HashMap::new(),
             comm: None,
@@ -417,6 +420,16 @@ impl CudaBackend {
     /// so it is batch-invariant too, but not the GEMV's bits). Cached graphs are dropped.
     pub fn set_decode_gemm(&mut self, enabled: bool) {
         self.decode_gemm = enabled;
+        self.graphs.clear();
+    }
+
+    /// Runs a mixture of experts' layers through the grouped launches (an experiment for
+    /// `strata gpu decode --moe-grouped` until the GPU self-test has passed them: routing a
+    /// warp a token, the step's slots grouped by expert so each chosen expert's rows are read
+    /// once however many rows chose it — the same bits as the default launches by
+    /// construction, checked bit for bit by the self-test). Cached graphs are dropped.
+    pub fn set_moe_grouped(&mut self, enabled: bool) {
+        self.moe_grouped = enabled;
         self.graphs.clear();
     }
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use half::bf16;
 use strata_kernels::cudarc::driver::{CudaSlice, CudaStream};
-use strata_kernels::{ExpertSlots, Kernels};
+use strata_kernels::{ExpertGroups, ExpertSlots, Kernels};
 use strata_model::config::Moe;
 use strata_model::weights::{GatedMlp, SparseMlp, TensorSpec};
 
@@ -172,6 +172,8 @@ pub(super) struct MoeScratch {
     slots: CudaSlice<f32>,
     /// The shared expert's output `[rows][hidden]` and gate logit `[rows]`.
     shared: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
+    /// The step's slots grouped by expert.
+    groups: ExpertGroups,
 }
 
 impl MoeScratch {
@@ -196,6 +198,7 @@ impl MoeScratch {
                 )),
                 None => None,
             },
+            groups: ExpertGroups::new(stream, rows * k, e)?,
         })
     }
 }
@@ -204,7 +207,7 @@ impl MoeScratch {
 pub(super) fn launch(
     k: &Kernels,
     stream: &Arc<CudaStream>,
-    (moe, w): (&Moe, &Experts),
+    (moe, w, grouped): (&Moe, &Experts, bool),
     s: &mut MoeScratch,
     normed: &CudaSlice<bf16>,
     out: &mut CudaSlice<bf16>,
@@ -213,14 +216,11 @@ pub(super) fn launch(
     let (e, kk) = (moe.experts, moe.experts_per_token);
     let x = normed.slice(..t * hidden);
     k.moe_logits(stream, &mut s.logits, &x, &w.router, (t, e, hidden))?;
-    k.moe_route(
-        stream,
-        &mut s.ids,
-        &mut s.weights,
-        &s.logits,
-        (t, e, kk),
-        moe.norm_topk_prob,
-    )?;
+    let chosen = (&mut s.ids, &mut s.weights);
+    match grouped {
+        true => k.moe_route_warp(stream, chosen, &s.logits, (t, e, kk), moe.norm_topk_prob)?,
+        false => k.moe_route(stream, chosen, &s.logits, (t, e, kk), moe.norm_topk_prob)?,
+    }
     let routed = ExpertSlots {
         slots: t * kk,
         per_token: kk,
@@ -228,9 +228,17 @@ pub(super) fn launch(
         hidden,
         inter: moe.expert_intermediate,
     };
-    k.moe_gate_up(stream, &mut s.act, &x, &w.gate_up, Some(&s.ids), routed)?;
-    let chosen = (Some(&s.ids), Some(&s.weights));
-    k.moe_down(stream, &mut s.slots, &s.act, &w.down, chosen, routed)?;
+    if grouped {
+        // Each chosen expert's weights read once a step.
+        k.moe_sort(stream, &mut s.groups, &s.ids, (t * kk, e))?;
+        k.moe_gate_up_grouped(stream, &mut s.act, &x, &w.gate_up, &s.groups, routed)?;
+        let chosen = (&s.groups, &s.weights);
+        k.moe_down_grouped(stream, &mut s.slots, &s.act, &w.down, chosen, routed)?;
+    } else {
+        k.moe_gate_up(stream, &mut s.act, &x, &w.gate_up, Some(&s.ids), routed)?;
+        let chosen = (Some(&s.ids), Some(&s.weights));
+        k.moe_down(stream, &mut s.slots, &s.act, &w.down, chosen, routed)?;
+    }
     let mut y = out.slice_mut(..t * hidden);
     match (&w.shared, &mut s.shared, moe.shared_expert_intermediate) {
         (Some([gu, down, gate]), Some((values, logit)), Some(si)) => {
