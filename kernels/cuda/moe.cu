@@ -91,14 +91,15 @@ moe_route(int* __restrict__ ids, float* __restrict__ weights, const float* __res
 // Each token's k experts and weights, by ascending expert: the softmax of its logits (less the
 // maximum, summed in expert order), the k largest probabilities (ties to the lower expert), their
 // sum taken from the largest and divided out when `normalize`: moe_route's results, one warp per
-// token (ROUTE_WARPS a block) instead of one thread. Lane l computes the probabilities of experts l, l + 32, ...; one lane sums them in
-// expert order; each choice is a warp-wide arg-max. Exactly the serial rule's results, NaN rows
-// included: a NaN probability ranks as -1 (below every number), so a row of NaNs still names the
-// first k experts, each with weight -1 / sum. k <= 32, experts <= 1024.
+// token (ROUTE_WARPS a block) instead of one thread. Lane l computes the probabilities of experts
+// l, l + 32, ...; one lane sums them in expert order; each choice is a warp-wide arg-max. Exactly
+// the serial rule's results, NaN rows included: a NaN probability ranks as -1 (below every
+// number), so a row of NaNs still names the first k experts, each with weight -1 / sum. k <= 32,
+// experts <= 1024.
 #define ROUTE_WARPS 4
 extern "C" __global__ void __launch_bounds__(ROUTE_WARPS * 32)
-moe_route_warp(int* __restrict__ ids, float* __restrict__ weights, const float* __restrict__ logits,
-          u32 tokens, u32 experts, u32 k, u32 normalize) {
+moe_route_warp(int* __restrict__ ids, float* __restrict__ weights,
+               const float* __restrict__ logits, u32 tokens, u32 experts, u32 k, u32 normalize) {
     __shared__ float prob_of[ROUTE_WARPS][1024];
     __shared__ int chosen[ROUTE_WARPS][32];
     __shared__ float picked[ROUTE_WARPS][32];
