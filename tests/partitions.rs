@@ -234,6 +234,18 @@ fn start_group(net: &mut Net, root: &Path) -> (Vec<Host>, Vec<PathBuf>, Vec<Proc
     (hosts, datas, members)
 }
 
+/// An operator identity named `name`, issued through the member in `data`, under `root`.
+fn operator(root: &Path, data: &Path, name: &str) -> PathBuf {
+    let dir = root.join(format!("operator-{name}"));
+    let out = cli(
+        None,
+        data,
+        &["operator", "--name", name, "--out", dir.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{out:?}");
+    dir
+}
+
 /// Whether a write through the member in `data`, run on its own host, is refused (not taken)
 /// within `within`.
 fn write_refused_on(host: &Host, data: &Path, within: Duration) -> bool {
@@ -270,19 +282,7 @@ fn a_leader_cut_off_or_unheard_is_replaced_and_the_healed_group_is_linearizable(
     let mut net = Net::new();
     let (hosts, datas, _members) = start_group(&mut net, root.path());
     let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
-    let operator = root.path().join("operator");
-    let out = cli(
-        None,
-        &datas[0],
-        &[
-            "operator",
-            "--name",
-            "history",
-            "--out",
-            operator.to_str().unwrap(),
-        ],
-    );
-    assert!(out.status.success(), "{out:?}");
+    let operator = operator(root.path(), &datas[0], "history");
     let addrs: Vec<String> = hosts.iter().map(|h| format!("{}:7000", h.ip)).collect();
     let recorder = GroupHistory::record(&operator, addrs);
 
@@ -471,19 +471,7 @@ fn a_router_cut_from_the_group_serves_its_last_view_and_catches_up_once_healed()
     let model = root.path().join("m");
     synth(&model);
     let model = model.to_str().unwrap();
-    let operator = root.path().join("operator");
-    let out = cli(
-        None,
-        &datas[0],
-        &[
-            "operator",
-            "--name",
-            "router",
-            "--out",
-            operator.to_str().unwrap(),
-        ],
-    );
-    assert!(out.status.success(), "{out:?}");
+    let operator = operator(root.path(), &datas[0], "router");
     // Nodes on hosts of their own, so that the router can lose the group and keep the nodes.
     let router_host = net.host(4);
     let node_hosts = [net.host(5), net.host(6), net.host(7)];

@@ -34,6 +34,28 @@ moe_logits(float* __restrict__ logits, const __nv_bfloat16* __restrict__ x,
     if ((threadIdx.x & 31) == 0) logits[item] = v;
 }
 
+// A token's k choices, largest first, finished: divided by their sum (added largest first) when
+// `normalize`, then put in ascending expert order (insertion sort of at most 32).
+__device__ __forceinline__ void finish_route(int* chosen, float* prob, u32 k, u32 normalize) {
+    if (normalize) {
+        float total = 0.0f;
+        for (u32 j = 0; j < k; ++j) total += prob[j];
+        for (u32 j = 0; j < k; ++j) prob[j] = __fdiv_rn(prob[j], total);
+    }
+    for (u32 j = 1; j < k; ++j) {
+        const int e = chosen[j];
+        const float p = prob[j];
+        int i = (int)j - 1;
+        while (i >= 0 && chosen[i] > e) {
+            chosen[i + 1] = chosen[i];
+            prob[i + 1] = prob[i];
+            --i;
+        }
+        chosen[i + 1] = e;
+        prob[i + 1] = p;
+    }
+}
+
 // Each token's k experts and weights, by ascending expert: the softmax of its logits (less the
 // maximum, summed in expert order), the k largest probabilities (ties to the lower expert), their
 // sum taken from the largest and divided out when `normalize`. One thread per token; k <= 32.
@@ -68,24 +90,7 @@ moe_route(int* __restrict__ ids, float* __restrict__ weights, const float* __res
         chosen[j] = best;
         prob[j] = __fdiv_rn(top, sum);
     }
-    if (normalize) {
-        float total = 0.0f;
-        for (u32 j = 0; j < k; ++j) total += prob[j];
-        for (u32 j = 0; j < k; ++j) prob[j] = __fdiv_rn(prob[j], total);
-    }
-    // Ascending expert order (insertion sort of at most 32).
-    for (u32 j = 1; j < k; ++j) {
-        const int e = chosen[j];
-        const float p = prob[j];
-        int i = (int)j - 1;
-        while (i >= 0 && chosen[i] > e) {
-            chosen[i + 1] = chosen[i];
-            prob[i + 1] = prob[i];
-            --i;
-        }
-        chosen[i + 1] = e;
-        prob[i + 1] = p;
-    }
+    finish_route(chosen, prob, k, normalize);
 }
 
 // Each token's k experts and weights, by ascending expert: the softmax of its logits (less the
@@ -151,24 +156,7 @@ moe_route_warp(int* __restrict__ ids, float* __restrict__ weights,
     if (lane != 0) return;
     int* c = chosen[warp];
     float* w = picked[warp];
-    if (normalize) {
-        float total = 0.0f;
-        for (u32 j = 0; j < k; ++j) total += w[j];
-        for (u32 j = 0; j < k; ++j) w[j] = __fdiv_rn(w[j], total);
-    }
-    // Ascending expert order (insertion sort of at most 32).
-    for (u32 j = 1; j < k; ++j) {
-        const int e = c[j];
-        const float v = w[j];
-        int i = (int)j - 1;
-        while (i >= 0 && c[i] > e) {
-            c[i + 1] = c[i];
-            w[i + 1] = w[i];
-            --i;
-        }
-        c[i + 1] = e;
-        w[i + 1] = v;
-    }
+    finish_route(c, w, k, normalize);
     for (u32 j = 0; j < k; ++j) {
         ids[(u64)t * k + j] = c[j];
         weights[(u64)t * k + j] = w[j];
