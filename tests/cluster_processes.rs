@@ -5,7 +5,8 @@
 //! issued by `cluster operator` reading and writing the group without a member's directory;
 //! certificates of a few seconds renewed while members run, and members back after theirs
 //! ended (the CA holder on its own, another through `cluster reissue`); and a follower paused
-//! past its election timeout that does not depose the leader (pre-vote).
+//! past its election timeout that does not depose the leader (pre-vote; the canary: members
+//! started with `--pre-vote false` hold an election).
 
 mod cluster;
 
@@ -188,6 +189,16 @@ fn start_group_with(
     join: &str,
     init: &[&str],
 ) -> Vec<Member> {
+    start_group_all(root, (datas, listens, join), init, &[])
+}
+
+/// [`start_group`] with more arguments for `init` and for every `join`.
+fn start_group_all(
+    root: &Path,
+    (datas, listens, join): (&[PathBuf], &[String], &str),
+    init: &[&str],
+    joins: &[&str],
+) -> Vec<Member> {
     let mut args = vec!["init", "--listen", &listens[0], "--join-listen", join];
     args.extend_from_slice(init);
     let mut members = vec![Member::spawn(&datas[0], &args)];
@@ -199,7 +210,19 @@ fn start_group_with(
         } else {
             issue_token(&datas[0], &root.join(format!("token-{i}")))
         };
-        members.push(spawn_join(&datas[i], &listens[i], join, &token, true));
+        let token = token.to_str().unwrap();
+        let mut args = vec![
+            "join",
+            "--listen",
+            &listens[i],
+            "--seed",
+            join,
+            "--token",
+            token,
+        ];
+        args.push("--voter");
+        args.extend_from_slice(joins);
+        members.push(Member::spawn(&datas[i], &args));
         let want = i + 1;
         // Read through every member started so far, so that a timeout shows the joiner's log too.
         let started: Vec<&Path> = datas[..=i].iter().map(PathBuf::as_path).collect();
@@ -757,19 +780,19 @@ fn reissue(ca_data: &Path, id: u64, data: &Path) {
     }
 }
 
-#[test]
-fn a_paused_follower_does_not_depose_the_leader() {
+/// A follower of a three-member group (started with `flags` on every member) stopped for four
+/// seconds — far past its election timeout — then resumed: the group's leader and term before
+/// and after.
+fn pause_a_follower(flags: &[&str]) -> (Value, Value) {
     let root = tempfile::tempdir().unwrap();
     let (datas, listens, join) = places(root.path(), 3);
-    let members = start_group(root.path(), &datas, &listens, &join);
+    let members = start_group_all(root.path(), (&datas, &listens, &join), flags, flags);
     let paths: Vec<&Path> = datas.iter().map(PathBuf::as_path).collect();
     let before = wait_status(&paths, "a leader with three voters", |s| {
         s["leader"].as_u64().is_some() && voters(s).len() == 3 && s["term"].as_u64().is_some()
     });
     let leader = before["leader"].as_u64().unwrap();
     let follower = (1..=3).find(|&id| id != leader).unwrap();
-    // Stopped for four times the leader lease plus the longest election timeout, then resumed:
-    // it wakes far past its timeout.
     members[follower as usize - 1].pause(true);
     std::thread::sleep(Duration::from_secs(4));
     members[follower as usize - 1].pause(false);
@@ -777,15 +800,33 @@ fn a_paused_follower_does_not_depose_the_leader() {
     let after = wait_status(&paths, "the group answers again", |s| {
         s["leader"].as_u64().is_some()
     });
+    // The group still commits.
+    let leader_now = after["leader"].as_u64().unwrap();
+    issue_token(
+        &datas[leader_now as usize - 1],
+        &root.path().join("token-after"),
+    );
+    (before, after)
+}
+
+#[test]
+fn a_paused_follower_does_not_depose_the_leader() {
+    let (before, after) = pause_a_follower(&[]);
     assert_eq!(
         (after["leader"].as_u64(), after["term"].as_u64()),
-        (Some(leader), before["term"].as_u64()),
+        (before["leader"].as_u64(), before["term"].as_u64()),
         "the paused follower forced an election: before {before}, after {after}"
     );
-    // The group still commits.
-    issue_token(
-        &datas[leader as usize - 1],
-        &root.path().join("token-after"),
+}
+
+/// The canary of the test above: members without pre-vote (`--pre-vote false`) let the resumed
+/// follower stand at once, and the group's term rises.
+#[test]
+fn canary_without_pre_vote_a_paused_follower_forces_an_election() {
+    let (before, after) = pause_a_follower(&["--pre-vote", "false"]);
+    assert!(
+        after["term"].as_u64() > before["term"].as_u64(),
+        "no election without pre-vote: before {before}, after {after}"
     );
 }
 

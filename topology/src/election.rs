@@ -129,7 +129,11 @@ pub async fn drive(raft: Raft, client: Client, contact: Arc<LeaderContact>, timi
             term: metrics.current_term + 1,
             last_applied: metrics.last_applied,
         };
-        let granted = 1 + pre_votes(&client, &others, &request, voters.len(), answer_within).await;
+        let granted = match timing.pre_vote {
+            true => 1 + pre_votes(&client, &others, &request, voters.len(), answer_within).await,
+            // Without pre-vote every voter counts as granting: stand now.
+            false => voters.len(),
+        };
         let stand = 2 * granted > voters.len();
         tracing::info!(
             granted,

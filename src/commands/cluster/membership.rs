@@ -113,7 +113,7 @@ pub(super) async fn init(args: InitArgs) -> Result<()> {
         advertise: args.advertise,
         join_listen: Some(join_listen),
         cert_lifetime_s: Some(args.cert_lifetime),
-        timing: Timing::default(),
+        timing: args.election.timing(),
     };
     config.save(&layout.config()).map_err(anyhow::Error::msg)?;
     let server = Server::start(&config).await?;
@@ -173,7 +173,7 @@ pub(super) async fn join(args: JoinArgs) -> Result<()> {
         advertise: args.advertise,
         join_listen: None,
         cert_lifetime_s: None,
-        timing: Timing::default(),
+        timing: args.election.timing(),
     };
     std::fs::create_dir_all(&args.data)
         .with_context(|| format!("create {}", args.data.display()))?;

@@ -123,6 +123,28 @@ pub struct InitArgs {
     /// 10 s): holders renew theirs through this member when a third is left.
     #[arg(long, default_value = "30d", value_parser = parse_lifetime)]
     cert_lifetime: u64,
+    #[command(flatten)]
+    election: ElectionArgs,
+}
+
+/// How a member stands for election.
+#[derive(Args)]
+pub struct ElectionArgs {
+    /// Ask the other voters before standing for election (pre-vote), so that a member back from
+    /// a pause or a partition does not depose a working leader; `false` is raft without it (a
+    /// test's canary, as etcd's `--pre-vote=false`). Kept in the member's config.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pre_vote: bool,
+}
+
+impl ElectionArgs {
+    /// The member's timing with this choice.
+    pub fn timing(&self) -> Timing {
+        Timing {
+            pre_vote: self.pre_vote,
+            ..Timing::default()
+        }
+    }
 }
 
 /// A certificate lifetime in seconds from `<n>` followed by `s`, `m`, `h` or `d`.
@@ -169,6 +191,8 @@ pub struct JoinArgs {
     /// Become a voter once caught up (otherwise stay a learner).
     #[arg(long)]
     voter: bool,
+    #[command(flatten)]
+    election: ElectionArgs,
 }
 
 #[derive(Args)]

@@ -44,6 +44,10 @@ pub struct Timing {
     /// How long a peer may take to send a whole request once it opened a stream; a stalled
     /// stream is refused and ended after this.
     pub read_timeout_ms: u64,
+    /// Ask the voters before standing for election (`crate::election`); `false` stands as soon
+    /// as the timeout passes, as raft without pre-vote does (etcd's `--pre-vote=false`): a
+    /// member back from a pause or a partition then forces an election.
+    pub pre_vote: bool,
 }
 
 impl Default for Timing {
@@ -60,6 +64,7 @@ impl Default for Timing {
             // Far above what the largest frame (16 MiB) takes on a LAN, far below what lets a
             // stalled peer pin a member's tasks for long.
             read_timeout_ms: 10_000,
+            pre_vote: true,
         }
     }
 }
